@@ -1,0 +1,220 @@
+"""The ``orderly`` command line: thin commands over the mechanisms in worker.*."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from models import NodeState
+from worker import configuration, nodes, schema
+from worker.errors import OrderlyError
+from worker.intake import get_message
+from worker.runtime import get_runtime
+
+app = typer.Typer(
+    help="orderly: ordered delivery over Celery, Redis and PostgreSQL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Read and change the configuration table.", no_args_is_help=True)
+node_app = typer.Typer(
+    help="List nodes and move them between RUN, drain and STOPPED.", no_args_is_help=True
+)
+app.add_typer(config_app, name="config")
+app.add_typer(node_app, name="node")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=2)
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema and seed configuration defaults."""
+    runtime = get_runtime()
+    schema.upgrade(runtime.settings.database_url)
+    runtime.startup_check()
+    console.print("[green]database is at the latest revision[/]")
+
+
+@app.command()
+def submit(
+    service: Annotated[str | None, typer.Option(help="Service name, e.g. customer")] = None,
+    operation: Annotated[str | None, typer.Option(help="Operation name")] = None,
+    correlation_id: Annotated[str | None, typer.Option(help="Unique per source system")] = None,
+    source_system: Annotated[str | None, typer.Option(help="Sending system")] = None,
+    payload: Annotated[str | None, typer.Option(help="Message payload (text)")] = None,
+    msg_timestamp: Annotated[str | None, typer.Option(help="ISO 8601; default now")] = None,
+    funnel_value: Annotated[str | None, typer.Option()] = None,
+    object_id: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[
+        str | None, typer.Option("--json", help="The whole message as JSON ('-' reads stdin)")
+    ] = None,
+) -> None:
+    """Submit one message (the same path as POST /messages)."""
+    from worker.celery import enqueue_processing
+
+    data: Any
+    if as_json is not None:
+        text = sys.stdin.read() if as_json == "-" else as_json
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _fail(ValueError(f"body: malformed JSON: {exc}")) from None
+    else:
+        options = {
+            "service": service,
+            "operation": operation,
+            "correlation_id": correlation_id,
+            "source_system": source_system,
+            "payload": payload,
+            "msg_timestamp": msg_timestamp or datetime.now(UTC).isoformat(),
+            "funnel_value": funnel_value,
+            "object_id": object_id,
+        }
+        data = {k: v for k, v in options.items() if v is not None}
+    runtime = get_runtime()
+    try:
+        result = runtime.intake(enqueue_processing).submit(data)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    verb = "accepted" if result.created else "already known"
+    console.print_json(
+        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
+    )
+
+
+@app.command()
+def show(msg_id: int) -> None:
+    """Show one message's public fields."""
+    try:
+        row = get_message(get_runtime().engine, msg_id)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print_json(json.dumps(row, default=str))
+
+
+@config_app.command("list")
+def config_list() -> None:
+    table = Table("code", "value", "default", "type", "mandatory", "validation")
+    for row in configuration.list_items(get_runtime().engine):
+        table.add_row(
+            row.code,
+            row.current_value or "",
+            row.default_value or "",
+            row.data_type.value,
+            str(row.mandatory),
+            row.validation or "",
+        )
+    console.print(table)
+
+
+@config_app.command("get")
+def config_get(code: str) -> None:
+    try:
+        row = configuration.get_item(get_runtime().engine, code)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    value = row.current_value if row.current_value is not None else row.default_value
+    console.print(value if value is not None else "")
+
+
+@config_app.command("set")
+def config_set(code: str, value: str) -> None:
+    """Set a current value (validated against the item's type and regex)."""
+    try:
+        configuration.set_value(get_runtime().engine, code, value)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print(f"{code} = {value}")
+
+
+@config_app.command("unset")
+def config_unset(code: str) -> None:
+    """Clear the current value so the default applies."""
+    try:
+        configuration.set_value(get_runtime().engine, code, None)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print(f"{code} uses its default")
+
+
+def _move(code: str, state: NodeState) -> None:
+    try:
+        nodes.set_state(get_runtime().engine, code, state)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print(f"node {code} is {state.value}")
+
+
+@node_app.command("run")
+def node_run(code: str) -> None:
+    """Accept new messages and process (RUN)."""
+    _move(code, NodeState.RUN)
+
+
+@node_app.command("drain")
+def node_drain(code: str) -> None:
+    """Refuse new messages, finish existing work (HANDLES_EXISTING_MESSAGES)."""
+    _move(code, NodeState.HANDLES_EXISTING_MESSAGES)
+
+
+@node_app.command("stop")
+def node_stop(code: str) -> None:
+    """Refuse new messages and process nothing (STOPPED)."""
+    _move(code, NodeState.STOPPED)
+
+
+@node_app.command("list")
+def node_list() -> None:
+    runtime = get_runtime()
+    timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
+    table = Table("id", "code", "state", "last heartbeat", "alive")
+    for n in nodes.list_nodes(runtime.engine, timeout):
+        table.add_row(
+            str(n.node_id),
+            n.code,
+            n.state.value,
+            str(n.last_heartbeat or ""),
+            "yes" if n.alive else "no",
+        )
+    console.print(table)
+
+
+@app.command()
+def demo(
+    messages: Annotated[int, typer.Option(help="How many messages to submit")] = 3000,
+    workers: Annotated[int, typer.Option(help="Worker processes")] = 2,
+    port: Annotated[int, typer.Option(help="Port for the API")] = 8765,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for final states")] = 300,
+) -> None:
+    """The main job: migrate, start API + workers + beat, submit, watch, report, stop."""
+    from api.mainjob import run_main_job
+
+    raise typer.Exit(
+        run_main_job(
+            messages=messages, workers=workers, port=port, timeout=timeout, console=console
+        )
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except OrderlyError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Beat: the periodic agents (re-processing pool, repair, node watch) and their schedule."""

@@ -1,0 +1,48 @@
+"""Beat's periodic agents, as Celery tasks on the agents queue: thin calls into worker.pool."""
+
+from __future__ import annotations
+
+import logging
+
+from worker import nodes, pool
+from worker.celery import app, enqueue_processing
+from worker.runtime import get_runtime
+
+log = logging.getLogger("orderly.agents")
+
+
+@app.task(name="orderly.agents.requeue_due")
+def requeue_due() -> int:
+    runtime = get_runtime()
+    moved = pool.requeue_due(runtime.engine, runtime.config, enqueue_processing)
+    if moved:
+        log.info("pool re-queued %d messages", len(moved))
+    return len(moved)
+
+
+@app.task(name="orderly.agents.repair")
+def repair() -> dict[str, int]:
+    runtime = get_runtime()
+    report = pool.repair(runtime.engine, runtime.config)
+    if report.messages or report.external_calls:
+        log.warning("repair: %s", report)
+    return {
+        "messages": report.messages,
+        "failed": report.failed,
+        "external_calls": report.external_calls,
+    }
+
+
+@app.task(name="orderly.agents.node_watch")
+def node_watch() -> list[str]:
+    """Log the nodes in RUN whose heartbeat stopped (their work is released by repair)."""
+    runtime = get_runtime()
+    timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
+    silent = [
+        n.code
+        for n in nodes.list_nodes(runtime.engine, timeout)
+        if not n.alive and n.state != "STOPPED"
+    ]
+    if silent:
+        log.warning("nodes without heartbeat for %ss: %s", timeout, ", ".join(silent))
+    return silent

@@ -1,0 +1,36 @@
+"""Tables and enums of orderly's PostgreSQL store (data only, no behaviour)."""
+
+from models.base import Base
+from models.configuration import Configuration
+from models.enums import (
+    FINAL_STATES,
+    PROCESSABLE_STATES,
+    RUNNING_STATES,
+    BindingType,
+    ConfigDataType,
+    ExternalCallState,
+    MessageState,
+    NodeState,
+)
+from models.external_call import ExternalCall
+from models.message import Message
+from models.node import Node
+from models.request_response import Request, Response
+
+__all__ = [
+    "FINAL_STATES",
+    "PROCESSABLE_STATES",
+    "RUNNING_STATES",
+    "Base",
+    "BindingType",
+    "ConfigDataType",
+    "Configuration",
+    "ExternalCall",
+    "ExternalCallState",
+    "Message",
+    "MessageState",
+    "Node",
+    "NodeState",
+    "Request",
+    "Response",
+]

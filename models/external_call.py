@@ -1,0 +1,28 @@
+"""The ``external_call`` table: calls to external systems, one row per (operation, entity)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, str_enum
+from models.enums import ExternalCallState
+
+
+class ExternalCall(Base):
+    __tablename__ = "external_call"
+    __table_args__ = (UniqueConstraint("operation_name", "entity_id"),)
+
+    call_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    msg_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("message.msg_id"), index=True)
+    operation_name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[ExternalCallState] = mapped_column(
+        str_enum(ExternalCallState, "external_call_state"), index=True
+    )
+    entity_id: Mapped[str] = mapped_column(String(255))
+    msg_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    creation_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_update_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -1,0 +1,86 @@
+"""The ``message`` table: every asynchronous message orderly has accepted."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, str_enum
+from models.enums import BindingType, MessageState
+
+
+class Message(Base):
+    __tablename__ = "message"
+    __table_args__ = (
+        UniqueConstraint("correlation_id", "source_system"),
+        # pool and repair: oldest message in a state, idle since a time
+        Index("ix_message_state_last_process", "state", "last_process_timestamp"),
+        Index("ix_message_state_msg_timestamp", "state", "msg_timestamp"),
+        # funnels and guaranteed order look up non-final messages by funnel value
+        Index(
+            "ix_message_funnel",
+            "funnel_value",
+            "msg_timestamp",
+            postgresql_where=text("funnel_value IS NOT NULL"),
+        ),
+        # obsolete-call detection: the newest message for an object
+        Index(
+            "ix_message_object",
+            "object_id",
+            "entity_type",
+            postgresql_where=text("object_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_message_parent", "parent_msg_id", postgresql_where=text("parent_msg_id IS NOT NULL")
+        ),
+    )
+
+    msg_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    msg_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    receive_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    service_name: Mapped[str] = mapped_column(String(100))
+    operation_name: Mapped[str] = mapped_column(String(100))
+    object_id: Mapped[str | None] = mapped_column(String(100))
+    entity_type: Mapped[str | None] = mapped_column(String(100))
+    correlation_id: Mapped[str] = mapped_column(String(100))
+    process_id: Mapped[str | None] = mapped_column(String(100))
+    payload: Mapped[str] = mapped_column(Text)
+    envelope: Mapped[str | None] = mapped_column(Text)
+    source_system: Mapped[str] = mapped_column(String(100))
+    state: Mapped[MessageState] = mapped_column(str_enum(MessageState, "message_state"))
+    failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failed_error_code: Mapped[str | None] = mapped_column(String(64))
+    failed_desc: Mapped[str | None] = mapped_column(Text)
+    last_process_timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    start_in_queue_timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    custom_data: Mapped[str | None] = mapped_column(Text)
+    parent_msg_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("message.msg_id", ondelete="RESTRICT")
+    )
+    parent_binding_type: Mapped[BindingType | None] = mapped_column(
+        str_enum(BindingType, "binding_type")
+    )
+    funnel_value: Mapped[str | None] = mapped_column(String(255))
+    funnel_component_id: Mapped[str | None] = mapped_column(String(255))
+    guaranteed_order: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    exclude_failed_state: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default="false"
+    )
+    node_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("node.node_id"))
+    # Not in the seed: the PostgreSQL backend pid of the worker connection that claimed the
+    # message. A PROCESSING message whose backend is gone was orphaned by a dead worker.
+    processing_pid: Mapped[int | None] = mapped_column(Integer)

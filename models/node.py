@@ -1,0 +1,23 @@
+"""The ``node`` table: the processes (API, workers, beat) that take part, and their state."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, DateTime, Identity, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, str_enum
+from models.enums import NodeState
+
+
+class Node(Base):
+    __tablename__ = "node"
+
+    node_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    code: Mapped[str] = mapped_column(String(100), unique=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    description: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[NodeState] = mapped_column(str_enum(NodeState, "node_state"))
+    # Renewed by the node while it lives; not in the seed, used to tell who is alive.
+    last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,275 @@
+"""The configuration table: known parameters, typed reads with defaults, validated writes.
+
+A value is ``current_value`` or else ``default_value``; a mandatory item needs one of them; a
+``validation`` regex must match the whole value; the value must convert to ``data_type``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from models import ConfigDataType, Configuration
+from worker.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class ConfigItem:
+    code: str
+    category: str
+    default: str | None
+    data_type: ConfigDataType
+    description: str
+    mandatory: bool = True
+    validation: str | None = None
+
+
+_POSITIVE_INT = r"[1-9][0-9]*"
+_NON_NEGATIVE_INT = r"[0-9]+"
+
+# Every parameter the mechanisms read; defaults as in the public implementation.
+KNOWN_ITEMS: dict[str, ConfigItem] = {
+    item.code: item
+    for item in (
+        ConfigItem(
+            "asynch.countPartlyFailsBeforeFailed",
+            "asynch",
+            "3",
+            ConfigDataType.INT,
+            "PARTLY_FAILED tries before the next error makes a message FAILED.",
+            validation=_NON_NEGATIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.partlyFailedIntervalSec",
+            "asynch",
+            "60",
+            ConfigDataType.INT,
+            "Seconds a PARTLY_FAILED message rests before the pool takes it up again.",
+            validation=_NON_NEGATIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.partlyFailedRepeatTimeSec",
+            "asynch",
+            "60",
+            ConfigDataType.INT,
+            "Seconds between two runs of the re-processing pool (read when beat starts).",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.postponedIntervalSec",
+            "asynch",
+            "5",
+            ConfigDataType.INT,
+            "Seconds a POSTPONED message rests before the pool takes it up again.",
+            validation=_NON_NEGATIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.postponedIntervalWhenFailedSec",
+            "asynch",
+            "300",
+            ConfigDataType.INT,
+            "Seconds after which a POSTPONED message becomes FAILED.",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.repairRepeatTimeSec",
+            "asynch",
+            "300",
+            ConfigDataType.INT,
+            "Seconds after which NEW/IN_QUEUE/PROCESSING messages and PROCESSING external calls"
+            " count as stuck; also the repair job's period (read when beat starts).",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.pool.batchSize",
+            "asynch",
+            "500",
+            ConfigDataType.INT,
+            "Messages the pool or repair moves in one statement.",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "cluster.nodeHeartbeatTimeoutSec",
+            "cluster",
+            "30",
+            ConfigDataType.INT,
+            "Seconds without a heartbeat after which a node is shown as not alive.",
+            validation=_POSITIVE_INT,
+        ),
+    )
+}
+
+
+def _converts(value: str, data_type: ConfigDataType) -> bool:
+    try:
+        if data_type is ConfigDataType.INT:
+            int(value)
+        elif data_type is ConfigDataType.FLOAT:
+            float(value)
+        elif data_type is ConfigDataType.BOOLEAN:
+            return value.lower() in ("true", "false")
+    except ValueError:
+        return False
+    return True
+
+
+def value_problems(
+    code: str,
+    value: str | None,
+    data_type: ConfigDataType,
+    validation: str | None,
+    *,
+    mandatory: bool,
+    label: str = "value",
+) -> list[str]:
+    """Why ``value`` is not acceptable for an item (empty list when it is)."""
+    if value is None:
+        return [f"{code}: mandatory but has neither current nor default value"] if mandatory else []
+    problems = []
+    if validation is not None:
+        try:
+            if re.fullmatch(validation, value) is None:
+                problems.append(f"{code}: {label} {value!r} does not match {validation!r}")
+        except re.error as exc:
+            problems.append(f"{code}: validation {validation!r} is not a valid regex ({exc})")
+    if not _converts(value, data_type):
+        problems.append(f"{code}: {label} {value!r} is not a valid {data_type.value}")
+    return problems
+
+
+def check_row(row: Configuration) -> list[str]:
+    problems = []
+    effective = row.current_value if row.current_value is not None else row.default_value
+    if row.current_value is not None:
+        problems += value_problems(
+            row.code,
+            row.current_value,
+            row.data_type,
+            row.validation,
+            mandatory=row.mandatory,
+            label="current value",
+        )
+    if row.default_value is not None:
+        problems += value_problems(
+            row.code,
+            row.default_value,
+            row.data_type,
+            row.validation,
+            mandatory=row.mandatory,
+            label="default value",
+        )
+    if effective is None and row.mandatory:
+        problems.append(f"{row.code}: mandatory but has neither current nor default value")
+    return problems
+
+
+def ensure_defaults(engine: Engine) -> None:
+    """Insert the known items that are missing; existing rows are left as the operator set them."""
+    rows = [
+        {
+            "code": item.code,
+            "category_code": item.category,
+            "current_value": None,
+            "default_value": item.default,
+            "data_type": item.data_type,
+            "mandatory": item.mandatory,
+            "validation": item.validation,
+            "description": item.description,
+        }
+        for item in KNOWN_ITEMS.values()
+    ]
+    with Session(engine) as session, session.begin():
+        session.execute(insert(Configuration).values(rows).on_conflict_do_nothing())
+
+
+def check_consistency(engine: Engine) -> None:
+    """Raise ConfigurationError naming every inconsistent row (used at start-up)."""
+    with Session(engine) as session:
+        rows = session.scalars(select(Configuration).order_by(Configuration.code)).all()
+    problems = [p for row in rows for p in check_row(row)]
+    if problems:
+        raise ConfigurationError(problems)
+
+
+def startup_check(engine: Engine) -> None:
+    ensure_defaults(engine)
+    check_consistency(engine)
+
+
+def list_items(engine: Engine) -> list[Configuration]:
+    with Session(engine) as session:
+        return list(session.scalars(select(Configuration).order_by(Configuration.code)).all())
+
+
+def get_item(engine: Engine, code: str) -> Configuration:
+    with Session(engine) as session:
+        row = session.get(Configuration, code)
+    if row is None:
+        raise ConfigurationError([f"{code}: no such configuration item"])
+    return row
+
+
+def set_value(engine: Engine, code: str, value: str | None) -> Configuration:
+    """Set (or with None, clear) the current value, refusing one that does not validate."""
+    with Session(engine) as session, session.begin():
+        row = session.get(Configuration, code, with_for_update=True)
+        if row is None:
+            raise ConfigurationError([f"{code}: no such configuration item"])
+        if value is not None:
+            problems = value_problems(
+                code, value, row.data_type, row.validation, mandatory=row.mandatory
+            )
+            if problems:
+                raise ConfigurationError(problems)
+        elif row.mandatory and row.default_value is None:
+            raise ConfigurationError([f"{code}: mandatory and has no default; cannot clear it"])
+        row.current_value = value
+    return row
+
+
+class ConfigReader:
+    """Typed reads with a short cache, so hot paths do not query the table per message."""
+
+    def __init__(self, engine: Engine, ttl_seconds: float = 5.0) -> None:
+        self._engine = engine
+        self._ttl = ttl_seconds
+        self._values: dict[str, str | None] = {}
+        self._loaded_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        with Session(self._engine) as session:
+            rows = session.execute(
+                select(Configuration.code, Configuration.current_value, Configuration.default_value)
+            ).all()
+        self._values = {
+            code: current if current is not None else default for code, current, default in rows
+        }
+        self._loaded_at = time.monotonic()
+
+    def raw(self, code: str) -> str | None:
+        with self._lock:
+            if time.monotonic() - self._loaded_at > self._ttl:
+                self._refresh()
+            if code in self._values:
+                return self._values[code]
+        item = KNOWN_ITEMS.get(code)
+        if item is None:
+            raise ConfigurationError([f"{code}: no such configuration item"])
+        return item.default
+
+    def get_int(self, code: str) -> int:
+        value = self.raw(code)
+        if value is None:
+            raise ConfigurationError([f"{code}: has no value"])
+        return int(value)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._loaded_at = float("-inf")

@@ -1,0 +1,54 @@
+"""orderly's exceptions: one base class; driver errors are translated at the edge."""
+
+from __future__ import annotations
+
+
+class OrderlyError(Exception):
+    """Base of every error orderly raises on purpose."""
+
+
+class InvalidMessage(OrderlyError):
+    """Input refused before anything was stored; each problem names its field."""
+
+    def __init__(self, field: str, problem: str, *more: tuple[str, str]) -> None:
+        self.problems: list[tuple[str, str]] = [(field, problem), *more]
+        self.field = field
+        self.problem = problem
+        super().__init__("; ".join(f"{f}: {p}" for f, p in self.problems))
+
+
+class MessageNotFound(OrderlyError):
+    def __init__(self, msg_id: int) -> None:
+        self.msg_id = msg_id
+        super().__init__(f"message {msg_id} does not exist")
+
+
+class NodeNotAccepting(OrderlyError):
+    """The node refuses new input (HANDLES_EXISTING_MESSAGES or STOPPED)."""
+
+    def __init__(self, code: str, state: str) -> None:
+        self.code = code
+        self.state = state
+        super().__init__(f"node {code!r} is {state} and accepts no new messages")
+
+
+class NodeNotFound(OrderlyError):
+    def __init__(self, code: str) -> None:
+        super().__init__(f"node {code!r} does not exist")
+
+
+class ConfigurationError(OrderlyError):
+    """The configuration table is inconsistent, or a value was refused."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration: " + "; ".join(problems))
+
+
+class HandlerError(OrderlyError):
+    """Raised by a handler to fail a message with an error code of its choosing."""
+
+    def __init__(self, code: str, description: str) -> None:
+        self.code = code
+        self.description = description
+        super().__init__(f"{code}: {description}")

@@ -1,0 +1,271 @@
+"""Intake: the one synchronous path by which a message enters orderly.
+
+Validate, insert NEW (idempotent on correlation_id + source_system), commit, then enqueue.
+Bad input raises InvalidMessage before anything is written. The HTTP API, the CLI and the
+Python API are thin faces over :class:`Intake`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+from sqlalchemy import Engine, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from models import Message, MessageState, Node
+from worker.errors import InvalidMessage, MessageNotFound, NodeNotAccepting
+from worker.handlers import HandlerRegistry
+
+log = logging.getLogger(__name__)
+
+Name = Annotated[
+    str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
+]
+LongName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)]
+
+
+class MessageIn(BaseModel):
+    """A message as a producer submits it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    service: Name
+    operation: Name
+    correlation_id: Name
+    source_system: Name
+    msg_timestamp: datetime
+    payload: str | dict[str, Any] | list[Any]
+    object_id: Name | None = None
+    entity_type: Name | None = None
+    process_id: Name | None = None
+    funnel_value: LongName | None = None
+    funnel_component_id: LongName | None = None
+    guaranteed_order: StrictBool = False
+    exclude_failed_state: StrictBool = False
+    parent_msg_id: Annotated[StrictInt, Field(gt=0)] | None = None
+    envelope: str | None = None
+
+    @field_validator("msg_timestamp", mode="before")
+    @classmethod
+    def _timestamp(cls, value: Any) -> datetime:
+        if isinstance(value, datetime):
+            parsed = value
+        elif isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(
+                    f"{value!r} is not an ISO 8601 timestamp (e.g. 2026-01-31T12:00:00Z)"
+                ) from None
+        else:
+            raise ValueError(f"must be an ISO 8601 timestamp string, got {type(value).__name__}")
+        # A timestamp without an offset is taken as UTC.
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+    @property
+    def payload_text(self) -> str:
+        if isinstance(self.payload, str):
+            return self.payload
+        return json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    msg_id: int
+    state: MessageState
+    created: bool
+
+
+def _field_name(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "body"
+
+
+def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistry) -> MessageIn:
+    """Validate raw input; raise InvalidMessage naming every bad field."""
+    if not isinstance(data, Mapping):
+        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
+    try:
+        message = MessageIn.model_validate(dict(data))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            # union members add their type to the location; keep the field name only
+            field = _field_name(loc[:1])
+            problem = "missing" if err["type"] == "missing" else err["msg"]
+            if err["type"] == "extra_forbidden":
+                problem = "unknown field"
+            problems.append((field, problem))
+        seen: dict[str, str] = {}
+        for field, problem in problems:
+            seen.setdefault(field, problem)
+        items = list(seen.items())
+        raise InvalidMessage(items[0][0], items[0][1], *items[1:]) from None
+    size = len(message.payload_text.encode("utf-8"))
+    if size > max_payload_bytes:
+        raise InvalidMessage(
+            "payload", f"{size} bytes is over the limit of {max_payload_bytes} bytes"
+        )
+    if registry.get(message.service, message.operation) is None:
+        if not registry.has_service(message.service):
+            raise InvalidMessage("service", f"unknown service {message.service!r}")
+        raise InvalidMessage(
+            "operation", f"unknown operation {message.operation!r} of service {message.service!r}"
+        )
+    if message.exclude_failed_state and not message.guaranteed_order:
+        raise InvalidMessage("exclude_failed_state", "only meaningful with guaranteed_order true")
+    return message
+
+
+# The node check and the insert are one statement: a node that stops accepting input cannot
+# race an insert; a duplicate (correlation_id, source_system) inserts nothing.
+_INSERT_NEW = text(
+    """
+    INSERT INTO message (
+        msg_timestamp, receive_timestamp, last_process_timestamp, service_name, operation_name,
+        object_id, entity_type, correlation_id, process_id, payload, envelope, source_system,
+        state, failed_count, parent_msg_id, parent_binding_type, funnel_value,
+        funnel_component_id, guaranteed_order, exclude_failed_state, node_id)
+    SELECT :msg_timestamp, now(), now(), :service_name, :operation_name,
+        :object_id, :entity_type, :correlation_id, :process_id, :payload, :envelope,
+        :source_system, 'NEW', 0, :parent_msg_id, :parent_binding_type, :funnel_value,
+        :funnel_component_id, :guaranteed_order, :exclude_failed_state, :node_id
+    WHERE EXISTS (SELECT 1 FROM node WHERE node_id = :node_id AND state = 'RUN')
+    ON CONFLICT (correlation_id, source_system) DO NOTHING
+    RETURNING msg_id
+    """
+)
+
+
+class Intake:
+    """Accepts messages through one node; ``enqueue`` is called with the msg_id after commit."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        node_id: int,
+        enqueue: Callable[[int], None],
+        registry: HandlerRegistry,
+        max_payload_bytes: int,
+    ) -> None:
+        self._engine = engine
+        self._node_id = node_id
+        self._enqueue = enqueue
+        self._registry = registry
+        self._max_payload_bytes = max_payload_bytes
+
+    def submit(self, data: Any) -> SubmitResult:
+        message = parse_message(
+            data, max_payload_bytes=self._max_payload_bytes, registry=self._registry
+        )
+        result = self._store(message)
+        if result.created:
+            try:
+                self._enqueue(result.msg_id)
+            except Exception:
+                # The row is durable; repair moves a NEW message that was never picked up.
+                log.exception(
+                    "message %s stored but not enqueued; repair will retry it", result.msg_id
+                )
+        return result
+
+    def _store(self, message: MessageIn) -> SubmitResult:
+        params = {
+            "msg_timestamp": message.msg_timestamp,
+            "service_name": message.service,
+            "operation_name": message.operation,
+            "object_id": message.object_id,
+            "entity_type": message.entity_type,
+            "correlation_id": message.correlation_id,
+            "process_id": message.process_id,
+            "payload": message.payload_text,
+            "envelope": message.envelope,
+            "source_system": message.source_system,
+            "parent_msg_id": message.parent_msg_id,
+            "parent_binding_type": "HARD" if message.parent_msg_id is not None else None,
+            "funnel_value": message.funnel_value,
+            "funnel_component_id": message.funnel_component_id,
+            "guaranteed_order": message.guaranteed_order,
+            "exclude_failed_state": message.exclude_failed_state,
+            "node_id": self._node_id,
+        }
+        with Session(self._engine) as session:
+            try:
+                msg_id = session.execute(_INSERT_NEW, params).scalar_one_or_none()
+                session.commit()
+            except IntegrityError as exc:
+                session.rollback()
+                if "parent_msg_id" in str(exc.orig):
+                    raise InvalidMessage(
+                        "parent_msg_id", f"no message {message.parent_msg_id} exists"
+                    ) from None
+                raise
+            if msg_id is not None:
+                return SubmitResult(int(msg_id), MessageState.NEW, created=True)
+            existing = session.execute(
+                select(Message.msg_id, Message.state).where(
+                    Message.correlation_id == message.correlation_id,
+                    Message.source_system == message.source_system,
+                )
+            ).first()
+            if existing is not None:
+                return SubmitResult(int(existing.msg_id), MessageState(existing.state), False)
+            node = session.execute(
+                select(Node.code, Node.state).where(Node.node_id == self._node_id)
+            ).one()
+            raise NodeNotAccepting(node.code, node.state)
+
+
+PUBLIC_FIELDS = (
+    "msg_id",
+    "state",
+    "service_name",
+    "operation_name",
+    "correlation_id",
+    "source_system",
+    "msg_timestamp",
+    "receive_timestamp",
+    "last_process_timestamp",
+    "start_in_queue_timestamp",
+    "object_id",
+    "entity_type",
+    "process_id",
+    "funnel_value",
+    "funnel_component_id",
+    "guaranteed_order",
+    "exclude_failed_state",
+    "parent_msg_id",
+    "parent_binding_type",
+    "failed_count",
+    "failed_error_code",
+    "failed_desc",
+    "custom_data",
+    "node_id",
+    "payload",
+)
+
+
+def get_message(engine: Engine, msg_id: int) -> dict[str, Any]:
+    """The public fields of one message (timestamps as datetimes)."""
+    with Session(engine) as session:
+        row = session.get(Message, msg_id)
+        if row is None:
+            raise MessageNotFound(msg_id)
+        return {name: getattr(row, name) for name in PUBLIC_FIELDS}

@@ -1,0 +1,77 @@
+"""Per-process wiring of the mechanisms from settings: engine, node, configuration, handlers.
+
+Faces (Celery tasks, beat agents, the HTTP API, the CLI) take what they need from here; the
+mechanisms themselves receive everything as arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import cached_property, lru_cache
+
+from sqlalchemy import Engine
+
+from worker import configuration, nodes
+from worker.configuration import ConfigReader
+from worker.db import engine_for
+from worker.handlers import HandlerRegistry, load_handler_modules, registry
+from worker.intake import Intake
+from worker.processing import Processor
+from worker.settings import Settings, get_settings
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._node_lock = threading.Lock()
+        self._node_id: int | None = None
+
+    @cached_property
+    def engine(self) -> Engine:
+        return engine_for(self.settings.database_url)
+
+    @cached_property
+    def config(self) -> ConfigReader:
+        return ConfigReader(self.engine)
+
+    @cached_property
+    def registry(self) -> HandlerRegistry:
+        load_handler_modules(self.settings.handler_module_list)
+        return registry
+
+    def startup_check(self) -> None:
+        """Seed missing configuration defaults and stop on an inconsistent table."""
+        configuration.startup_check(self.engine)
+
+    @property
+    def node_id(self) -> int:
+        with self._node_lock:
+            if self._node_id is None:
+                self._node_id = nodes.register_node(self.engine, self.settings.node_code)
+            return self._node_id
+
+    @cached_property
+    def processor(self) -> Processor:
+        return Processor(
+            self.engine, node_id=self.node_id, registry=self.registry, config=self.config
+        )
+
+    def intake(self, enqueue: Callable[[int], None]) -> Intake:
+        return Intake(
+            self.engine,
+            node_id=self.node_id,
+            enqueue=enqueue,
+            registry=self.registry,
+            max_payload_bytes=self.settings.max_payload_bytes,
+        )
+
+    def after_fork(self) -> None:
+        """A forked child must not share its parent's database connections."""
+        if "engine" in self.__dict__:
+            self.engine.dispose(close=False)
+
+
+@lru_cache(maxsize=1)
+def get_runtime() -> Runtime:
+    return Runtime(get_settings())

@@ -1,0 +1,150 @@
+"""The one validated settings object, read from the environment (and an optional ``.env``).
+
+Names, units and defaults of the ``AURA_QUEUE_MANAGER_*`` variables are those of the
+ordered-response seed; orderly's own variables start with ``ORDERLY_``.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _queue_var(name: str) -> AliasChoices:
+    # The seed spells some variables AURA_QUEUE_QUEUE_MANAGER_*; both spellings are read.
+    return AliasChoices(f"AURA_QUEUE_MANAGER_{name}", f"AURA_QUEUE_QUEUE_MANAGER_{name}")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", populate_by_name=True
+    )
+
+    # --- services -------------------------------------------------------------------------
+    database_url: str = Field(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/orderly",
+        validation_alias="ORDERLY_DATABASE_URL",
+        description="SQLAlchemy URL of the PostgreSQL message store.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias="ORDERLY_REDIS_URL",
+        description="Redis for ordering structures; also the broker unless ORDERLY_BROKER_URL.",
+    )
+    broker_url: str | None = Field(
+        None,
+        validation_alias="ORDERLY_BROKER_URL",
+        description="Celery broker URL (defaults to ORDERLY_REDIS_URL).",
+    )
+
+    # --- orderly ----------------------------------------------------------------------------
+    node_code: str = Field(
+        default_factory=socket.gethostname,
+        validation_alias="ORDERLY_NODE_CODE",
+        description="This process's node code in the node table (default: the hostname).",
+    )
+    handler_modules: str = Field(
+        "worker.demo",
+        validation_alias="ORDERLY_HANDLER_MODULES",
+        description="Comma-separated modules that register message handlers.",
+    )
+    max_payload_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        validation_alias="ORDERLY_MAX_PAYLOAD_BYTES",
+        description="Largest payload accepted at intake, in bytes (UTF-8).",
+    )
+    api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
+    api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
+    heartbeat_interval_ms: int = Field(
+        5_000,
+        ge=100,
+        validation_alias="ORDERLY_HEARTBEAT_INTERVAL",
+        description="In milliseconds, how often a worker renews its node row and checks its state.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", validation_alias="ORDERLY_LOG_LEVEL"
+    )
+
+    # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
+    awaited_message_ttl: int = Field(
+        900_000, ge=1, validation_alias=_queue_var("AWAITED_MESSAGE_TTL")
+    )
+    awaited_messages_by_turn: int = Field(
+        15, ge=1, validation_alias=_queue_var("AWAITED_MESSAGES_BY_TURN")
+    )
+    awaited_messages_interval: int = Field(
+        20_000, ge=1, validation_alias=_queue_var("AWAITED_MESSAGES_INTERVAL")
+    )
+    awaited_retries_factor: float = Field(
+        1, gt=0, validation_alias=_queue_var("AWAITED_RETRIES_FACTOR")
+    )
+    awaited_time_when_retries_end: int = Field(
+        5_000, ge=0, validation_alias=_queue_var("AWAITED_TIME_WHEN_RETRIES_END")
+    )
+    check_queue_interval: int = Field(
+        1_000, ge=1, validation_alias=_queue_var("CHECK_QUEUE_INTERVAL")
+    )
+    concurrent: int = Field(25, ge=1, validation_alias=_queue_var("CONCURRENT"))
+    concurrent_factor: int = Field(2, ge=1, validation_alias=_queue_var("CONCURRENT_FACTOR"))
+    interval: int = Field(200, ge=1, validation_alias=_queue_var("INTERVAL"))
+    max_pending_ttl: int = Field(30_000, ge=1, validation_alias=_queue_var("MAX_PENDING_TTL"))
+    max_pending_ttl_margin: int = Field(
+        5_000, ge=0, validation_alias=_queue_var("MAX_PENDING_TTL_MARGIN")
+    )
+    max_retries: int = Field(100, ge=0, validation_alias=_queue_var("MAX_RETRIES"))
+    message_ttl: int = Field(10_000, ge=1, validation_alias=_queue_var("MESSAGE_TTL"))
+    sent_message_ttl: int = Field(5_000, ge=1, validation_alias=_queue_var("SENT_MESSAGE_TTL"))
+    queue_database: str = Field("REDIS", validation_alias=_queue_var("DATABASE"))
+    metrics_partial_interval: int = Field(
+        30_000, ge=1, validation_alias=_queue_var("METRICS_PARTIAL_INTERVAL")
+    )
+    logging_extra_time_metrics: bool = Field(
+        False, validation_alias="AURA_LOGGING_EXTRA_TIME_METRICS"
+    )
+
+    @field_validator("queue_database")
+    @classmethod
+    def _only_redis(cls, value: str) -> str:
+        upper = value.strip().upper()
+        if upper == "MONGODB":
+            raise ValueError(
+                "MONGODB is not supported by orderly: the queue structures live in Redis; "
+                "set AURA_QUEUE_MANAGER_DATABASE=REDIS or leave it unset"
+            )
+        if upper != "REDIS":
+            raise ValueError(f"unknown queue database {value!r}; the only value is REDIS")
+        return upper
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, value: str) -> str:
+        if not value.startswith("postgresql"):
+            raise ValueError(
+                f"ORDERLY_DATABASE_URL must be a postgresql:// URL, got {value.split(':', 1)[0]!r}"
+            )
+        return value
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis:// URL")
+        return value
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def handler_module_list(self) -> list[str]:
+        return [m.strip() for m in self.handler_modules.split(",") if m.strip()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

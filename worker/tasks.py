@@ -1,0 +1,28 @@
+"""Celery tasks of the processing queue: thin, they take ids and call the processor."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery.exceptions import Reject
+
+from worker.celery import PROCESS_QUEUE, app
+from worker.processing import Outcome
+from worker.runtime import get_runtime
+
+log = logging.getLogger("orderly.tasks")
+
+
+@app.task(name="orderly.process.message", bind=True)
+def process_message(self: Any, msg_id: int) -> str:
+    result = get_runtime().processor.process(msg_id)
+    if result.outcome is Outcome.NODE_STOPPED:
+        # This node processes nothing: stop consuming and give the message back to the queue.
+        app.control.cancel_consumer(PROCESS_QUEUE, destination=[self.request.hostname])
+        time.sleep(0.5)
+        raise Reject("node stopped", requeue=True)
+    if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):
+        log.info("message %s not processed: %s %s", msg_id, result.outcome, result.detail)
+    return result.outcome.value
