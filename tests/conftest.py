@@ -1,0 +1,112 @@
+"""Test set-up: a fresh PostgreSQL database for the run and a Redis DB flushed per test.
+
+Both are the real servers on this machine. When one is absent the tests that need it are
+skipped locally and fail in CI (CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Settings are read from the environment at import time of the app modules: set them first.
+_RUN = uuid.uuid4().hex[:8]
+PG_ADMIN_URL = os.environ.get(
+    "ORDERLY_TEST_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+)
+TEST_DB = f"orderly_test_{_RUN}"
+TEST_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{TEST_DB}"
+TEST_REDIS_URL = os.environ.get("ORDERLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+os.environ.update(
+    {
+        "ORDERLY_DATABASE_URL": TEST_DB_URL,
+        "ORDERLY_REDIS_URL": TEST_REDIS_URL,
+        "ORDERLY_HANDLER_MODULES": "worker.demo",
+        "ORDERLY_HEARTBEAT_INTERVAL": "300",
+        "ORDERLY_NODE_CODE": f"pytest-{_RUN}",
+    }
+)
+os.environ.pop("ORDERLY_BROKER_URL", None)
+
+import redis  # noqa: E402
+from sqlalchemy import Engine, create_engine, text  # noqa: E402
+
+from api.processes import ProcessGroup  # noqa: E402
+from worker import configuration, schema  # noqa: E402
+from worker.runtime import get_runtime  # noqa: E402
+from worker.settings import get_settings  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TABLES = ("response", "request", "external_call", "message", "node", "configuration")
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_engine() -> Iterator[Engine]:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{TEST_DB}"'))
+    except Exception as exc:
+        _unavailable("PostgreSQL", exc)
+    schema.upgrade(TEST_DB_URL)
+    engine = create_engine(TEST_DB_URL)
+    yield engine
+    engine.dispose()
+    get_runtime().engine.dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def db(pg_engine: Engine) -> Engine:
+    """The test database, emptied, with configuration defaults; a fresh runtime per test."""
+    with pg_engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    configuration.ensure_defaults(pg_engine)
+    get_runtime.cache_clear()
+    get_settings.cache_clear()
+    return pg_engine
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    try:
+        client.ping()
+    except Exception as exc:
+        _unavailable("Redis", exc)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[ProcessGroup]:
+    """Real orderly processes for one test; their logs are printed if the test fails."""
+    group = ProcessGroup.create(tmp_path / "logs")
+    yield group
+    group.stop_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    if getattr(report, "when", None) == "call" and getattr(report, "failed", False):
+        group = getattr(item, "funcargs", {}).get("procs")
+        if isinstance(group, ProcessGroup):
+            for path in sorted(group.log_dir.glob("*.log")):
+                tail = path.read_text(errors="replace")[-4000:]
+                report.sections.append((f"log {path.name}", tail))
+    return report

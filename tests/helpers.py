@@ -1,0 +1,62 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.orm import Session
+
+from models import Message
+
+BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def message(n: int, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "service": "test",
+        "operation": "script",
+        "correlation_id": f"corr-{n}",
+        "source_system": "crm",
+        "msg_timestamp": (BASE_TS + timedelta(seconds=n)).isoformat(),
+        "payload": "{}",
+    }
+    body.update(overrides)
+    return body
+
+
+def count_messages(engine: Engine) -> int:
+    with Session(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(Message)) or 0)
+
+
+def row(engine: Engine, msg_id: int) -> Message:
+    with Session(engine) as session:
+        found = session.get(Message, msg_id)
+        assert found is not None
+        return found
+
+
+def states(engine: Engine) -> dict[int, str]:
+    with engine.connect() as conn:
+        return {r.msg_id: r.state for r in conn.execute(text("SELECT msg_id, state FROM message"))}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def set_config(engine: Engine, **values: str) -> None:
+    """Set configuration items by their code with dots written as double underscores."""
+    from worker import configuration
+
+    for key, value in values.items():
+        configuration.set_value(engine, key.replace("__", "."), value)

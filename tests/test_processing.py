@@ -1,0 +1,293 @@
+"""The processing state machine and the pool/repair, in process against the real store."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from models import MessageState, NodeState
+from tests.conftest import TEST_DB_URL
+from tests.helpers import message, row, set_config
+from worker import nodes, pool
+from worker.configuration import ConfigReader
+from worker.handlers import HandlerRegistry, MessageContext, registry
+from worker.intake import Intake
+from worker.processing import ERROR_NO_HANDLER, Outcome, Processor
+from worker.runtime import get_runtime
+
+
+@pytest.fixture
+def queue() -> list[int]:
+    return []
+
+
+@pytest.fixture
+def intake(db: Engine, queue: list[int]) -> Intake:
+    runtime = get_runtime()
+    _ = runtime.registry
+    return Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=queue.append,
+        registry=registry,
+        max_payload_bytes=10_000,
+    )
+
+
+def processor(db: Engine, reg: HandlerRegistry = registry) -> Processor:
+    return Processor(
+        db, node_id=get_runtime().node_id, registry=reg, config=ConfigReader(db, ttl_seconds=0)
+    )
+
+
+def script(**spec: object) -> str:
+    return json.dumps(spec)
+
+
+def test_success_moves_new_to_ok_and_records_node_and_custom_data(
+    db: Engine, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    result = processor(db).process(msg_id)
+    assert result.outcome is Outcome.OK
+    stored = row(db, msg_id)
+    assert stored.state is MessageState.OK
+    assert stored.custom_data == "0;"
+    assert stored.node_id == get_runtime().node_id
+    assert stored.processing_pid is None
+
+
+def test_failures_count_up_then_fail_at_the_limit(db: Engine, intake: Intake) -> None:
+    set_config(db, asynch__countPartlyFailsBeforeFailed="2")
+    msg_id = intake.submit(message(1, payload=script(fail_times=10, code="E_DOWN"))).msg_id
+    proc = processor(db)
+    seen = []
+    for _ in range(3):
+        result = proc.process(msg_id)
+        seen.append((result.outcome, row(db, msg_id).failed_count))
+        if result.outcome is Outcome.PARTLY_FAILED:
+            # the pool's move back to the queue, done directly here
+            with db.begin() as conn:
+                conn.execute(
+                    text("UPDATE message SET state='IN_QUEUE' WHERE msg_id=:i"), {"i": msg_id}
+                )
+    assert seen == [(Outcome.PARTLY_FAILED, 1), (Outcome.PARTLY_FAILED, 2), (Outcome.FAILED, 3)]
+    stored = row(db, msg_id)
+    assert stored.failed_error_code == "E_DOWN"
+    assert stored.failed_desc == "scripted failure 2"
+    assert stored.custom_data == "0;1;2;"
+
+
+def test_an_unexpected_exception_is_a_partial_failure_with_its_type(
+    db: Engine, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1, operation="crash")).msg_id
+    assert processor(db).process(msg_id).outcome is Outcome.PARTLY_FAILED
+    stored = row(db, msg_id)
+    assert stored.failed_error_code == "E_HANDLER"
+    assert stored.failed_desc is not None and stored.failed_desc.startswith("RuntimeError")
+
+
+def test_a_missing_handler_fails_the_message_at_once(db: Engine, intake: Intake) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    result = processor(db, HandlerRegistry()).process(msg_id)
+    assert result.outcome is Outcome.FAILED
+    stored = row(db, msg_id)
+    assert stored.failed_error_code == ERROR_NO_HANDLER
+    assert "test.script" in (stored.failed_desc or "")
+
+
+@pytest.mark.parametrize("state", ["OK", "FAILED", "CANCEL", "PARTLY_FAILED", "WAITING"])
+def test_a_message_in_another_state_is_not_claimed(db: Engine, intake: Intake, state: str) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state=:s WHERE msg_id=:i"), {"s": state, "i": msg_id})
+    result = processor(db).process(msg_id)
+    assert result.outcome is Outcome.NOT_CLAIMABLE
+    assert row(db, msg_id).state == state
+
+
+def test_a_message_processing_on_a_live_connection_is_not_claimed_twice(
+    db: Engine, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1, payload=script(sleep=1.0))).msg_id
+    results = []
+    first = threading.Thread(target=lambda: results.append(processor(db).process(msg_id)))
+    first.start()
+    while row(db, msg_id).state is not MessageState.PROCESSING:
+        pass
+    second = processor(db).process(msg_id)
+    first.join()
+    assert second.outcome is Outcome.NOT_CLAIMABLE
+    assert [r.outcome for r in results] == [Outcome.OK]
+    assert row(db, msg_id).custom_data == "0;"
+
+
+def _orphan(db: Engine, msg_id: int) -> None:
+    """Claim a message on a connection that then dies, as a killed worker's would."""
+    other = create_engine(TEST_DB_URL, poolclass=None)
+    conn = other.connect()
+    conn.execute(
+        text(
+            "UPDATE message SET state='PROCESSING', processing_pid=pg_backend_pid() WHERE msg_id=:i"
+        ),
+        {"i": msg_id},
+    )
+    conn.commit()
+    conn.invalidate()  # closes the socket: the backend exits
+    other.dispose()
+
+
+def test_a_message_orphaned_by_a_dead_worker_is_claimed_again(db: Engine, intake: Intake) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    _orphan(db, msg_id)
+    import time
+
+    deadline = time.monotonic() + 5
+    result = processor(db).process(msg_id)
+    while result.outcome is Outcome.NOT_CLAIMABLE and time.monotonic() < deadline:
+        time.sleep(0.05)  # the backend may take a moment to exit
+        result = processor(db).process(msg_id)
+    assert result.outcome is Outcome.OK
+
+
+def test_a_stopped_node_processes_nothing(db: Engine, intake: Intake) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    nodes.set_state(db, get_runtime().settings.node_code, NodeState.STOPPED)
+    assert processor(db).process(msg_id).outcome is Outcome.NODE_STOPPED
+    assert row(db, msg_id).state is MessageState.NEW
+    nodes.set_state(db, get_runtime().settings.node_code, NodeState.HANDLES_EXISTING_MESSAGES)
+    assert processor(db).process(msg_id).outcome is Outcome.OK
+
+
+def test_handler_context_carries_the_message(db: Engine, intake: Intake) -> None:
+    seen: list[MessageContext] = []
+    reg = HandlerRegistry()
+    reg.add("test", "script", seen.append)
+    msg_id = intake.submit(message(7, payload="<x/>", object_id="o", funnel_value="f")).msg_id
+    processor(db, reg).process(msg_id)
+    ctx = seen[0]
+    assert (
+        ctx.msg_id,
+        ctx.correlation_id,
+        ctx.source_system,
+        ctx.payload,
+        ctx.object_id,
+        ctx.funnel_value,
+    ) == (msg_id, "corr-7", "crm", "<x/>", "o", "f")
+
+
+# --- pool and repair ---------------------------------------------------------------------
+
+
+def _set(db: Engine, msg_id: int, state: str, age_s: float, failed_count: int = 0) -> None:
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET state=:s, failed_count=:f, last_process_timestamp="
+                "now() - make_interval(secs => :a) WHERE msg_id=:i"
+            ),
+            {"s": state, "a": age_s, "i": msg_id, "f": failed_count},
+        )
+
+
+def test_pool_requeues_due_messages_oldest_first(db: Engine, intake: Intake) -> None:
+    set_config(db, asynch__partlyFailedIntervalSec="60", asynch__postponedIntervalSec="5")
+    ids = [intake.submit(message(n)).msg_id for n in (5, 1, 3, 2, 4)]
+    _set(db, ids[0], "PARTLY_FAILED", 61)  # due, msg ts 5
+    _set(db, ids[1], "PARTLY_FAILED", 120)  # due, msg ts 1
+    _set(db, ids[2], "PARTLY_FAILED", 30)  # not due yet
+    _set(db, ids[3], "POSTPONED", 6)  # due, msg ts 2
+    _set(db, ids[4], "POSTPONED", 1)  # not due yet
+    enqueued: list[int] = []
+    moved = pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), enqueued.append)
+    assert moved == enqueued == [ids[1], ids[3], ids[0]]
+    for i in (ids[1], ids[3], ids[0]):
+        stored = row(db, i)
+        assert stored.state is MessageState.IN_QUEUE and stored.start_in_queue_timestamp
+    assert row(db, ids[2]).state is MessageState.PARTLY_FAILED
+    assert row(db, ids[4]).state is MessageState.POSTPONED
+
+
+def test_repair_releases_stuck_messages_and_fails_them_at_the_limit(
+    db: Engine, intake: Intake
+) -> None:
+    set_config(db, asynch__repairRepeatTimeSec="300", asynch__countPartlyFailsBeforeFailed="3")
+    ids = [intake.submit(message(n)).msg_id for n in range(5)]
+    _set(db, ids[0], "NEW", 301)
+    _set(db, ids[1], "IN_QUEUE", 400)
+    _set(db, ids[2], "PROCESSING", 301, failed_count=3)  # at the limit -> FAILED
+    _set(db, ids[3], "NEW", 10)  # not stuck
+    _set(db, ids[4], "OK", 1000)  # final
+    with db.begin() as conn:  # a live claimer: its own backend pid
+        conn.execute(
+            text("UPDATE message SET processing_pid = pg_backend_pid() WHERE msg_id=:i"),
+            {"i": ids[2]},
+        )
+    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
+    assert (report.messages, report.failed) == (3, 1)
+    assert row(db, ids[0]).state is MessageState.PARTLY_FAILED
+    assert row(db, ids[0]).failed_error_code == pool.REPAIR_CODE
+    assert "stuck in NEW" in (row(db, ids[0]).failed_desc or "")
+    assert row(db, ids[1]).state is MessageState.PARTLY_FAILED
+    assert row(db, ids[2]).state is MessageState.FAILED
+    assert row(db, ids[3]).state is MessageState.NEW
+    assert row(db, ids[4]).state is MessageState.OK
+
+
+def test_repair_releases_an_orphan_at_once(db: Engine, intake: Intake) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    _orphan(db, msg_id)
+    import time
+
+    time.sleep(pool.ORPHAN_GRACE_S + 0.2)
+    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
+    assert report.messages == 1
+    stored = row(db, msg_id)
+    assert stored.state is MessageState.PARTLY_FAILED
+    assert stored.failed_desc == "worker connection lost while PROCESSING"
+
+
+def test_repair_fails_external_calls_stuck_in_processing(db: Engine, intake: Intake) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    with db.begin() as conn:
+        for op, age in (("old", 400), ("fresh", 10)):
+            conn.execute(
+                text(
+                    "INSERT INTO external_call (msg_id, operation_name, state, entity_id, "
+                    "msg_timestamp, creation_timestamp, last_update_timestamp, failed_count) "
+                    "VALUES (:m, :op, 'PROCESSING', 'e1', now(), now(), "
+                    "now() - make_interval(secs => :a), 0)"
+                ),
+                {"m": msg_id, "op": op, "a": age},
+            )
+    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
+    assert report.external_calls == 1
+    with db.connect() as conn:
+        got = dict(conn.execute(text("SELECT operation_name, state FROM external_call")).all())
+    assert got == {"old": "FAILED", "fresh": "PROCESSING"}
+
+
+def test_two_concurrent_repairs_never_take_the_same_row(db: Engine, intake: Intake) -> None:
+    set_config(db, asynch__pool__batchSize="50")
+    ids = [intake.submit(message(n)).msg_id for n in range(400)]
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET last_process_timestamp = now() - interval '1 hour'"))
+    reports: list[pool.RepairReport] = []
+    threads = [
+        threading.Thread(
+            target=lambda: reports.append(pool.repair(db, ConfigReader(db, ttl_seconds=0)))
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.messages for r in reports) == len(ids)
+    with db.connect() as conn:
+        counts = conn.execute(text("SELECT failed_count, count(*) FROM message GROUP BY 1")).all()
+    assert counts == [(1, len(ids))]
