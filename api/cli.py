@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -39,9 +40,15 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @app.command()
-def migrate() -> None:
+def migrate(
+    create_database: Annotated[
+        bool, typer.Option(help="Create the database first if the server lacks it")
+    ] = False,
+) -> None:
     """Create or upgrade the database schema and seed configuration defaults."""
     runtime = get_runtime()
+    if create_database and schema.create_database(runtime.settings.database_url):
+        console.print(f"created database {runtime.engine.url.database}")
     schema.upgrade(runtime.settings.database_url)
     runtime.startup_check()
     console.print("[green]database is at the latest revision[/]")
@@ -213,6 +220,9 @@ def main() -> None:
         app()
     except OrderlyError as exc:
         err.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+    except ValidationError as exc:
+        err.print(f"[bold red]invalid settings:[/] {exc}")
         raise SystemExit(2) from None
 
 

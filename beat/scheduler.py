@@ -12,7 +12,7 @@ from worker.runtime import get_runtime
 log = logging.getLogger("orderly.beat")
 
 
-class ConfiguredScheduler(Scheduler):  # type: ignore[misc]
+class ConfiguredScheduler(Scheduler):
     """An in-memory scheduler (the agents are periodic and idempotent)."""
 
     def setup_schedule(self) -> None:

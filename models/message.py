@@ -27,9 +27,14 @@ class Message(Base):
     __tablename__ = "message"
     __table_args__ = (
         UniqueConstraint("correlation_id", "source_system"),
-        # pool and repair: oldest message in a state, idle since a time
-        Index("ix_message_state_last_process", "state", "last_process_timestamp"),
-        Index("ix_message_state_msg_timestamp", "state", "msg_timestamp"),
+        # Pool and repair look for non-final messages idle since a time. Partial, so that the
+        # move to a final state (most updates) adds no entry to it.
+        Index(
+            "ix_message_pending",
+            "state",
+            "last_process_timestamp",
+            postgresql_where=text("state NOT IN ('OK', 'FAILED', 'CANCEL')"),
+        ),
         # funnels and guaranteed order look up non-final messages by funnel value
         Index(
             "ix_message_funnel",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -101,9 +101,11 @@ def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[Pro
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if getattr(report, "when", None) == "call" and getattr(report, "failed", False):
+    if report.when == "call" and report.failed:
         group = getattr(item, "funcargs", {}).get("procs")
         if isinstance(group, ProcessGroup):
             for path in sorted(group.log_dir.glob("*.log")):

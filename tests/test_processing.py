@@ -267,7 +267,9 @@ def test_repair_fails_external_calls_stuck_in_processing(db: Engine, intake: Int
     report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
     assert report.external_calls == 1
     with db.connect() as conn:
-        got = dict(conn.execute(text("SELECT operation_name, state FROM external_call")).all())
+        got: dict[str, str] = dict(
+            conn.execute(text("SELECT operation_name, state FROM external_call")).all()
+        )
     assert got == {"old": "FAILED", "fresh": "PROCESSING"}
 
 

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import Celery, bootsteps, signals
-from kombu import Exchange, Queue
+from kombu.entity import Exchange, Queue
 
 from models import NodeState
 from worker import nodes
@@ -42,7 +42,6 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     worker_send_task_events=True,
-    task_send_sent_event=True,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     beat_scheduler="beat.scheduler:ConfiguredScheduler",

@@ -12,7 +12,9 @@ from worker.settings import get_settings
 
 @lru_cache(maxsize=8)
 def engine_for(url: str) -> Engine:
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # No pre-ping: it would cost a round trip per checkout on the hot path. A connection found
+    # dead raises once and is replaced; the message stays where it was for a retry or repair.
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=3600)
 
 
 def get_engine() -> Engine:

@@ -2,13 +2,14 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 18:36:43.310857
+Create Date: 2026-11-22 18:50:17.247387
 """
 
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -161,13 +162,11 @@ def upgrade() -> None:
         postgresql_where=sa.text("parent_msg_id IS NOT NULL"),
     )
     op.create_index(
-        "ix_message_state_last_process",
+        "ix_message_pending",
         "message",
         ["state", "last_process_timestamp"],
         unique=False,
-    )
-    op.create_index(
-        "ix_message_state_msg_timestamp", "message", ["state", "msg_timestamp"], unique=False
+        postgresql_where=sa.text("state NOT IN ('OK', 'FAILED', 'CANCEL')"),
     )
     op.create_table(
         "external_call",
@@ -248,8 +247,11 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_external_call_state"), table_name="external_call")
     op.drop_index(op.f("ix_external_call_msg_id"), table_name="external_call")
     op.drop_table("external_call")
-    op.drop_index("ix_message_state_msg_timestamp", table_name="message")
-    op.drop_index("ix_message_state_last_process", table_name="message")
+    op.drop_index(
+        "ix_message_pending",
+        table_name="message",
+        postgresql_where=sa.text("state NOT IN ('OK', 'FAILED', 'CANCEL')"),
+    )
     op.drop_index(
         "ix_message_parent",
         table_name="message",

@@ -1,0 +1,214 @@
+"""Intake and processing throughput, beside raw Celery in the same run.
+
+    python -m benchmarks.intake [--quick] [--messages N] [--workers W] [--concurrency C]
+
+Measures messages accepted/s through the HTTP API and through the Python API, processed/s
+end to end with a no-op handler, and raw Celery no-op tasks/s with the same workers on the
+same broker. Processing and the baseline are timed the same way: the queue is filled first,
+then the workers start, and the clock runs from the first message taken to the last one done.
+The last line printed is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+BENCH_DB = os.environ.get("ORDERLY_BENCH_DATABASE", "orderly_bench")
+BENCH_REDIS = os.environ.get("ORDERLY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+_base = os.environ.get("ORDERLY_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x")
+os.environ["ORDERLY_DATABASE_URL"] = _base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
+os.environ["ORDERLY_REDIS_URL"] = BENCH_REDIS
+os.environ.pop("ORDERLY_BROKER_URL", None)
+os.environ["ORDERLY_NODE_CODE"] = "bench"
+
+import httpx  # noqa: E402
+import redis  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from api.processes import ProcessGroup, wait_for_log  # noqa: E402
+from worker import schema  # noqa: E402
+from worker.celery import PROCESS_QUEUE, app, enqueue_processing  # noqa: E402
+from worker.runtime import get_runtime  # noqa: E402
+
+BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def body(run: str, i: int) -> dict[str, object]:
+    return {
+        "service": "bench",
+        "operation": "noop",
+        "correlation_id": f"{run}-{i}",
+        "source_system": "bench",
+        "msg_timestamp": (BASE_TS + timedelta(microseconds=i)).isoformat(),
+        "payload": {"i": i},
+    }
+
+
+def reset(r: redis.Redis) -> None:  # type: ignore[type-arg]
+    runtime = get_runtime()
+    with runtime.engine.begin() as conn:
+        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
+    r.flushdb()
+
+
+def measure_http(group: ProcessGroup, n: int, threads: int) -> float:
+    port = 18700 + os.getpid() % 1000
+    api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
+    run = uuid.uuid4().hex[:6]
+    local = threading.local()
+
+    def post(i: int) -> None:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}")
+        answer = client.post("/messages", json=body(run, i))
+        if answer.status_code != 201:
+            raise RuntimeError(answer.text)
+
+    for i in range(50):  # warm-up
+        post(-1 - i)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(post, range(n)))
+    elapsed = time.perf_counter() - t0
+    group.stop(api)
+    return n / elapsed
+
+
+def measure_python(n: int) -> float:
+    intake = get_runtime().intake(enqueue_processing)
+    run = uuid.uuid4().hex[:6]
+    t0 = time.perf_counter()
+    for i in range(n):
+        intake.submit(body(run, i))
+    return n / (time.perf_counter() - t0)
+
+
+def drain_rate(
+    group: ProcessGroup,
+    r: redis.Redis,
+    n: int,
+    args: argparse.Namespace,  # type: ignore[type-arg]
+    tag: str,
+) -> float:
+    """Start the workers on a full queue; tasks/s from the first taken to the last done."""
+    assert r.llen(PROCESS_QUEUE) == n, (r.llen(PROCESS_QUEUE), n)
+    workers = [
+        group.start(
+            f"{tag}-w{i}",
+            [
+                str(Path(sys.executable).parent / "celery"),
+                "-A",
+                "worker",
+                "worker",
+                "-n",
+                f"{tag}{i}@%h",
+                "--pool",
+                args.pool,
+                "--concurrency",
+                str(args.concurrency),
+                "--loglevel",
+                "WARNING",
+                "--without-mingle",
+                "--without-gossip",
+                "-Q",
+                PROCESS_QUEUE,
+                "--include",
+                "benchmarks.celery_noop",
+            ],
+            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
+        )
+        for i in range(args.workers)
+    ]
+    deadline = time.monotonic() + 600
+    while r.llen(PROCESS_QUEUE) == n:
+        if time.monotonic() > deadline or not all(w.alive() for w in workers):
+            raise RuntimeError(f"workers did not start; see {group.log_dir}")
+        time.sleep(0.002)
+    t0 = time.perf_counter()
+    while r.llen(PROCESS_QUEUE) > 0 or r.hlen("unacked") > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("queue did not drain")
+        time.sleep(0.002)
+    elapsed = time.perf_counter() - t0
+    for w in workers:
+        group.stop(w)
+    return n / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a run under 60 s")
+    parser.add_argument("--messages", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--pool", default="prefork")
+    parser.add_argument("--http-threads", type=int, default=4)
+    args = parser.parse_args()
+    n = args.messages or (3000 if args.quick else 20000)
+
+    runtime = get_runtime()
+    schema.create_database(runtime.settings.database_url)
+    schema.upgrade(runtime.settings.database_url)
+    runtime.startup_check()
+    r = redis.Redis.from_url(BENCH_REDIS)
+    group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
+    try:
+        reset(r)
+        api_per_s = measure_http(group, n, args.http_threads)
+        print(
+            f"HTTP API intake:    {api_per_s:8.0f} msg/s ({n} messages, "
+            f"{args.http_threads} client threads)",
+            flush=True,
+        )
+
+        reset(r)
+        python_per_s = measure_python(n)
+        print(f"Python API intake:  {python_per_s:8.0f} msg/s", flush=True)
+
+        processed_per_s = drain_rate(group, r, n, args, "orderly")
+        with runtime.engine.connect() as conn:
+            ok = conn.execute(text("SELECT count(*) FROM message WHERE state = 'OK'")).scalar_one()
+        if ok != n:
+            raise RuntimeError(f"only {ok} of {n} messages are OK")
+        print(
+            f"processed (no-op):  {processed_per_s:8.0f} msg/s "
+            f"({args.workers} workers x {args.concurrency} {args.pool})",
+            flush=True,
+        )
+
+        reset(r)
+        for i in range(n):
+            app.send_task("orderly.process.bench_noop", args=(i,))
+        celery_noop_per_s = drain_rate(group, r, n, args, "celery")
+        print(f"raw Celery no-op:   {celery_noop_per_s:8.0f} tasks/s", flush=True)
+    finally:
+        group.stop_all()
+        r.close()
+
+    figures = {
+        "messages": n,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "pool": args.pool,
+        "api_per_s": round(api_per_s, 1),
+        "python_per_s": round(python_per_s, 1),
+        "processed_per_s": round(processed_per_s, 1),
+        "celery_noop_per_s": round(celery_noop_per_s, 1),
+        "ratio": round(processed_per_s / celery_noop_per_s, 3),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

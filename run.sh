@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# orderly's one entry point: does all set-up on a fresh machine, then runs what you ask.
+#   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
+#   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
+#   ./run.sh bench [--quick]       the benchmarks
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+ensure_apt() {
+  # ensure_apt COMMAND PACKAGE: install a Debian package when its command is missing.
+  command -v "$1" >/dev/null 2>&1 && return 0
+  log "installing $2 (Debian)"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$2" >/dev/null
+}
+
+ensure_services() {
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    log "starting PostgreSQL"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  fi
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    log "starting Redis"
+    as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+      --appendonly no
+  fi
+  for _ in $(seq 1 50); do
+    pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "PostgreSQL or Redis did not come up on 127.0.0.1" >&2
+  exit 1
+}
+
+ensure_venv() {
+  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  local stamp="$VENV/.installed" want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    log "installing orderly and its dependencies into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+    "$VENV/bin/python" -c 'import celery, fastapi, sqlalchemy, pytest' # fail loudly if incomplete
+    echo "$want" > "$stamp"
+  fi
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  demo)
+    ensure_services
+    ensure_venv
+    "$VENV/bin/orderly" migrate --create-database
+    exec "$VENV/bin/orderly" demo "$@"
+    ;;
+  test)
+    ensure_apt pg_isready postgresql-client
+    ensure_apt docker-compose docker-compose
+    ensure_services
+    ensure_venv
+    log "ruff"
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/ruff" format --check .
+    log "mypy"
+    "$VENV/bin/mypy"
+    log "pytest"
+    set +e
+    "$VENV/bin/pytest" "$@"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 5 ]; then
+      echo "pytest collected no tests: that is a failure here" >&2
+      exit 1
+    fi
+    exit "$rc"
+    ;;
+  bench)
+    ensure_services
+    ensure_venv
+    "$VENV/bin/orderly" migrate --create-database >/dev/null
+    exec "$VENV/bin/python" -m benchmarks.intake "$@"
+    ;;
+  *)
+    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

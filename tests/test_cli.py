@@ -1,0 +1,145 @@
+"""The `orderly` command line, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from tests.helpers import count_messages, message
+from worker.celery import PROCESS_QUEUE
+
+ORDERLY = str(Path(sys.executable).parent / "orderly")
+
+
+def orderly(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ORDERLY, *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env=dict(os.environ, COLUMNS="200"),
+        timeout=60,
+    )
+
+
+def test_submit_and_show(db: Engine, redis_client: redis.Redis) -> None:
+    done = orderly(
+        "submit",
+        "--service",
+        "test",
+        "--operation",
+        "script",
+        "--correlation-id",
+        "cli-1",
+        "--source-system",
+        "shell",
+        "--payload",
+        "{}",
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["state"] == "NEW" and answer["result"] == "accepted"
+    assert redis_client.llen(PROCESS_QUEUE) == 1
+    shown = json.loads(orderly("show", str(answer["msg_id"])).stdout)
+    assert shown["correlation_id"] == "cli-1" and shown["source_system"] == "shell"
+    again = orderly(
+        "submit",
+        "--json",
+        "-",
+        stdin=json.dumps(message(0, correlation_id="cli-1", source_system="shell")),
+    )
+    assert json.loads(again.stdout)["result"] == "already known"
+    assert count_messages(db) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("submit", "--json", "{oops"), "malformed JSON"),
+        (
+            (
+                "submit",
+                "--service",
+                "nosuch",
+                "--operation",
+                "x",
+                "--correlation-id",
+                "c",
+                "--source-system",
+                "s",
+                "--payload",
+                "p",
+            ),
+            "unknown service 'nosuch'",
+        ),
+        (("submit", "--service", "test", "--operation", "script"), "correlation_id: missing"),
+        (("submit", "--json", json.dumps(message(1, msg_timestamp="noon"))), "msg_timestamp"),
+    ],
+)
+def test_bad_submit_exits_2_with_the_problem_and_stores_nothing(
+    db: Engine, redis_client: redis.Redis, args: tuple[str, ...], needle: str
+) -> None:
+    done = orderly(*args)
+    assert done.returncode == 2
+    assert needle in done.stderr
+    assert count_messages(db) == 0
+    assert redis_client.llen(PROCESS_QUEUE) == 0
+
+
+def test_config_set_get_and_refusal(db: Engine) -> None:
+    assert orderly("config", "set", "asynch.postponedIntervalSec", "7").returncode == 0
+    assert orderly("config", "get", "asynch.postponedIntervalSec").stdout.strip() == "7"
+    refused = orderly("config", "set", "asynch.postponedIntervalSec", "soon")
+    assert refused.returncode == 2 and "does not match" in refused.stderr
+    assert "asynch.postponedIntervalSec" in orderly("config", "list").stdout
+
+
+def test_node_commands_move_the_node(db: Engine) -> None:
+    with db.begin() as conn:
+        conn.execute(text("INSERT INTO node (code, name, state) VALUES ('n1', 'n1', 'RUN')"))
+    for command, state in (
+        ("drain", "HANDLES_EXISTING_MESSAGES"),
+        ("stop", "STOPPED"),
+        ("run", "RUN"),
+    ):
+        assert orderly("node", command, "n1").returncode == 0
+        with db.connect() as conn:
+            got = conn.execute(text("SELECT state FROM node WHERE code='n1'")).scalar_one()
+        assert got == state
+    assert "n1" in orderly("node", "list").stdout
+    missing = orderly("node", "stop", "ghost")
+    assert missing.returncode == 2 and "node 'ghost' does not exist" in missing.stderr
+
+
+def test_inconsistent_configuration_stops_start_up_with_a_clear_message(db: Engine) -> None:
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE configuration SET current_value = 'x' "
+                "WHERE code = 'asynch.repairRepeatTimeSec'"
+            )
+        )
+    done = orderly("migrate")
+    assert done.returncode == 2
+    assert "invalid configuration: asynch.repairRepeatTimeSec" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_invalid_settings_are_reported_without_a_traceback() -> None:
+    done = subprocess.run(
+        [ORDERLY, "config", "list"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, AURA_QUEUE_MANAGER_DATABASE="MONGODB"),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "MONGODB is not supported" in done.stderr
+    assert "Traceback" not in done.stderr
