@@ -35,7 +35,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import ProcessGroup, wait_for_log  # noqa: E402
+from api.processes import ProcessGroup  # noqa: E402
 from worker import schema  # noqa: E402
 from worker.celery import PROCESS_QUEUE, app, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
@@ -54,7 +54,7 @@ def body(run: str, i: int) -> dict[str, object]:
     }
 
 
-def reset(r: redis.Redis) -> None:  # type: ignore[type-arg]
+def reset(r: redis.Redis) -> None:
     runtime = get_runtime()
     with runtime.engine.begin() as conn:
         conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
@@ -98,7 +98,7 @@ def drain_rate(
     group: ProcessGroup,
     r: redis.Redis,
     n: int,
-    args: argparse.Namespace,  # type: ignore[type-arg]
+    args: argparse.Namespace,
     tag: str,
 ) -> float:
     """Start the workers on a full queue; tasks/s from the first taken to the last done."""

@@ -54,8 +54,8 @@ def test_a_value_must_convert_to_its_data_type(db: Engine) -> None:
     with db.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO configuration (code, category_code, default_value, data_type, mandatory)"
-                " VALUES ('x.ratio', 'x', '0.5', 'FLOAT', true)"
+                "INSERT INTO configuration (code, category_code, default_value, data_type,"
+                " mandatory) VALUES ('x.ratio', 'x', '0.5', 'FLOAT', true)"
             )
         )
     configuration.set_value(db, "x.ratio", "1.25")
