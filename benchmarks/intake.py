@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -150,12 +151,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run under 60 s")
     parser.add_argument("--messages", type=int, default=None)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=1)
+    # Celery's own default on this machine: one worker, prefork, concurrency = CPU count.
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--rounds", type=int, default=None, help="orderly/baseline pairs")
     parser.add_argument("--pool", default="prefork")
     parser.add_argument("--http-threads", type=int, default=4)
     args = parser.parse_args()
-    n = args.messages or (3000 if args.quick else 20000)
+    n = args.messages or (1500 if args.quick else 20000)
+    args.rounds = args.rounds or (2 if args.quick else 3)
 
     runtime = get_runtime()
     schema.create_database(runtime.settings.database_url)
@@ -163,41 +167,54 @@ def main() -> None:
     runtime.startup_check()
     r = redis.Redis.from_url(BENCH_REDIS)
     group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
+    python_runs: list[float] = []
+    processed_runs: list[float] = []
+    celery_runs: list[float] = []
+    layout = f"{args.workers} worker(s) x {args.concurrency} {args.pool}"
     try:
         reset(r)
         api_per_s = measure_http(group, n, args.http_threads)
         print(
             f"HTTP API intake:    {api_per_s:8.0f} msg/s ({n} messages, "
-            f"{args.http_threads} client threads)",
+            f"{args.http_threads} client threads, 1 API process)",
             flush=True,
         )
-
-        reset(r)
-        python_per_s = measure_python(n)
-        print(f"Python API intake:  {python_per_s:8.0f} msg/s", flush=True)
-
-        processed_per_s = drain_rate(group, r, n, args, "orderly")
-        with runtime.engine.connect() as conn:
-            ok = conn.execute(text("SELECT count(*) FROM message WHERE state = 'OK'")).scalar_one()
-        if ok != n:
-            raise RuntimeError(f"only {ok} of {n} messages are OK")
-        print(
-            f"processed (no-op):  {processed_per_s:8.0f} msg/s "
-            f"({args.workers} workers x {args.concurrency} {args.pool})",
-            flush=True,
-        )
-
-        reset(r)
-        for i in range(n):
-            app.send_task("orderly.process.bench_noop", args=(i,))
-        celery_noop_per_s = drain_rate(group, r, n, args, "celery")
-        print(f"raw Celery no-op:   {celery_noop_per_s:8.0f} tasks/s", flush=True)
+        # Rounds interleave orderly and the baseline, so drift on the machine hits both.
+        for round_no in range(1, args.rounds + 1):
+            reset(r)
+            python_runs.append(measure_python(n))
+            processed_runs.append(drain_rate(group, r, n, args, "orderly"))
+            with runtime.engine.connect() as conn:
+                ok = conn.execute(
+                    text("SELECT count(*) FROM message WHERE state = 'OK'")
+                ).scalar_one()
+            if ok != n:
+                raise RuntimeError(f"only {ok} of {n} messages are OK")
+            reset(r)
+            for i in range(n):
+                app.send_task("orderly.process.bench_noop", args=(i,))
+            celery_runs.append(drain_rate(group, r, n, args, "celery"))
+            print(
+                f"round {round_no}: Python API intake {python_runs[-1]:.0f} msg/s, "
+                f"processed {processed_runs[-1]:.0f} msg/s, raw Celery no-op "
+                f"{celery_runs[-1]:.0f} tasks/s ({layout})",
+                flush=True,
+            )
     finally:
         group.stop_all()
         r.close()
 
+    python_per_s = statistics.median(python_runs)
+    processed_per_s = statistics.median(processed_runs)
+    celery_noop_per_s = statistics.median(celery_runs)
+    print(
+        f"medians of {args.rounds} rounds: processed {processed_per_s:.0f}/s, "
+        f"raw Celery {celery_noop_per_s:.0f}/s",
+        flush=True,
+    )
     figures = {
         "messages": n,
+        "rounds": args.rounds,
         "workers": args.workers,
         "concurrency": args.concurrency,
         "pool": args.pool,
