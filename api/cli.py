@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from worker import configuration, nodes, schema
 from worker.errors import OrderlyError
 from worker.intake import get_message
 from worker.runtime import get_runtime
+from worker.settings import get_settings
 
 app = typer.Typer(
     help="orderly: ordered delivery over Celery, Redis and PostgreSQL.",
@@ -217,6 +219,9 @@ def demo(
 
 def main() -> None:
     try:
+        logging.basicConfig(
+            level=get_settings().log_level, format="%(levelname)s %(name)s: %(message)s"
+        )
         app()
     except OrderlyError as exc:
         err.print(f"[bold red]error:[/] {exc}")

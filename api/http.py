@@ -28,6 +28,9 @@ def _problem(status: int, errors: list[dict[str, str]]) -> JSONResponse:
 
 def create_app() -> FastAPI:
     runtime = get_runtime()
+    logging.basicConfig(
+        level=runtime.settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     state: dict[str, Intake] = {}
 
     async def heartbeat() -> None:

@@ -43,7 +43,6 @@ app.conf.update(
     accept_content=["json"],
     worker_send_task_events=True,
     broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
     beat_scheduler="beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
 )

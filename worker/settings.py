@@ -67,7 +67,9 @@ class Settings(BaseSettings):
         description="In milliseconds, how often a worker renews its node row and checks its state.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", validation_alias="ORDERLY_LOG_LEVEL"
+        "INFO",
+        validation_alias="ORDERLY_LOG_LEVEL",
+        description="Log level of the API and the CLI (Celery processes take --loglevel).",
     )
 
     # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
