@@ -24,13 +24,13 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from sqlalchemy import Engine, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from models import Message, MessageState, Node
+from models import Message, MessageState
 from worker.errors import InvalidMessage, MessageNotFound, NodeNotAccepting
 from worker.handlers import HandlerRegistry
+from worker.prepared import Prepared, PreparedSet
 
 log = logging.getLogger(__name__)
 
@@ -135,21 +135,63 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
 
 # The node check and the insert are one statement: a node that stops accepting input cannot
 # race an insert; a duplicate (correlation_id, source_system) inserts nothing.
-_INSERT_NEW = text(
-    """
-    INSERT INTO message (
-        msg_timestamp, receive_timestamp, last_process_timestamp, service_name, operation_name,
-        object_id, entity_type, correlation_id, process_id, payload, envelope, source_system,
-        state, failed_count, parent_msg_id, parent_binding_type, funnel_value,
-        funnel_component_id, guaranteed_order, exclude_failed_state, node_id)
-    SELECT :msg_timestamp, now(), now(), :service_name, :operation_name,
-        :object_id, :entity_type, :correlation_id, :process_id, :payload, :envelope,
-        :source_system, 'NEW', 0, :parent_msg_id, :parent_binding_type, :funnel_value,
-        :funnel_component_id, :guaranteed_order, :exclude_failed_state, :node_id
-    WHERE EXISTS (SELECT 1 FROM node WHERE node_id = :node_id AND state = 'RUN')
-    ON CONFLICT (correlation_id, source_system) DO NOTHING
-    RETURNING msg_id
-    """
+_INSERT_COLUMNS = (
+    "msg_timestamp",
+    "service_name",
+    "operation_name",
+    "object_id",
+    "entity_type",
+    "correlation_id",
+    "process_id",
+    "payload",
+    "envelope",
+    "source_system",
+    "parent_msg_id",
+    "parent_binding_type",
+    "funnel_value",
+    "funnel_component_id",
+    "guaranteed_order",
+    "exclude_failed_state",
+    "node_id",
+)
+STATEMENTS = (
+    Prepared(
+        "orderly_insert_new",
+        (
+            "timestamptz",
+            "text",
+            "text",
+            "text",
+            "text",
+            "text",
+            "text",
+            "text",
+            "text",
+            "text",
+            "bigint",
+            "text",
+            "text",
+            "text",
+            "boolean",
+            "boolean",
+            "bigint",
+        ),
+        f"""
+        INSERT INTO message ({", ".join(_INSERT_COLUMNS)},
+                             receive_timestamp, last_process_timestamp, state, failed_count)
+        SELECT {", ".join(f"${i}" for i in range(1, len(_INSERT_COLUMNS) + 1))},
+               now(), now(), 'NEW', 0
+        WHERE EXISTS (SELECT 1 FROM node WHERE node_id = ${len(_INSERT_COLUMNS)} AND state = 'RUN')
+        ON CONFLICT (correlation_id, source_system) DO NOTHING
+        RETURNING msg_id
+        """,
+    ),
+    Prepared(
+        "orderly_find_message",
+        ("text", "text"),
+        "SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2",
+    ),
+    Prepared("orderly_node_state", ("bigint",), "SELECT code, state FROM node WHERE node_id = $1"),
 )
 
 
@@ -166,6 +208,7 @@ class Intake:
         max_payload_bytes: int,
     ) -> None:
         self._engine = engine
+        self._statements = PreparedSet(engine, STATEMENTS)
         self._node_id = node_id
         self._enqueue = enqueue
         self._registry = registry
@@ -187,50 +230,44 @@ class Intake:
         return result
 
     def _store(self, message: MessageIn) -> SubmitResult:
-        params = {
-            "msg_timestamp": message.msg_timestamp,
-            "service_name": message.service,
-            "operation_name": message.operation,
-            "object_id": message.object_id,
-            "entity_type": message.entity_type,
-            "correlation_id": message.correlation_id,
-            "process_id": message.process_id,
-            "payload": message.payload_text,
-            "envelope": message.envelope,
-            "source_system": message.source_system,
-            "parent_msg_id": message.parent_msg_id,
-            "parent_binding_type": "HARD" if message.parent_msg_id is not None else None,
-            "funnel_value": message.funnel_value,
-            "funnel_component_id": message.funnel_component_id,
-            "guaranteed_order": message.guaranteed_order,
-            "exclude_failed_state": message.exclude_failed_state,
-            "node_id": self._node_id,
-        }
-        with Session(self._engine) as session:
+        values = (
+            message.msg_timestamp,
+            message.service,
+            message.operation,
+            message.object_id,
+            message.entity_type,
+            message.correlation_id,
+            message.process_id,
+            message.payload_text,
+            message.envelope,
+            message.source_system,
+            message.parent_msg_id,
+            "HARD" if message.parent_msg_id is not None else None,
+            message.funnel_value,
+            message.funnel_component_id,
+            message.guaranteed_order,
+            message.exclude_failed_state,
+            self._node_id,
+        )
+        with self._statements.connection() as conn:
             try:
-                msg_id = session.execute(_INSERT_NEW, params).scalar_one_or_none()
-                session.commit()
-            except IntegrityError as exc:
-                session.rollback()
-                if "parent_msg_id" in str(exc.orig):
+                inserted = conn.run("orderly_insert_new", *values)
+            except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
+                if "parent_msg_id" in str(exc):
                     raise InvalidMessage(
                         "parent_msg_id", f"no message {message.parent_msg_id} exists"
                     ) from None
                 raise
-            if msg_id is not None:
-                return SubmitResult(int(msg_id), MessageState.NEW, created=True)
-            existing = session.execute(
-                select(Message.msg_id, Message.state).where(
-                    Message.correlation_id == message.correlation_id,
-                    Message.source_system == message.source_system,
-                )
-            ).first()
+            if inserted is not None:
+                return SubmitResult(int(inserted[0]), MessageState.NEW, created=True)
+            existing = conn.run(
+                "orderly_find_message", message.correlation_id, message.source_system
+            )
             if existing is not None:
-                return SubmitResult(int(existing.msg_id), MessageState(existing.state), False)
-            node = session.execute(
-                select(Node.code, Node.state).where(Node.node_id == self._node_id)
-            ).one()
-            raise NodeNotAccepting(node.code, node.state)
+                return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
+            node = conn.run("orderly_node_state", self._node_id)
+            assert node is not None, f"node {self._node_id} is not registered"
+            raise NodeNotAccepting(node[0], node[1])
 
 
 PUBLIC_FIELDS = (
