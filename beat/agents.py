@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from worker import nodes, pool
-from worker.celery import app, enqueue_processing
+from worker.celery import app, enqueue_drain, enqueue_processing
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
@@ -46,3 +46,12 @@ def node_watch() -> list[str]:
     if silent:
         log.warning("nodes without heartbeat for %ss: %s", timeout, ", ".join(silent))
     return silent
+
+
+@app.task(name="orderly.agents.awaited")
+def awaited() -> dict[str, int]:
+    """The awaited agent: re-queues due AWAITED and stuck responses, expires old ones."""
+    report = get_runtime().conversations.awaited_turn(enqueue_drain)
+    if report.woken or report.expired or report.vanished:
+        log.info("awaited agent: %s", report)
+    return {"woken": len(report.woken), "expired": report.expired, "vanished": report.vanished}

@@ -18,6 +18,6 @@ class ConfiguredScheduler(Scheduler):
     def setup_schedule(self) -> None:
         runtime = get_runtime()
         runtime.startup_check()
-        schedule = build_schedule(runtime.config)
+        schedule = build_schedule(runtime.config, runtime.settings)
         self.merge_inplace(schedule)
-        log.info("beat schedule: %s", {k: v["schedule"] for k, v in schedule.items()})
+        log.info("beat schedule: %s", {k: str(v["schedule"]) for k, v in schedule.items()})

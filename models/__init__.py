@@ -1,6 +1,7 @@
 """Tables and enums of orderly's PostgreSQL store (data only, no behaviour)."""
 
 from models.base import Base
+from models.channel import Channel
 from models.configuration import Configuration
 from models.enums import (
     FINAL_STATES,
@@ -23,6 +24,7 @@ __all__ = [
     "RUNNING_STATES",
     "Base",
     "BindingType",
+    "Channel",
     "ConfigDataType",
     "Configuration",
     "ExternalCall",

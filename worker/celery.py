@@ -17,6 +17,7 @@ log = logging.getLogger("orderly.worker")
 
 PROCESS_QUEUE = "orderly.process"
 AGENTS_QUEUE = "orderly.agents"
+DELIVER_QUEUE = "orderly.deliver"
 
 _settings = get_settings()
 
@@ -33,11 +34,13 @@ app.conf.update(
     task_queues=[
         Queue(PROCESS_QUEUE, Exchange(PROCESS_QUEUE), routing_key=PROCESS_QUEUE),
         Queue(AGENTS_QUEUE, Exchange(AGENTS_QUEUE), routing_key=AGENTS_QUEUE),
+        Queue(DELIVER_QUEUE, Exchange(DELIVER_QUEUE), routing_key=DELIVER_QUEUE),
     ],
     task_default_queue=PROCESS_QUEUE,
     task_routes={
         "orderly.process.*": {"queue": PROCESS_QUEUE},
         "orderly.agents.*": {"queue": AGENTS_QUEUE},
+        "orderly.deliver.*": {"queue": DELIVER_QUEUE},
     },
     task_serializer="json",
     accept_content=["json"],
@@ -50,6 +53,40 @@ app.conf.update(
 
 def enqueue_processing(msg_id: int) -> None:
     app.send_task("orderly.process.message", args=(msg_id,))
+
+
+def enqueue_drain(conversation_id: str, token: str) -> None:
+    """Start delivering a conversation; the caller holds its lease under ``token``."""
+    app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
+
+
+class DueScheduler(bootsteps.StartStopStep):
+    """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out.
+
+    The waits themselves live in Redis (``bridge:queue:scheduled``), not in worker memory:
+    any worker's scheduler may take a due conversation, and taking it is atomic.
+    """
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.tref: Any = None
+
+    def start(self, c: Any) -> None:
+        interval = get_runtime().settings.interval / 1000
+        self.tref = c.timer.call_repeatedly(interval, self.tick, (), priority=20)
+
+    def tick(self) -> None:
+        try:
+            get_runtime().conversations.wake_due(enqueue_drain)
+        except Exception:
+            log.exception("waking due conversations failed")
+
+    def stop(self, c: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
 
 
 class NodeLifecycle(bootsteps.StartStopStep):
@@ -96,6 +133,7 @@ class NodeLifecycle(bootsteps.StartStopStep):
 
 
 app.steps["consumer"].add(NodeLifecycle)
+app.steps["consumer"].add(DueScheduler)
 
 
 @signals.worker_process_init.connect

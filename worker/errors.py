@@ -52,3 +52,30 @@ class HandlerError(OrderlyError):
         self.code = code
         self.description = description
         super().__init__(f"{code}: {description}")
+
+
+class UnknownChannel(OrderlyError):
+    """No delivery channel is configured for an origin."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        super().__init__(
+            f"no channel for origin {origin!r}: PUT /channels/{origin} or set ORDERLY_CHANNELS"
+        )
+
+
+class UnknownRequest(OrderlyError):
+    """A response names a request orderly never registered (in that conversation)."""
+
+    def __init__(self, request_id: str, conversation_id: str) -> None:
+        self.request_id = request_id
+        self.conversation_id = conversation_id
+        super().__init__(f"request {request_id!r} is not known in conversation {conversation_id!r}")
+
+
+class UnknownAck(OrderlyError):
+    """An ACK for an async response id that is unknown or whose wait already ran out."""
+
+    def __init__(self, async_response_id: str) -> None:
+        self.async_response_id = async_response_id
+        super().__init__(f"no message is waiting for the ACK {async_response_id!r}")

@@ -40,6 +40,36 @@ Name = Annotated[
 LongName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)]
 
 
+def parse_timestamp(value: Any) -> datetime:
+    """An ISO 8601 timestamp (or a datetime); one without an offset is taken as UTC."""
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not an ISO 8601 timestamp (e.g. 2026-01-31T12:00:00Z)"
+            ) from None
+    else:
+        raise ValueError(f"must be an ISO 8601 timestamp string, got {type(value).__name__}")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def invalid_from(exc: ValidationError) -> InvalidMessage:
+    """A pydantic error as InvalidMessage: each bad field named once, with its problem."""
+    seen: dict[str, str] = {}
+    for err in exc.errors():
+        # union members add their type to the location; keep the field name only
+        field = _field_name(tuple(err["loc"])[:1])
+        problem = "missing" if err["type"] == "missing" else err["msg"]
+        if err["type"] == "extra_forbidden":
+            problem = "unknown field"
+        seen.setdefault(field, problem)
+    items = list(seen.items())
+    return InvalidMessage(items[0][0], items[0][1], *items[1:])
+
+
 class MessageIn(BaseModel):
     """A message as a producer submits it."""
 
@@ -64,19 +94,7 @@ class MessageIn(BaseModel):
     @field_validator("msg_timestamp", mode="before")
     @classmethod
     def _timestamp(cls, value: Any) -> datetime:
-        if isinstance(value, datetime):
-            parsed = value
-        elif isinstance(value, str):
-            try:
-                parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-            except ValueError:
-                raise ValueError(
-                    f"{value!r} is not an ISO 8601 timestamp (e.g. 2026-01-31T12:00:00Z)"
-                ) from None
-        else:
-            raise ValueError(f"must be an ISO 8601 timestamp string, got {type(value).__name__}")
-        # A timestamp without an offset is taken as UTC.
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        return parse_timestamp(value)
 
     @property
     def payload_text(self) -> str:
@@ -103,20 +121,7 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     try:
         message = MessageIn.model_validate(dict(data))
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            # union members add their type to the location; keep the field name only
-            field = _field_name(loc[:1])
-            problem = "missing" if err["type"] == "missing" else err["msg"]
-            if err["type"] == "extra_forbidden":
-                problem = "unknown field"
-            problems.append((field, problem))
-        seen: dict[str, str] = {}
-        for field, problem in problems:
-            seen.setdefault(field, problem)
-        items = list(seen.items())
-        raise InvalidMessage(items[0][0], items[0][1], *items[1:]) from None
+        raise invalid_from(exc) from None
     size = len(message.payload_text.encode("utf-8"))
     if size > max_payload_bytes:
         raise InvalidMessage(

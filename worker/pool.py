@@ -24,10 +24,12 @@ _REQUEUE = text(
        SET state = 'IN_QUEUE', start_in_queue_timestamp = now(), last_process_timestamp = now()
      WHERE m.msg_id IN (
            SELECT msg_id FROM message
-            WHERE (state = 'PARTLY_FAILED'
+            -- conversation messages are delivered by the ordering gate, not by handlers
+            WHERE service_name <> 'conversation'
+              AND ((state = 'PARTLY_FAILED'
                    AND last_process_timestamp <= now() - make_interval(secs => :partly_s))
                OR (state = 'POSTPONED'
-                   AND last_process_timestamp <= now() - make_interval(secs => :postponed_s))
+                   AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)))
             ORDER BY msg_timestamp
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)
@@ -50,11 +52,12 @@ _REPAIR_MESSAGES = text(
            last_process_timestamp = now(), processing_pid = NULL
      WHERE m.msg_id IN (
            SELECT msg_id FROM message m
-            WHERE (m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
+            WHERE m.service_name <> 'conversation'
+              AND ((m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
                    AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s))
                OR (m.state = 'PROCESSING'
                    AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
-                   AND {ORPHANED})
+                   AND {ORPHANED}))
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)
     RETURNING m.msg_id, m.state

@@ -39,6 +39,10 @@ class PreparedConnection:
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
+    def rowcount(self) -> int:
+        """Rows the last statement changed."""
+        return int(self._cursor.rowcount)
+
     def columns(self) -> list[str]:
         return [c.name for c in self._cursor.description or ()]
 

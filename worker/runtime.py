@@ -10,10 +10,13 @@ import threading
 from collections.abc import Callable
 from functools import cached_property, lru_cache
 
+import redis
 from sqlalchemy import Engine
 
 from worker import configuration, nodes
+from worker.channels import ChannelDirectory
 from worker.configuration import ConfigReader
+from worker.conversations import Conversations
 from worker.db import engine_for
 from worker.handlers import HandlerRegistry, load_handler_modules, registry
 from worker.intake import Intake
@@ -55,6 +58,24 @@ class Runtime:
     def processor(self) -> Processor:
         return Processor(
             self.engine, node_id=self.node_id, registry=self.registry, config=self.config
+        )
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.settings.redis_url)
+
+    @cached_property
+    def channels(self) -> ChannelDirectory:
+        return ChannelDirectory(self.engine, self.settings)
+
+    @cached_property
+    def conversations(self) -> Conversations:
+        return Conversations(
+            self.engine,
+            self.redis,
+            self.settings,
+            node_id=self.node_id,
+            channels=self.channels,
         )
 
     def intake(self, enqueue: Callable[[int], None]) -> Intake:

@@ -72,6 +72,39 @@ class Settings(BaseSettings):
         description="Log level of the API and the CLI (Celery processes take --loglevel).",
     )
 
+    # --- conversation delivery --------------------------------------------------------------
+    channels: dict[str, str] = Field(
+        default_factory=dict,
+        validation_alias="ORDERLY_CHANNELS",
+        description='JSON object: origin -> delivery URL, e.g. {"whatsapp": "http://..."}.',
+    )
+    channel_delivery_delay_ms: int = Field(
+        1_000,
+        ge=1,
+        validation_alias="ORDERLY_CHANNEL_DELIVERY_DELAY_MS",
+        description="Default deliveryDelay of a channel: first retry waits delay * multiplier.",
+    )
+    channel_multiplier: float = Field(1.5, ge=1.0, validation_alias="ORDERLY_CHANNEL_MULTIPLIER")
+    channel_attempts: int = Field(
+        3,
+        ge=0,
+        validation_alias="ORDERLY_CHANNEL_ATTEMPTS",
+        description="Retries after a recoverable failure before the group becomes AWAITED.",
+    )
+    channel_timeout_ms: int = Field(5_000, ge=1, validation_alias="ORDERLY_CHANNEL_TIMEOUT_MS")
+    bridge_prefix: str = Field(
+        "bridge:queue",
+        min_length=1,
+        validation_alias="ORDERLY_BRIDGE_PREFIX",
+        description="Prefix of every conversation key in Redis (the seed's bridge:queue).",
+    )
+    drain_batch: int = Field(
+        100,
+        ge=1,
+        validation_alias="ORDERLY_DRAIN_BATCH",
+        description="Deliveries one task makes before handing the conversation to a new task.",
+    )
+
     # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
     awaited_message_ttl: int = Field(
         900_000, ge=1, validation_alias=_queue_var("AWAITED_MESSAGE_TTL")
@@ -121,6 +154,18 @@ class Settings(BaseSettings):
         if upper != "REDIS":
             raise ValueError(f"unknown queue database {value!r}; the only value is REDIS")
         return upper
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for origin, url in value.items():
+            if not origin.strip():
+                raise ValueError("an origin name is empty")
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"the URL of origin {origin!r} must start with http:// or https://"
+                )
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -8,7 +8,8 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from worker.celery import PROCESS_QUEUE, app
+from worker.celery import PROCESS_QUEUE, app, enqueue_drain
+from worker.delivery import HttpSender
 from worker.processing import Outcome
 from worker.runtime import get_runtime
 
@@ -26,3 +27,18 @@ def process_message(self: Any, msg_id: int) -> str:
     if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):
         log.info("message %s not processed: %s %s", msg_id, result.outcome, result.detail)
     return result.outcome.value
+
+
+_sender = HttpSender()
+
+
+@app.task(name="orderly.deliver.conversation")
+def deliver_conversation(conversation_id: str, token: str) -> str:
+    """Deliver a conversation's responses in order while holding its lease (``token``)."""
+    report = get_runtime().conversations.drain(conversation_id, token, _sender)
+    if report.end == "YIELD":
+        # Fair to other conversations: the rest goes on in a new task, the lease kept.
+        enqueue_drain(conversation_id, token)
+    elif report.end == "LOST":
+        log.info("conversation %s is held by another drain", conversation_id)
+    return report.end

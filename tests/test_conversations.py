@@ -1,0 +1,473 @@
+"""The conversation mechanism against the real Redis and PostgreSQL, driven step by step.
+
+Drains run in the test process with a recording sender, so each rule of the ordering gate
+(the seed's validation cases, TTLs, ACKs, retries, AWAITED, cancel) is checked alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from worker import nodes
+from worker.channels import Channel, ChannelDirectory, put_channel
+from worker.conversations import Conversations, Delivery, Head, SendResult
+from worker.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
+from worker.settings import Settings
+
+from .conftest import TEST_DB_URL, TEST_REDIS_URL
+
+SINK = "http://127.0.0.1:9/never-called"
+
+
+@dataclass
+class Recorder:
+    """A sender whose answers the test scripts; records every send in order."""
+
+    sent: list[str] = field(default_factory=list)
+    answers: dict[str, list[SendResult]] = field(default_factory=dict)
+
+    def __call__(self, channel: Channel, head: Head) -> SendResult:
+        self.sent.append(head.response_id)
+        queue = self.answers.get(head.response_id)
+        if queue:
+            return queue.pop(0)
+        return SendResult(Delivery.DELIVERED, 200)
+
+
+@dataclass
+class Harness:
+    conv: Conversations
+    engine: Engine
+    redis: redis.Redis
+    started: list[tuple[str, str]] = field(default_factory=list)
+
+    def enqueue(self, conversation_id: str, token: str) -> None:
+        self.started.append((conversation_id, token))
+
+    def request(self, cid: str, rid: str, **extra: Any) -> None:
+        self.conv.register_request(cid, {"request_id": rid, "origin": "chat", **extra})
+
+    def response(self, cid: str, rid: str, sid: str, last: bool = False) -> None:
+        self.conv.add_response(
+            cid,
+            {"request_id": rid, "response_id": sid, "payload": {"text": sid}, "last": last},
+            self.enqueue,
+        )
+
+    def run(self, sender: Recorder) -> list[str]:
+        """Run every drain started so far (and those they start), like workers would."""
+        ends = []
+        while self.started:
+            cid, token = self.started.pop(0)
+            report = self.conv.drain(cid, token, sender)
+            if report.end == "YIELD":
+                self.started.append((cid, token))
+            ends.append(report.end)
+        return ends
+
+    def state(self, correlation_id: str) -> str:
+        with self.engine.connect() as conn:
+            return str(
+                conn.execute(
+                    text("SELECT state FROM message WHERE correlation_id = :c"),
+                    {"c": correlation_id},
+                ).scalar_one()
+            )
+
+    def bridge_keys(self) -> list[str]:
+        return sorted(
+            k.decode() if isinstance(k, bytes) else k for k in self.redis.keys("bridge:queue:*")
+        )
+
+
+def make(db: Engine, redis_client: redis.Redis, **overrides: Any) -> Harness:
+    values: dict[str, Any] = {
+        "database_url": TEST_DB_URL,
+        "redis_url": TEST_REDIS_URL,
+        "message_ttl": 10_000,
+        "awaited_message_ttl": 60_000,
+        "sent_message_ttl": 5_000,
+        "max_pending_ttl": 30_000,
+        "max_pending_ttl_margin": 5_000,
+        "awaited_time_when_retries_end": 5_000,
+    }
+    values.update(overrides)
+    settings = Settings(**values)
+    node_id = nodes.register_node(db, "conversations-test")
+    channels = ChannelDirectory(db, settings)
+    put_channel(db, Channel("chat", SINK, 10, 2.0, 2, 1000))
+    conv = Conversations(db, redis_client, settings, node_id=node_id, channels=channels)
+    return Harness(conv, db, redis_client)
+
+
+@pytest.fixture
+def h(db: Engine, redis_client: redis.Redis) -> Iterator[Harness]:
+    yield make(db, redis_client)
+
+
+# --- intake -------------------------------------------------------------------------------
+
+
+def test_request_is_registered_once(h: Harness) -> None:
+    first = h.conv.register_request("c1", {"request_id": "r1", "origin": "chat"})
+    again = h.conv.register_request("c1", {"request_id": "r1", "origin": "chat"})
+    assert first.created and not again.created and first.msg_id == again.msg_id
+    assert h.state("r1") == "WAITING_FOR_RES"
+    assert h.redis.lrange("bridge:queue:c1:req", 0, -1) == [b"bridge:queue:req:r1"]
+    fields = h.redis.hgetall("bridge:queue:req:r1")
+    assert fields[b"status"] == b"WAITING" and fields[b"responseIdCounter"] == b"0"
+    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
+
+
+def test_response_is_stored_with_the_seed_structures(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    res = h.redis.hgetall("bridge:queue:res:s1")
+    assert res[b"status"] == b"PENDING" and res[b"requestId"] == b"r1"
+    assert h.redis.hget("bridge:queue:req:r1", "responseIdCounter") == b"1"
+    assert h.redis.hget("bridge:queue:req:r1", "status") == b"PENDING"
+    member = b'{"rqId":"r1","rsId":"s1","cnId":"c1"}'
+    assert h.redis.zrange("bridge:queue:c1", 0, -1) == [member]
+    assert h.redis.zscore("bridge:queue:pendingMessages", member) is not None
+    assert 50_000 < h.redis.pttl("bridge:queue:res:s1") <= 60_000
+    assert h.state("s1") == "IN_QUEUE"
+    assert len(h.started) == 1  # the first response starts a drain
+
+
+@pytest.mark.parametrize(
+    ("body", "field_name"),
+    [
+        ({"origin": "chat"}, "request_id"),
+        ({"request_id": "r", "origin": "chat", "colour": 1}, "colour"),
+        ({"request_id": 5, "origin": "chat"}, "request_id"),
+        ({"request_id": "r", "origin": "chat", "timestamp": "yesterday"}, "timestamp"),
+        ({"request_id": "", "origin": "chat"}, "request_id"),
+    ],
+)
+def test_bad_requests_write_nothing(h: Harness, body: dict[str, Any], field_name: str) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        h.conv.register_request("c1", body)
+    assert caught.value.field == field_name
+    assert h.bridge_keys() == []
+    with h.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM message")).scalar_one() == 0
+
+
+def test_unknown_origin_and_unknown_request_are_refused(h: Harness) -> None:
+    with pytest.raises(UnknownChannel, match="nowhere"):
+        h.conv.register_request("c1", {"request_id": "r1", "origin": "nowhere"})
+    with pytest.raises(UnknownRequest, match="'r9'"):
+        h.response("c1", "r9", "s1")
+    h.request("c1", "r1")
+    with pytest.raises(UnknownRequest, match="conversation 'c2'"):
+        h.response("c2", "r1", "s1")
+    assert h.bridge_keys() == ["bridge:queue:c1:req", "bridge:queue:c1:seq", "bridge:queue:req:r1"]
+
+
+def test_duplicate_response_changes_nothing(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s1")
+    assert h.redis.hget("bridge:queue:req:r1", "responseIdCounter") == b"1"
+    assert len(h.started) == 1
+
+
+# --- the seed's validation cases ----------------------------------------------------------
+
+
+def test_earlier_request_without_response_holds_later_ones(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2")
+    assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
+    rec = Recorder()
+    assert h.run(rec) == ["WAIT_REQUEST"]
+    assert rec.sent == []
+    h.response("c1", "r1", "s1", last=True)
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
+
+
+def test_first_response_can_send_and_the_second_waits(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    assert h.conv.can_send("c1", "s1").status == "CAN_SEND"  # case 1
+    gate = h.conv.can_send("c1", "s2")
+    assert (gate.status, gate.first_response_id) == ("WAIT_RESPONSE", "s1")  # case 2
+
+
+def test_vanished_first_response_is_removed_and_checked_again(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    h.redis.delete("bridge:queue:res:s1")  # case 3: its hash expired
+    assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
+    assert len(h.redis.zrange("bridge:queue:c1", 0, -1)) == 1
+
+
+def test_vanished_head_request_is_removed_and_checked_again(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, message_ttl=300)
+    h.request("c1", "r1")  # never answered: expires after MESSAGE_TTL
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2")
+    assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
+    time.sleep(0.4)
+    assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
+    assert b"bridge:queue:req:r1" not in h.redis.lrange("bridge:queue:c1:req", 0, -1)
+
+
+# --- order and completion -----------------------------------------------------------------
+
+
+def test_responses_arriving_out_of_order_leave_in_conversation_order(h: Harness) -> None:
+    for r in ("r1", "r2", "r3"):
+        h.request("c1", r)
+    h.response("c1", "r3", "s3a")
+    h.response("c1", "r2", "s2a", last=True)
+    h.response("c1", "r1", "s1a")
+    h.response("c1", "r3", "s3b", last=True)
+    h.response("c1", "r1", "s1b", last=True)
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1a", "s1b", "s2a", "s3a", "s3b"]
+    assert {h.state(x) for x in ("r1", "r2", "r3", "s1a", "s3b")} == {"OK"}
+    assert h.bridge_keys() == []  # everything delivered: nothing left behind
+
+
+def test_two_responses_in_the_same_millisecond_keep_arrival_order(h: Harness) -> None:
+    h.request("c1", "r1")
+    for i in range(50):
+        h.response("c1", "r1", f"s{i:02d}", last=i == 49)
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == [f"s{i:02d}" for i in range(50)]
+
+
+def test_request_stays_at_the_head_until_its_final_response(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r2", "s2")
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1"]  # r1 may still answer: r2 waits
+    assert h.state("r1") == "WAITING_FOR_RES"
+    h.response("c1", "r1", "s1b", last=True)
+    h.run(rec)
+    assert rec.sent == ["s1", "s1b", "s2"]
+    assert h.state("r1") == "OK"
+
+
+def test_callback_for_a_completed_request_is_delivered_after_the_current_turns(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    rec = Recorder()
+    h.run(rec)
+    h.request("c1", "r2")
+    h.response("c1", "r1", "late")  # an asynchronous callback: r1 is known, completed
+    h.response("c1", "r2", "s2", last=True)
+    h.run(rec)
+    # r1 takes its turn again behind r2, which was registered before the callback came.
+    assert rec.sent == ["s1", "s2", "late"]
+
+
+def test_drain_yields_after_its_batch(db: Engine, redis_client: redis.Redis) -> None:
+    h = make(db, redis_client, drain_batch=3)
+    h.request("c1", "r1")
+    for i in range(7):
+        h.response("c1", "r1", f"s{i}", last=i == 6)
+    rec = Recorder()
+    assert h.run(rec) == ["YIELD", "YIELD", "EMPTY"]
+    assert rec.sent == [f"s{i}" for i in range(7)]
+
+
+def test_a_second_drain_of_the_same_conversation_stands_aside(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    cid, _ = h.started[0]
+    report = h.conv.drain(cid, "someone-else", Recorder())
+    assert report.end == "LOST"
+
+
+# --- asynchronous delivery and ACKs -------------------------------------------------------
+
+
+def test_ack_releases_the_next_response(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    rec = Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "ack-1")]})
+    assert h.run(rec) == ["WAIT_ACK"]
+    assert rec.sent == ["s1"]
+    assert h.state("s1") == "WAITING_FOR_RES"
+    assert h.redis.hget("bridge:queue:res:s1", "status") == b"SENT"
+    assert 0 < h.redis.pttl("bridge:queue:asyncRequest:ack-1") <= 5_000
+    h.conv.ack("ack-1", h.enqueue)
+    assert h.state("s1") == "OK"
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
+    with pytest.raises(UnknownAck):
+        h.conv.ack("ack-1", h.enqueue)  # already used
+    with pytest.raises(UnknownAck):
+        h.conv.ack("never-given", h.enqueue)
+
+
+def test_no_ack_within_sent_ttl_counts_as_delivered(db: Engine, redis_client: redis.Redis) -> None:
+    h = make(db, redis_client, sent_message_ttl=300)
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    rec = Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "ack-1")]})
+    h.run(rec)
+    # The wait is scheduled in Redis, not held in memory.
+    assert h.redis.zscore("bridge:queue:scheduled", "c1") is not None
+    assert h.conv.wake_due(h.enqueue) == []  # not due yet
+    time.sleep(0.35)
+    assert h.redis.get("bridge:queue:asyncRequest:ack-1") is None  # the ACK key expired
+    assert h.conv.wake_due(h.enqueue) == ["c1"]
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
+    assert h.state("s1") == "OK"
+    with pytest.raises(UnknownAck):
+        h.conv.ack("ack-1", h.enqueue)
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+def test_recoverable_failure_retries_with_backoff_and_keeps_the_order(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
+    rec = Recorder(answers={"s1": [fail, fail]})
+    assert h.run(rec) == ["WAIT_RETRY"]
+    not_before = int(h.redis.hget("bridge:queue:res:s1", "notBefore") or 0)
+    delay = not_before - time.time() * 1000
+    assert 0 < delay <= 10 * 2.0**1  # deliveryDelay * multiplier ^ 1
+    time.sleep(0.03)
+    h.conv.wake_due(h.enqueue)
+    assert h.run(rec) == ["WAIT_RETRY"]  # second failure: waits 10 * 2^2 ms
+    assert rec.sent == ["s1", "s1"]  # s2 never overtakes
+    time.sleep(0.05)
+    h.conv.wake_due(h.enqueue)
+    h.run(rec)
+    assert rec.sent == ["s1", "s1", "s1", "s2"]
+    assert h.state("s1") == "OK" and h.state("s2") == "OK"
+
+
+def test_retries_spent_make_the_group_awaited(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    h.response("c1", "r2", "t1", last=True)
+    fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
+    rec = Recorder(answers={"s1": [fail, fail, fail]})  # the channel allows 2 retries
+    for _ in range(3):
+        h.run(rec)
+        time.sleep(0.05)
+        h.conv.wake_due(h.enqueue)
+    assert rec.sent == ["s1", "s1", "s1"]
+    for sid in ("s1", "s2"):
+        assert h.redis.hget(f"bridge:queue:res:{sid}", "status") == b"AWAITED"
+        assert h.state(sid) == "PARTLY_FAILED"
+    assert h.state("t1") == "IN_QUEUE"  # held behind the AWAITED group
+    until = int(h.redis.hget("bridge:queue:res:s1", "awaitedToDateTS") or 0)
+    assert 4_000 < until - time.time() * 1000 <= 5_000  # AWAITED_TIME_WHEN_RETRIES_END
+
+
+def test_non_recoverable_failure_cancels_the_group_and_moves_on(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    h.response("c1", "r2", "t1", last=True)
+    rec = Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]})
+    h.run(rec)
+    assert rec.sent == ["s1", "t1"]
+    assert (h.state("s1"), h.state("s2"), h.state("r1")) == ("CANCEL", "CANCEL", "CANCEL")
+    assert h.state("t1") == "OK"
+    h.response("c1", "r1", "s3", last=True)  # arrives after the cancel
+    assert h.state("s3") == "CANCEL"
+    h.run(rec)
+    assert rec.sent == ["s1", "t1"]
+    with h.engine.connect() as conn:
+        reason = conn.execute(
+            text("SELECT failed_desc FROM message WHERE correlation_id = 's2'")
+        ).scalar_one()
+    assert "HTTP 400" in reason
+
+
+# --- the awaited agent --------------------------------------------------------------------
+
+
+def test_awaited_agent_takes_a_due_message_once_across_two_agents(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    first = make(db, redis_client, max_retries=1, interval=1)  # blocked after 1 ms
+    second = Conversations(
+        db,
+        redis_client,
+        first.conv._s,
+        node_id=first.conv._node_id,
+        channels=first.conv._channels,
+    )
+    first.request("c1", "r1")
+    first.request("c1", "r2")
+    first.response("c1", "r2", "s2")  # blocked behind r1
+    first.run(Recorder())
+    time.sleep(0.01)
+    woken_a: list[tuple[str, str]] = []
+    woken_b: list[tuple[str, str]] = []
+    report_a = first.conv.awaited_turn(lambda c, t: woken_a.append((c, t)))
+    report_b = second.awaited_turn(lambda c, t: woken_b.append((c, t)))
+    assert len(woken_a) + len(woken_b) == 1  # claimed once
+    assert report_a.woken == ["c1"] and report_b.woken == []
+    assert redis_client.hget("bridge:queue:res:s2", "status") == b"AWAITED"
+    assert redis_client.hget("bridge:queue:res:s2", "awaitedRetries") == b"1"
+
+
+def test_awaited_agent_expires_messages_past_their_ttl(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, awaited_message_ttl=200)
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)  # blocked behind r1 until it expires
+    time.sleep(0.25)
+    report = h.conv.awaited_turn(h.enqueue)
+    assert report.expired + report.vanished + report.swept == 1
+    assert h.state("s2") == "FAILED"
+    assert h.redis.zcard("bridge:queue:pendingMessages") == 0
+
+
+def test_worker_dying_mid_send_is_recovered_by_the_agent(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, max_pending_ttl=150, max_pending_ttl_margin=0)
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    cid, token = h.started.pop()
+
+    def dies(channel: Channel, head: Head) -> SendResult:
+        raise KeyboardInterrupt("killed mid-send")
+
+    with pytest.raises(KeyboardInterrupt):
+        h.conv.drain(cid, token, dies)
+    assert h.conv.awaited_turn(h.enqueue).woken == []  # still within MAX_PENDING_TTL
+    time.sleep(0.2)
+    assert h.conv.awaited_turn(h.enqueue).woken == ["c1"]
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1"] and h.state("s1") == "OK"

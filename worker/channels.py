@@ -1,0 +1,158 @@
+"""Channels: each origin's delivery URL and retry policy, from the channel table or settings.
+
+A row in ``channel`` (``PUT /channels/{origin}``) wins over ``ORDERLY_CHANNELS``; the policy
+fields a row leaves out come from the ``ORDERLY_CHANNEL_*`` defaults.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from models import Channel as ChannelRow
+from worker.errors import InvalidMessage, UnknownChannel
+from worker.settings import Settings
+
+CACHE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Channel:
+    origin: str
+    url: str
+    delivery_delay_ms: int
+    multiplier: float
+    attempts: int
+    timeout_ms: int
+
+    def retry_delay_ms(self, attempt: int) -> int:
+        """T = deliveryDelay * multiplier ^ attempt (the first retry is attempt 1)."""
+        return int(self.delivery_delay_ms * self.multiplier**attempt)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate(
+    origin: str, data: dict[str, Any], settings: Settings, *, partial_ok: bool = True
+) -> Channel:
+    """A channel definition from input; InvalidMessage names every bad field."""
+    problems: list[tuple[str, str]] = []
+    known = {"url", "delivery_delay_ms", "multiplier", "attempts", "timeout_ms"}
+    for name in sorted(set(data) - known):
+        problems.append((name, "unknown field"))
+    if not origin.strip() or len(origin) > 100:
+        problems.append(("origin", "must be 1 to 100 characters"))
+    url = data.get("url")
+    if not isinstance(url, str):
+        problems.append(("url", "missing" if url is None else "must be a string"))
+    else:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            problems.append(("url", f"{url!r} is not an http:// or https:// URL"))
+
+    def number(name: str, default: float, minimum: float, integer: bool) -> float:
+        value = data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problems.append((name, f"must be a number, got {type(value).__name__}"))
+            return default
+        if integer and not float(value).is_integer():
+            problems.append((name, "must be a whole number"))
+        if value < minimum:
+            problems.append((name, f"must be at least {minimum}, got {value}"))
+        return value
+
+    delay = number("delivery_delay_ms", settings.channel_delivery_delay_ms, 1, True)
+    multiplier = number("multiplier", settings.channel_multiplier, 1.0, False)
+    attempts = number("attempts", settings.channel_attempts, 0, True)
+    timeout = number("timeout_ms", settings.channel_timeout_ms, 1, True)
+    # A send must end before its conversation's lease does (MAX_PENDING_TTL).
+    if timeout >= settings.max_pending_ttl:
+        problems.append(
+            (
+                "timeout_ms",
+                f"must be below AURA_QUEUE_MANAGER_MAX_PENDING_TTL ({settings.max_pending_ttl})",
+            )
+        )
+    if problems:
+        raise InvalidMessage(problems[0][0], problems[0][1], *problems[1:])
+    return Channel(origin, str(url), int(delay), float(multiplier), int(attempts), int(timeout))
+
+
+def put_channel(engine: Engine, channel: Channel) -> None:
+    values = channel.as_dict()
+    stmt = insert(ChannelRow).values(**values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[ChannelRow.origin],
+        set_={k: stmt.excluded[k] for k in values if k != "origin"},
+    )
+    with Session(engine) as session, session.begin():
+        session.execute(stmt)
+
+
+class ChannelDirectory:
+    """Channels by origin, read through a short cache (a PUT shows within CACHE_SECONDS)."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._cache: dict[str, Channel] = {}
+        self._loaded_at = float("-inf")
+
+    def _from_settings(self, origin: str) -> Channel | None:
+        url = self._settings.channels.get(origin)
+        if url is None:
+            return None
+        s = self._settings
+        return Channel(
+            origin,
+            url,
+            s.channel_delivery_delay_ms,
+            s.channel_multiplier,
+            s.channel_attempts,
+            s.channel_timeout_ms,
+        )
+
+    def _reload(self) -> None:
+        with Session(self._engine) as session:
+            rows = session.scalars(select(ChannelRow)).all()
+        channels = {o: c for o in self._settings.channels if (c := self._from_settings(o))}
+        for row in rows:
+            channels[row.origin] = Channel(
+                row.origin,
+                row.url,
+                row.delivery_delay_ms,
+                row.multiplier,
+                row.attempts,
+                row.timeout_ms,
+            )
+        self._cache = channels
+        self._loaded_at = time.monotonic()
+
+    def all(self) -> dict[str, Channel]:
+        with self._lock:
+            if time.monotonic() - self._loaded_at > CACHE_SECONDS:
+                self._reload()
+            return dict(self._cache)
+
+    def get(self, origin: str) -> Channel:
+        channel = self.all().get(origin)
+        if channel is None:
+            with self._lock:
+                self._reload()  # a channel created a moment ago
+                channel = self._cache.get(origin)
+        if channel is None:
+            raise UnknownChannel(origin)
+        return channel
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._loaded_at = float("-inf")

@@ -1,0 +1,49 @@
+-- Shared functions, prepended to every conversation script by worker/scripts.py.
+-- Times are milliseconds since the epoch, given by the caller (ARGV), never read here.
+
+local function num(v, default)
+  if v == false or v == nil or v == '' then return default end
+  return tonumber(v)
+end
+
+-- Remove every reference of a response: its place in the conversation's order, in
+-- pendingMessages, its ACK key and its hash.
+local function drop_response(res_key, zset_key, pending_key, member, async_prefix)
+  local async_id = redis.call('HGET', res_key, 'asyncResponseId')
+  if async_id and async_id ~= '' then
+    redis.call('DEL', async_prefix .. async_id)
+  end
+  redis.call('ZREM', zset_key, member)
+  redis.call('ZREM', pending_key, member)
+  redis.call('DEL', res_key)
+end
+
+-- A response is settled (delivered, ACKed, or its ACK wait ran out). If it was its request's
+-- final response, the request is complete: it leaves the conversation's request list.
+-- Returns {msgId, requestMsgId or '' when the request did not complete}.
+local function settle_delivered(res_key, zset_key, pending_key, list_key, seq_key, member,
+                                req_prefix, async_prefix)
+  local f = redis.call('HMGET', res_key, 'msgId', 'requestMsgId', 'last', 'requestId')
+  local completed = ''
+  if f[3] == '1' then
+    local req_key = req_prefix .. f[4]
+    redis.call('LREM', list_key, 0, req_key)
+    redis.call('DEL', req_key)
+    completed = f[2] or ''
+  end
+  drop_response(res_key, zset_key, pending_key, member, async_prefix)
+  -- A conversation with nothing left forgets its request counter too.
+  if redis.call('LLEN', list_key) == 0 and redis.call('ZCARD', zset_key) == 0 then
+    redis.call('DEL', seq_key)
+  end
+  return {f[1] or '', completed}
+end
+
+-- The members of the conversation's order that belong to one request (its group).
+local function group_members(zset_key, request_id)
+  local out = {}
+  for _, m in ipairs(redis.call('ZRANGE', zset_key, 0, -1)) do
+    if cjson.decode(m)['rqId'] == request_id then out[#out + 1] = m end
+  end
+  return out
+end

@@ -1,0 +1,187 @@
+-- The ordering gate of one conversation: settle the previous send, then validate the head
+-- (canSendConversationMessage) and, in claim mode, take it for sending. One atomic step.
+-- KEYS[1] request list   KEYS[2] response order   KEYS[3] pendingMessages
+-- KEYS[4] drain lease    KEYS[5] scheduled        KEYS[6] request counter
+-- ARGV[1] mode: 'claim' (a drain holding the lease), 'yield' (settle only, keep the lease:
+--   the drain goes on in a new task) or 'check' (validate ARGV[10] only, no lease)
+-- ARGV[2] lease token  ARGV[3] now (ms)  ARGV[4] drain lease (ms)
+-- ARGV[5] in-flight limit (ms: MAX_PENDING_TTL + margin)  ARGV[6] SENT_MESSAGE_TTL (ms)
+-- ARGV[7] request key prefix  ARGV[8] response key prefix  ARGV[9] asyncRequest key prefix
+-- ARGV[10] response id to validate (check mode)
+-- ARGV[11] previous outcome: '' | 'delivered' | 'sent' | 'retry' | 'awaited' | 'cancel'
+-- ARGV[12] previous response id  ARGV[13] async response id ('sent') or delay ms ('retry')
+-- ARGV[14] MESSAGE_TTL (ms)  ARGV[15] AWAITED_TIME_WHEN_RETRIES_END (ms)
+-- ARGV[16] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)  ARGV[17] conversationId
+-- Returns a JSON object: code, head (the response's fields when code is SEND), first (the
+-- first response id), due (ms, for waits), settled (responses delivered by an ACK timeout:
+-- [msgId, completedRequestMsgId]), prev (what settling the previous outcome produced).
+-- Codes: SEND, CAN_SEND, EMPTY, WAIT_REQUEST, WAIT_RESPONSE, WAIT_ACK, WAIT_RETRY,
+-- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD.
+local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local lease_ms, inflight_ms, sent_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local req_prefix, res_prefix, async_prefix = ARGV[7], ARGV[8], ARGV[9]
+local list_key, zset_key, pending_key = KEYS[1], KEYS[2], KEYS[3]
+local lease_key, sched_key, seq_key = KEYS[4], KEYS[5], KEYS[6]
+local result = {settled = {}}
+
+if mode ~= 'check' then
+  local holder = redis.call('GET', lease_key)
+  if holder and holder ~= token then
+    result.code = 'LOST'
+    return cjson.encode(result)
+  end
+  redis.call('SET', lease_key, token, 'PX', lease_ms)
+end
+
+-- 1. The outcome of the previous send.
+local outcome, prev_id = ARGV[11], ARGV[12]
+if outcome ~= '' then
+  local res_key = res_prefix .. prev_id
+  local member = redis.call('HGET', res_key, 'member')
+  if member then
+    if outcome == 'delivered' then
+      result.prev = settle_delivered(res_key, zset_key, pending_key, list_key, seq_key, member,
+                                     req_prefix, async_prefix)
+    elseif outcome == 'sent' then
+      -- markSentConversationRegister: delivered, its ACK to follow under asyncResponseId.
+      local async_id = ARGV[13]
+      redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now, 'asyncResponseId', async_id)
+      redis.call('SET', async_prefix .. async_id, member, 'PX', sent_ttl)
+      local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), now)
+      redis.call('ZADD', pending_key, math.min(now + sent_ttl + inflight_ms, expires), member)
+    elseif outcome == 'retry' then
+      -- A recoverable failure with attempts left: the head waits, its successors behind it.
+      local at = now + tonumber(ARGV[13])
+      redis.call('HINCRBY', res_key, 'attempt', 1)
+      redis.call('HSET', res_key, 'status', 'PENDING', 'notBefore', at)
+      local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), at)
+      redis.call('ZADD', pending_key, math.min(at + inflight_ms, expires), member)
+    elseif outcome == 'awaited' then
+      -- Attempts spent: the response and the rest of its group become AWAITED; the awaited
+      -- agent takes them up again at awaitedToDate. The conversation stays held meanwhile.
+      local request_id = redis.call('HGET', res_key, 'requestId')
+      local ids = {}
+      for _, m in ipairs(group_members(zset_key, request_id)) do
+        local key = res_prefix .. cjson.decode(m)['rsId']
+        local f = redis.call('HMGET', key, 'awaitedRetries', 'expiresAtTS', 'msgId')
+        if f[3] then
+          local retries = num(f[1], 0)
+          local wait = tonumber(ARGV[15])
+          if retries > 0 then wait = retries * tonumber(ARGV[16]) end
+          local at = math.min(now + wait, num(f[2], now + wait))
+          redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries + 1,
+            'awaitedToDateTS', at, 'notBefore', at, 'attempt', 0)
+          redis.call('ZADD', pending_key, at, m)
+          ids[#ids + 1] = f[3]
+        end
+      end
+      result.prev = ids
+    elseif outcome == 'cancel' then
+      -- A non-recoverable failure: the whole group is cancelled, the conversation moves on.
+      local request_id = redis.call('HGET', res_key, 'requestId')
+      local ids = {}
+      for _, m in ipairs(group_members(zset_key, request_id)) do
+        local key = res_prefix .. cjson.decode(m)['rsId']
+        ids[#ids + 1] = redis.call('HGET', key, 'msgId') or ''
+        drop_response(key, zset_key, pending_key, m, async_prefix)
+      end
+      local req_key = req_prefix .. request_id
+      redis.call('LREM', list_key, 0, req_key)
+      if redis.call('EXISTS', req_key) == 1 then
+        -- Kept a while so that responses still arriving for it are refused at once.
+        redis.call('HSET', req_key, 'status', 'CANCEL')
+        redis.call('PEXPIRE', req_key, tonumber(ARGV[14]))
+      end
+      result.prev = ids
+    end
+  end
+end
+
+if mode == 'yield' then
+  result.code = 'YIELD'
+  return cjson.encode(result)
+end
+
+-- 2. Validate the head (the seed's request-list check and its three response cases).
+local function finish(code, due)
+  result.code = code
+  result.due = due
+  if mode == 'claim' and code ~= 'SEND' then
+    redis.call('DEL', lease_key)
+    if due then
+      -- Wake the conversation when due; LT keeps the earliest wake-up already there.
+      redis.call('ZADD', sched_key, 'LT', due, ARGV[17])
+      redis.call('PEXPIRE', sched_key, tonumber(ARGV[14]) + due - now)
+    end
+  end
+  return cjson.encode(result)
+end
+
+while true do
+  local head_req = redis.call('LINDEX', list_key, 0)
+  if head_req and redis.call('EXISTS', head_req) == 0 then
+    -- The head request vanished (its MESSAGE_TTL ran out): remove it and check again.
+    redis.call('LPOP', list_key)
+  else
+    local first = redis.call('ZRANGE', zset_key, 0, 0)[1]
+    if not first then
+      if mode == 'check' then return finish('UNKNOWN') end
+      if head_req then
+        -- The oldest request still waits for its answer: wake up when it would expire.
+        local ttl = redis.call('PTTL', head_req)
+        return finish('WAIT_REQUEST', ttl > 0 and now + ttl or nil)
+      end
+      return finish('EMPTY')
+    end
+    local info = cjson.decode(first)
+    local res_key = res_prefix .. info['rsId']
+    result.first = info['rsId']
+    if redis.call('EXISTS', res_key) == 0 then
+      -- Case 3: the first response no longer exists: remove it and check again.
+      redis.call('ZREM', zset_key, first)
+      redis.call('ZREM', pending_key, first)
+    else
+      local f = redis.call('HMGET', res_key, 'reqSeq', 'status', 'sentAt', 'notBefore')
+      -- The request list check: an earlier request still waiting for its first response
+      -- holds everything after it. (A request that already left the list is done waiting.)
+      if head_req and head_req ~= req_prefix .. info['rqId']
+          and num(redis.call('HGET', head_req, 'seq'), 0) < num(f[1], 0) then
+        local ttl = redis.call('PTTL', head_req)
+        return finish('WAIT_REQUEST', ttl > 0 and now + ttl or nil)
+      end
+      if mode == 'check' then
+        -- Cases 1 and 2: the validated response is first, or another one is.
+        if info['rsId'] == ARGV[10] then return finish('CAN_SEND') end
+        if redis.call('EXISTS', res_prefix .. ARGV[10]) == 0 then return finish('UNKNOWN') end
+        return finish('WAIT_RESPONSE')
+      end
+      local status = f[2]
+      if status == 'SENT' then
+        local due = num(f[3], now) + sent_ttl
+        if due > now then return finish('WAIT_ACK', due) end
+        -- No ACK within SENT_MESSAGE_TTL: taken as delivered, the next one is released.
+        local done = settle_delivered(res_key, zset_key, pending_key, list_key, seq_key, first,
+                                      req_prefix, async_prefix)
+        result.settled[#result.settled + 1] = done
+      else
+        local not_before = num(f[4], 0)
+        if not_before > now then
+          if status == 'AWAITED' then return finish('WAIT_AWAITED') end
+          return finish('WAIT_RETRY', not_before)
+        end
+        -- Claimed: in flight until the outcome; the awaited agent looks again if the
+        -- sender dies (MAX_PENDING_TTL + margin).
+        redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now)
+        local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
+          'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',
+          'awaitedRetries')
+        redis.call('ZADD', pending_key, math.min(now + inflight_ms, num(h[1], now)), first)
+        result.head = {
+          conversationId = h[2], origin = h[3], requestId = h[4], responseId = h[5],
+          taskItem = h[6], msgId = h[7], requestMsgId = h[8], last = h[9],
+          attempt = num(h[10], 0), awaitedRetries = num(h[11], 0)}
+        return finish('SEND')
+      end
+    end
+  end
+end

@@ -1,0 +1,21 @@
+-- createConversationRegister: a user's request enters its conversation (status WAITING).
+-- KEYS[1] request hash            bridge:queue:req:<requestId>
+-- KEYS[2] request list            bridge:queue:<conversationId>:req
+-- KEYS[3] request counter         bridge:queue:<conversationId>:seq
+-- ARGV[1] conversationId  ARGV[2] origin  ARGV[3] requestId  ARGV[4] requestTimestamp (ms)
+-- ARGV[5] msgId (PostgreSQL)  ARGV[6] now (ms)  ARGV[7] MESSAGE_TTL (ms)
+-- ARGV[8] AWAITED_MESSAGE_TTL (ms): the counter lives as long as anything it ordered
+-- Returns 1 when registered, 0 when the request was already registered (nothing changed).
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local ttl = tonumber(ARGV[7])
+local seq = redis.call('INCR', KEYS[3])
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[8]))
+redis.call('HSET', KEYS[1],
+  'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3],
+  'requestTimestamp', ARGV[4], 'status', 'WAITING', 'responseIdCounter', 0,
+  'expiresAtTS', tonumber(ARGV[6]) + ttl, 'msgId', ARGV[5], 'seq', seq)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('RPUSH', KEYS[2], KEYS[1])
+-- Never shorten the list's life: earlier requests of it may have responses in flight.
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+return 1
