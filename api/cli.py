@@ -29,6 +29,12 @@ config_app = typer.Typer(help="Read and change the configuration table.", no_arg
 node_app = typer.Typer(
     help="List nodes and move them between RUN, drain and STOPPED.", no_args_is_help=True
 )
+conversation_app = typer.Typer(
+    help="Conversations: register requests, add responses, ACK, inspect.", no_args_is_help=True
+)
+channel_app = typer.Typer(help="Delivery channels per origin.", no_args_is_help=True)
+app.add_typer(conversation_app, name="conversation")
+app.add_typer(channel_app, name="channel")
 app.add_typer(config_app, name="config")
 app.add_typer(node_app, name="node")
 
@@ -196,6 +202,132 @@ def node_list() -> None:
             n.state.value,
             str(n.last_heartbeat or ""),
             "yes" if n.alive else "no",
+        )
+    console.print(table)
+
+
+def _payload(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # plain text is a string payload
+
+
+@conversation_app.command("request")
+def conversation_request(
+    conversation_id: str,
+    request_id: Annotated[str, typer.Option(help="The request's unique id")],
+    origin: Annotated[str, typer.Option(help="The client channel, e.g. whatsapp")],
+    payload: Annotated[str | None, typer.Option(help="JSON or text")] = None,
+    timestamp: Annotated[str | None, typer.Option(help="ISO 8601; default now")] = None,
+) -> None:
+    """Register a user's request (POST /conversations/{id}/requests)."""
+    data: dict[str, Any] = {"request_id": request_id, "origin": origin}
+    if payload is not None:
+        data["payload"] = _payload(payload)
+    if timestamp is not None:
+        data["timestamp"] = timestamp
+    try:
+        result = get_runtime().conversations.register_request(conversation_id, data)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    verb = "registered" if result.created else "already known"
+    console.print_json(
+        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
+    )
+
+
+@conversation_app.command("respond")
+def conversation_respond(
+    conversation_id: str,
+    request_id: Annotated[str, typer.Option(help="The request answered")],
+    response_id: Annotated[str, typer.Option(help="The response's unique id")],
+    payload: Annotated[str, typer.Option(help="JSON or text")],
+    last: Annotated[bool, typer.Option(help="The request's final response")] = False,
+    timestamp: Annotated[str | None, typer.Option(help="ISO 8601; default now")] = None,
+) -> None:
+    """Add a response to deliver in order (POST /conversations/{id}/responses)."""
+    from worker.celery import enqueue_drain
+
+    data: dict[str, Any] = {
+        "request_id": request_id,
+        "response_id": response_id,
+        "payload": _payload(payload),
+        "last": last,
+    }
+    if timestamp is not None:
+        data["timestamp"] = timestamp
+    try:
+        result = get_runtime().conversations.add_response(conversation_id, data, enqueue_drain)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    verb = "accepted" if result.created else "already known"
+    console.print_json(
+        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
+    )
+
+
+@conversation_app.command("ack")
+def conversation_ack(async_response_id: str) -> None:
+    """ACK a response the client answered with 202 (POST /acks/{id})."""
+    from worker.celery import enqueue_drain
+
+    try:
+        msg_id = get_runtime().conversations.ack(async_response_id, enqueue_drain)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print_json(json.dumps({"msg_id": msg_id, "state": "OK"}))
+
+
+@conversation_app.command("show")
+def conversation_show(conversation_id: str) -> None:
+    """What Redis holds for a conversation: requests and responses in delivery order."""
+    console.print_json(json.dumps(get_runtime().conversations.describe(conversation_id)))
+
+
+@channel_app.command("set")
+def channel_set(
+    origin: str,
+    url: Annotated[str, typer.Option(help="Where responses of this origin are POSTed")],
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+    timeout_ms: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Create or change a channel (PUT /channels/{origin})."""
+    from worker import channels
+
+    options = {
+        "url": url,
+        "delivery_delay_ms": delivery_delay_ms,
+        "multiplier": multiplier,
+        "attempts": attempts,
+        "timeout_ms": timeout_ms,
+    }
+    runtime = get_runtime()
+    try:
+        channel = channels.validate(
+            origin, {k: v for k, v in options.items() if v is not None}, runtime.settings
+        )
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    channels.put_channel(runtime.engine, channel)
+    console.print_json(json.dumps(channel.as_dict()))
+
+
+@channel_app.command("list")
+def channel_list() -> None:
+    table = Table("origin", "url", "delay ms", "multiplier", "attempts", "timeout ms")
+    for c in get_runtime().channels.all().values():
+        table.add_row(
+            c.origin,
+            c.url,
+            str(c.delivery_delay_ms),
+            str(c.multiplier),
+            str(c.attempts),
+            str(c.timeout_ms),
         )
     console.print(table)
 

@@ -14,12 +14,24 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from worker import channels as channel_defs
 from worker import nodes
-from worker.errors import InvalidMessage, MessageNotFound, NodeNotAccepting
+from worker.errors import (
+    InvalidMessage,
+    MessageNotFound,
+    NodeNotAccepting,
+    UnknownAck,
+    UnknownChannel,
+    UnknownRequest,
+)
 from worker.intake import Intake, get_message
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.api")
+
+
+class _MalformedBody(Exception):
+    pass
 
 
 def _problem(status: int, errors: list[dict[str, str]]) -> JSONResponse:
@@ -65,6 +77,82 @@ def create_app() -> FastAPI:
     @app.exception_handler(MessageNotFound)
     async def _missing(_: Request, exc: MessageNotFound) -> JSONResponse:
         return _problem(404, [{"field": "msg_id", "problem": str(exc)}])
+
+    @app.exception_handler(_MalformedBody)
+    async def _malformed(_: Request, exc: _MalformedBody) -> JSONResponse:
+        return _problem(400, [{"field": "body", "problem": str(exc)}])
+
+    @app.exception_handler(UnknownChannel)
+    async def _channel(_: Request, exc: UnknownChannel) -> JSONResponse:
+        return _problem(422, [{"field": "origin", "problem": str(exc)}])
+
+    @app.exception_handler(UnknownRequest)
+    async def _request(_: Request, exc: UnknownRequest) -> JSONResponse:
+        return _problem(404, [{"field": "request_id", "problem": str(exc)}])
+
+    @app.exception_handler(UnknownAck)
+    async def _ack(_: Request, exc: UnknownAck) -> JSONResponse:
+        return _problem(404, [{"field": "async_response_id", "problem": str(exc)}])
+
+    async def _json_body(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _MalformedBody(f"malformed JSON: {exc}") from None
+
+    @app.post("/conversations/{conversation_id}/requests", status_code=201)
+    async def register_request(conversation_id: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        result = await run_in_threadpool(
+            runtime.conversations.register_request, conversation_id, data
+        )
+        return JSONResponse(
+            status_code=201 if result.created else 200,
+            content={"msg_id": result.msg_id, "state": result.state.value},
+        )
+
+    @app.post("/conversations/{conversation_id}/responses", status_code=201)
+    async def add_response(conversation_id: str, request: Request) -> JSONResponse:
+        from worker.celery import enqueue_drain
+
+        data = await _json_body(request)
+        result = await run_in_threadpool(
+            runtime.conversations.add_response, conversation_id, data, enqueue_drain
+        )
+        return JSONResponse(
+            status_code=201 if result.created else 200,
+            content={"msg_id": result.msg_id, "state": result.state.value},
+        )
+
+    @app.get("/conversations/{conversation_id}")
+    async def describe_conversation(conversation_id: str) -> JSONResponse:
+        view = await run_in_threadpool(runtime.conversations.describe, conversation_id)
+        return JSONResponse(view)
+
+    @app.post("/acks/{async_response_id}")
+    async def ack(async_response_id: str) -> JSONResponse:
+        from worker.celery import enqueue_drain
+
+        msg_id = await run_in_threadpool(
+            runtime.conversations.ack, async_response_id, enqueue_drain
+        )
+        return JSONResponse({"msg_id": msg_id, "state": "OK"})
+
+    @app.put("/channels/{origin}")
+    async def put_channel(origin: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        if not isinstance(data, dict):
+            raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
+        channel = channel_defs.validate(origin, data, runtime.settings)
+        await run_in_threadpool(channel_defs.put_channel, runtime.engine, channel)
+        runtime.channels.invalidate()
+        return JSONResponse(channel.as_dict())
+
+    @app.get("/channels")
+    async def list_channels() -> JSONResponse:
+        found = await run_in_threadpool(runtime.channels.all)
+        return JSONResponse([c.as_dict() for c in found.values()])
 
     @app.post("/messages", status_code=201)
     async def submit(request: Request) -> JSONResponse:

@@ -325,6 +325,10 @@ STATEMENTS = (
 )
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _json_list(value: Any) -> list[Any]:
     # cjson encodes an empty Lua table as {}.
     return value if isinstance(value, list) else []
@@ -483,7 +487,7 @@ class Conversations:
                 self.lease_ms,
             ],
         )
-        code = code.decode() if isinstance(code, bytes) else code
+        code = _text(code)
         if code == "CANCELLED":
             # The group was cancelled between the insert and now.
             with self._pg.connection() as conn:
@@ -667,7 +671,7 @@ class Conversations:
         raw = self._redis.get(k.async_request(async_response_id))
         if raw is None:
             raise UnknownAck(async_response_id)
-        member = raw.decode() if isinstance(raw, bytes) else str(raw)
+        member = _text(raw)
         info = json.loads(member)
         cid = info["cnId"]
         token = uuid.uuid4().hex
@@ -693,6 +697,26 @@ class Conversations:
         if taken:
             enqueue(cid, token)
         return msg_id
+
+    def describe(self, conversation_id: str) -> dict[str, Any]:
+        """What Redis holds for a conversation now: its requests and responses in order."""
+        k = self.keys
+        requests = []
+        for key in self._redis.lrange(k.request_list(conversation_id), 0, -1):
+            fields = self._redis.hgetall(key)
+            requests.append({_text(f): _text(v) for f, v in fields.items()} or {"key": _text(key)})
+        responses = []
+        for member in self._redis.zrange(k.response_list(conversation_id), 0, -1):
+            info = json.loads(_text(member))
+            fields = self._redis.hgetall(k.response(info["rsId"]))
+            view = {_text(f): _text(v) for f, v in fields.items() if f != b"taskItem"}
+            responses.append(view or {"responseId": info["rsId"], "status": "GONE"})
+        return {
+            "conversation_id": conversation_id,
+            "requests": requests,
+            "responses": responses,
+            "draining": bool(self._redis.exists(k.drain_lease(conversation_id))),
+        }
 
     # --- waking conversations -------------------------------------------------------------
     def wake(self, conversation_id: str, enqueue: Enqueue) -> bool:

@@ -18,6 +18,13 @@ local function drop_response(res_key, zset_key, pending_key, member, async_prefi
   redis.call('DEL', res_key)
 end
 
+-- A conversation with nothing left forgets its request counter too.
+local function forget_if_empty(list_key, zset_key, seq_key)
+  if redis.call('LLEN', list_key) == 0 and redis.call('ZCARD', zset_key) == 0 then
+    redis.call('DEL', seq_key)
+  end
+end
+
 -- A response is settled (delivered, ACKed, or its ACK wait ran out). If it was its request's
 -- final response, the request is complete: it leaves the conversation's request list.
 -- Returns {msgId, requestMsgId or '' when the request did not complete}.
@@ -32,10 +39,7 @@ local function settle_delivered(res_key, zset_key, pending_key, list_key, seq_ke
     completed = f[2] or ''
   end
   drop_response(res_key, zset_key, pending_key, member, async_prefix)
-  -- A conversation with nothing left forgets its request counter too.
-  if redis.call('LLEN', list_key) == 0 and redis.call('ZCARD', zset_key) == 0 then
-    redis.call('DEL', seq_key)
-  end
+  forget_if_empty(list_key, zset_key, seq_key)
   return {f[1] or '', completed}
 end
 

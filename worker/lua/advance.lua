@@ -92,6 +92,7 @@ if outcome ~= '' then
         redis.call('HSET', req_key, 'status', 'CANCEL')
         redis.call('PEXPIRE', req_key, tonumber(ARGV[14]))
       end
+      forget_if_empty(list_key, zset_key, seq_key)
       result.prev = ids
     end
   end
@@ -131,6 +132,7 @@ while true do
         local ttl = redis.call('PTTL', head_req)
         return finish('WAIT_REQUEST', ttl > 0 and now + ttl or nil)
       end
+      forget_if_empty(list_key, zset_key, seq_key)
       return finish('EMPTY')
     end
     local info = cjson.decode(first)

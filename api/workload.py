@@ -1,0 +1,196 @@
+"""A seeded conversation workload, its submission over HTTP, and the check of its outcome.
+
+Used by the end-to-end tests, the main job and the benchmark. Conversations have 1-5
+requests of 1-4 responses; requests are registered in order, and responses are submitted
+shuffled across and within conversations: each after its request, and in order within its
+request (arrival is what orders the responses of one request).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# What the sink's non-recoverable answers are (the sender's classification: other 4xx).
+RECOVERABLE_4XX = frozenset({408, 425, 429})
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "request" or "response"
+    conversation_id: str
+    request_id: str
+    response_id: str = ""
+    last: bool = False
+
+
+@dataclass
+class Workload:
+    # conversation -> its requests in order, each with its responses in order
+    turns: dict[str, list[tuple[str, list[str]]]]
+    events: list[Event]
+
+    @property
+    def responses(self) -> int:
+        return sum(len(r) for turns in self.turns.values() for _, r in turns)
+
+    @property
+    def requests(self) -> int:
+        return sum(len(t) for t in self.turns.values())
+
+
+def generate(
+    seed: int,
+    conversations: int,
+    prefix: str = "",
+    *,
+    requests: tuple[int, int] = (1, 5),
+    responses: tuple[int, int] = (1, 4),
+) -> Workload:
+    rng = random.Random(seed)
+    turns: dict[str, list[tuple[str, list[str]]]] = {}
+    for c in range(conversations):
+        cid = f"{prefix}c{c}"
+        turns[cid] = [
+            (f"{cid}-r{r}", [f"{cid}-r{r}-s{s}" for s in range(rng.randint(*responses))])
+            for r in range(rng.randint(*requests))
+        ]
+    # Per conversation: the next request to register, and each registered request's next
+    # response. A random conversation moves one step at a time.
+    next_request = dict.fromkeys(turns, 0)
+    open_requests: dict[str, list[list[Any]]] = {cid: [] for cid in turns}
+    events: list[Event] = []
+    active = list(turns)
+    while active:
+        cid = rng.choice(active)
+        choices = [o for o in open_requests[cid] if o[1] < len(o[2])]
+        can_register = next_request[cid] < len(turns[cid])
+        if can_register and (not choices or rng.random() < 0.3):
+            rid, resp = turns[cid][next_request[cid]]
+            next_request[cid] += 1
+            events.append(Event("request", cid, rid))
+            open_requests[cid].append([rid, 0, resp])
+        elif choices:
+            entry = rng.choice(choices)
+            rid, i, resp = entry
+            entry[1] = i + 1
+            events.append(Event("response", cid, rid, resp[i], last=i == len(resp) - 1))
+        else:
+            active.remove(cid)
+    return Workload(turns, events)
+
+
+def submit(
+    workload: Workload,
+    client: httpx.Client,
+    origin: str,
+    on_event: Callable[[Event], None] | None = None,
+) -> None:
+    """POST every event in order; any answer other than 201/200 is an error."""
+    for event in workload.events:
+        if event.kind == "request":
+            answer = client.post(
+                f"/conversations/{event.conversation_id}/requests",
+                json={"request_id": event.request_id, "origin": origin},
+            )
+        else:
+            answer = client.post(
+                f"/conversations/{event.conversation_id}/responses",
+                json={
+                    "request_id": event.request_id,
+                    "response_id": event.response_id,
+                    "payload": {"text": f"answer {event.response_id}"},
+                    "last": event.last,
+                },
+            )
+        if answer.status_code not in (200, 201):
+            raise RuntimeError(f"{event}: {answer.status_code} {answer.text}")
+        if on_event is not None:
+            on_event(event)
+
+
+@dataclass
+class Verdict:
+    delivered: int = 0  # responses delivered (first successful arrival)
+    duplicates: int = 0  # further successful arrivals of a delivered response
+    retried: int = 0  # arrivals that were a second or later try of a response
+    cancelled_groups: int = 0
+    cancelled_responses: int = 0
+    order_violations: int = 0  # adjacent deliveries out of conversation order
+    violations: list[str] = field(default_factory=list)  # "conversation: a before b"
+    missing: list[str] = field(default_factory=list)  # should have been delivered, were not
+    after_cancel: list[str] = field(default_factory=list)  # delivered after their group failed
+    mismatches: list[str] = field(default_factory=list)  # PostgreSQL disagrees with the sink
+
+    @property
+    def ok(self) -> bool:
+        return not (self.order_violations or self.missing or self.after_cancel or self.mismatches)
+
+
+def _success(status: int) -> bool:
+    return 200 <= status < 300
+
+
+def _fatal(status: int) -> bool:
+    return 400 <= status < 500 and status not in RECOVERABLE_4XX
+
+
+def check(
+    workload: Workload,
+    arrivals: Iterable[Mapping[str, Any]],
+    pg_states: Mapping[str, str] | None = None,
+) -> Verdict:
+    """Compare what the sink received (and what PostgreSQL says) with what was due."""
+    verdict = Verdict()
+    first_success: dict[str, int] = {}
+    delivered_order: dict[str, list[str]] = {}
+    failed_at: dict[str, str] = {}  # request -> its response that got a fatal answer
+    seen: set[str] = set()
+    for a in sorted(arrivals, key=lambda a: int(a["seq"])):
+        rid, sid, status = a["request_id"], a["response_id"], int(a["status"])
+        if sid in seen:
+            verdict.retried += 1
+        seen.add(sid)
+        if _success(status):
+            if sid in first_success:
+                verdict.duplicates += 1
+                continue
+            first_success[sid] = int(a["seq"])
+            delivered_order.setdefault(a["conversation_id"], []).append(sid)
+        elif _fatal(status) and rid not in failed_at:
+            failed_at[rid] = sid
+    verdict.delivered = len(first_success)
+    verdict.cancelled_groups = len(failed_at)
+
+    for cid, turns in workload.turns.items():
+        expected: list[str] = []
+        for rid, responses in turns:
+            cut = responses.index(failed_at[rid]) if rid in failed_at else len(responses)
+            expected += responses[:cut]
+            for sid in responses[cut:]:
+                verdict.cancelled_responses += 1
+                if sid in first_success:
+                    verdict.after_cancel.append(sid)
+                if pg_states is not None and pg_states.get(sid) != "CANCEL":
+                    verdict.mismatches.append(f"{sid}: {pg_states.get(sid)}, expected CANCEL")
+            if pg_states is not None:
+                want = "CANCEL" if rid in failed_at else "OK"
+                if pg_states.get(rid) != want:
+                    verdict.mismatches.append(f"{rid}: {pg_states.get(rid)}, expected {want}")
+        position = {sid: i for i, sid in enumerate(expected)}
+        got = [s for s in delivered_order.get(cid, []) if s in position]
+        for a, b in itertools.pairwise(got):
+            if position[a] > position[b]:
+                verdict.order_violations += 1
+                verdict.violations.append(f"{cid}: {a} before {b}")
+        for sid in expected:
+            if sid not in first_success:
+                verdict.missing.append(sid)
+            if pg_states is not None and sid in first_success and pg_states.get(sid) != "OK":
+                verdict.mismatches.append(f"{sid}: {pg_states.get(sid)}, delivered")
+    return verdict
