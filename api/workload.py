@@ -184,10 +184,10 @@ def check(
                     verdict.mismatches.append(f"{rid}: {pg_states.get(rid)}, expected {want}")
         position = {sid: i for i, sid in enumerate(expected)}
         got = [s for s in delivered_order.get(cid, []) if s in position]
-        for a, b in itertools.pairwise(got):
-            if position[a] > position[b]:
+        for before, after in itertools.pairwise(got):
+            if position[before] > position[after]:
                 verdict.order_violations += 1
-                verdict.violations.append(f"{cid}: {a} before {b}")
+                verdict.violations.append(f"{cid}: {before} before {after}")
         for sid in expected:
             if sid not in first_success:
                 verdict.missing.append(sid)
