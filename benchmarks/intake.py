@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -24,13 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-BENCH_DB = os.environ.get("ORDERLY_BENCH_DATABASE", "orderly_bench")
-BENCH_REDIS = os.environ.get("ORDERLY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
-_base = os.environ.get("ORDERLY_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x")
-os.environ["ORDERLY_DATABASE_URL"] = _base.rsplit("/", 1)[0] + f"/{BENCH_DB}"
-os.environ["ORDERLY_REDIS_URL"] = BENCH_REDIS
-os.environ.pop("ORDERLY_BROKER_URL", None)
-os.environ["ORDERLY_NODE_CODE"] = "bench"
+from benchmarks.common import BENCH_REDIS, use_bench_services, worker_argv
+
+use_bench_services()  # before the app modules read their settings
 
 import httpx  # noqa: E402
 import redis  # noqa: E402
@@ -107,26 +102,7 @@ def drain_rate(
     workers = [
         group.start(
             f"{tag}-w{i}",
-            [
-                str(Path(sys.executable).parent / "celery"),
-                "-A",
-                "worker",
-                "worker",
-                "-n",
-                f"{tag}{i}@%h",
-                "--pool",
-                args.pool,
-                "--concurrency",
-                str(args.concurrency),
-                "--loglevel",
-                "WARNING",
-                "--without-mingle",
-                "--without-gossip",
-                "-Q",
-                PROCESS_QUEUE,
-                "--include",
-                "benchmarks.celery_noop",
-            ],
+            worker_argv(f"{tag}{i}", PROCESS_QUEUE, args.pool, args.concurrency),
             {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
         )
         for i in range(args.workers)

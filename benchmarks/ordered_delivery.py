@@ -1,0 +1,240 @@
+"""Ordered conversation delivery, beside raw Celery in the same run.
+
+    python -m benchmarks.ordered_delivery [--quick] [--conversations N] [--rounds R]
+
+Two worker processes (two Celery workers, one prefork child each) deliver a seeded workload
+of conversations (1-5 requests of 1-4 responses, as in the tests) to a real HTTP sink that
+answers 200. The responses are registered first; the clock runs from the first POST the sink
+receives to the last. The baseline is raw Celery no-op tasks/s with the same two workers on
+the same broker, timed the same way (full queue, first taken to last done); rounds alternate
+the two. Also measured: release latency (the sink's answer to a predecessor -> the POST of
+its successor, and with 202 + ACK: the ACK sent -> the successor's POST), Redis commands and
+PostgreSQL statements per delivered message, and order violations. The last line printed is
+one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.common import BENCH_REDIS, use_bench_services, worker_argv
+
+use_bench_services()  # before the app modules read their settings
+
+import redis  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from api.processes import ProcessGroup, wait_http  # noqa: E402
+from api.sink import Sink  # noqa: E402
+from api.workload import Workload, check, generate  # noqa: E402
+from benchmarks.intake import drain_rate  # noqa: E402
+from worker import schema  # noqa: E402
+from worker.celery import DELIVER_QUEUE, app, enqueue_drain  # noqa: E402
+from worker.channels import Channel, put_channel  # noqa: E402
+from worker.runtime import get_runtime  # noqa: E402
+
+ORIGIN = "bench"
+WORKERS = 2
+
+
+def reset(r: redis.Redis) -> None:
+    with get_runtime().engine.begin() as conn:
+        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
+    r.flushdb()
+
+
+def preload(workload: Workload) -> None:
+    """Register every request and response through the Python API (drains are enqueued)."""
+    conv = get_runtime().conversations
+    for event in workload.events:
+        if event.kind == "request":
+            conv.register_request(
+                event.conversation_id, {"request_id": event.request_id, "origin": ORIGIN}
+            )
+        else:
+            conv.add_response(
+                event.conversation_id,
+                {
+                    "request_id": event.request_id,
+                    "response_id": event.response_id,
+                    "payload": {"text": "hello"},
+                    "last": event.last,
+                },
+                enqueue_drain,
+            )
+
+
+def counters(r: redis.Redis) -> tuple[int, int]:
+    """Redis commands processed by the server, committed transactions of the bench database."""
+    commands = int(r.info("stats")["total_commands_processed"])
+    with get_runtime().engine.connect() as conn:
+        xacts = conn.execute(
+            text(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            )
+        ).scalar_one()
+    return commands, int(xacts)
+
+
+def release_ms(arrivals: Iterable[Mapping[str, Any]], after: str) -> list[float]:
+    """Per conversation, the successor's POST minus the moment its predecessor was done.
+
+    ``after`` is ``t_responded`` (the sink answered 200) or ``t_ack`` (the sink sent the ACK).
+    """
+    last: dict[str, Mapping[str, Any]] = {}
+    out = []
+    for a in sorted(arrivals, key=lambda a: float(a["t_arrival"])):
+        if a["status"] not in (200, 202):
+            continue
+        pred = last.get(a["conversation_id"])
+        if pred is not None and pred.get(after) is not None:
+            out.append((float(a["t_arrival"]) - float(pred[after])) * 1000)
+        last[a["conversation_id"]] = a
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def deliver(
+    group: ProcessGroup, r: redis.Redis, sink: Sink, workload: Workload, tag: str
+) -> tuple[float, list[dict[str, Any]]]:
+    """Start the workers on the preloaded conversations; deliveries/s, first POST to last."""
+    workers = [
+        group.start(
+            f"{tag}-w{i}",
+            worker_argv(f"{tag}{i}", DELIVER_QUEUE, "prefork", 1),
+            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
+        )
+        for i in range(WORKERS)
+    ]
+    deadline = time.monotonic() + 600
+    arrivals: list[dict[str, Any]] = []
+    while len(arrivals) < workload.responses:
+        if time.monotonic() > deadline or not all(w.alive() for w in workers):
+            raise RuntimeError(f"delivery stalled at {len(arrivals)}; see {group.log_dir}")
+        time.sleep(0.02)
+        arrivals += sink.arrivals(since=len(arrivals))
+    for w in workers:
+        group.stop(w)
+    elapsed = arrivals[-1]["t_arrival"] - arrivals[0]["t_arrival"]
+    return workload.responses / elapsed, arrivals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a run under 60 s")
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args()
+    conversations = args.conversations or (200 if args.quick else 1000)
+    rounds = args.rounds or (2 if args.quick else 3)
+
+    runtime = get_runtime()
+    schema.create_database(runtime.settings.database_url)
+    schema.upgrade(runtime.settings.database_url)
+    runtime.startup_check()
+    r = redis.Redis.from_url(BENCH_REDIS)
+    group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
+    rates: list[float] = []
+    noop_rates: list[float] = []
+    releases: list[float] = []
+    redis_per_msg: list[float] = []
+    pg_per_msg: list[float] = []
+    violations = 0
+    with Sink() as sink:
+        put_channel(runtime.engine, Channel(ORIGIN, sink.url, 100, 2.0, 3, 5000))
+        try:
+            for round_no in range(1, rounds + 1):
+                reset(r)
+                sink.reset()
+                workload = generate(seed=round_no, conversations=conversations)
+                before = counters(r)
+                preload(workload)
+                rate, arrivals = deliver(group, r, sink, workload, f"orderly{round_no}")
+                after = counters(r)
+                verdict = check(workload, arrivals)
+                violations += verdict.order_violations + len(verdict.missing)
+                rates.append(rate)
+                releases += release_ms(arrivals, "t_responded")
+                redis_per_msg.append((after[0] - before[0]) / workload.responses)
+                pg_per_msg.append((after[1] - before[1]) / workload.responses)
+
+                reset(r)
+                n = workload.responses
+                for i in range(n):
+                    app.send_task("orderly.process.bench_noop", args=(i,))
+                layout = SimpleNamespace(workers=WORKERS, concurrency=1, pool="prefork")
+                noop_rates.append(drain_rate(group, r, n, layout, f"celery{round_no}"))  # type: ignore[arg-type]
+                print(
+                    f"round {round_no}: {n} responses in {conversations} conversations: "
+                    f"{rate:.0f} deliveries/s; raw Celery no-op {noop_rates[-1]:.0f} tasks/s "
+                    f"({WORKERS} workers x 1 prefork); {redis_per_msg[-1]:.1f} Redis commands "
+                    f"and {pg_per_msg[-1]:.2f} PostgreSQL statements per delivery",
+                    flush=True,
+                )
+            async_release = measure_async_release(group, r, sink, conversations // 4)
+        finally:
+            group.stop_all()
+            r.close()
+
+    deliveries_per_s = statistics.median(rates)
+    noop_per_s = statistics.median(noop_rates)
+    figures = {
+        "conversations": conversations,
+        "rounds": rounds,
+        "deliveries_per_s": round(deliveries_per_s, 1),
+        "celery_noop_per_s": round(noop_per_s, 1),
+        "ratio": round(deliveries_per_s / noop_per_s, 3),
+        "release_p50_ms": round(pct(releases, 0.50), 2),
+        "release_p99_ms": round(pct(releases, 0.99), 2),
+        "release_ack_p50_ms": round(pct(async_release, 0.50), 2),
+        "release_ack_p99_ms": round(pct(async_release, 0.99), 2),
+        "redis_cmds_per_msg": round(statistics.median(redis_per_msg), 2),
+        "pg_stmts_per_msg": round(statistics.median(pg_per_msg), 2),
+        "order_violations": violations,
+    }
+    print(
+        f"medians: {deliveries_per_s:.0f} deliveries/s vs raw Celery {noop_per_s:.0f}/s; "
+        f"release p50 {figures['release_p50_ms']} ms, p99 {figures['release_p99_ms']} ms "
+        f"(after an ACK: p50 {figures['release_ack_p50_ms']} ms, "
+        f"p99 {figures['release_ack_p99_ms']} ms)",
+        flush=True,
+    )
+    print(json.dumps(figures))
+
+
+def measure_async_release(
+    group: ProcessGroup, r: redis.Redis, sink: Sink, conversations: int
+) -> list[float]:
+    """Every delivery answered 202 and ACKed through the API at once: ACK -> next POST."""
+    reset(r)
+    sink.reset()
+    port = 18900
+    api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
+    wait_http(f"http://127.0.0.1:{port}/health", api)
+    sink.configure(p_async=1.0, ack_delay_ms=[0, 0], orderly_url=f"http://127.0.0.1:{port}")
+    workload = generate(seed=99, conversations=conversations)
+    preload(workload)
+    _, arrivals = deliver(group, r, sink, workload, "ack")
+    # Wait for the ACK of the last one, so the figures are complete.
+    time.sleep(0.5)
+    arrivals = sink.arrivals()
+    sink.configure()
+    group.stop(api)
+    return release_ms(arrivals, "t_ack")
+
+
+if __name__ == "__main__":
+    main()
