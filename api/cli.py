@@ -338,13 +338,19 @@ def demo(
     workers: Annotated[int, typer.Option(help="Worker processes")] = 2,
     port: Annotated[int, typer.Option(help="Port for the API")] = 8765,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for final states")] = 300,
+    conversations: Annotated[int, typer.Option(help="Conversations to deliver")] = 200,
 ) -> None:
     """The main job: migrate, start API + workers + beat, submit, watch, report, stop."""
     from api.mainjob import run_main_job
 
     raise typer.Exit(
         run_main_job(
-            messages=messages, workers=workers, port=port, timeout=timeout, console=console
+            messages=messages,
+            workers=workers,
+            port=port,
+            timeout=timeout,
+            console=console,
+            conversations=conversations,
         )
     )
 
@@ -354,6 +360,7 @@ def main() -> None:
         logging.basicConfig(
             level=get_settings().log_level, format="%(levelname)s %(name)s: %(message)s"
         )
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         app()
     except OrderlyError as exc:
         err.print(f"[bold red]error:[/] {exc}")

@@ -2,7 +2,9 @@
 
 Migrates, starts the API, workers and beat as processes, submits messages across several
 services whose handlers fail now and then, shows progress, prints the final state counts
-from PostgreSQL, and stops every process it started.
+from PostgreSQL; then runs a conversation workload through a client sink that fails now and
+then, answers 202 and ACKs (or not), and checks that every conversation arrived in order.
+Stops every process it started.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from api.processes import ProcessGroup, wait_for_log
+from api.sink import Sink
+from api.workload import check, generate, submit
 from models import FINAL_STATES, Message
 from worker import configuration, schema
 from worker.runtime import get_runtime
@@ -33,6 +37,25 @@ ROUTES = [
     ("order", "placeOrder"),
     ("billing", "chargeInvoice"),
 ]
+# Conversation timings for a demo: an ACK that never comes, and an AWAITED group, are taken
+# up again within seconds rather than the production defaults.
+DEMO_ENV = {
+    "AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL": "1000",
+    "AURA_QUEUE_MANAGER_AWAITED_TIME_WHEN_RETRIES_END": "1000",
+    "AURA_QUEUE_MANAGER_AWAITED_MESSAGES_INTERVAL": "2000",
+    "AURA_QUEUE_MANAGER_MESSAGE_TTL": "60000",
+    "AURA_QUEUE_MANAGER_INTERVAL": "50",
+}
+DEMO_CHANNEL = {"delivery_delay_ms": 50, "multiplier": 2.0, "attempts": 3, "timeout_ms": 1000}
+# The client's behaviour: 10% recoverable and 2% non-recoverable failures, 20% answered 202
+# with a quarter of those never ACKed.
+DEMO_SINK = {
+    "p_recoverable": 0.10,
+    "p_non_recoverable": 0.02,
+    "p_async": 0.20,
+    "p_never_ack": 0.25,
+    "ack_delay_ms": [5, 100],
+}
 # Short pool intervals so failed messages come back within the run.
 DEMO_CONFIG = {
     "asynch.partlyFailedIntervalSec": "1",
@@ -54,7 +77,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_main_job(
-    *, messages: int, workers: int, port: int, timeout: float, console: Console
+    *,
+    messages: int,
+    workers: int,
+    port: int,
+    timeout: float,
+    console: Console,
+    conversations: int = 200,
 ) -> int:
     # A TERM stops the job like Ctrl-C does: the finally below stops every process started.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -71,7 +100,9 @@ def run_main_job(
     run_id = uuid.uuid4().hex[:8]
     source = f"demo-{run_id}"
     log_dir = Path(tempfile.mkdtemp(prefix=f"orderly-{run_id}-"))
-    group = ProcessGroup.create(log_dir)
+    group = ProcessGroup.create(log_dir, env=DEMO_ENV)
+    sink = Sink().start()  # configured once the API is up
+    messages_ok = conversation_ok = False
     try:
         api = group.start_api(port, extra_env={"ORDERLY_NODE_CODE": f"demo-api-{run_id}"})
         started = [
@@ -131,20 +162,117 @@ def run_main_job(
                         break
                     time.sleep(0.5)
         elapsed = time.monotonic() - t0
+        table = Table(title=f"final states of run {run_id} (from PostgreSQL)")
+        table.add_column("state")
+        table.add_column("messages", justify="right")
+        for state, n in sorted(counts.items()):
+            table.add_row(state, str(n))
+        console.print(table)
+        console.print(
+            f"{accepted} accepted of {messages} in {submit_s:.1f}s; all final after {elapsed:.1f}s"
+        )
+        messages_ok = final >= accepted
+        if not messages_ok:
+            console.print(f"[red]{accepted - final} messages not final within {timeout}s[/]")
+        conversation_ok = _conversation_workload(
+            port, sink, run_id, conversations, timeout, console
+        )
     finally:
         group.stop_all()
+        sink.stop()
+    console.print("every process stopped")
+    return 0 if messages_ok and conversation_ok else 1
 
-    table = Table(title=f"final states of run {run_id} (from PostgreSQL)")
-    table.add_column("state")
-    table.add_column("messages", justify="right")
-    for state, n in sorted(counts.items()):
-        table.add_row(state, str(n))
-    console.print(table)
+
+def _conversation_workload(
+    port: int, sink: Sink, run_id: str, conversations: int, timeout: float, console: Console
+) -> bool:
+    """Conversations through the sink; True when every one arrived in order, nothing lost."""
+    runtime = get_runtime()
+    api = f"http://127.0.0.1:{port}"
+    origin = f"demo-chat-{run_id}"
+    client = httpx.Client(base_url=api, timeout=30)
+    client.put(f"/channels/{origin}", json={"url": sink.url, **DEMO_CHANNEL}).raise_for_status()
+    sink.configure(**{**DEMO_SINK, "seed": int(run_id, 16), "orderly_url": api})
+    workload = generate(seed=int(run_id, 16), conversations=conversations, prefix=f"{run_id}-")
+    console.rule("[bold]conversations")
     console.print(
-        f"{accepted} accepted of {messages} in {submit_s:.1f}s; all final after "
-        f"{elapsed:.1f}s; every process stopped"
+        f"{conversations} conversations, {workload.requests} requests, {workload.responses} "
+        f"responses, submitted shuffled; the client fails 10% recoverably and 2% for good, "
+        f"answers 202 to 20% (a quarter never ACKed); sink at {sink.url}"
     )
-    if final < accepted:
-        console.print(f"[red]{accepted - final} messages not final within {timeout}s[/]")
-        return 1
-    return 0
+    t0 = time.monotonic()
+
+    def open_responses() -> int:
+        with runtime.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM message WHERE service_name = 'conversation' "
+                        "AND operation_name = 'response' AND process_id LIKE :p "
+                        "AND state NOT IN ('OK', 'CANCEL', 'FAILED')"
+                    ),
+                    {"p": f"{run_id}-%"},
+                ).scalar_one()
+            )
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        sent = progress.add_task("requests and responses submitted", total=len(workload.events))
+        submit(workload, client, origin, lambda _: progress.advance(sent))
+        done = progress.add_task("responses delivered or cancelled", total=workload.responses)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = open_responses()
+            progress.update(done, completed=workload.responses - remaining)
+            if remaining == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    client.close()
+    elapsed = time.monotonic() - t0
+    with runtime.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT correlation_id, state, failed_error_code FROM message "
+                "WHERE service_name = 'conversation' AND process_id LIKE :p"
+            ),
+            {"p": f"{run_id}-%"},
+        ).all()
+    states = {r.correlation_id: r.state for r in rows}
+    awaited = sum(1 for r in rows if r.failed_error_code == "E_RETRIES_SPENT")
+    arrivals = sink.arrivals()
+    verdict = check(workload, arrivals, states)
+
+    table = Table(title=f"conversations of run {run_id}")
+    table.add_column("")
+    table.add_column("count", justify="right")
+    for label, value in (
+        ("responses delivered, in order", verdict.delivered),
+        ("deliveries retried (recoverable failures)", verdict.retried),
+        ("responses that went AWAITED", awaited),
+        ("groups cancelled (non-recoverable)", verdict.cancelled_groups),
+        ("responses cancelled with their group", verdict.cancelled_responses),
+        ("answered 202, ACKed", sum(1 for a in arrivals if a["ack_status"] == 200)),
+        (
+            "answered 202, never ACKed",
+            sum(1 for a in arrivals if a["status"] == 202 and a["ack_status"] is None),
+        ),
+        ("responses missing", len(verdict.missing)),
+        ("delivered after their group was cancelled", len(verdict.after_cancel)),
+        ("PostgreSQL disagreeing with the client", len(verdict.mismatches)),
+        ("order violations", verdict.order_violations),
+    ):
+        table.add_row(label, str(value))
+    console.print(table)
+    console.print(f"conversations done in {elapsed:.1f}s")
+    if not verdict.ok:
+        console.print(
+            f"[red]conversation check failed: {verdict.violations[:5]} "
+            f"{verdict.missing[:5]} {verdict.mismatches[:5]}[/]"
+        )
+    return verdict.ok

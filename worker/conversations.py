@@ -48,6 +48,8 @@ RESPONSE_SOURCE = "bridge.response"
 ERROR_CANCELLED = "E_CANCELLED"
 ERROR_RETRIES_SPENT = "E_RETRIES_SPENT"
 ERROR_EXPIRED = "E_AWAITED_TTL"
+# How long an ACK for an id not (yet) known waits for the 202 to be recorded: ~130 ms.
+ACK_GRACE_S = (0.001, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
 
 Id = Annotated[
     str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
@@ -669,6 +671,12 @@ class Conversations:
         _check_id("async_response_id", async_response_id)
         k = self.keys
         raw = self._redis.get(k.async_request(async_response_id))
+        for pause in ACK_GRACE_S:
+            if raw is not None:
+                break
+            # A client may ACK before the worker has recorded its 202: wait a moment.
+            time.sleep(pause)
+            raw = self._redis.get(k.async_request(async_response_id))
         if raw is None:
             raise UnknownAck(async_response_id)
         member = _text(raw)
