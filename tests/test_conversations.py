@@ -471,3 +471,83 @@ def test_worker_dying_mid_send_is_recovered_by_the_agent(
     rec = Recorder()
     h.run(rec)
     assert rec.sent == ["s1"] and h.state("s1") == "OK"
+
+
+# --- every AURA_QUEUE_MANAGER_* timing has its effect ---------------------------------------
+
+
+def _score(h: Harness, sid: str) -> float:
+    member = f'{{"rqId":"r1","rsId":"{sid}","cnId":"c1"}}'
+    score = h.redis.zscore("bridge:queue:pendingMessages", member)
+    assert score is not None
+    return score - time.time() * 1000
+
+
+def test_blocked_limit_is_max_retries_times_interval(db: Engine, redis_client: redis.Redis) -> None:
+    h = make(db, redis_client, max_retries=7, interval=100)
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    assert 600 < _score(h, "s1") <= 700  # 7 validations * 100 ms, then AWAITED
+
+
+def test_in_flight_limit_is_max_pending_ttl_plus_margin(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, max_pending_ttl=4000, max_pending_ttl_margin=1500)
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
+    h.run(Recorder(answers={"s1": [fail]}))
+    # After a failed send the response waits its retry (20 ms), then MAX_PENDING_TTL + margin.
+    assert 5400 < _score(h, "s1") <= 5520
+    assert int(h.redis.pttl("bridge:queue:c1:lease")) == -2  # released while waiting
+
+
+def test_awaited_agent_backoff_uses_the_retries_factor(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(
+        db, redis_client, max_retries=1, interval=1, max_pending_ttl=1000, awaited_retries_factor=3
+    )
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2")
+    time.sleep(0.01)
+    h.conv.awaited_turn(h.enqueue)
+    member = '{"rqId":"r2","rsId":"s2","cnId":"c1"}'
+    score = h.redis.zscore("bridge:queue:pendingMessages", member)
+    assert score is not None
+    # currentRetry (1) * MAX_PENDING_TTL (1000) * AWAITED_RETRIES_FACTOR (3)
+    assert 2900 < score - time.time() * 1000 <= 3000
+
+
+def test_awaited_agent_takes_at_most_by_turn(db: Engine, redis_client: redis.Redis) -> None:
+    h = make(db, redis_client, max_retries=1, interval=1, awaited_messages_by_turn=3)
+    for c in range(5):
+        h.request(f"c{c}", f"r{c}a")
+        h.request(f"c{c}", f"r{c}b")
+        h.response(f"c{c}", f"r{c}b", f"s{c}")  # blocked behind r{c}a
+    h.run(Recorder())  # each drain finds its head request unanswered and lets go
+    time.sleep(0.01)
+    assert len(h.conv.awaited_turn(h.enqueue).woken) == 3
+    assert len(h.conv.awaited_turn(h.enqueue).woken) == 2
+
+
+def test_awaited_interval_sets_the_agent_schedule(db: Engine) -> None:
+    from beat.schedule import build_schedule
+    from worker.configuration import ConfigReader
+
+    settings = Settings(database_url=TEST_DB_URL, awaited_messages_interval=7000)
+    entry = build_schedule(ConfigReader(db), settings)["awaited-agent"]
+    assert entry["task"] == "orderly.agents.awaited"
+    assert entry["schedule"].run_every.total_seconds() == 7.0
+    # The first run comes at a random moment within the first interval (under a minute).
+    assert 0 <= entry["schedule"].first_at - time.monotonic() <= 7.0
+
+
+def test_partial_metrics_count_the_queue(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    assert h.conv.partial_metrics() == {"pending_messages": 2, "awaited_due": 0, "scheduled": 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Celery, bootsteps, signals
@@ -74,12 +75,19 @@ class DueScheduler(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, c: Any) -> None:
-        interval = get_runtime().settings.interval / 1000
-        self.tref = c.timer.call_repeatedly(interval, self.tick, (), priority=20)
+        settings = get_runtime().settings
+        self.tref = c.timer.call_repeatedly(settings.interval / 1000, self.tick, (), priority=20)
+        self.metrics_every = settings.metrics_partial_interval / 1000
+        self.metrics_on = settings.logging_extra_time_metrics
+        self.metrics_at = time.monotonic() + self.metrics_every
 
     def tick(self) -> None:
+        conversations = get_runtime().conversations
         try:
-            get_runtime().conversations.wake_due(enqueue_drain)
+            conversations.wake_due(enqueue_drain)
+            if self.metrics_on and time.monotonic() >= self.metrics_at:
+                self.metrics_at = time.monotonic() + self.metrics_every
+                log.info("queue metrics: %s", conversations.partial_metrics())
         except Exception:
             log.exception("waking due conversations failed")
 

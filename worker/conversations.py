@@ -726,6 +726,17 @@ class Conversations:
             "draining": bool(self._redis.exists(k.drain_lease(conversation_id))),
         }
 
+    def partial_metrics(self) -> dict[str, int]:
+        """The queue's figures now (AURA_LOGGING_EXTRA_TIME_METRICS logs them periodically)."""
+        k = self.keys
+        now = int(time.time() * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zcard(k.pending_messages)
+        pipe.zcount(k.pending_messages, "-inf", now)
+        pipe.zcard(k.scheduled)
+        pending, due, scheduled = pipe.execute()
+        return {"pending_messages": pending, "awaited_due": due, "scheduled": scheduled}
+
     # --- waking conversations -------------------------------------------------------------
     def wake(self, conversation_id: str, enqueue: Enqueue) -> bool:
         """Start a drain unless one holds the conversation (it will see what is due)."""
