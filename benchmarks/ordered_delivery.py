@@ -184,7 +184,7 @@ def main() -> None:
                     f"and {pg_per_msg[-1]:.2f} PostgreSQL statements per delivery",
                     flush=True,
                 )
-            async_release = measure_async_release(group, r, sink, 10)
+            async_release = measure_async_release(group, r, sink)
         finally:
             group.stop_all()
             r.close()
@@ -215,12 +215,11 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def measure_async_release(
-    group: ProcessGroup, r: redis.Redis, sink: Sink, conversations: int
-) -> list[float]:
+def measure_async_release(group: ProcessGroup, r: redis.Redis, sink: Sink) -> list[float]:
     """Every delivery answered 202 and ACKed through the API at once: ACK -> next POST.
 
-    Few conversations, so that the figure is the release itself, not a queue's backlog.
+    Four conversations of twenty responses, one API process: the figure is the release
+    itself (API, Redis, broker, worker), not the backlog of a saturated API.
     """
     reset(r)
     sink.reset()
@@ -228,7 +227,7 @@ def measure_async_release(
     api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
     wait_http(f"http://127.0.0.1:{port}/health", api)
     sink.configure(p_async=1.0, ack_delay_ms=[0, 0], orderly_url=f"http://127.0.0.1:{port}")
-    workload = generate(seed=99, conversations=conversations)
+    workload = generate(seed=99, conversations=4, requests=(5, 5), responses=(4, 4))
     preload(workload)
     _, arrivals = deliver(group, r, sink, workload, "ack")
     # Wait for the ACK of the last one, so the figures are complete.

@@ -91,3 +91,14 @@ def test_env_example_documents_every_variable() -> None:
         alias = field.validation_alias
         names = getattr(alias, "choices", [alias])
         assert str(names[0]) in documented, names[0]
+
+
+def test_channels_are_read_as_json_and_checked(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("ORDERLY_CHANNELS", '{"whatsapp": "http://127.0.0.1:9000/in"}')
+    assert Settings().channels == {"whatsapp": "http://127.0.0.1:9000/in"}
+    clean_env.setenv("ORDERLY_CHANNELS", '{"whatsapp": "ftp://host/in"}')
+    with pytest.raises(ValidationError, match="whatsapp"):
+        Settings()
+    clean_env.setenv("ORDERLY_CHANNELS", "not json")
+    with pytest.raises(ValidationError, match="ORDERLY_CHANNELS"):
+        Settings()

@@ -237,6 +237,10 @@ STATEMENTS = (
                            custom_data = COALESCE($2, custom_data)
          WHERE msg_id = ANY($1) AND {_NOT_FINAL}
         """,
+        # Like the claim, the mark commits without waiting for the disk: a worker that dies
+        # right after it loses nothing; only a database server crash in the next moment could
+        # lose the mark (never the delivery itself).
+        prefix="SET LOCAL synchronous_commit TO OFF; ",
     ),
     Prepared(
         "conv_sent",

@@ -6,12 +6,13 @@ ordered-response seed; orderly's own variables start with ``ORDERLY_``.
 
 from __future__ import annotations
 
+import json
 import socket
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _queue_var(name: str) -> AliasChoices:
@@ -73,7 +74,7 @@ class Settings(BaseSettings):
     )
 
     # --- conversation delivery --------------------------------------------------------------
-    channels: dict[str, str] = Field(
+    channels: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         validation_alias="ORDERLY_CHANNELS",
         description='JSON object: origin -> delivery URL, e.g. {"whatsapp": "http://..."}.',
@@ -154,6 +155,18 @@ class Settings(BaseSettings):
         if upper != "REDIS":
             raise ValueError(f"unknown queue database {value!r}; the only value is REDIS")
         return upper
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'ORDERLY_CHANNELS must be a JSON object like {{"origin": "http://..."}}: {exc}'
+                ) from None
+        return value
 
     @field_validator("channels")
     @classmethod
