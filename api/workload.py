@@ -121,7 +121,7 @@ class Verdict:
     retried: int = 0  # arrivals that were a second or later try of a response
     cancelled_groups: int = 0
     cancelled_responses: int = 0
-    order_violations: int = 0  # adjacent deliveries out of conversation order
+    order_violations: int = 0  # adjacent POSTs (failed ones too) out of conversation order
     violations: list[str] = field(default_factory=list)  # "conversation: a before b"
     missing: list[str] = field(default_factory=list)  # should have been delivered, were not
     after_cancel: list[str] = field(default_factory=list)  # delivered after their group failed
@@ -148,11 +148,12 @@ def check(
     """Compare what the sink received (and what PostgreSQL says) with what was due."""
     verdict = Verdict()
     first_success: dict[str, int] = {}
-    delivered_order: dict[str, list[str]] = {}
     failed_at: dict[str, str] = {}  # request -> its response that got a fatal answer
     seen: set[str] = set()
+    posted: dict[str, list[str]] = {}  # every arrival, in order, per conversation
     for a in sorted(arrivals, key=lambda a: int(a["seq"])):
         rid, sid, status = a["request_id"], a["response_id"], int(a["status"])
+        posted.setdefault(a["conversation_id"], []).append(sid)
         if sid in seen:
             verdict.retried += 1
         seen.add(sid)
@@ -161,7 +162,6 @@ def check(
                 verdict.duplicates += 1
                 continue
             first_success[sid] = int(a["seq"])
-            delivered_order.setdefault(a["conversation_id"], []).append(sid)
         elif _fatal(status) and rid not in failed_at:
             failed_at[rid] = sid
     verdict.delivered = len(first_success)
@@ -169,6 +169,18 @@ def check(
 
     for cid, turns in workload.turns.items():
         expected: list[str] = []
+        # Every POST the client saw, failed ones too, must come in conversation order:
+        # a position never goes back (a retry repeats its own).
+        position = {sid: i for i, sid in enumerate(s for _, r in turns for s in r)}
+        seen_positions = [position[s] for s in posted.get(cid, []) if s in position]
+        for before, after in itertools.pairwise(seen_positions):
+            if before > after:
+                verdict.order_violations += 1
+        verdict.violations += [
+            f"{cid}: {a} before {b}"
+            for a, b in itertools.pairwise(posted.get(cid, []))
+            if a in position and b in position and position[a] > position[b]
+        ]
         for rid, responses in turns:
             cut = responses.index(failed_at[rid]) if rid in failed_at else len(responses)
             expected += responses[:cut]
@@ -182,12 +194,6 @@ def check(
                 want = "CANCEL" if rid in failed_at else "OK"
                 if pg_states.get(rid) != want:
                     verdict.mismatches.append(f"{rid}: {pg_states.get(rid)}, expected {want}")
-        position = {sid: i for i, sid in enumerate(expected)}
-        got = [s for s in delivered_order.get(cid, []) if s in position]
-        for before, after in itertools.pairwise(got):
-            if position[before] > position[after]:
-                verdict.order_violations += 1
-                verdict.violations.append(f"{cid}: {before} before {after}")
         for sid in expected:
             if sid not in first_success:
                 verdict.missing.append(sid)

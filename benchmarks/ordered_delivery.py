@@ -73,9 +73,14 @@ def preload(workload: Workload) -> None:
 
 
 def counters(r: redis.Redis) -> tuple[int, int]:
-    """Redis commands processed by the server, committed transactions of the bench database."""
+    """Redis commands processed by the server, finished transactions of the bench database."""
     commands = int(r.info("stats")["total_commands_processed"])
-    with get_runtime().engine.connect() as conn:
+    # A backend reports its statistics when it exits or, idle, about once a second: close
+    # ours and wait, so that every statement so far is counted.
+    engine = get_runtime().engine
+    engine.dispose()
+    time.sleep(1.2)
+    with engine.connect() as conn:
         xacts = conn.execute(
             text(
                 "SELECT xact_commit + xact_rollback FROM pg_stat_database "

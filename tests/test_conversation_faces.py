@@ -105,6 +105,77 @@ def test_bad_input_is_refused_and_writes_nothing(
     assert redis_client.llen(DELIVER_QUEUE) == 0
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field", "needle"),
+    [
+        (
+            "/conversations/c1:lease/requests",
+            {"request_id": "r", "origin": "chat"},
+            "conversation_id",
+            "A-Z",
+        ),
+        (
+            "/conversations/pendingMessages/requests",
+            {"request_id": "r", "origin": "chat"},
+            "conversation_id",
+            "reserved",
+        ),
+        (
+            "/conversations/c1/requests",
+            {"request_id": "r:1", "origin": "chat"},
+            "request_id",
+            "pattern",
+        ),
+        (
+            "/conversations/c1/responses",
+            {"request_id": "r1", "response_id": "ответ", "payload": 1},
+            "response_id",
+            "pattern",
+        ),
+        (
+            "/conversations/c2/requests",
+            {"request_id": "r1", "origin": "chat"},
+            "request_id",
+            "conversation 'c1'",
+        ),
+        (
+            "/conversations/c1/requests",
+            {"request_id": "r", "origin": "chat", "timestamp": "0001-01-01T00:00:00+14:00"},
+            "timestamp",
+            "out of range",
+        ),
+    ],
+)
+def test_ids_that_could_reach_other_keys_are_refused(
+    client: TestClient,
+    db: Engine,
+    redis_client: redis.Redis,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+    needle: str,
+) -> None:
+    client.post("/conversations/c1/requests", json={"request_id": "r1", "origin": "chat"})
+    before_rows, before_keys = rows(db), sorted(redis_client.keys("bridge:queue:*"))
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["errors"][0]
+    assert error["field"] == field and needle in error["problem"], error
+    assert rows(db) == before_rows
+    assert sorted(redis_client.keys("bridge:queue:*")) == before_keys
+
+
+def test_nan_payload_is_refused(client: TestClient, db: Engine) -> None:
+    client.post("/conversations/c1/requests", json={"request_id": "r1", "origin": "chat"})
+    raw = b'{"request_id": "r1", "response_id": "s1", "payload": NaN}'
+    answer = client.post(
+        "/conversations/c1/responses", content=raw, headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["field"] == "payload"
+    assert rows(db) == 1
+
+
 def test_unknown_ack_is_404(client: TestClient) -> None:
     answer = client.post("/acks/nobody-knows")
     assert answer.status_code == 404

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, text
 
 from worker import nodes
 from worker.channels import Channel, ChannelDirectory, put_channel
-from worker.conversations import Conversations, Delivery, Head, SendResult
+from worker.conversations import Conversations, Delivery, Head, Sender, SendResult
 from worker.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
 from worker.settings import Settings
 
@@ -61,7 +61,7 @@ class Harness:
             self.enqueue,
         )
 
-    def run(self, sender: Recorder) -> list[str]:
+    def run(self, sender: Sender) -> list[str]:
         """Run every drain started so far (and those they start), like workers would."""
         ends = []
         while self.started:
@@ -432,7 +432,8 @@ def test_awaited_agent_takes_a_due_message_once_across_two_agents(
     woken_b: list[tuple[str, str]] = []
     report_a = first.conv.awaited_turn(lambda c, t: woken_a.append((c, t)))
     report_b = second.awaited_turn(lambda c, t: woken_b.append((c, t)))
-    assert len(woken_a) + len(woken_b) == 1  # claimed once
+    assert (report_a.taken, report_b.taken) == (1, 0)  # claimed once, by the first
+    assert len(woken_a) + len(woken_b) == 1
     assert report_a.woken == ["c1"] and report_b.woken == []
     assert redis_client.hget("bridge:queue:res:s2", "status") == b"AWAITED"
     assert redis_client.hget("bridge:queue:res:s2", "awaitedRetries") == b"1"
@@ -551,3 +552,95 @@ def test_partial_metrics_count_the_queue(h: Harness) -> None:
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2", last=True)
     assert h.conv.partial_metrics() == {"pending_messages": 2, "awaited_due": 0, "scheduled": 0}
+
+
+# --- robustness ---------------------------------------------------------------------------
+
+
+def test_a_repeat_puts_back_what_redis_never_got(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    # As if the process had died between the row and the script: Redis has nothing.
+    h.redis.flushdb()
+    h.started.clear()
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    assert h.redis.hget("bridge:queue:res:s1", "status") == b"PENDING"
+    assert h.redis.lrange("bridge:queue:c1:req", 0, -1) == [b"bridge:queue:req:r1"]
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1"] and h.state("s1") == "OK"
+
+
+def test_cancel_leaves_a_tombstone_even_for_an_expired_request(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, message_ttl=200)
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    time.sleep(0.25)  # the request hash has expired, its responses have not
+    assert not h.redis.exists("bridge:queue:req:r1")
+    h.run(Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]}))
+    # A response of the group being accepted right now finds the tombstone, not a callback.
+    assert h.redis.hget("bridge:queue:req:r1", "status") == b"CANCEL"
+    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 200
+
+
+def test_a_short_wait_never_shortens_the_schedule_of_a_long_one(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client, message_ttl=200, sent_message_ttl=5000)
+    for c in ("a", "b"):
+        h.request(c, f"r{c}")
+        h.response(c, f"r{c}", f"s{c}", last=True)
+    h.run(
+        Recorder(
+            answers={
+                "sa": [SendResult(Delivery.ASYNC, 202, "ack-a")],  # waits up to 5 s
+                "sb": [SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")],  # 20 ms
+            }
+        )
+    )
+    assert h.redis.pttl("bridge:queue:scheduled") > 5000
+
+
+def test_an_ack_id_in_use_is_not_taken_over(h: Harness) -> None:
+    for c in ("a", "b"):
+        h.request(c, f"r{c}")
+        h.response(c, f"r{c}", f"s{c}", last=True)
+    same = SendResult(Delivery.ASYNC, 202, "same-id")
+    h.run(Recorder(answers={"sa": [same], "sb": [same]}))
+    h.conv.ack("same-id", h.enqueue)
+    assert h.state("sa") == "OK"
+    assert h.state("sb") == "WAITING_FOR_RES"  # waits out SENT_MESSAGE_TTL instead
+
+
+def test_a_sender_that_raises_counts_as_a_recoverable_failure(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+
+    def broken(channel: Channel, head: Head) -> SendResult:
+        raise ValueError("bad header")
+
+    assert h.run(broken) == ["WAIT_RETRY"]
+    assert not h.redis.exists("bridge:queue:c1:lease")
+    assert h.redis.hget("bridge:queue:res:s1", "attempt") == b"1"
+
+
+def test_agent_expires_a_response_still_in_redis(db: Engine, redis_client: redis.Redis) -> None:
+    h = make(db, redis_client, awaited_message_ttl=150)
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)  # blocked behind r1
+    h.response("c1", "r1", "s1")
+    h.run(Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "a1")]}))
+    # Keep the keys past their TTL, to reach the agent's own expiry path.
+    for key in ("bridge:queue:res:s1", "bridge:queue:res:s2", "bridge:queue:pendingMessages"):
+        h.redis.persist(key)
+    time.sleep(0.2)
+    report = h.conv.awaited_turn(h.enqueue)
+    assert report.expired == 2
+    assert h.state("s1") == "OK"  # the client had it (202); only the ACK never came
+    assert h.state("s2") == "FAILED" and h.state("r2") == "FAILED"
+    assert not h.redis.exists("bridge:queue:res:s2")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -121,6 +121,13 @@ class ChannelDirectory:
             s.channel_timeout_ms,
         )
 
+    def _capped(self, channel: Channel) -> Channel:
+        # A send must end while its drain still holds the conversation (MAX_PENDING_TTL).
+        cap = max(1, self._settings.max_pending_ttl // 2)
+        if channel.timeout_ms <= cap:
+            return channel
+        return replace(channel, timeout_ms=cap)
+
     def _reload(self) -> None:
         with Session(self._engine) as session:
             rows = session.scalars(select(ChannelRow)).all()
@@ -134,7 +141,7 @@ class ChannelDirectory:
                 row.attempts,
                 row.timeout_ms,
             )
-        self._cache = channels
+        self._cache = {o: self._capped(c) for o, c in channels.items()}
         self._loaded_at = time.monotonic()
 
     def all(self) -> dict[str, Channel]:

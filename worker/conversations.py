@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -48,12 +49,22 @@ RESPONSE_SOURCE = "bridge.response"
 ERROR_CANCELLED = "E_CANCELLED"
 ERROR_RETRIES_SPENT = "E_RETRIES_SPENT"
 ERROR_EXPIRED = "E_AWAITED_TTL"
+# Longest async_response_id a client may give (longer ones are delivered without an ACK).
+MAX_ASYNC_ID = 255
 # How long an ACK for an id not (yet) known waits for the 202 to be recorded: ~130 ms.
 ACK_GRACE_S = (0.001, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
 
-Id = Annotated[
-    str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
-]
+# Ids become parts of Redis keys and of the Idempotency-Key header: letters, digits and
+# . _ ~ @ + = - only (no ':' that could reach another key, nothing a header cannot carry).
+ID_PATTERN = r"^[A-Za-z0-9._~@+=-]{1,100}$"
+_ID_RE = re.compile(ID_PATTERN)
+# Conversation ids that would name one of the shared keys (bridge:queue:pendingMessages, ...).
+RESERVED_CONVERSATION_IDS = frozenset(
+    {"req", "res", "asyncRequest", "pendingMessages", "scheduled"}
+)
+ID_RULE = "1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -"
+
+Id = Annotated[str, StringConstraints(strict=True, pattern=ID_PATTERN)]
 
 
 class _Input(BaseModel):
@@ -62,7 +73,16 @@ class _Input(BaseModel):
     @field_validator("timestamp", mode="before", check_fields=False)
     @classmethod
     def _timestamp(cls, value: Any) -> datetime | None:
-        return None if value is None else parse_timestamp(value)
+        if value is None:
+            return None
+        moment = parse_timestamp(value)
+        try:
+            year = moment.astimezone(UTC).year
+        except (OverflowError, ValueError):
+            year = 0
+        if not 1970 <= year <= 9999:
+            raise ValueError(f"{value!r} is out of range (years 1970 to 9999)")
+        return moment
 
 
 class RequestIn(_Input):
@@ -92,10 +112,22 @@ def _parse(model: type[T], data: Any) -> T:
         raise invalid_from(exc) from None
 
 
-def _check_id(name: str, value: str) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 100:
-        raise InvalidMessage(name, "must be 1 to 100 characters")
+def _check_conversation_id(value: str) -> str:
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise InvalidMessage("conversation_id", f"must be {ID_RULE}")
+    if value in RESERVED_CONVERSATION_IDS:
+        raise InvalidMessage("conversation_id", f"{value!r} is reserved")
     return value
+
+
+def _payload_text(payload: Any, limit: int) -> str:
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise InvalidMessage("payload", "NaN and Infinity are not JSON") from None
+    if len(text.encode()) > limit:
+        raise InvalidMessage("payload", f"over the limit of {limit} bytes")
+    return text
 
 
 def _ms(moment: datetime | None) -> int:
@@ -112,7 +144,7 @@ class Registered:
 class Delivery(enum.StrEnum):
     DELIVERED = "delivered"  # 2xx: the client has it
     ASYNC = "async"  # 202 with an async_response_id: delivered, the ACK follows
-    RECOVERABLE = "recoverable"  # connection error, timeout, 5xx, 429: try again
+    RECOVERABLE = "recoverable"  # connection error, timeout, 5xx, 408, 425, 429: again
     FATAL = "fatal"  # any other answer: the group is cancelled
 
 
@@ -167,6 +199,7 @@ class Gate:
 @dataclass
 class AgentReport:
     woken: list[str] = field(default_factory=list)
+    taken: int = 0  # pendingMessages members this turn claimed
     expired: int = 0  # found in pendingMessages past AWAITED_MESSAGE_TTL
     vanished: int = 0  # in pendingMessages, but the hash had already expired
     swept: int = 0  # rows PostgreSQL still had open after their Redis lifetime
@@ -194,7 +227,8 @@ STATEMENTS = (
         "conv_find",
         ("text", "text"),
         """
-        SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id
+        SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
+               extract(epoch FROM now() - receive_timestamp) * 1000
           FROM message WHERE correlation_id = $1 AND source_system = $2
         """,
     ),
@@ -382,12 +416,10 @@ class Conversations:
     # --- requests ------------------------------------------------------------------------
     def register_request(self, conversation_id: str, data: Any) -> Registered:
         """createConversationRegister: the request waits (WAITING) for its responses."""
-        _check_id("conversation_id", conversation_id)
+        _check_conversation_id(conversation_id)
         req = _parse(RequestIn, data)
         self._channels.get(req.origin)  # UnknownChannel before anything is written
-        payload = json.dumps(req.payload, separators=(",", ":"), ensure_ascii=False)
-        if len(payload.encode()) > self._s.max_payload_bytes:
-            raise InvalidMessage("payload", f"over the limit of {self._s.max_payload_bytes} bytes")
+        payload = _payload_text(req.payload, self._s.max_payload_bytes)
         timestamp_ms = _ms(req.timestamp)
         moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
         with self._pg.connection() as conn:
@@ -403,36 +435,52 @@ class Conversations:
             if row is None:
                 found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
                 assert found is not None
-                return Registered(int(found[0]), MessageState(found[1]), created=False)
+                msg_id, state, owner, origin, moment, _, age_ms = found
+                if owner != conversation_id:
+                    raise InvalidMessage(
+                        "request_id", f"{req.request_id!r} belongs to conversation {owner!r}"
+                    )
+                if state == MessageState.WAITING_FOR_RES and age_ms < self._s.message_ttl:
+                    # A repeat after a failure between the row and Redis: register it there
+                    # now (the script does nothing if it is registered already).
+                    self._register_in_redis(
+                        conversation_id, origin, req.request_id, _ms(moment), int(msg_id)
+                    )
+                return Registered(int(msg_id), MessageState(state), created=False)
+        self._register_in_redis(
+            conversation_id, req.origin, req.request_id, timestamp_ms, int(row[0])
+        )
+        return Registered(int(row[0]), MessageState.WAITING_FOR_RES, created=True)
+
+    def _register_in_redis(
+        self, conversation_id: str, origin: str, request_id: str, timestamp_ms: int, msg_id: int
+    ) -> None:
         k = self.keys
         self._scripts.run(
             "register_request",
             [
-                k.request(req.request_id),
+                k.request(request_id),
                 k.request_list(conversation_id),
                 k.request_seq(conversation_id),
             ],
             [
                 conversation_id,
-                req.origin,
-                req.request_id,
+                origin,
+                request_id,
                 timestamp_ms,
-                row[0],
+                msg_id,
                 int(time.time() * 1000),
                 self._s.message_ttl,
                 self._s.awaited_message_ttl,
             ],
         )
-        return Registered(int(row[0]), MessageState.WAITING_FOR_RES, created=True)
 
     # --- responses -----------------------------------------------------------------------
     def add_response(self, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
         """markPendingConversationRegister: the response joins its conversation's order."""
-        _check_id("conversation_id", conversation_id)
+        _check_conversation_id(conversation_id)
         res = _parse(ResponseIn, data)
-        payload = json.dumps(res.payload, separators=(",", ":"), ensure_ascii=False)
-        if len(payload.encode()) > self._s.max_payload_bytes:
-            raise InvalidMessage("payload", f"over the limit of {self._s.max_payload_bytes} bytes")
+        payload = _payload_text(res.payload, self._s.max_payload_bytes)
         now_ms = int(time.time() * 1000)
         timestamp_ms = _ms(res.timestamp) if res.timestamp else now_ms
         moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
@@ -449,7 +497,8 @@ class Conversations:
             if row is None:
                 raise UnknownRequest(res.request_id, conversation_id)
             msg_id, state, request_msg_id, request_state, origin, request_ts = row
-            if msg_id is None:
+            created = msg_id is not None
+            if not created:
                 found = conn.run("conv_find", res.response_id, RESPONSE_SOURCE)
                 assert found is not None
                 if found[5] != request_msg_id:
@@ -457,7 +506,11 @@ class Conversations:
                         "response_id",
                         f"{res.response_id!r} already belongs to another request",
                     )
-                return Registered(int(found[0]), MessageState(found[1]), created=False)
+                msg_id, state, age_ms = found[0], found[1], found[6]
+                if state != MessageState.IN_QUEUE or age_ms >= self._s.awaited_message_ttl:
+                    return Registered(int(msg_id), MessageState(state), created=False)
+                # Still queued: a repeat after a failure between the row and Redis puts it
+                # there now (the script answers DUPLICATE if it is there already).
         if state == MessageState.CANCEL:
             return Registered(int(msg_id), MessageState.CANCEL, created=True)
         token = uuid.uuid4().hex
@@ -513,7 +566,7 @@ class Conversations:
             )
         if int(taken):
             enqueue(conversation_id, token)
-        return Registered(int(msg_id), MessageState.IN_QUEUE, created=code == "ADDED")
+        return Registered(int(msg_id), MessageState.IN_QUEUE, created=created)
 
     # --- the gate -------------------------------------------------------------------------
     def _advance(
@@ -577,6 +630,11 @@ class Conversations:
             if after is not None:
                 after()
                 after = None
+            if step.get("ack_clash"):
+                log.warning(
+                    "ACK id %r is already in use: the response waits out SENT_MESSAGE_TTL",
+                    step["ack_clash"],
+                )
             self._settled_by_timeout(step, report)
             if step["code"] != "SEND":
                 report.end = step["code"]
@@ -598,7 +656,11 @@ class Conversations:
                 with self._pg.connection() as conn:
                     conn.run("conv_back_in_queue", head.msg_id)
             channel = self._channels.get(head.origin)
-            result = send(channel, head)
+            try:
+                result = send(channel, head)
+            except Exception as exc:  # a sender's bug must not leave the head in flight
+                log.exception("sending response %s failed", head.response_id)
+                result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
             sends += 1
             outcome, after = self._apply(channel, head, result, report)
 
@@ -622,7 +684,7 @@ class Conversations:
             async_id = str(result.async_response_id)
             report.sent_async += 1
 
-            def record_sent() -> None:
+            def record_sent() -> None:  # after Redis recorded the ACK id
                 with self._pg.connection() as conn:
                     conn.run("conv_sent", head.msg_id, async_id)
 
@@ -672,7 +734,8 @@ class Conversations:
     # --- ACKs -----------------------------------------------------------------------------
     def ack(self, async_response_id: str, enqueue: Enqueue) -> int:
         """The client's ACK: the response is delivered and its successor released at once."""
-        _check_id("async_response_id", async_response_id)
+        if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
+            raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
         k = self.keys
         raw = self._redis.get(k.async_request(async_response_id))
         for pause in ACK_GRACE_S:
@@ -754,12 +817,22 @@ class Conversations:
 
     def wake_due(self, enqueue: Enqueue, limit: int = 500) -> list[str]:
         """The scheduler's turn: conversations whose retry wait or ACK deadline has come."""
-        due = self._scripts.run("due", [self.keys.scheduled], [int(time.time() * 1000), limit])
+        due = [
+            _text(c)
+            for c in self._scripts.run(
+                "due", [self.keys.scheduled], [int(time.time() * 1000), limit]
+            )
+        ]
         woken = []
-        for raw in due:
-            cid = raw.decode()
-            if self.wake(cid, enqueue):
-                woken.append(cid)
+        for i, cid in enumerate(due):
+            try:
+                if self.wake(cid, enqueue):
+                    woken.append(cid)
+            except Exception:
+                # Taken from the schedule but not woken: put the rest back for the next turn.
+                now = int(time.time() * 1000)
+                self._redis.zadd(self.keys.scheduled, dict.fromkeys(due[i:], now))
+                raise
         return woken
 
     def awaited_turn(self, enqueue: Enqueue) -> AgentReport:
@@ -773,11 +846,10 @@ class Conversations:
                 self._s.awaited_messages_by_turn,
                 k.response_prefix,
                 self.awaited_step_ms,
-                self._s.sent_message_ttl,
             ],
         )
         taken = json.loads(raw)
-        report = AgentReport()
+        report = AgentReport(taken=int(taken.get("taken", 0)))
         vanished = _json_list(taken.get("vanished"))
         expired = _json_list(taken.get("expired"))
         if vanished:
@@ -789,7 +861,7 @@ class Conversations:
                     "AWAITED_MESSAGE_TTL spent before delivery",
                 )
             report.vanished = len(vanished)
-        for member, cid in expired:
+        for member, cid, status in expired:
             rid = json.loads(member)["rsId"]
             done = self._scripts.run(
                 "expire",
@@ -803,7 +875,11 @@ class Conversations:
                 [member, k.request_prefix, k.async_request("")],
             )
             ids = [int(i) for i in done if i]
-            if ids:
+            if ids and status == "SENT":
+                # The client took it (202); only its ACK never came.
+                with self._pg.connection() as conn:
+                    conn.run("conv_ok", ids, "delivered: no ACK within AWAITED_MESSAGE_TTL")
+            elif ids:
                 with self._pg.connection() as conn:
                     conn.run(
                         "conv_failed",

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from worker.channels import Channel
-from worker.conversations import Delivery, Head, SendResult
+from worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
 
 # Worth trying again: the client may accept the same response later.
 RECOVERABLE_STATUS = frozenset({408, 425, 429})
@@ -20,7 +20,8 @@ def classify(status: int, body: bytes) -> SendResult:
         async_id = _async_id(body)
         if async_id:
             return SendResult(Delivery.ASYNC, status, async_id)
-        # A 202 without an id promises no ACK: the response is delivered.
+        # A 202 without a usable id (none, or over MAX_ASYNC_ID characters) promises no ACK
+        # orderly could match: the response is delivered.
         return SendResult(Delivery.DELIVERED, status)
     if 200 <= status < 300:
         return SendResult(Delivery.DELIVERED, status)
@@ -36,7 +37,7 @@ def _async_id(body: bytes) -> str | None:
         return None
     if isinstance(data, dict):
         value = data.get("async_response_id", data.get("asyncResponseId"))
-        if isinstance(value, str) and value.strip():
+        if isinstance(value, str) and value.strip() and len(value) <= MAX_ASYNC_ID:
             return value
     return None
 

@@ -45,8 +45,14 @@ if outcome ~= '' then
     elseif outcome == 'sent' then
       -- markSentConversationRegister: delivered, its ACK to follow under asyncResponseId.
       local async_id = ARGV[13]
-      redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now, 'asyncResponseId', async_id)
-      redis.call('SET', async_prefix .. async_id, member, 'PX', sent_ttl)
+      redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now)
+      -- An id another response is still waiting under is not taken over: this one then
+      -- simply waits out SENT_MESSAGE_TTL.
+      if redis.call('SET', async_prefix .. async_id, member, 'NX', 'PX', sent_ttl) then
+        redis.call('HSET', res_key, 'asyncResponseId', async_id)
+      else
+        result.ack_clash = async_id
+      end
       local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), now)
       redis.call('ZADD', pending_key, math.min(now + sent_ttl + inflight_ms, expires), member)
     elseif outcome == 'retry' then
@@ -87,11 +93,10 @@ if outcome ~= '' then
       end
       local req_key = req_prefix .. request_id
       redis.call('LREM', list_key, 0, req_key)
-      if redis.call('EXISTS', req_key) == 1 then
-        -- Kept a while so that responses still arriving for it are refused at once.
-        redis.call('HSET', req_key, 'status', 'CANCEL')
-        redis.call('PEXPIRE', req_key, tonumber(ARGV[14]))
-      end
+      -- A tombstone, even when the request had expired: a response of the group that is
+      -- being accepted right now must not bring the request back as a callback.
+      redis.call('HSET', req_key, 'status', 'CANCEL')
+      redis.call('PEXPIRE', req_key, tonumber(ARGV[14]))
       forget_if_empty(list_key, zset_key, seq_key)
       result.prev = ids
     end
@@ -112,7 +117,9 @@ local function finish(code, due)
     if due then
       -- Wake the conversation when due; LT keeps the earliest wake-up already there.
       redis.call('ZADD', sched_key, 'LT', due, ARGV[17])
-      redis.call('PEXPIRE', sched_key, tonumber(ARGV[14]) + due - now)
+      -- The key is shared: its life is only ever extended.
+      local ttl = tonumber(ARGV[14]) + due - now
+      if redis.call('PTTL', sched_key) < ttl then redis.call('PEXPIRE', sched_key, ttl) end
     end
   end
   return cjson.encode(result)
@@ -168,7 +175,7 @@ while true do
       else
         local not_before = num(f[4], 0)
         if not_before > now then
-          if status == 'AWAITED' then return finish('WAIT_AWAITED') end
+          if status == 'AWAITED' then return finish('WAIT_AWAITED', not_before) end
           return finish('WAIT_RETRY', not_before)
         end
         -- Claimed: in flight until the outcome; the awaited agent looks again if the
