@@ -42,6 +42,10 @@ console = Console()
 err = Console(stderr=True)
 
 
+def _show(msg_id: int, state: str, verb: str) -> None:
+    console.print_json(json.dumps({"msg_id": msg_id, "state": state, "result": verb}))
+
+
 def _fail(exc: Exception) -> typer.Exit:
     err.print(f"[bold red]error:[/] {exc}")
     return typer.Exit(code=2)
@@ -103,10 +107,7 @@ def submit(
         result = runtime.intake(enqueue_processing).submit(data)
     except OrderlyError as exc:
         raise _fail(exc) from None
-    verb = "accepted" if result.created else "already known"
-    console.print_json(
-        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
-    )
+    _show(result.msg_id, result.state.value, "accepted" if result.created else "already known")
 
 
 @app.command()
@@ -233,10 +234,7 @@ def conversation_request(
         result = get_runtime().conversations.register_request(conversation_id, data)
     except OrderlyError as exc:
         raise _fail(exc) from None
-    verb = "registered" if result.created else "already known"
-    console.print_json(
-        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
-    )
+    _show(result.msg_id, result.state.value, "registered" if result.created else "already known")
 
 
 @conversation_app.command("respond")
@@ -263,10 +261,7 @@ def conversation_respond(
         result = get_runtime().conversations.add_response(conversation_id, data, enqueue_drain)
     except OrderlyError as exc:
         raise _fail(exc) from None
-    verb = "accepted" if result.created else "already known"
-    console.print_json(
-        json.dumps({"msg_id": result.msg_id, "state": result.state.value, "result": verb})
-    )
+    _show(result.msg_id, result.state.value, "accepted" if result.created else "already known")
 
 
 @conversation_app.command("ack")

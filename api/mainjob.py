@@ -72,6 +72,16 @@ def _counts(session: Session, source: str) -> dict[str, int]:
     return {str(state): int(n) for state, n in rows}
 
 
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -118,13 +128,7 @@ def run_main_job(
 
         base = datetime.now(UTC)
         t0 = time.monotonic()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
+        with _progress(console) as progress:
             sub = progress.add_task("submitted", total=messages)
             client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
 
@@ -216,13 +220,7 @@ def _conversation_workload(
                 ).scalar_one()
             )
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
+    with _progress(console) as progress:
         sent = progress.add_task("requests and responses submitted", total=len(workload.events))
         submit(workload, client, origin, lambda _: progress.advance(sent))
         done = progress.add_task("responses delivered or cancelled", total=workload.responses)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis
+
+    from api.processes import ProcessGroup
 
 BENCH_DB = os.environ.get("ORDERLY_BENCH_DATABASE", "orderly_bench")
 BENCH_REDIS = os.environ.get("ORDERLY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -40,3 +47,19 @@ def worker_argv(name: str, queue: str, pool: str, concurrency: int) -> list[str]
         "--include",
         "benchmarks.celery_noop",
     ]
+
+
+def prepare() -> tuple[redis.Redis, ProcessGroup]:
+    """Create and migrate the bench database; a Redis client and a process group for the run."""
+    import redis
+
+    from api.processes import ProcessGroup
+    from worker import schema
+    from worker.runtime import get_runtime
+
+    runtime = get_runtime()
+    schema.create_database(runtime.settings.database_url)
+    schema.upgrade(runtime.settings.database_url)
+    runtime.startup_check()
+    group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
+    return redis.Redis.from_url(BENCH_REDIS), group

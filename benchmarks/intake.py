@@ -15,15 +15,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from benchmarks.common import BENCH_REDIS, use_bench_services, worker_argv
+from benchmarks.common import prepare, use_bench_services, worker_argv
 
 use_bench_services()  # before the app modules read their settings
 
@@ -32,7 +30,6 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from api.processes import ProcessGroup  # noqa: E402
-from worker import schema  # noqa: E402
 from worker.celery import PROCESS_QUEUE, app, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
@@ -138,11 +135,7 @@ def main() -> None:
     args.rounds = args.rounds or (2 if args.quick else 3)
 
     runtime = get_runtime()
-    schema.create_database(runtime.settings.database_url)
-    schema.upgrade(runtime.settings.database_url)
-    runtime.startup_check()
-    r = redis.Redis.from_url(BENCH_REDIS)
-    group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
+    r, group = prepare()
     python_runs: list[float] = []
     processed_runs: list[float] = []
     celery_runs: list[float] = []
