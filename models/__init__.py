@@ -16,6 +16,22 @@ from models.enums import (
 from models.external_call import ExternalCall
 from models.message import Message
 from models.node import Node
+from models.pubsub import (
+    Delivery,
+    DeliveryState,
+    Event,
+    EventType,
+    EventTypeVersion,
+    Outcome,
+    PublishedMessage,
+    Publisher,
+    QueueMessage,
+    QueueState,
+    Room,
+    Status,
+    Subscription,
+    SubscriptionKind,
+)
 from models.request_response import Request, Response
 
 __all__ = [
@@ -27,12 +43,26 @@ __all__ = [
     "Channel",
     "ConfigDataType",
     "Configuration",
+    "Delivery",
+    "DeliveryState",
+    "Event",
+    "EventType",
+    "EventTypeVersion",
     "ExternalCall",
     "ExternalCallState",
     "Message",
     "MessageState",
     "Node",
     "NodeState",
+    "Outcome",
+    "PublishedMessage",
+    "Publisher",
+    "QueueMessage",
+    "QueueState",
     "Request",
     "Response",
+    "Room",
+    "Status",
+    "Subscription",
+    "SubscriptionKind",
 ]

@@ -103,7 +103,7 @@ class ResponseIn(_Input):
 T = TypeVar("T", bound=BaseModel)
 
 
-def _parse(model: type[T], data: Any) -> T:
+def parse_input(model: type[T], data: Any) -> T:
     if not isinstance(data, Mapping):
         raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
     try:
@@ -417,7 +417,7 @@ class Conversations:
     def register_request(self, conversation_id: str, data: Any) -> Registered:
         """createConversationRegister: the request waits (WAITING) for its responses."""
         _check_conversation_id(conversation_id)
-        req = _parse(RequestIn, data)
+        req = parse_input(RequestIn, data)
         self._channels.get(req.origin)  # UnknownChannel before anything is written
         payload = _payload_text(req.payload, self._s.max_payload_bytes)
         timestamp_ms = _ms(req.timestamp)
@@ -479,7 +479,7 @@ class Conversations:
     def add_response(self, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
         """markPendingConversationRegister: the response joins its conversation's order."""
         _check_conversation_id(conversation_id)
-        res = _parse(ResponseIn, data)
+        res = parse_input(ResponseIn, data)
         payload = _payload_text(res.payload, self._s.max_payload_bytes)
         now_ms = int(time.time() * 1000)
         timestamp_ms = _ms(res.timestamp) if res.timestamp else now_ms

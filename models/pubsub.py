@@ -1,0 +1,250 @@
+"""Rooms and subscriptions: the tables of publish/subscribe delivery.
+
+A room is an exchange, a subscription a binding: it selects events of a room by event type
+and/or routing-key pattern and names a destination (a PUSH url, a PULL queue of its own, or a
+registered handler). Every publish creates one ``delivery`` per matching active
+subscription; every attempt of a delivery is a ``published_messages`` row; the broker seed's
+queue log is ``queue_message``.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, str_enum
+
+
+class Status(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+
+
+class SubscriptionKind(enum.StrEnum):
+    PUSH = "PUSH"  # POST to push_url
+    PULL = "PULL"  # the subscriber fetches from its own queue and ACKs
+    HANDLER = "HANDLER"  # a consumer registered in the workers, chosen by routing key
+
+
+class DeliveryState(enum.StrEnum):
+    PENDING = "PENDING"  # due at next_attempt_at (a $delay or a retry wait)
+    IN_PROCESS = "IN_PROCESS"  # claimed by a worker (or pulled and not yet ACKed)
+    DELIVERED = "DELIVERED"
+    DEAD = "DEAD"  # attempts spent: dead-lettered with the reason, re-drivable
+    EXPIRED = "EXPIRED"  # past the room's message expiration: never delivered late
+
+
+class Outcome(enum.StrEnum):
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"
+    DEAD = "DEAD"
+    EXPIRED = "EXPIRED"
+
+
+class QueueState(enum.StrEnum):
+    PENDING = "Pending"
+    IN_PROCESS = "In process"
+    COMPLETED = "Completed"
+    ERROR = "Error"
+
+
+class Room(Base):
+    __tablename__ = "room"
+    __table_args__ = (
+        CheckConstraint("message_expiration_ms IS NULL OR message_expiration_ms >= 0", name="exp"),
+        CheckConstraint("delivery_delay_ms >= 1", name="delay"),
+        CheckConstraint("delivery_delay_multiplier >= 1.01", name="multiplier"),
+        CheckConstraint("delivery_attempts >= 0", name="attempts"),
+    )
+
+    room_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    # null or 0: messages never expire
+    message_expiration_ms: Mapped[int | None] = mapped_column(BigInteger)
+    delivery_delay_ms: Mapped[int] = mapped_column(Integer)
+    delivery_delay_multiplier: Mapped[float] = mapped_column(Float)
+    delivery_attempts: Mapped[int] = mapped_column(Integer)
+    status: Mapped[Status] = mapped_column(str_enum(Status, "room_status"), default=Status.ACTIVE)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class EventType(Base):
+    __tablename__ = "event_type"
+    __table_args__ = (UniqueConstraint("room_id", "name"),)
+
+    event_type_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    room_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("room.room_id"))
+    name: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class EventTypeVersion(Base):
+    __tablename__ = "event_type_version"
+
+    event_type_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("event_type.event_type_id"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    json_schema: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Publisher(Base):
+    __tablename__ = "publisher"
+    __table_args__ = (UniqueConstraint("room_id", "name"),)
+
+    publisher_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    room_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("room.room_id"))
+    name: Mapped[str] = mapped_column(String(100))
+
+
+class Subscription(Base):
+    __tablename__ = "subscription"
+    __table_args__ = (
+        UniqueConstraint("room_id", "name"),
+        CheckConstraint(
+            "(kind = 'PUSH') = (push_url IS NOT NULL)"
+            " AND (kind = 'HANDLER') = (handler IS NOT NULL)",
+            name="destination",
+        ),
+        CheckConstraint("delivery_delay_ms IS NULL OR delivery_delay_ms >= 1", name="delay"),
+        CheckConstraint(
+            "delivery_delay_multiplier IS NULL OR delivery_delay_multiplier >= 1.01",
+            name="multiplier",
+        ),
+        CheckConstraint("delivery_attempts IS NULL OR delivery_attempts >= 0", name="attempts"),
+    )
+
+    subscription_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    room_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("room.room_id"))
+    name: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[SubscriptionKind] = mapped_column(str_enum(SubscriptionKind, "subscription_kind"))
+    push_url: Mapped[str | None] = mapped_column(String(1000))
+    handler: Mapped[str | None] = mapped_column(String(200))
+    # selection: an event type (any version), a routing-key pattern (topic: * one word,
+    # # zero or more), or both; neither selects every event of the room
+    event_type_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("event_type.event_type_id")
+    )
+    routing_key_pattern: Mapped[str | None] = mapped_column(String(255))
+    # overrides of the room's policy (never of its expiration)
+    delivery_delay_ms: Mapped[int | None] = mapped_column(Integer)
+    delivery_delay_multiplier: Mapped[float | None] = mapped_column(Float)
+    delivery_attempts: Mapped[int | None] = mapped_column(Integer)
+    timeout_ms: Mapped[int] = mapped_column(Integer, default=5000)
+    visibility_timeout_ms: Mapped[int] = mapped_column(Integer, default=30000)
+    status: Mapped[Status] = mapped_column(
+        str_enum(Status, "subscription_status"), default=Status.ACTIVE
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Event(Base):
+    """One publish: what was sent to a room, by whom, when it may be delivered."""
+
+    __tablename__ = "event"
+
+    event_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    correlation_id: Mapped[str] = mapped_column(String(64), unique=True)
+    room_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("room.room_id"))
+    event_type_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("event_type.event_type_id")
+    )
+    version: Mapped[int | None] = mapped_column(Integer)
+    routing_key: Mapped[str] = mapped_column(String(255))
+    payload: Mapped[Any] = mapped_column(JSONB)
+    publisher_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("publisher.publisher_id")
+    )
+    user_id: Mapped[str | None] = mapped_column(String(100))
+    impersonator_id: Mapped[str | None] = mapped_column(String(100))
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    deliver_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    unroutable: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Delivery(Base):
+    """One event for one subscription: its state now, and when it is due."""
+
+    __tablename__ = "delivery"
+    __table_args__ = (
+        UniqueConstraint("event_id", "subscription_id"),
+        # The due-time index: what the scheduler moves to the queue when due.
+        Index(
+            "ix_delivery_due",
+            "next_attempt_at",
+            postgresql_where=text("state = 'PENDING'"),
+        ),
+        Index("ix_delivery_subscription_state", "subscription_id", "state"),
+    )
+
+    delivery_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("event.event_id"))
+    subscription_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("subscription.subscription_id")
+    )
+    state: Mapped[DeliveryState] = mapped_column(str_enum(DeliveryState, "delivery_state"))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class PublishedMessage(Base):
+    """Every publish and republish of an event to a subscription (one row per attempt)."""
+
+    __tablename__ = "published_messages"
+    __table_args__ = (Index("ix_published_messages_delivery", "delivery_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    correlation_id: Mapped[str] = mapped_column(String(64))
+    delivery_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("delivery.delivery_id"))
+    event_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("event.event_id"))
+    subscription_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("subscription.subscription_id")
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[Outcome] = mapped_column(str_enum(Outcome, "publish_outcome"))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class QueueMessage(Base):
+    """The broker seed's queue message log: one row per message a consumer processed."""
+
+    __tablename__ = "queue_message"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    delivery_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("delivery.delivery_id"))
+    message: Mapped[str] = mapped_column(Text)
+    routing_key: Mapped[str] = mapped_column(String(255))
+    scheduled_start_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    start_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    end_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    state: Mapped[QueueState] = mapped_column(str_enum(QueueState, "queue_state"))
+    exception_id: Mapped[str | None] = mapped_column(String(64))
+    memory_used: Mapped[int | None] = mapped_column(BigInteger)

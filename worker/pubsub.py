@@ -1,0 +1,711 @@
+"""Publish/subscribe: rooms (exchanges), subscriptions (bindings), publish and delivery.
+
+One routing model speaks both seeds: a room has subscriptions that select events by event
+type and/or routing-key pattern (topic rules: ``*`` one word, ``#`` zero or more), and each
+names a destination: a PUSH url or a consumer handler chosen by routing key. PostgreSQL
+holds every event and delivery; the partial index on ``delivery.next_attempt_at`` of PENDING
+rows is the due-time index a scheduler moves to the queue when due, so a ``$delay`` or a
+retry wait is never held in worker memory nor in the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from models import (
+    DeliveryState,
+    Event,
+    EventType,
+    EventTypeVersion,
+    Publisher,
+    Room,
+    Status,
+    Subscription,
+    SubscriptionKind,
+)
+from worker.conversations import parse_input
+from worker.errors import InvalidMessage, OrderlyError
+
+log = logging.getLogger(__name__)
+
+Name = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9._~-]{1,100}$")]
+WORD = r"[A-Za-z0-9_-]+"
+ROUTING_KEY = re.compile(rf"^{WORD}(\.{WORD})*$")
+PATTERN = re.compile(rf"^({WORD}|\*|#)(\.({WORD}|\*|#))*$")
+# How long a delivery handed to the broker stays out of the scheduler's sight: a task lost
+# with its worker comes back after this.
+QUEUED_LEASE_S = 60.0
+
+
+class NotFound(OrderlyError):
+    def __init__(self, what: str, name: object) -> None:
+        self.what = what
+        super().__init__(f"no {what} {name!r}")
+
+
+# --- administration -------------------------------------------------------------------------
+
+
+class RoomIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    message_expiration_ms: Annotated[StrictInt, Field(ge=0)] | None = None
+    delivery_delay_ms: Annotated[StrictInt, Field(ge=1)] = 1000
+    delivery_delay_multiplier: Annotated[float, Field(ge=1.01)] = 1.5
+    delivery_attempts: Annotated[StrictInt, Field(ge=0)] = 3
+
+
+class SubscriptionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    kind: SubscriptionKind
+    push_url: (
+        Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=1000)] | None
+    ) = None
+    handler: Name | None = None
+    event_type: Name | None = None
+    routing_key_pattern: Annotated[str, StringConstraints(max_length=255)] | None = None
+    delivery_delay_ms: Annotated[StrictInt, Field(ge=1)] | None = None
+    delivery_delay_multiplier: Annotated[float, Field(ge=1.01)] | None = None
+    delivery_attempts: Annotated[StrictInt, Field(ge=0)] | None = None
+    timeout_ms: Annotated[StrictInt, Field(ge=1, le=600_000)] = 5000
+
+
+class EventTypeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    version: Annotated[StrictInt, Field(ge=1)]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+def _room(session: Session, name: str) -> Room:
+    room = session.scalar(select(Room).where(Room.name == name))
+    if room is None:
+        raise NotFound("room", name)
+    return room
+
+
+def create_room(engine: Engine, data: Any) -> dict[str, Any]:
+    room_in = parse_input(RoomIn, data)
+    with Session(engine) as session, session.begin():
+        if session.scalar(select(Room).where(Room.name == room_in.name)) is not None:
+            raise InvalidMessage("name", f"room {room_in.name!r} exists")
+        room = Room(**room_in.model_dump(), status=Status.ACTIVE)
+        session.add(room)
+        session.flush()
+        return room_view(room)
+
+
+def update_room(engine: Engine, name: str, data: Any) -> dict[str, Any]:
+    """Change a room's policy or status (``{"status": "PAUSED"}``)."""
+    if not isinstance(data, Mapping):
+        raise InvalidMessage("body", "must be a JSON object")
+    with Session(engine) as session, session.begin():
+        room = _room(session, name)
+        current = room_view(room)
+        status = data.get("status", current["status"])
+        if status not in ("ACTIVE", "PAUSED"):
+            raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+        merged = {k: v for k, v in {**current, **data}.items() if k in RoomIn.model_fields}
+        checked = parse_input(RoomIn, {**merged, "name": name})
+        for key, value in checked.model_dump().items():
+            setattr(room, key, value)
+        room.status = Status(status)
+        return room_view(room)
+
+
+def room_view(room: Room) -> dict[str, Any]:
+    return {
+        "name": room.name,
+        "message_expiration_ms": room.message_expiration_ms,
+        "delivery_delay_ms": room.delivery_delay_ms,
+        "delivery_delay_multiplier": room.delivery_delay_multiplier,
+        "delivery_attempts": room.delivery_attempts,
+        "status": Status(room.status).value,
+    }
+
+
+def list_rooms(engine: Engine) -> list[dict[str, Any]]:
+    with Session(engine) as session:
+        return [room_view(r) for r in session.scalars(select(Room).order_by(Room.name))]
+
+
+def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
+    """An event type's version with its JSON schema (the type is created with its first)."""
+    if isinstance(data, Mapping) and "schema" in data and not isinstance(data["schema"], dict):
+        raise InvalidMessage("schema", "must be a JSON object (a JSON schema)")
+    type_in = parse_input(EventTypeIn, data)
+    try:
+        jsonschema.validators.validator_for(type_in.json_schema).check_schema(type_in.json_schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidMessage("schema", f"not a valid JSON schema: {exc.message}") from None
+    with Session(engine) as session, session.begin():
+        room = _room(session, room_name)
+        etype = session.scalar(
+            select(EventType).where(
+                EventType.room_id == room.room_id, EventType.name == type_in.name
+            )
+        )
+        if etype is None:
+            etype = EventType(room_id=room.room_id, name=type_in.name)
+            session.add(etype)
+            session.flush()
+        elif session.get(EventTypeVersion, (etype.event_type_id, type_in.version)) is not None:
+            raise InvalidMessage("version", f"{type_in.name} v{type_in.version} exists")
+        session.add(
+            EventTypeVersion(
+                event_type_id=etype.event_type_id,
+                version=type_in.version,
+                json_schema=type_in.json_schema,
+            )
+        )
+    return {"room": room_name, "name": type_in.name, "version": type_in.version}
+
+
+def add_publisher(engine: Engine, room_name: str, name: str) -> None:
+    if not re.match(r"^[A-Za-z0-9._~-]{1,100}$", name):
+        raise InvalidMessage("name", "must be 1 to 100 of A-Z a-z 0-9 . _ ~ -")
+    with Session(engine) as session, session.begin():
+        room = _room(session, room_name)
+        session.add(Publisher(room_id=room.room_id, name=name))
+        try:
+            session.flush()
+        except IntegrityError:
+            raise InvalidMessage("name", f"publisher {name!r} exists in {room_name}") from None
+
+
+def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
+    sub_in = parse_input(SubscriptionIn, data)
+    if sub_in.kind is SubscriptionKind.PUSH and sub_in.push_url is None:
+        raise InvalidMessage("push_url", "a PUSH subscription needs a push_url")
+    if sub_in.kind is not SubscriptionKind.PUSH and sub_in.push_url is not None:
+        raise InvalidMessage("push_url", f"only a PUSH subscription has one, not {sub_in.kind}")
+    if sub_in.kind is SubscriptionKind.HANDLER and sub_in.handler is None:
+        raise InvalidMessage("handler", "a HANDLER subscription names its handler")
+    if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
+        raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
+    if sub_in.kind is SubscriptionKind.PULL:
+        raise InvalidMessage("kind", "PULL subscriptions are not available yet")
+    if sub_in.routing_key_pattern is not None and not PATTERN.match(sub_in.routing_key_pattern):
+        raise InvalidMessage(
+            "routing_key_pattern", "dot-separated words, * (one word) or # (zero or more)"
+        )
+    with Session(engine) as session, session.begin():
+        room = _room(session, room_name)
+        event_type_id = None
+        if sub_in.event_type is not None:
+            etype = session.scalar(
+                select(EventType).where(
+                    EventType.room_id == room.room_id, EventType.name == sub_in.event_type
+                )
+            )
+            if etype is None:
+                raise InvalidMessage("event_type", f"no event type {sub_in.event_type!r}")
+            event_type_id = etype.event_type_id
+        values = sub_in.model_dump(exclude={"event_type"})
+        sub = Subscription(
+            room_id=room.room_id, event_type_id=event_type_id, status=Status.ACTIVE, **values
+        )
+        session.add(sub)
+        try:
+            session.flush()
+        except IntegrityError:
+            raise InvalidMessage("name", f"subscription {sub_in.name!r} exists") from None
+        return {"subscription_id": sub.subscription_id, "room": room_name, **values}
+
+
+def set_subscription_status(engine: Engine, subscription_id: int, status: str) -> None:
+    if status not in ("ACTIVE", "PAUSED"):
+        raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+    with Session(engine) as session, session.begin():
+        sub = session.get(Subscription, subscription_id)
+        if sub is None:
+            raise NotFound("subscription", subscription_id)
+        sub.status = Status(status)
+
+
+def list_subscriptions(engine: Engine, room_name: str) -> list[dict[str, Any]]:
+    with Session(engine) as session:
+        room = _room(session, room_name)
+        subs = session.scalars(
+            select(Subscription)
+            .where(Subscription.room_id == room.room_id)
+            .order_by(Subscription.subscription_id)
+        )
+        return [
+            {
+                "subscription_id": s.subscription_id,
+                "name": s.name,
+                "kind": SubscriptionKind(s.kind).value,
+                "push_url": s.push_url,
+                "handler": s.handler,
+                "routing_key_pattern": s.routing_key_pattern,
+                "delivery_delay_ms": s.delivery_delay_ms,
+                "delivery_delay_multiplier": s.delivery_delay_multiplier,
+                "delivery_attempts": s.delivery_attempts,
+                "status": Status(s.status).value,
+            }
+            for s in subs
+        ]
+
+
+# --- routing --------------------------------------------------------------------------------
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """AMQP topic matching: ``*`` is exactly one word, ``#`` zero or more words."""
+    words = routing_key.split(".")
+    parts = pattern.split(".")
+
+    def match(i: int, j: int) -> bool:
+        if i == len(parts):
+            return j == len(words)
+        if parts[i] == "#":
+            return any(match(i + 1, k) for k in range(j, len(words) + 1))
+        if j == len(words):
+            return False
+        return (parts[i] == "*" or parts[i] == words[j]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def backoff_ms(delay_ms: int, multiplier: float, attempt: int) -> int:
+    """T = deliveryDelay * deliveryDelayMultiplier ^ deliveryAttempt."""
+    return round(delay_ms * multiplier**attempt)
+
+
+# --- publish --------------------------------------------------------------------------------
+
+
+class PublishIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    payload: Any
+    event_type: Name | None = None
+    version: Annotated[StrictInt, Field(ge=1)] | None = None
+    routing_key: Annotated[str, StringConstraints(max_length=255)] | None = None
+    publisher: Name | None = None
+    user: Name | None = None
+    impersonator: Name | None = None
+    delay_ms: Annotated[StrictInt, Field(ge=0, le=366 * 86_400_000)] = Field(0, alias="$delay")
+
+
+@dataclass(frozen=True)
+class Published:
+    correlation_id: str
+    event_id: int
+    deliveries: list[int]
+    unroutable: bool
+
+
+def _schema_path(error: jsonschema.ValidationError) -> str:
+    return "payload" + "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+    )
+
+
+def publish(engine: Engine, room_name: str, data: Any) -> tuple[Published, list[int]]:
+    """Store an event and one delivery per active matching subscription.
+
+    Returns the result and the deliveries due now, for the caller to enqueue after the
+    commit (delayed ones are left to the scheduler).
+    """
+    pub = parse_input(PublishIn, data)
+    try:
+        payload_text = json.dumps(pub.payload, allow_nan=False)
+    except ValueError:
+        raise InvalidMessage("payload", "NaN and Infinity are not JSON") from None
+    now = datetime.now(UTC)
+    with Session(engine) as session, session.begin():
+        room = _room(session, room_name)
+        if room.status == Status.PAUSED:
+            raise InvalidMessage("room", f"room {room_name!r} is paused")
+        publishers = {
+            p.name: p.publisher_id
+            for p in session.scalars(select(Publisher).where(Publisher.room_id == room.room_id))
+        }
+        publisher_id = None
+        if publishers:
+            if pub.publisher is None:
+                raise InvalidMessage("publisher", f"room {room_name!r} names its publishers")
+            if pub.publisher not in publishers:
+                raise InvalidMessage("publisher", f"{pub.publisher!r} may not publish here")
+            publisher_id = publishers[pub.publisher]
+        event_type_id = version = None
+        if pub.event_type is not None:
+            etype = session.scalar(
+                select(EventType).where(
+                    EventType.room_id == room.room_id, EventType.name == pub.event_type
+                )
+            )
+            if etype is None:
+                raise InvalidMessage("event_type", f"no event type {pub.event_type!r} here")
+            event_type_id = etype.event_type_id
+            version = pub.version or session.scalar(
+                select(func.max(EventTypeVersion.version)).where(
+                    EventTypeVersion.event_type_id == event_type_id
+                )
+            )
+            schema_row = session.get(EventTypeVersion, (event_type_id, version))
+            if schema_row is None:
+                raise InvalidMessage("version", f"{pub.event_type} has no version {version}")
+            validator = jsonschema.validators.validator_for(schema_row.json_schema)(
+                schema_row.json_schema
+            )
+            error = jsonschema.exceptions.best_match(validator.iter_errors(pub.payload))
+            if error is not None:
+                raise InvalidMessage(_schema_path(error), error.message)
+        routing_key = pub.routing_key or pub.event_type
+        if routing_key is None:
+            raise InvalidMessage("routing_key", "missing (or give an event_type)")
+        if not ROUTING_KEY.match(routing_key):
+            raise InvalidMessage("routing_key", "dot-separated words of A-Z a-z 0-9 _ -")
+        deliver_at = now + timedelta(milliseconds=pub.delay_ms)
+        expires_at = (
+            now + timedelta(milliseconds=room.message_expiration_ms)
+            if room.message_expiration_ms
+            else None
+        )
+        subs = [
+            s
+            for s in session.scalars(
+                select(Subscription).where(
+                    Subscription.room_id == room.room_id, Subscription.status == Status.ACTIVE
+                )
+            )
+            if (s.event_type_id is None or s.event_type_id == event_type_id)
+            and (s.routing_key_pattern is None or topic_matches(s.routing_key_pattern, routing_key))
+        ]
+        event = Event(
+            correlation_id=uuid.uuid4().hex,
+            room_id=room.room_id,
+            event_type_id=event_type_id,
+            version=version,
+            routing_key=routing_key,
+            payload=json.loads(payload_text),
+            publisher_id=publisher_id,
+            user_id=pub.user,
+            impersonator_id=pub.impersonator,
+            published_at=now,
+            deliver_at=deliver_at,
+            expires_at=expires_at,
+            unroutable=not subs,
+        )
+        session.add(event)
+        session.flush()
+        due_now = pub.delay_ms == 0
+        # A delivery handed to the broker right after the commit is out of the scheduler's
+        # sight for QUEUED_LEASE_S; if that enqueue is lost, the scheduler brings it back.
+        first = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else deliver_at
+        ids = []
+        for sub in subs:
+            row = session.execute(
+                text(
+                    "INSERT INTO delivery (event_id, subscription_id, state, attempt,"
+                    " next_attempt_at) VALUES (:e, :s, 'PENDING', 0, :t) RETURNING delivery_id"
+                ),
+                {"e": event.event_id, "s": sub.subscription_id, "t": first},
+            ).scalar_one()
+            ids.append(int(row))
+        if not subs:
+            log.info(
+                "event %s in %s matched no subscription: unroutable", event.event_id, room_name
+            )
+        result = Published(event.correlation_id, event.event_id, ids, not subs)
+    return result, (ids if due_now else [])
+
+
+def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
+    with Session(engine) as session:
+        query = select(func.count()).select_from(Event).where(Event.unroutable.is_(True))
+        if room_name is not None:
+            query = query.where(Event.room_id == _room(session, room_name).room_id)
+        return int(session.scalar(query) or 0)
+
+
+# --- the scheduler --------------------------------------------------------------------------
+
+_MOVE_DUE = text(
+    """
+    UPDATE delivery d SET next_attempt_at = now() + make_interval(secs => :lease)
+     WHERE d.delivery_id IN (
+           SELECT delivery_id FROM delivery
+            WHERE state = 'PENDING' AND next_attempt_at <= now()
+            ORDER BY next_attempt_at
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED)
+    RETURNING d.delivery_id
+    """
+)
+# A claim whose worker died: back to PENDING, due at once (delivered at least once).
+_RELEASE_STUCK = text(
+    """
+    UPDATE delivery d SET state = 'PENDING', next_attempt_at = now(), claimed_at = NULL
+      FROM subscription s
+     WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS'
+       AND d.claimed_at < now() - make_interval(secs => s.timeout_ms / 1000.0 + :grace)
+    RETURNING d.delivery_id
+    """
+)
+
+
+def move_due(engine: Engine, enqueue: Callable[[int], None], limit: int = 1000) -> int:
+    """The scheduler's turn: due deliveries (delays, retry waits) go to the queue."""
+    with engine.begin() as conn:
+        conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S})
+        due = [
+            int(r[0]) for r in conn.execute(_MOVE_DUE, {"lease": QUEUED_LEASE_S, "limit": limit})
+        ]
+    for delivery_id in due:
+        enqueue(delivery_id)
+    return len(due)
+
+
+# --- delivery -------------------------------------------------------------------------------
+
+_CLAIM = text(
+    """
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now()
+      FROM event e, subscription s, room r
+     WHERE d.delivery_id = :id AND d.state = 'PENDING'
+       AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
+       AND r.room_id = e.room_id
+    RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
+              e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
+              s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
+              COALESCE(s.delivery_delay_ms, r.delivery_delay_ms),
+              COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier),
+              COALESCE(s.delivery_attempts, r.delivery_attempts), r.name
+    """
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    delivery_id: int
+    attempt: int
+    event_id: int
+    correlation_id: str
+    routing_key: str
+    payload: Any
+    user: str | None
+    impersonator: str | None
+    deliver_at: datetime
+    expires_at: datetime | None
+    version: int | None
+    subscription_id: int
+    kind: str
+    push_url: str | None
+    handler: str | None
+    timeout_ms: int
+    delay_ms: int
+    multiplier: float
+    attempts: int
+    room: str
+
+
+@dataclass(frozen=True)
+class Attempt:
+    ok: bool
+    error: str = ""
+
+
+Push = Callable[[Claimed], Attempt]
+ConsumerHandler = Callable[[Claimed], None]
+
+
+class Consumers:
+    """Handlers chosen by routing key (the broker seed's consumer classes)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, ConsumerHandler] = {}
+
+    def register(self, name: str) -> Callable[[ConsumerHandler], ConsumerHandler]:
+        def add(fn: ConsumerHandler) -> ConsumerHandler:
+            self._handlers[name] = fn
+            return fn
+
+        return add
+
+    def get(self, name: str) -> ConsumerHandler | None:
+        return self._handlers.get(name)
+
+
+consumers = Consumers()
+
+
+def _record(conn: Any, c: Claimed, outcome: str, error: str | None, delivered: bool) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO published_messages (correlation_id, delivery_id, event_id,"
+            " subscription_id, attempt, published_at, delivered_at, outcome, error)"
+            " VALUES (:c, :d, :e, :s, :a, :p, CASE WHEN :ok THEN now() END, :o, :err)"
+        ),
+        {
+            "c": c.correlation_id,
+            "d": c.delivery_id,
+            "e": c.event_id,
+            "s": c.subscription_id,
+            "a": c.attempt,
+            "p": datetime.now(UTC),
+            "ok": delivered,
+            "o": outcome,
+            "err": error,
+        },
+    )
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except OSError:
+        return 0
+
+
+def deliver(engine: Engine, delivery_id: int, push: Push) -> str:
+    """Claim a delivery, send it, record the attempt and what comes next; the new state."""
+    with engine.begin() as conn:
+        row = conn.execute(_CLAIM, {"id": delivery_id}).first()
+    if row is None:
+        return "NOT_CLAIMABLE"
+    c = Claimed(*row)
+    now = datetime.now(UTC)
+    if c.expires_at is not None and c.expires_at <= now:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE delivery SET state = 'EXPIRED', last_error = 'message expired'"
+                    " WHERE delivery_id = :id"
+                ),
+                {"id": c.delivery_id},
+            )
+            _record(conn, c, "EXPIRED", "past the room's message expiration", False)
+        return DeliveryState.EXPIRED.value
+    started = datetime.now(UTC)
+    if c.kind == SubscriptionKind.HANDLER.value:
+        attempt = _run_handler(engine, c, started)
+    else:
+        attempt = push(c)
+    return _settle(engine, c, attempt)
+
+
+def _run_handler(engine: Engine, c: Claimed, started: datetime) -> Attempt:
+    handler = consumers.get(c.handler or "")
+    exception_id = None
+    try:
+        if handler is None:
+            raise LookupError(f"no consumer registered for {c.handler!r}")
+        handler(c)
+        attempt = Attempt(True)
+    except Exception as exc:
+        exception_id = uuid.uuid4().hex
+        log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
+        attempt = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO queue_message (delivery_id, message, routing_key,"
+                " scheduled_start_time, start_time, end_time, state, exception_id, memory_used)"
+                " VALUES (:d, :m, :rk, :sched, :start, now(), :state, :exc, :mem)"
+            ),
+            {
+                "d": c.delivery_id,
+                "m": json.dumps(c.payload),
+                "rk": c.routing_key,
+                "sched": c.deliver_at if c.deliver_at > started - timedelta(seconds=1) else None,
+                "start": started,
+                "state": "Completed" if attempt.ok else "Error",
+                "exc": exception_id,
+                "mem": _rss_bytes(),
+            },
+        )
+    return attempt
+
+
+def _settle(engine: Engine, c: Claimed, attempt: Attempt) -> str:
+    with engine.begin() as conn:
+        if attempt.ok:
+            conn.execute(
+                text(
+                    "UPDATE delivery SET state = 'DELIVERED', delivered_at = now(),"
+                    " last_error = NULL WHERE delivery_id = :id"
+                ),
+                {"id": c.delivery_id},
+            )
+            _record(conn, c, "DELIVERED", None, True)
+            return DeliveryState.DELIVERED.value
+        next_attempt = c.attempt + 1
+        wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)
+        at = datetime.now(UTC) + timedelta(milliseconds=wait)
+        if c.attempts == 0 or next_attempt > c.attempts:
+            state, why = "DEAD", f"{attempt.error} (attempts spent: {c.attempts})"
+        elif c.expires_at is not None and at >= c.expires_at:
+            state, why = "EXPIRED", f"{attempt.error} (the next try would come after expiry)"
+        else:
+            state, why = "PENDING", attempt.error
+        conn.execute(
+            text(
+                "UPDATE delivery SET state = :state, attempt = :attempt, next_attempt_at = :at,"
+                " claimed_at = NULL, last_error = :why WHERE delivery_id = :id"
+            ),
+            {"state": state, "attempt": next_attempt, "at": at, "why": why, "id": c.delivery_id},
+        )
+        _record(conn, c, "FAILED" if state == "PENDING" else state, why, False)
+        return state
+
+
+def redrive(
+    engine: Engine, delivery_ids: list[int] | None = None, subscription_id: int | None = None
+) -> list[int]:
+    """An operator sends dead-lettered deliveries again: attempts start over, due now."""
+    where = "state = 'DEAD'"
+    params: dict[str, Any] = {}
+    if delivery_ids is not None:
+        where += " AND delivery_id = ANY(:ids)"
+        params["ids"] = delivery_ids
+    if subscription_id is not None:
+        where += " AND subscription_id = :sub"
+        params["sub"] = subscription_id
+    with engine.begin() as conn:
+        rows = conn.execute(
+            text(
+                f"UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),"
+                f" last_error = 'redriven: ' || COALESCE(last_error, '') WHERE {where}"
+                " RETURNING delivery_id"
+            ),
+            params,
+        )
+        return [int(r[0]) for r in rows]
+
+
+def dead_letters(engine: Engine, room_name: str | None = None) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,"
+                " e.correlation_id, e.routing_key, r.name AS room"
+                " FROM delivery d JOIN event e USING (event_id) JOIN room r USING (room_id)"
+                " WHERE d.state = 'DEAD' AND (CAST(:room AS text) IS NULL OR r.name = :room)"
+                " ORDER BY d.delivery_id"
+            ),
+            {"room": room_name},
+        )
+        return [dict(r._mapping) for r in rows]
