@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from worker import channels as channel_defs
-from worker import nodes
+from worker import nodes, pubsub
 from worker.errors import (
     InvalidMessage,
     MessageNotFound,
@@ -153,6 +153,98 @@ def create_app() -> FastAPI:
     async def list_channels() -> JSONResponse:
         found = await run_in_threadpool(runtime.channels.all)
         return JSONResponse([c.as_dict() for c in found.values()])
+
+    @app.exception_handler(pubsub.NotFound)
+    async def _not_found(_: Request, exc: pubsub.NotFound) -> JSONResponse:
+        return _problem(404, [{"field": exc.what, "problem": str(exc)}])
+
+    @app.post("/rooms", status_code=201)
+    async def create_room(request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        room = await run_in_threadpool(pubsub.create_room, runtime.engine, data)
+        return JSONResponse(status_code=201, content=room)
+
+    @app.get("/rooms")
+    async def list_rooms() -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(pubsub.list_rooms, runtime.engine))
+
+    @app.patch("/rooms/{room}")
+    async def update_room(room: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        return JSONResponse(await run_in_threadpool(pubsub.update_room, runtime.engine, room, data))
+
+    @app.post("/rooms/{room}/event-types", status_code=201)
+    async def add_event_type(room: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        added = await run_in_threadpool(pubsub.add_event_type, runtime.engine, room, data)
+        return JSONResponse(status_code=201, content=added)
+
+    @app.post("/rooms/{room}/publishers", status_code=201)
+    async def add_publisher(room: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        name = data.get("name") if isinstance(data, dict) else None
+        if not isinstance(name, str):
+            raise InvalidMessage("name", "missing")
+        await run_in_threadpool(pubsub.add_publisher, runtime.engine, room, name)
+        return JSONResponse(status_code=201, content={"room": room, "name": name})
+
+    @app.post("/rooms/{room}/subscriptions", status_code=201)
+    async def create_subscription(room: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        sub = await run_in_threadpool(pubsub.create_subscription, runtime.engine, room, data)
+        return JSONResponse(status_code=201, content=sub)
+
+    @app.get("/rooms/{room}/subscriptions")
+    async def list_subscriptions(room: str) -> JSONResponse:
+        subs = await run_in_threadpool(pubsub.list_subscriptions, runtime.engine, room)
+        return JSONResponse(subs)
+
+    @app.patch("/subscriptions/{subscription_id}")
+    async def set_subscription(subscription_id: int, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        status = data.get("status") if isinstance(data, dict) else None
+        await run_in_threadpool(
+            pubsub.set_subscription_status, runtime.engine, subscription_id, str(status)
+        )
+        return JSONResponse({"subscription_id": subscription_id, "status": status})
+
+    @app.post("/rooms/{room}/events", status_code=201)
+    async def publish(room: str, request: Request) -> JSONResponse:
+        from worker.celery import enqueue_event_delivery
+
+        data = await _json_body(request)
+        result, due = await run_in_threadpool(pubsub.publish, runtime.engine, room, data)
+        for delivery_id in due:
+            enqueue_event_delivery(delivery_id)
+        return JSONResponse(
+            status_code=201,
+            content={
+                "correlation_id": result.correlation_id,
+                "event_id": result.event_id,
+                "deliveries": result.deliveries,
+                "unroutable": result.unroutable,
+            },
+        )
+
+    @app.get("/dead-letters")
+    async def dead_letters(room: str | None = None) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(pubsub.dead_letters, runtime.engine, room))
+
+    @app.post("/dead-letters/redrive")
+    async def redrive(request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        if not isinstance(data, dict):
+            raise InvalidMessage("body", "must be a JSON object")
+        ids = data.get("delivery_ids")
+        if ids is not None and not (
+            isinstance(ids, list) and all(isinstance(i, int) and i > 0 for i in ids)
+        ):
+            raise InvalidMessage("delivery_ids", "must be a list of delivery ids")
+        sub = data.get("subscription_id")
+        if sub is not None and not isinstance(sub, int):
+            raise InvalidMessage("subscription_id", "must be an integer")
+        moved = await run_in_threadpool(pubsub.redrive, runtime.engine, ids, sub)
+        return JSONResponse({"redriven": moved})
 
     @app.post("/messages", status_code=201)
     async def submit(request: Request) -> JSONResponse:

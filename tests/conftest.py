@@ -41,7 +41,24 @@ from worker.runtime import get_runtime  # noqa: E402
 from worker.settings import get_settings  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-TABLES = ("response", "request", "external_call", "message", "node", "configuration", "channel")
+TABLES = (
+    "response",
+    "request",
+    "external_call",
+    "message",
+    "node",
+    "configuration",
+    "channel",
+    "queue_message",
+    "published_messages",
+    "delivery",
+    "event",
+    "subscription",
+    "publisher",
+    "event_type_version",
+    "event_type",
+    "room",
+)
 
 
 def _unavailable(what: str, exc: Exception) -> None:

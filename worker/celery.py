@@ -10,7 +10,7 @@ from celery import Celery, bootsteps, signals
 from kombu.entity import Exchange, Queue
 
 from models import NodeState
-from worker import nodes
+from worker import nodes, pubsub
 from worker.runtime import get_runtime
 from worker.settings import get_settings
 
@@ -61,8 +61,13 @@ def enqueue_drain(conversation_id: str, token: str) -> None:
     app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
 
 
+def enqueue_event_delivery(delivery_id: int) -> None:
+    app.send_task("orderly.deliver.event", args=(delivery_id,))
+
+
 class DueScheduler(bootsteps.StartStopStep):
-    """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out.
+    """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out and
+    moves due event deliveries ($delay, retry waits) to the queue.
 
     The waits themselves live in Redis (``bridge:queue:scheduled``), not in worker memory:
     any worker's scheduler may take a due conversation, and taking it is atomic.
@@ -82,7 +87,12 @@ class DueScheduler(bootsteps.StartStopStep):
         self.metrics_at = time.monotonic() + self.metrics_every
 
     def tick(self) -> None:
-        conversations = get_runtime().conversations
+        runtime = get_runtime()
+        conversations = runtime.conversations
+        try:
+            pubsub.move_due(runtime.engine, enqueue_event_delivery)
+        except Exception:
+            log.exception("moving due deliveries failed")
         try:
             conversations.wake_due(enqueue_drain)
             if self.metrics_on and time.monotonic() >= self.metrics_at:

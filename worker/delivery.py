@@ -1,15 +1,18 @@
-"""The send: one HTTP POST of a response to its origin's channel, classified for the gate."""
+"""The sends: one HTTP POST of a conversation response to its channel, classified for the
+gate, or of an event to a PUSH subscription."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from worker.channels import Channel
 from worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
+from worker.pubsub import Attempt, Claimed
 
 # Worth trying again: the client may accept the same response later.
 RECOVERABLE_STATUS = frozenset({408, 425, 429})
@@ -40,6 +43,13 @@ def _async_id(body: bytes) -> str | None:
         if isinstance(value, str) and value.strip() and len(value) <= MAX_ASYNC_ID:
             return value
     return None
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int | None  # None: no answer (timeout, connection error)
+    content: bytes
+    error: str = ""
 
 
 class HttpSender:
@@ -78,41 +88,64 @@ class HttpSender:
             conn.close()
 
     def __call__(self, channel: Channel, head: Head) -> SendResult:
-        body = json.dumps(
-            {
-                "conversation_id": head.conversation_id,
-                "request_id": head.request_id,
-                "response_id": head.response_id,
-                "payload": head.payload,
-            },
-            separators=(",", ":"),
-        ).encode()
-        url = urlsplit(channel.url)
+        body = {
+            "conversation_id": head.conversation_id,
+            "request_id": head.request_id,
+            "response_id": head.response_id,
+            "payload": head.payload,
+        }
+        reply = self.post(channel.url, body, head.response_id, channel.timeout_ms)
+        if reply.status is None:
+            return SendResult(Delivery.RECOVERABLE, reason=reply.error)
+        return classify(reply.status, reply.content)
+
+    def post(self, url_text: str, body: Any, idempotency_key: str, timeout_ms: int) -> Reply:
+        """POST JSON on a kept-alive connection; the status and body, or why there is none."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        url = urlsplit(url_text)
         path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         headers = {
             "Content-Type": "application/json",
-            "Idempotency-Key": head.response_id,
-            "Content-Length": str(len(body)),
+            "Idempotency-Key": idempotency_key,
+            "Content-Length": str(len(data)),
         }
-        timeout = channel.timeout_ms / 1000
+        timeout = timeout_ms / 1000
         for fresh in (False, True):
             conn = self._connection(url, timeout)
             reused = conn.sock is not None
             try:
-                conn.request("POST", path, body=body, headers=headers)
-                reply = conn.getresponse()
-                content = reply.read()
+                conn.request("POST", path, body=data, headers=headers)
+                answer = conn.getresponse()
+                content = answer.read()
             except TimeoutError:
                 self._drop(url)
-                return SendResult(
-                    Delivery.RECOVERABLE, reason=f"timeout after {channel.timeout_ms} ms"
-                )
+                return Reply(None, b"", f"timeout after {timeout_ms} ms")
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(url)
                 if reused and not fresh:
-                    continue  # the channel closed the idle connection: once more, anew
-                return SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
-            if reply.will_close:
+                    continue  # the other side closed the idle connection: once more, anew
+                return Reply(None, b"", f"{type(exc).__name__}: {exc}")
+            if answer.will_close:
                 self._drop(url)
-            return classify(reply.status, content)
+            return Reply(answer.status, content)
         raise AssertionError("unreachable")
+
+    def push(self, claimed: Claimed) -> Attempt:
+        """A PUSH subscription's delivery: any 2xx is success."""
+        body = {
+            "correlation_id": claimed.correlation_id,
+            "room": claimed.room,
+            "routing_key": claimed.routing_key,
+            "version": claimed.version,
+            "attempt": claimed.attempt,
+            "user": claimed.user,
+            "impersonator": claimed.impersonator,
+            "payload": claimed.payload,
+        }
+        key = f"{claimed.correlation_id}:{claimed.subscription_id}"
+        reply = self.post(str(claimed.push_url), body, key, claimed.timeout_ms)
+        if reply.status is None:
+            return Attempt(False, reply.error)
+        if 200 <= reply.status < 300:
+            return Attempt(True)
+        return Attempt(False, f"HTTP {reply.status}: {reply.content[:200]!r}")

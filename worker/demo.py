@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 
 from worker.errors import HandlerError
 from worker.handlers import Handler, MessageContext, registry
+from worker.pubsub import Claimed, consumers
+
+log = logging.getLogger(__name__)
 
 
 def _unlucky(ctx: MessageContext, percent: int) -> bool:
@@ -62,3 +66,19 @@ def scripted(ctx: MessageContext) -> None:
 def crash(ctx: MessageContext) -> None:
     """Raises an unexpected exception (not a HandlerError)."""
     raise RuntimeError("handler blew up")
+
+
+# --- consumers chosen by routing key (publish/subscribe) ------------------------------------
+
+
+@consumers.register("echo")
+def echo(event: Claimed) -> None:
+    """The broker seed's example consumer: logs the message it was given."""
+    log.info("echo %s: %s", event.routing_key, event.payload)
+
+
+@consumers.register("test.fail")
+def fail_when_told(event: Claimed) -> None:
+    """Fails while the payload asks it to (``{"fail": true}``); for the tests."""
+    if isinstance(event.payload, dict) and event.payload.get("fail"):
+        raise RuntimeError("told to fail")

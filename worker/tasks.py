@@ -8,6 +8,7 @@ from typing import Any
 
 from celery.exceptions import Reject
 
+from worker import pubsub
 from worker.celery import PROCESS_QUEUE, app, enqueue_drain
 from worker.delivery import HttpSender
 from worker.processing import Outcome
@@ -42,3 +43,11 @@ def deliver_conversation(conversation_id: str, token: str) -> str:
     elif report.end == "LOST":
         log.info("conversation %s is held by another drain", conversation_id)
     return report.end
+
+
+@app.task(name="orderly.deliver.event")
+def deliver_event(delivery_id: int) -> str:
+    """One event to one subscription: push, or the consumer chosen by routing key."""
+    runtime = get_runtime()
+    runtime.registry  # noqa: B018 - imports the handler modules, which register consumers
+    return pubsub.deliver(runtime.engine, delivery_id, _sender.push)

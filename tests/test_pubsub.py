@@ -1,0 +1,347 @@
+"""Rooms and subscriptions: routing, publish, backoff, delays, dead letters, on the real store
+and, end to end, with real worker processes pushing to a real HTTP server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from api.processes import ProcessGroup, wait_for_log
+from tests.helpers import wait_until
+from worker.celery import DELIVER_QUEUE
+from worker.pubsub import backoff_ms, topic_matches
+
+from .test_e2e import free_port
+
+
+def test_backoff_follows_the_formula() -> None:
+    assert backoff_ms(1000, 1.5, 2) == 2250  # the public system's test vector
+    assert [backoff_ms(100, 2.0, n) for n in (1, 2, 3)] == [200, 400, 800]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "key", "match"),
+    [
+        ("echo", "echo", True),
+        ("echo", "echo.x", False),
+        ("order.*", "order.created", True),
+        ("order.*", "order.created.eu", False),
+        ("order.#", "order", True),
+        ("order.#", "order.created.eu", True),
+        ("#.eu", "order.created.eu", True),
+        ("*.created", "invoice.created", True),
+        ("*.created", "created", False),
+        ("#", "anything.at.all", True),
+    ],
+)
+def test_topic_matching(pattern: str, key: str, match: bool) -> None:
+    assert topic_matches(pattern, key) is match
+
+
+@pytest.fixture
+def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
+    from api.http import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+ROOM = {
+    "name": "orders",
+    "delivery_delay_ms": 100,
+    "delivery_delay_multiplier": 2.0,
+    "delivery_attempts": 3,
+}
+SCHEMA = {
+    "type": "object",
+    "required": ["id", "customer"],
+    "properties": {
+        "id": {"type": "integer"},
+        "customer": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}},
+    },
+}
+
+
+def setup_room(client: TestClient, push_url: str = "http://127.0.0.1:9/in") -> None:
+    assert client.post("/rooms", json=ROOM).status_code == 201
+    answer = client.post(
+        "/rooms/orders/event-types", json={"name": "order.created", "version": 1, "schema": SCHEMA}
+    )
+    assert answer.status_code == 201, answer.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (
+            "/rooms",
+            {**ROOM, "name": "r2", "delivery_delay_multiplier": 1.0},
+            "delivery_delay_multiplier",
+        ),
+        ("/rooms", {**ROOM, "name": "r2", "delivery_attempts": -1}, "delivery_attempts"),
+        ("/rooms", {**ROOM, "name": "bad name"}, "name"),
+        ("/rooms/orders/subscriptions", {"name": "s", "kind": "PUSH"}, "push_url"),
+        ("/rooms/orders/subscriptions", {"name": "s", "kind": "HANDLER"}, "handler"),
+        (
+            "/rooms/orders/subscriptions",
+            {"name": "s", "kind": "PUSH", "push_url": "http://x/in", "routing_key_pattern": "a..b"},
+            "routing_key_pattern",
+        ),
+        (
+            "/rooms/orders/subscriptions",
+            {"name": "s", "kind": "PUSH", "push_url": "http://x/in", "event_type": "nope"},
+            "event_type",
+        ),
+        ("/rooms/orders/event-types", {"name": "t", "version": 1, "schema": {"type": 5}}, "schema"),
+    ],
+)
+def test_invalid_definitions_are_refused(
+    client: TestClient, db: Engine, path: str, body: dict[str, Any], field: str
+) -> None:
+    setup_room(client)
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["field"] == field
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM subscription")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM room")).scalar_one() == 1
+
+
+def test_publish_fans_out_to_matching_active_subscriptions(
+    client: TestClient, db: Engine, redis_client: redis.Redis
+) -> None:
+    setup_room(client)
+    for name, pattern in (("all", None), ("created", "order.created"), ("eu", "order.*.eu")):
+        body = {"name": name, "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+        if pattern:
+            body["routing_key_pattern"] = pattern
+        assert client.post("/rooms/orders/subscriptions", json=body).status_code == 201
+    paused = client.post(
+        "/rooms/orders/subscriptions",
+        json={"name": "paused", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"},
+    ).json()["subscription_id"]
+    client.patch(f"/subscriptions/{paused}", json={"status": "PAUSED"})
+    answer = client.post(
+        "/rooms/orders/events",
+        json={"event_type": "order.created", "payload": {"id": 1, "customer": {"age": 30}}},
+    )
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    assert len(body["deliveries"]) == 2 and not body["unroutable"]  # all + created
+    assert redis_client.llen(DELIVER_QUEUE) == 2  # due now: enqueued after the commit
+    unroutable = client.post(
+        "/rooms/orders/events", json={"routing_key": "order.deleted.us", "payload": {}}
+    )
+    assert unroutable.json()["unroutable"] is False  # "all" takes every event
+    client.patch("/subscriptions/1", json={"status": "PAUSED"})
+    lost = client.post("/rooms/orders/events", json={"routing_key": "x.y", "payload": {}}).json()
+    assert lost["unroutable"] is True and lost["deliveries"] == []
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM event WHERE unroutable")).scalar_one() == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"customer": {}}, "payload"),  # id missing
+        ({"id": "one", "customer": {}}, "payload.id"),
+        ({"id": 1, "customer": {"age": -3}}, "payload.customer.age"),
+    ],
+)
+def test_schema_failures_name_the_path(
+    client: TestClient, db: Engine, payload: dict[str, Any], field: str
+) -> None:
+    setup_room(client)
+    answer = client.post(
+        "/rooms/orders/events", json={"event_type": "order.created", "payload": payload}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["field"] == field
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM event")).scalar_one() == 0
+
+
+# --- end to end -----------------------------------------------------------------------------
+
+
+class Recorder(ThreadingHTTPServer):
+    """A push endpoint: records each POST (time, subscription key, body); fails on demand."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.lock = threading.Lock()
+        self.arrivals: list[dict[str, Any]] = []
+        self.fail: dict[str, int] = {}  # path -> how many more POSTs answer 503
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def times(self, path: str, routing_key: str = "a") -> list[float]:
+        with self.lock:
+            return [
+                a["t"]
+                for a in self.arrivals
+                if a["path"] == path and a["body"]["routing_key"] == routing_key
+            ]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Recorder
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.lock:
+            self.server.arrivals.append(
+                {
+                    "t": time.monotonic(),
+                    "path": self.path,
+                    "body": body,
+                    "key": self.headers["Idempotency-Key"],
+                }
+            )
+            left = self.server.fail.get(self.path, 0)
+            if left:
+                self.server.fail[self.path] = left - 1
+        self.send_response(503 if left else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    server = Recorder()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_push_backoff_overrides_expiry_delay_and_dead_letters(
+    procs: ProcessGroup, db: Engine, redis_client: redis.Redis, recorder: Recorder
+) -> None:
+    procs.env["AURA_QUEUE_MANAGER_INTERVAL"] = "20"  # the scheduler's turn
+    port = free_port()
+    procs.start_api(port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
+    workers = [procs.start_worker(f"w{i}", concurrency=1, node_code=f"w{i}") for i in (1, 2)]
+    for w in workers:
+        wait_for_log(w, "ready.", timeout=60)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    assert http.post("/rooms", json=ROOM).status_code == 201
+    assert (
+        http.post(
+            "/rooms", json={**ROOM, "name": "short", "message_expiration_ms": 450}
+        ).status_code
+        == 201
+    )
+
+    def subscribe(room: str, name: str, **extra: Any) -> int:
+        body = {"name": name, "kind": "PUSH", "push_url": f"{recorder.base}/{name}", **extra}
+        answer = http.post(f"/rooms/{room}/subscriptions", json=body)
+        assert answer.status_code == 201, answer.text
+        return int(answer.json()["subscription_id"])
+
+    subscribe("orders", "retry")  # room policy: 100 ms x 2^n, 3 attempts
+    fast = subscribe("orders", "fast", delivery_delay_ms=50, delivery_delay_multiplier=3.0)
+    never = subscribe("orders", "never", delivery_attempts=0)
+    subscribe("short", "expiring")
+    recorder.fail.update({"/retry": 3, "/fast": 2, "/never": 1, "/expiring": 10})
+
+    published = time.monotonic()
+    assert (
+        http.post(
+            "/rooms/orders/events", json={"routing_key": "a", "payload": {"n": 1}}
+        ).status_code
+        == 201
+    )
+    assert (
+        http.post("/rooms/short/events", json={"routing_key": "a", "payload": {}}).status_code
+        == 201
+    )
+    delayed_at = time.monotonic()
+    assert (
+        http.post(
+            "/rooms/orders/events", json={"routing_key": "later", "payload": {}, "$delay": 700}
+        ).status_code
+        == 201
+    )
+
+    wait_until(lambda: len(recorder.times("/retry")) >= 4, timeout=30, what="retries")
+    wait_until(lambda: len(recorder.times("/fast")) >= 3, timeout=30, what="fast retries")
+
+    # Gaps between attempts follow T = delay * multiplier ^ attempt (scheduler turn: 20 ms).
+    retry = recorder.times("/retry")[:4]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(retry)]
+    for gap, want in zip(gaps, (200, 400, 800), strict=True):
+        assert want - 5 <= gap <= want + 150, (gaps, want)
+    fast_times = recorder.times("/fast")[:3]
+    fast_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(fast_times)]
+    for gap, want in zip(fast_gaps, (150, 450), strict=True):  # the subscription's override
+        assert want - 5 <= gap <= want + 150, (fast_gaps, want)
+    assert retry[0] - published < 1.0
+
+    # The delayed message came once, not before its delay.
+    wait_until(
+        lambda: len([a for a in recorder.arrivals if a["body"]["routing_key"] == "later"]) >= 3,
+        timeout=20,
+        what="delayed deliveries",
+    )
+    later = [a for a in recorder.arrivals if a["body"]["routing_key"] == "later"]
+    assert all(a["t"] - delayed_at >= 0.7 for a in later)
+    assert sorted(a["path"] for a in later) == ["/fast", "/never", "/retry"]  # once each
+
+    def states() -> dict[str, str]:
+        with db.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT s.name, d.state FROM delivery d JOIN subscription s"
+                    " USING (subscription_id) JOIN event e USING (event_id)"
+                    " WHERE e.routing_key = 'a'"
+                )
+            )
+            return {r.name: r.state for r in rows}
+
+    wait_until(lambda: states().get("expiring") == "EXPIRED", timeout=20, what="expiry")
+    wait_until(lambda: states().get("never") == "DEAD", timeout=20, what="dead letter")
+    assert len(recorder.times("/never")) == 1  # attempts 0: no redelivery
+    assert states()["retry"] == "DELIVERED" and states()["fast"] == "DELIVERED"
+    # Never delivered late: the expiring one stopped before its room's expiration.
+    assert all(t - published < 0.45 for t in recorder.times("/expiring"))
+
+    with db.connect() as conn:
+        attempts = conn.execute(
+            text(
+                "SELECT p.attempt, p.outcome FROM published_messages p JOIN subscription s"
+                " USING (subscription_id) JOIN event e USING (event_id)"
+                " WHERE s.name = 'retry' AND e.routing_key = 'a' ORDER BY p.attempt"
+            )
+        ).all()
+    assert [(a.attempt, a.outcome) for a in attempts] == [
+        (0, "FAILED"),
+        (1, "FAILED"),
+        (2, "FAILED"),
+        (3, "DELIVERED"),
+    ]
+
+    letters = http.get("/dead-letters", params={"room": "orders"}).json()
+    assert [d["subscription_id"] for d in letters] == [never]
+    assert "attempts spent" in letters[0]["last_error"]
+    redriven = http.post("/dead-letters/redrive", json={"subscription_id": never}).json()
+    assert len(redriven["redriven"]) == 1
+    wait_until(lambda: states().get("never") == "DELIVERED", timeout=20, what="re-drive")
+    assert fast > 0
