@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -210,12 +211,21 @@ def create_app() -> FastAPI:
 
     @app.post("/rooms/{room}/events", status_code=201)
     async def publish(room: str, request: Request) -> JSONResponse:
-        from worker.celery import enqueue_event_delivery
+        from worker.celery import enqueue_event_deliveries
 
         data = await _json_body(request)
-        result, due = await run_in_threadpool(pubsub.publish, runtime.engine, room, data)
-        for delivery_id in due:
-            enqueue_event_delivery(delivery_id)
+        result, due = await run_in_threadpool(
+            functools.partial(
+                pubsub.publish,
+                runtime.engine,
+                room,
+                data,
+                secret=runtime.settings.token_secret,
+                token_ttl_ms=runtime.settings.token_ttl_ms,
+            )
+        )
+        for i in range(0, len(due), pubsub.BATCH):
+            enqueue_event_deliveries(due[i : i + pubsub.BATCH])
         return JSONResponse(
             status_code=201,
             content={
@@ -225,6 +235,22 @@ def create_app() -> FastAPI:
                 "unroutable": result.unroutable,
             },
         )
+
+    @app.get("/subscriptions/{subscription_id}/messages")
+    async def pull(subscription_id: int, max: int = 10) -> JSONResponse:
+        taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max)
+        return JSONResponse(jsonable_encoder(taken))
+
+    @app.post("/subscriptions/{subscription_id}/messages/{delivery_id}/ack")
+    async def ack_pulled(subscription_id: int, delivery_id: int, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        receipt = data.get("receipt") if isinstance(data, dict) else None
+        if not isinstance(receipt, str):
+            raise InvalidMessage("receipt", "missing: give the receipt the pull returned")
+        await run_in_threadpool(
+            pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, receipt
+        )
+        return JSONResponse({"delivery_id": delivery_id, "state": "DELIVERED"})
 
     @app.get("/dead-letters")
     async def dead_letters(room: str | None = None) -> JSONResponse:

@@ -154,6 +154,9 @@ class Subscription(Base):
     delivery_attempts: Mapped[int | None] = mapped_column(Integer)
     timeout_ms: Mapped[int] = mapped_column(Integer, default=5000)
     visibility_timeout_ms: Mapped[int] = mapped_column(Integer, default=30000)
+    # Ordered subscription: events with the same value at this payload path leave in order
+    # (a retry waiting at the head holds its key).
+    order_key: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[Status] = mapped_column(
         str_enum(Status, "subscription_status"), default=Status.ACTIVE
     )
@@ -179,6 +182,8 @@ class Event(Base):
     )
     user_id: Mapped[str | None] = mapped_column(String(100))
     impersonator_id: Mapped[str | None] = mapped_column(String(100))
+    # HMAC-signed: who produced it, for whom, until when (verified before a consumer runs)
+    token: Mapped[str | None] = mapped_column(Text)
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     deliver_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -191,13 +196,22 @@ class Delivery(Base):
     __tablename__ = "delivery"
     __table_args__ = (
         UniqueConstraint("event_id", "subscription_id"),
-        # The due-time index: what the scheduler moves to the queue when due.
+        # The due-time index: what the scheduler moves to the queue when due (pull
+        # deliveries wait for their subscriber instead).
         Index(
             "ix_delivery_due",
             "next_attempt_at",
-            postgresql_where=text("state = 'PENDING'"),
+            postgresql_where=text("state = 'PENDING' AND NOT pull"),
         ),
         Index("ix_delivery_subscription_state", "subscription_id", "state"),
+        # ordered subscriptions: the open deliveries of one key
+        Index(
+            "ix_delivery_order",
+            "subscription_id",
+            "order_value",
+            "delivery_id",
+            postgresql_where=text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
+        ),
     )
 
     delivery_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -206,6 +220,9 @@ class Delivery(Base):
         BigInteger, ForeignKey("subscription.subscription_id")
     )
     state: Mapped[DeliveryState] = mapped_column(str_enum(DeliveryState, "delivery_state"))
+    pull: Mapped[bool] = mapped_column(Boolean, default=False)
+    order_value: Mapped[str | None] = mapped_column(String(255))
+    receipt: Mapped[str | None] = mapped_column(String(64))  # of the last pull
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -47,6 +47,8 @@ app.conf.update(
     accept_content=["json"],
     worker_send_task_events=True,
     broker_connection_retry_on_startup=True,
+    # Waits never sit in the broker (no countdown/eta): a task is sent when it is due.
+    broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
     beat_scheduler="beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
 )
@@ -61,8 +63,8 @@ def enqueue_drain(conversation_id: str, token: str) -> None:
     app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
 
 
-def enqueue_event_delivery(delivery_id: int) -> None:
-    app.send_task("orderly.deliver.event", args=(delivery_id,))
+def enqueue_event_deliveries(delivery_ids: list[int]) -> None:
+    app.send_task("orderly.deliver.events", args=(delivery_ids,))
 
 
 class DueScheduler(bootsteps.StartStopStep):
@@ -90,7 +92,7 @@ class DueScheduler(bootsteps.StartStopStep):
         runtime = get_runtime()
         conversations = runtime.conversations
         try:
-            pubsub.move_due(runtime.engine, enqueue_event_delivery)
+            pubsub.move_due(runtime.engine, enqueue_event_deliveries)
         except Exception:
             log.exception("moving due deliveries failed")
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from models import (
     Subscription,
     SubscriptionKind,
 )
+from worker import tokens
 from worker.conversations import parse_input
 from worker.errors import InvalidMessage, OrderlyError
 
@@ -46,9 +48,12 @@ Name = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9._~-]{
 WORD = r"[A-Za-z0-9_-]+"
 ROUTING_KEY = re.compile(rf"^{WORD}(\.{WORD})*$")
 PATTERN = re.compile(rf"^({WORD}|\*|#)(\.({WORD}|\*|#))*$")
+PAYLOAD_PATH = rf"^{WORD}(\.{WORD})*$"  # a dotted path into an event's payload
 # How long a delivery handed to the broker stays out of the scheduler's sight: a task lost
 # with its worker comes back after this.
 QUEUED_LEASE_S = 60.0
+# Deliveries one task carries: a publish that fans out to N subscriptions is one task.
+BATCH = 50
 
 
 class NotFound(OrderlyError):
@@ -85,6 +90,10 @@ class SubscriptionIn(BaseModel):
     delivery_delay_multiplier: Annotated[float, Field(ge=1.01)] | None = None
     delivery_attempts: Annotated[StrictInt, Field(ge=0)] | None = None
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=600_000)] = 5000
+    visibility_timeout_ms: Annotated[StrictInt, Field(ge=100, le=43_200_000)] = 30000
+    order_key: (
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] | None
+    ) = None
 
 
 class EventTypeIn(BaseModel):
@@ -201,8 +210,6 @@ def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, 
         raise InvalidMessage("handler", "a HANDLER subscription names its handler")
     if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
         raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
-    if sub_in.kind is SubscriptionKind.PULL:
-        raise InvalidMessage("kind", "PULL subscriptions are not available yet")
     if sub_in.routing_key_pattern is not None and not PATTERN.match(sub_in.routing_key_pattern):
         raise InvalidMessage(
             "routing_key_pattern", "dot-separated words, * (one word) or # (zero or more)"
@@ -305,6 +312,7 @@ class PublishIn(BaseModel):
     user: Name | None = None
     impersonator: Name | None = None
     delay_ms: Annotated[StrictInt, Field(ge=0, le=366 * 86_400_000)] = Field(0, alias="$delay")
+    token: Annotated[str, StringConstraints(max_length=2000)] | None = None
 
 
 @dataclass(frozen=True)
@@ -321,7 +329,19 @@ def _schema_path(error: jsonschema.ValidationError) -> str:
     )
 
 
-def publish(engine: Engine, room_name: str, data: Any) -> tuple[Published, list[int]]:
+def order_value(payload: Any, path: str) -> str | None:
+    """The value at a dotted payload path, as text (None when absent)."""
+    value = payload
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)[:255]
+
+
+def publish(
+    engine: Engine, room_name: str, data: Any, *, secret: str = "", token_ttl_ms: int = 86_400_000
+) -> tuple[Published, list[int]]:
     """Store an event and one delivery per active matching subscription.
 
     Returns the result and the deliveries due now, for the caller to enqueue after the
@@ -393,8 +413,21 @@ def publish(engine: Engine, room_name: str, data: Any) -> tuple[Published, list[
             if (s.event_type_id is None or s.event_type_id == event_type_id)
             and (s.routing_key_pattern is None or topic_matches(s.routing_key_pattern, routing_key))
         ]
+        correlation_id = uuid.uuid4().hex
+        token = pub.token
+        if token is None and secret:
+            token = tokens.sign(
+                secret,
+                tokens.Claims(
+                    pub.user,
+                    pub.impersonator,
+                    correlation_id,
+                    int(deliver_at.timestamp() * 1000) + token_ttl_ms,
+                ),
+            )
         event = Event(
-            correlation_id=uuid.uuid4().hex,
+            correlation_id=correlation_id,
+            token=token,
             room_id=room.room_id,
             event_type_id=event_type_id,
             version=version,
@@ -414,22 +447,33 @@ def publish(engine: Engine, room_name: str, data: Any) -> tuple[Published, list[
         # A delivery handed to the broker right after the commit is out of the scheduler's
         # sight for QUEUED_LEASE_S; if that enqueue is lost, the scheduler brings it back.
         first = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else deliver_at
-        ids = []
+        ids, pushed = [], []
         for sub in subs:
+            pull = sub.kind == SubscriptionKind.PULL
             row = session.execute(
                 text(
-                    "INSERT INTO delivery (event_id, subscription_id, state, attempt,"
-                    " next_attempt_at) VALUES (:e, :s, 'PENDING', 0, :t) RETURNING delivery_id"
+                    "INSERT INTO delivery (event_id, subscription_id, state, pull, order_value,"
+                    " attempt, next_attempt_at) VALUES (:e, :s, 'PENDING', :pull, :ov, 0, :t)"
+                    " RETURNING delivery_id"
                 ),
-                {"e": event.event_id, "s": sub.subscription_id, "t": first},
+                {
+                    "e": event.event_id,
+                    "s": sub.subscription_id,
+                    "pull": pull,
+                    "ov": order_value(pub.payload, sub.order_key) if sub.order_key else None,
+                    # a pull delivery is due to its subscriber from its deliver_at
+                    "t": deliver_at if pull else first,
+                },
             ).scalar_one()
             ids.append(int(row))
+            if not pull:
+                pushed.append(int(row))
         if not subs:
             log.info(
                 "event %s in %s matched no subscription: unroutable", event.event_id, room_name
             )
         result = Published(event.correlation_id, event.event_id, ids, not subs)
-    return result, (ids if due_now else [])
+    return result, (pushed if due_now else [])
 
 
 def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
@@ -447,7 +491,7 @@ _MOVE_DUE = text(
     UPDATE delivery d SET next_attempt_at = now() + make_interval(secs => :lease)
      WHERE d.delivery_id IN (
            SELECT delivery_id FROM delivery
-            WHERE state = 'PENDING' AND next_attempt_at <= now()
+            WHERE state = 'PENDING' AND NOT pull AND next_attempt_at <= now()
             ORDER BY next_attempt_at
             LIMIT :limit
             FOR UPDATE SKIP LOCKED)
@@ -459,22 +503,39 @@ _RELEASE_STUCK = text(
     """
     UPDATE delivery d SET state = 'PENDING', next_attempt_at = now(), claimed_at = NULL
       FROM subscription s
-     WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS'
+     WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS' AND NOT d.pull
        AND d.claimed_at < now() - make_interval(secs => s.timeout_ms / 1000.0 + :grace)
+    RETURNING d.delivery_id
+    """
+)
+# A pulled delivery not ACKed within its subscription's visibility timeout comes back (or,
+# its attempts spent, is dead-lettered).
+_RETURN_UNACKED = text(
+    """
+    UPDATE delivery d
+       SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
+                        THEN 'DEAD' ELSE 'PENDING' END,
+           attempt = d.attempt + 1, next_attempt_at = now(), claimed_at = NULL,
+           last_error = 'not ACKed within the visibility timeout'
+      FROM subscription s, room r
+     WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
+       AND d.pull AND d.state = 'IN_PROCESS'
+       AND d.claimed_at < now() - make_interval(secs => s.visibility_timeout_ms / 1000.0)
     RETURNING d.delivery_id
     """
 )
 
 
-def move_due(engine: Engine, enqueue: Callable[[int], None], limit: int = 1000) -> int:
-    """The scheduler's turn: due deliveries (delays, retry waits) go to the queue."""
+def move_due(engine: Engine, enqueue: Callable[[list[int]], None], limit: int = 1000) -> int:
+    """The scheduler's turn: due deliveries (delays, retry waits) go to the queue in batches."""
     with engine.begin() as conn:
         conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S})
+        conn.execute(_RETURN_UNACKED)
         due = [
             int(r[0]) for r in conn.execute(_MOVE_DUE, {"lease": QUEUED_LEASE_S, "limit": limit})
         ]
-    for delivery_id in due:
-        enqueue(delivery_id)
+    for i in range(0, len(due), BATCH):
+        enqueue(due[i : i + BATCH])
     return len(due)
 
 
@@ -484,15 +545,21 @@ _CLAIM = text(
     """
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now()
       FROM event e, subscription s, room r
-     WHERE d.delivery_id = :id AND d.state = 'PENDING'
+     WHERE d.delivery_id = :id AND d.state = 'PENDING' AND NOT d.pull
        AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
        AND r.room_id = e.room_id
+       -- an ordered subscription: an earlier open delivery of the same key goes first
+       AND (d.order_value IS NULL OR NOT EXISTS (
+             SELECT 1 FROM delivery o
+              WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
+                AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))
     RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
               e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
               s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
               COALESCE(s.delivery_delay_ms, r.delivery_delay_ms),
               COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier),
-              COALESCE(s.delivery_attempts, r.delivery_attempts), r.name
+              COALESCE(s.delivery_attempts, r.delivery_attempts), r.name, e.token,
+              d.order_value
     """
 )
 
@@ -519,6 +586,8 @@ class Claimed:
     multiplier: float
     attempts: int
     room: str
+    token: str | None
+    order_value: str | None
 
 
 @dataclass(frozen=True)
@@ -580,7 +649,11 @@ def _rss_bytes() -> int:
         return 0
 
 
-def deliver(engine: Engine, delivery_id: int, push: Push) -> str:
+def deliver_batch(engine: Engine, delivery_ids: list[int], push: Push, secret: str) -> list[str]:
+    return [deliver(engine, d, push, secret) for d in delivery_ids]
+
+
+def deliver(engine: Engine, delivery_id: int, push: Push, secret: str = "") -> str:
     """Claim a delivery, send it, record the attempt and what comes next; the new state."""
     with engine.begin() as conn:
         row = conn.execute(_CLAIM, {"id": delivery_id}).first()
@@ -598,13 +671,78 @@ def deliver(engine: Engine, delivery_id: int, push: Push) -> str:
                 {"id": c.delivery_id},
             )
             _record(conn, c, "EXPIRED", "past the room's message expiration", False)
+            _release_next(conn, c)
         return DeliveryState.EXPIRED.value
     started = datetime.now(UTC)
     if c.kind == SubscriptionKind.HANDLER.value:
+        try:
+            claims = tokens.verify(secret, c.token, now_ms=int(time.time() * 1000))
+            if (claims.user, claims.impersonator, claims.correlation_id) != (
+                c.user,
+                c.impersonator,
+                c.correlation_id,
+            ):
+                raise tokens.Unauthorized("the token was signed for another message or user")
+        except tokens.Unauthorized as exc:
+            return _refuse(engine, c, started, str(exc))
         attempt = _run_handler(engine, c, started)
     else:
         attempt = push(c)
     return _settle(engine, c, attempt)
+
+
+def _refuse(engine: Engine, c: Claimed, started: datetime, why: str) -> str:
+    """Consumer authorization failed: never processed, dead-lettered with the reason."""
+    log.warning("delivery %s refused: %s", c.delivery_id, why)
+    reason = f"unauthorized: {why}"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE delivery SET state = 'DEAD', claimed_at = NULL, last_error = :why"
+                " WHERE delivery_id = :id"
+            ),
+            {"why": reason, "id": c.delivery_id},
+        )
+        _record(conn, c, "DEAD", reason, False)
+        _log_queue(conn, c, started, ok=False, exception_id=None)
+        _release_next(conn, c)
+    return DeliveryState.DEAD.value
+
+
+def _log_queue(
+    conn: Any, c: Claimed, started: datetime, *, ok: bool, exception_id: str | None
+) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO queue_message (delivery_id, message, routing_key,"
+            " scheduled_start_time, start_time, end_time, state, exception_id, memory_used)"
+            " VALUES (:d, :m, :rk, :sched, :start, now(), :state, :exc, :mem)"
+        ),
+        {
+            "d": c.delivery_id,
+            "m": json.dumps(c.payload),
+            "rk": c.routing_key,
+            "sched": c.deliver_at if c.deliver_at > started - timedelta(seconds=1) else None,
+            "start": started,
+            "state": "Completed" if ok else "Error",
+            "exc": exception_id,
+            "mem": _rss_bytes(),
+        },
+    )
+
+
+def _release_next(conn: Any, c: Claimed) -> None:
+    """An ordered key's head reached a final state: its successor is due at once."""
+    if c.order_value is None:
+        return
+    conn.execute(
+        text(
+            "UPDATE delivery SET next_attempt_at = now() WHERE delivery_id = ("
+            " SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s"
+            " AND order_value = :v AND state = 'PENDING' AND delivery_id > :d)"
+        ),
+        {"s": c.subscription_id, "v": c.order_value, "d": c.delivery_id},
+    )
 
 
 def _run_handler(engine: Engine, c: Claimed, started: datetime) -> Attempt:
@@ -620,23 +758,7 @@ def _run_handler(engine: Engine, c: Claimed, started: datetime) -> Attempt:
         log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
         attempt = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO queue_message (delivery_id, message, routing_key,"
-                " scheduled_start_time, start_time, end_time, state, exception_id, memory_used)"
-                " VALUES (:d, :m, :rk, :sched, :start, now(), :state, :exc, :mem)"
-            ),
-            {
-                "d": c.delivery_id,
-                "m": json.dumps(c.payload),
-                "rk": c.routing_key,
-                "sched": c.deliver_at if c.deliver_at > started - timedelta(seconds=1) else None,
-                "start": started,
-                "state": "Completed" if attempt.ok else "Error",
-                "exc": exception_id,
-                "mem": _rss_bytes(),
-            },
-        )
+        _log_queue(conn, c, started, ok=attempt.ok, exception_id=exception_id)
     return attempt
 
 
@@ -651,6 +773,7 @@ def _settle(engine: Engine, c: Claimed, attempt: Attempt) -> str:
                 {"id": c.delivery_id},
             )
             _record(conn, c, "DELIVERED", None, True)
+            _release_next(conn, c)
             return DeliveryState.DELIVERED.value
         next_attempt = c.attempt + 1
         wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)
@@ -669,6 +792,8 @@ def _settle(engine: Engine, c: Claimed, attempt: Attempt) -> str:
             {"state": state, "attempt": next_attempt, "at": at, "why": why, "id": c.delivery_id},
         )
         _record(conn, c, "FAILED" if state == "PENDING" else state, why, False)
+        if state != "PENDING":
+            _release_next(conn, c)  # a retry waiting at the head keeps holding its key
         return state
 
 
@@ -709,3 +834,95 @@ def dead_letters(engine: Engine, room_name: str | None = None) -> list[dict[str,
             {"room": room_name},
         )
         return [dict(r._mapping) for r in rows]
+
+
+# --- pull -----------------------------------------------------------------------------------
+
+_PULL = text(
+    """
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), receipt = md5(random()::text)
+     WHERE d.delivery_id IN (
+           SELECT o.delivery_id FROM delivery o JOIN event e USING (event_id)
+            WHERE o.subscription_id = :sub AND o.pull AND o.state = 'PENDING'
+              AND o.next_attempt_at <= now()
+              AND (e.expires_at IS NULL OR e.expires_at > now())
+            ORDER BY o.delivery_id
+            LIMIT :max
+            FOR UPDATE OF o SKIP LOCKED)
+    RETURNING d.delivery_id, d.receipt, d.attempt, d.event_id
+    """
+)
+
+
+def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
+    """A PULL subscriber takes due messages; each must be ACKed within the visibility timeout."""
+    if not 1 <= max_messages <= 1000:
+        raise InvalidMessage("max", "must be 1 to 1000")
+    with engine.begin() as conn:
+        kind = conn.execute(
+            text("SELECT kind FROM subscription WHERE subscription_id = :s"),
+            {"s": subscription_id},
+        ).scalar()
+        if kind is None:
+            raise NotFound("subscription", subscription_id)
+        if kind != SubscriptionKind.PULL.value:
+            raise InvalidMessage("subscription_id", f"subscription {subscription_id} is {kind}")
+        taken = conn.execute(_PULL, {"sub": subscription_id, "max": max_messages}).all()
+        out = []
+        for delivery_id, receipt, attempt, event_id in taken:
+            event = conn.execute(
+                text(
+                    "SELECT correlation_id, routing_key, payload, user_id, impersonator_id"
+                    " FROM event WHERE event_id = :e"
+                ),
+                {"e": event_id},
+            ).one()
+            conn.execute(
+                text(
+                    "INSERT INTO published_messages (correlation_id, delivery_id, event_id,"
+                    " subscription_id, attempt, published_at, outcome)"
+                    " VALUES (:c, :d, :e, :s, :a, now(), 'PENDING')"
+                ),
+                {
+                    "c": event.correlation_id,
+                    "d": delivery_id,
+                    "e": event_id,
+                    "s": subscription_id,
+                    "a": attempt,
+                },
+            )
+            out.append(
+                {
+                    "delivery_id": delivery_id,
+                    "receipt": receipt,
+                    "attempt": attempt,
+                    "correlation_id": event.correlation_id,
+                    "routing_key": event.routing_key,
+                    "payload": event.payload,
+                    "user": event.user_id,
+                    "impersonator": event.impersonator_id,
+                }
+            )
+        return out
+
+
+def ack_pulled(engine: Engine, subscription_id: int, delivery_id: int, receipt: str) -> None:
+    """The subscriber processed a pulled message: delivered (only with the current receipt)."""
+    with engine.begin() as conn:
+        done = conn.execute(
+            text(
+                "UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), receipt = NULL"
+                " WHERE delivery_id = :d AND subscription_id = :s AND pull"
+                " AND state = 'IN_PROCESS' AND receipt = :r RETURNING attempt"
+            ),
+            {"d": delivery_id, "s": subscription_id, "r": receipt},
+        ).first()
+        if done is None:
+            raise NotFound("pulled message (or its visibility timeout passed)", delivery_id)
+        conn.execute(
+            text(
+                "UPDATE published_messages SET outcome = 'DELIVERED', delivered_at = now()"
+                " WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)"
+            ),
+            {"d": delivery_id},
+        )

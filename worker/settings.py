@@ -106,6 +106,25 @@ class Settings(BaseSettings):
         description="Deliveries one task makes before handing the conversation to a new task.",
     )
 
+    # --- publish/subscribe ------------------------------------------------------------------
+    token_secret: str = Field(
+        "",
+        validation_alias="ORDERLY_TOKEN_SECRET",
+        description="HMAC secret of message tokens; consumers refuse messages without a valid one.",
+    )
+    token_ttl_ms: int = Field(
+        86_400_000,
+        ge=1,
+        validation_alias="ORDERLY_TOKEN_TTL_MS",
+        description="A token is valid this long after its message is due.",
+    )
+    broker_visibility_timeout_s: int = Field(
+        3600,
+        ge=1,
+        validation_alias="ORDERLY_BROKER_VISIBILITY_TIMEOUT",
+        description="Seconds before the Redis broker redelivers a task taken but not acknowledged.",
+    )
+
     # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
     awaited_message_ttl: int = Field(
         900_000, ge=1, validation_alias=_queue_var("AWAITED_MESSAGE_TTL")

@@ -45,9 +45,10 @@ def deliver_conversation(conversation_id: str, token: str) -> str:
     return report.end
 
 
-@app.task(name="orderly.deliver.event")
-def deliver_event(delivery_id: int) -> str:
-    """One event to one subscription: push, or the consumer chosen by routing key."""
+@app.task(name="orderly.deliver.events")
+def deliver_events(delivery_ids: list[int]) -> list[str]:
+    """Events to their subscriptions: push, or the consumer chosen by routing key."""
     runtime = get_runtime()
     runtime.registry  # noqa: B018 - imports the handler modules, which register consumers
-    return pubsub.deliver(runtime.engine, delivery_id, _sender.push)
+    secret = runtime.settings.token_secret
+    return pubsub.deliver_batch(runtime.engine, delivery_ids, _sender.push, secret)

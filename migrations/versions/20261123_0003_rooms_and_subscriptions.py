@@ -2,7 +2,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-23 07:44:52.694002
+Create Date: 2026-11-23 07:50:47.132994
 """
 
 from collections.abc import Sequence
@@ -93,6 +93,7 @@ def upgrade() -> None:
         sa.Column("publisher_id", sa.BigInteger(), nullable=True),
         sa.Column("user_id", sa.String(length=100), nullable=True),
         sa.Column("impersonator_id", sa.String(length=100), nullable=True),
+        sa.Column("token", sa.Text(), nullable=True),
         sa.Column("published_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("deliver_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
@@ -156,6 +157,7 @@ def upgrade() -> None:
         sa.Column("delivery_attempts", sa.Integer(), nullable=True),
         sa.Column("timeout_ms", sa.Integer(), nullable=False),
         sa.Column("visibility_timeout_ms", sa.Integer(), nullable=False),
+        sa.Column("order_key", sa.String(length=200), nullable=True),
         sa.Column(
             "status",
             sa.Enum(
@@ -222,6 +224,9 @@ def upgrade() -> None:
             ),
             nullable=False,
         ),
+        sa.Column("pull", sa.Boolean(), nullable=False),
+        sa.Column("order_value", sa.String(length=255), nullable=True),
+        sa.Column("receipt", sa.String(length=64), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=True),
@@ -245,7 +250,14 @@ def upgrade() -> None:
         "delivery",
         ["next_attempt_at"],
         unique=False,
-        postgresql_where=sa.text("state = 'PENDING'"),
+        postgresql_where=sa.text("state = 'PENDING' AND NOT pull"),
+    )
+    op.create_index(
+        "ix_delivery_order",
+        "delivery",
+        ["subscription_id", "order_value", "delivery_id"],
+        unique=False,
+        postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
     )
     op.create_index(
         "ix_delivery_subscription_state", "delivery", ["subscription_id", "state"], unique=False
@@ -334,7 +346,14 @@ def downgrade() -> None:
     op.drop_table("published_messages")
     op.drop_index("ix_delivery_subscription_state", table_name="delivery")
     op.drop_index(
-        "ix_delivery_due", table_name="delivery", postgresql_where=sa.text("state = 'PENDING'")
+        "ix_delivery_order",
+        table_name="delivery",
+        postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
+    )
+    op.drop_index(
+        "ix_delivery_due",
+        table_name="delivery",
+        postgresql_where=sa.text("state = 'PENDING' AND NOT pull"),
     )
     op.drop_table("delivery")
     op.drop_table("subscription")
