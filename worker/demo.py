@@ -82,3 +82,15 @@ def fail_when_told(event: Claimed) -> None:
     """Fails while the payload asks it to (``{"fail": true}``); for the tests."""
     if isinstance(event.payload, dict) and event.payload.get("fail"):
         raise RuntimeError("told to fail")
+
+
+@consumers.register("test.record")
+def record(event: Claimed) -> None:
+    """Records what it processed in Redis (``orderly:test:processed``), so tests can tell."""
+    import redis
+
+    from worker.settings import get_settings
+
+    client = redis.Redis.from_url(get_settings().redis_url)
+    client.rpush("orderly:test:processed", event.correlation_id)
+    client.close()

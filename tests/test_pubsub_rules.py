@@ -1,0 +1,204 @@
+"""Tokens, pull subscriptions and ordered subscriptions, driven in process on the real store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from worker import pubsub, tokens
+from worker.pubsub import Attempt, Claimed
+
+SECRET = "test-secret-of-enough-length"
+
+
+def test_token_round_trip_and_refusals() -> None:
+    now = int(time.time() * 1000)
+    claims = tokens.Claims("alice", "bob", "corr-1", now + 60_000)
+    token = tokens.sign(SECRET, claims)
+    assert tokens.verify(SECRET, token, now_ms=now) == claims
+    with pytest.raises(tokens.Unauthorized, match="no token"):
+        tokens.verify(SECRET, None, now_ms=now)
+    payload, _, signature = token.partition(".")
+    forged = tokens.sign("another-secret", tokens.Claims("mallory", None, "corr-1", now + 1))
+    with pytest.raises(tokens.Unauthorized, match="signature"):
+        tokens.verify(SECRET, forged, now_ms=now)
+    with pytest.raises(tokens.Unauthorized, match="signature"):
+        tokens.verify(SECRET, payload[:-2] + "xx." + signature, now_ms=now)
+    with pytest.raises(tokens.Unauthorized, match="expired"):
+        tokens.verify(SECRET, token, now_ms=now + 60_000)
+    with pytest.raises(tokens.Unauthorized, match="SECRET"):
+        tokens.verify("", token, now_ms=now)
+
+
+@pytest.fixture
+def room(db: Engine, redis_client: redis.Redis) -> Iterator[Engine]:
+    pubsub.create_room(
+        db,
+        {
+            "name": "r",
+            "delivery_delay_ms": 50,
+            "delivery_delay_multiplier": 2.0,
+            "delivery_attempts": 2,
+        },
+    )
+    yield db
+
+
+def publish(engine: Engine, payload: Any, **extra: Any) -> list[int]:
+    result, _ = pubsub.publish(
+        engine, "r", {"routing_key": "k", "payload": payload, **extra}, secret=SECRET
+    )
+    return result.deliveries
+
+
+def state(engine: Engine, delivery_id: int) -> tuple[str, int]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT state, attempt FROM delivery WHERE delivery_id = :d"), {"d": delivery_id}
+        ).one()
+        return str(row.state), int(row.attempt)
+
+
+def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
+    sub = pubsub.create_subscription(
+        room, "r", {"name": "puller", "kind": "PULL", "visibility_timeout_ms": 200}
+    )["subscription_id"]
+    ids = publish(room, {"n": 1})
+    taken = pubsub.pull(room, sub, 10)
+    assert [m["delivery_id"] for m in taken] == ids and taken[0]["payload"] == {"n": 1}
+    assert pubsub.pull(room, sub, 10) == []  # invisible while pulled
+    time.sleep(0.25)
+    pubsub.move_due(room, lambda batch: None)  # the scheduler's turn returns it
+    again = pubsub.pull(room, sub, 10)
+    assert [m["delivery_id"] for m in again] == ids and again[0]["attempt"] == 1
+    with pytest.raises(pubsub.NotFound):
+        pubsub.ack_pulled(room, sub, ids[0], taken[0]["receipt"])  # the stale receipt
+    pubsub.ack_pulled(room, sub, ids[0], again[0]["receipt"])
+    assert state(room, ids[0]) == ("DELIVERED", 1)
+    with room.connect() as conn:
+        outcomes = conn.execute(
+            text("SELECT attempt, outcome FROM published_messages ORDER BY id")
+        ).all()
+    assert [(o.attempt, o.outcome) for o in outcomes] == [(0, "PENDING"), (1, "DELIVERED")]
+
+
+def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Engine) -> None:
+    sub = pubsub.create_subscription(
+        room,
+        "r",
+        {"name": "p", "kind": "PULL", "visibility_timeout_ms": 100, "delivery_attempts": 1},
+    )["subscription_id"]
+    ids = publish(room, {})
+    for _ in range(2):
+        assert pubsub.pull(room, sub, 1)
+        time.sleep(0.15)
+        pubsub.move_due(room, lambda batch: None)
+    assert state(room, ids[0]) == ("DEAD", 2)
+
+
+def _push(results: dict[str, list[bool]], seen: list[str]) -> Any:
+    def push(c: Claimed) -> Attempt:
+        seen.append(f"{c.payload['key']}{c.payload['n']}")
+        queue = results.get(seen[-1], [])
+        return Attempt(queue.pop(0) if queue else True, "HTTP 503")
+
+    return push
+
+
+def test_ordered_subscription_holds_the_key_behind_a_retry(room: Engine) -> None:
+    pubsub.create_subscription(
+        room,
+        "r",
+        {"name": "o", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in", "order_key": "key"},
+    )
+    a1 = publish(room, {"key": "a", "n": 1})[0]
+    a2 = publish(room, {"key": "a", "n": 2})[0]
+    b1 = publish(room, {"key": "b", "n": 1})[0]
+    seen: list[str] = []
+    push = _push({"a1": [False]}, seen)
+    assert pubsub.deliver(room, a1, push) == "PENDING"  # a retry waits at the head of "a"
+    assert pubsub.deliver(room, a2, push) == "NOT_CLAIMABLE"  # held behind it
+    assert pubsub.deliver(room, b1, push) == "DELIVERED"  # another key goes on
+    time.sleep(0.12)  # the retry's wait: 50 ms x 2^1
+    assert pubsub.deliver(room, a1, push) == "DELIVERED"
+    with room.connect() as conn:  # the successor was made due at once
+        due = conn.execute(
+            text("SELECT next_attempt_at <= now() FROM delivery WHERE delivery_id = :d"),
+            {"d": a2},
+        ).scalar_one()
+    assert due is True
+    assert pubsub.deliver(room, a2, push) == "DELIVERED"
+    assert seen == ["a1", "b1", "a1", "a2"]
+
+
+def test_consumer_refuses_missing_forged_and_expired_tokens(
+    room: Engine, redis_client: redis.Redis
+) -> None:
+    pubsub.create_subscription(
+        room, "r", {"name": "h", "kind": "HANDLER", "handler": "test.record"}
+    )
+    import worker.demo  # noqa: F401 - registers the consumers
+
+    now = int(time.time() * 1000)
+    other = tokens.sign("wrong-secret", tokens.Claims("u", None, "x", now + 60_000))
+    cases = {
+        "valid": publish(room, {}, user="alice"),
+        "forged": publish(room, {}, user="alice", token=other),
+        "expired": [],
+        "missing": publish(room, {}, user="alice"),
+    }
+    with room.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE event SET token = NULL WHERE event_id = ("
+                " SELECT event_id FROM delivery WHERE delivery_id = :d)"
+            ),
+            {"d": cases["missing"][0]},
+        )
+    expired, _ = pubsub.publish(
+        room,
+        "r",
+        {"routing_key": "k", "payload": {}, "user": "alice"},
+        secret=SECRET,
+        token_ttl_ms=1,
+    )
+    cases["expired"] = expired.deliveries
+    time.sleep(0.01)
+    results = {
+        name: pubsub.deliver(room, ids[0], lambda c: Attempt(True), SECRET)
+        for name, ids in cases.items()
+    }
+    assert results == {"valid": "DELIVERED", "forged": "DEAD", "expired": "DEAD", "missing": "DEAD"}
+    processed = [bytes(p).decode() for p in redis_client.lrange("orderly:test:processed", 0, -1)]
+    assert processed == [_corr(room, cases["valid"][0])]  # the refused ones never ran
+    with room.connect() as conn:
+        reasons: dict[int, str] = dict(
+            conn.execute(
+                text("SELECT delivery_id, last_error FROM delivery WHERE state = 'DEAD'")
+            ).all()
+        )
+        errors = conn.execute(
+            text("SELECT count(*) FROM queue_message WHERE state = 'Error'")
+        ).scalar_one()
+    assert "signature" in reasons[cases["forged"][0]]
+    assert "expired" in reasons[cases["expired"][0]]
+    assert "no token" in reasons[cases["missing"][0]]
+    assert errors == 3
+
+
+def _corr(engine: Engine, delivery_id: int) -> str:
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                text(
+                    "SELECT e.correlation_id FROM delivery d JOIN event e USING (event_id)"
+                    " WHERE d.delivery_id = :d"
+                ),
+                {"d": delivery_id},
+            ).scalar_one()
+        )
