@@ -174,7 +174,7 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
         for name, ids in cases.items()
     }
     assert results == {"valid": "DELIVERED", "forged": "DEAD", "expired": "DEAD", "missing": "DEAD"}
-    processed = [bytes(p).decode() for p in redis_client.lrange("orderly:test:processed", 0, -1)]
+    processed = [p.decode() for p in redis_client.lrange("orderly:test:processed", 0, -1)]  # type: ignore[union-attr]
     assert processed == [_corr(room, cases["valid"][0])]  # the refused ones never ran
     with room.connect() as conn:
         reasons: dict[int, str] = dict(
