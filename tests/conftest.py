@@ -7,6 +7,7 @@ skipped locally and fail in CI (CI=true).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ import redis  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from api.processes import ProcessGroup  # noqa: E402
+from tests.push_recorder import Recorder  # noqa: E402
 from worker import configuration, schema  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 from worker.settings import get_settings  # noqa: E402
@@ -115,6 +117,17 @@ def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[Pro
     group = ProcessGroup.create(tmp_path / "logs")
     yield group
     group.stop_all()
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    """A push endpoint on a free port, shut down after the test."""
+    server = Recorder()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.hookimpl(wrapper=True)

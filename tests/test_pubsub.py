@@ -4,11 +4,8 @@ and, end to end, with real worker processes pushing to a real HTTP server."""
 from __future__ import annotations
 
 import itertools
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -22,6 +19,7 @@ from tests.helpers import wait_until
 from worker.celery import DELIVER_QUEUE
 from worker.pubsub import backoff_ms, topic_matches
 
+from .push_recorder import Recorder
 from .test_e2e import free_port
 
 
@@ -174,63 +172,6 @@ def test_schema_failures_name_the_path(
 
 
 # --- end to end -----------------------------------------------------------------------------
-
-
-class Recorder(ThreadingHTTPServer):
-    """A push endpoint: records each POST (time, subscription key, body); fails on demand."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.lock = threading.Lock()
-        self.arrivals: list[dict[str, Any]] = []
-        self.fail: dict[str, int] = {}  # path -> how many more POSTs answer 503
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def times(self, path: str, routing_key: str = "a") -> list[float]:
-        with self.lock:
-            return [
-                a["t"]
-                for a in self.arrivals
-                if a["path"] == path and a["body"]["routing_key"] == routing_key
-            ]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Recorder
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.server.lock:
-            self.server.arrivals.append(
-                {
-                    "t": time.monotonic(),
-                    "path": self.path,
-                    "body": body,
-                    "key": self.headers["Idempotency-Key"],
-                }
-            )
-            left = self.server.fail.get(self.path, 0)
-            if left:
-                self.server.fail[self.path] = left - 1
-        self.send_response(503 if left else 200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    server = Recorder()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_push_backoff_overrides_expiry_delay_and_dead_letters(
