@@ -33,6 +33,12 @@ conversation_app = typer.Typer(
     help="Conversations: register requests, add responses, ACK, inspect.", no_args_is_help=True
 )
 channel_app = typer.Typer(help="Delivery channels per origin.", no_args_is_help=True)
+room_app = typer.Typer(help="Rooms: create, list, change, pause.", no_args_is_help=True)
+subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
+dead_app = typer.Typer(help="Dead-lettered deliveries: list and re-drive.", no_args_is_help=True)
+app.add_typer(room_app, name="room")
+app.add_typer(subscription_app, name="subscription")
+app.add_typer(dead_app, name="dead-letter")
 app.add_typer(conversation_app, name="conversation")
 app.add_typer(channel_app, name="channel")
 app.add_typer(config_app, name="config")
@@ -325,6 +331,255 @@ def channel_list() -> None:
             str(c.timeout_ms),
         )
     console.print(table)
+
+
+def _run(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+
+
+@room_app.command("create")
+def room_create(
+    name: str,
+    delivery_delay_ms: Annotated[int, typer.Option(help="deliveryDelay")] = 1000,
+    multiplier: Annotated[float, typer.Option(help="deliveryDelayMultiplier")] = 1.5,
+    attempts: Annotated[int, typer.Option(help="deliveryAttempts (0: no redelivery)")] = 3,
+    expiration_ms: Annotated[int | None, typer.Option(help="messageExpiration")] = None,
+) -> None:
+    """Create a room (an exchange)."""
+    from worker import pubsub
+
+    room = _run(
+        pubsub.create_room,
+        get_runtime().engine,
+        {
+            "name": name,
+            "delivery_delay_ms": delivery_delay_ms,
+            "delivery_delay_multiplier": multiplier,
+            "delivery_attempts": attempts,
+            "message_expiration_ms": expiration_ms,
+        },
+    )
+    console.print_json(json.dumps(room))
+
+
+@room_app.command("list")
+def room_list() -> None:
+    from worker import pubsub
+
+    table = Table("room", "delay ms", "multiplier", "attempts", "expiration ms", "status")
+    for r in pubsub.list_rooms(get_runtime().engine):
+        table.add_row(
+            r["name"],
+            str(r["delivery_delay_ms"]),
+            str(r["delivery_delay_multiplier"]),
+            str(r["delivery_attempts"]),
+            str(r["message_expiration_ms"] or "never"),
+            r["status"],
+        )
+    console.print(table)
+
+
+@room_app.command("set")
+def room_set(
+    name: str,
+    status: Annotated[str | None, typer.Option(help="ACTIVE or PAUSED")] = None,
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Change a room's policy, or pause and resume it."""
+    from worker import pubsub
+
+    changes = {
+        "status": status,
+        "delivery_delay_ms": delivery_delay_ms,
+        "delivery_delay_multiplier": multiplier,
+        "delivery_attempts": attempts,
+    }
+    room = _run(
+        pubsub.update_room,
+        get_runtime().engine,
+        name,
+        {k: v for k, v in changes.items() if v is not None},
+    )
+    console.print_json(json.dumps(room))
+
+
+@room_app.command("event-type")
+def room_event_type(
+    room: str,
+    name: str,
+    version: Annotated[int, typer.Option(help="The version this schema defines")],
+    schema: Annotated[str, typer.Option(help="JSON schema of the payload ('-' reads stdin)")],
+) -> None:
+    """Add an event type's version with its JSON schema."""
+    from worker import pubsub
+
+    text_ = sys.stdin.read() if schema == "-" else schema
+    try:
+        parsed = json.loads(text_)
+    except json.JSONDecodeError as exc:
+        raise _fail(ValueError(f"schema: malformed JSON: {exc}")) from None
+    added = _run(
+        pubsub.add_event_type,
+        get_runtime().engine,
+        room,
+        {"name": name, "version": version, "schema": parsed},
+    )
+    console.print_json(json.dumps(added))
+
+
+@subscription_app.command("create")
+def subscription_create(
+    room: str,
+    name: str,
+    push_url: Annotated[str | None, typer.Option(help="PUSH: where to POST")] = None,
+    handler: Annotated[str | None, typer.Option(help="HANDLER: the consumer's name")] = None,
+    pull: Annotated[bool, typer.Option(help="PULL: the subscriber fetches")] = False,
+    event_type: Annotated[str | None, typer.Option()] = None,
+    pattern: Annotated[str | None, typer.Option(help="routing-key pattern (* and #)")] = None,
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+    order_key: Annotated[str | None, typer.Option(help="payload path to keep order by")] = None,
+) -> None:
+    """Subscribe to a room (a binding): PUSH, PULL or a consumer HANDLER."""
+    from worker import pubsub
+
+    kind = "PULL" if pull else "HANDLER" if handler else "PUSH"
+    body = {
+        "name": name,
+        "kind": kind,
+        "push_url": push_url,
+        "handler": handler,
+        "event_type": event_type,
+        "routing_key_pattern": pattern,
+        "delivery_delay_ms": delivery_delay_ms,
+        "delivery_delay_multiplier": multiplier,
+        "delivery_attempts": attempts,
+        "order_key": order_key,
+    }
+    sub = _run(
+        pubsub.create_subscription,
+        get_runtime().engine,
+        room,
+        {k: v for k, v in body.items() if v is not None},
+    )
+    console.print_json(json.dumps(sub, default=str))
+
+
+@subscription_app.command("list")
+def subscription_list(room: str) -> None:
+    from worker import pubsub
+
+    subs = _run(pubsub.list_subscriptions, get_runtime().engine, room)
+    table = Table("id", "name", "kind", "destination", "pattern", "status")
+    for s_ in subs:
+        table.add_row(
+            str(s_["subscription_id"]),
+            s_["name"],
+            s_["kind"],
+            s_["push_url"] or s_["handler"] or "pull",
+            s_["routing_key_pattern"] or "",
+            s_["status"],
+        )
+    console.print(table)
+
+
+@subscription_app.command("pause")
+def subscription_pause(subscription_id: int) -> None:
+    from worker import pubsub
+
+    _run(pubsub.set_subscription_status, get_runtime().engine, subscription_id, "PAUSED")
+    console.print(f"subscription {subscription_id} is PAUSED")
+
+
+@subscription_app.command("resume")
+def subscription_resume(subscription_id: int) -> None:
+    from worker import pubsub
+
+    _run(pubsub.set_subscription_status, get_runtime().engine, subscription_id, "ACTIVE")
+    console.print(f"subscription {subscription_id} is ACTIVE")
+
+
+@app.command()
+def publish(
+    room: str,
+    message: Annotated[str, typer.Argument(help="The payload: JSON, or text")],
+    routing_key: Annotated[str | None, typer.Option(help="Default: the event type")] = None,
+    event_type: Annotated[str | None, typer.Option()] = None,
+    delay_ms: Annotated[int, typer.Option("--delay", help="$delay in ms")] = 0,
+    user: Annotated[str | None, typer.Option(help="The producing user")] = None,
+    publisher: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Publish a message to a room (POST /rooms/{room}/events)."""
+    from worker import pubsub
+    from worker.celery import enqueue_event_deliveries
+
+    runtime = get_runtime()
+    body = {
+        "payload": _payload(message),
+        "routing_key": routing_key,
+        "event_type": event_type,
+        "$delay": delay_ms,
+        "user": user,
+        "publisher": publisher,
+    }
+    try:
+        result, due = pubsub.publish(
+            runtime.engine,
+            room,
+            {k: v for k, v in body.items() if v is not None},
+            secret=runtime.settings.token_secret,
+            token_ttl_ms=runtime.settings.token_ttl_ms,
+        )
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    if due:
+        enqueue_event_deliveries(due)
+    console.print_json(
+        json.dumps(
+            {
+                "correlation_id": result.correlation_id,
+                "deliveries": result.deliveries,
+                "unroutable": result.unroutable,
+            }
+        )
+    )
+
+
+@dead_app.command("list")
+def dead_list(room: Annotated[str | None, typer.Option()] = None) -> None:
+    from worker import pubsub
+
+    table = Table("delivery", "subscription", "room", "routing key", "attempts", "reason")
+    for d in pubsub.dead_letters(get_runtime().engine, room):
+        table.add_row(
+            str(d["delivery_id"]),
+            str(d["subscription_id"]),
+            d["room"],
+            d["routing_key"],
+            str(d["attempt"]),
+            d["last_error"] or "",
+        )
+    console.print(table)
+
+
+@dead_app.command("redrive")
+def dead_redrive(
+    delivery_id: Annotated[list[int] | None, typer.Option(help="Deliveries to send again")] = None,
+    subscription: Annotated[int | None, typer.Option(help="All of a subscription's")] = None,
+) -> None:
+    """Send dead-lettered deliveries again (attempts start over)."""
+    from worker import pubsub
+
+    if not delivery_id and subscription is None:
+        raise _fail(ValueError("name --delivery-id or --subscription"))
+    moved = pubsub.redrive(get_runtime().engine, delivery_id or None, subscription)
+    console.print(f"re-driven: {moved}")
 
 
 @app.command()

@@ -4,6 +4,7 @@ and, end to end, with real worker processes pushing to a real HTTP server."""
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -287,3 +288,39 @@ def test_push_backoff_overrides_expiry_delay_and_dead_letters(
     assert len(redriven["redriven"]) == 1
     wait_until(lambda: states().get("never") == "DELIVERED", timeout=20, what="re-drive")
     assert fast > 0
+
+
+def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> None:
+    from worker import pubsub
+
+    from .test_cli import orderly
+
+    done = orderly("room", "create", "cli-room", "--delivery-delay-ms", "100", "--attempts", "0")
+    assert done.returncode == 0, done.stderr
+    refused = orderly("room", "create", "bad", "--multiplier", "0.5")
+    assert refused.returncode == 2 and "delivery_delay_multiplier" in refused.stderr
+    done = orderly(
+        "subscription",
+        "create",
+        "cli-room",
+        "hook",
+        "--push-url",
+        "http://127.0.0.1:9/in",
+        "--pattern",
+        "order.#",
+    )
+    assert done.returncode == 0, done.stderr
+    done = orderly("publish", "cli-room", '{"id": 1}', "--routing-key", "order.created")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["deliveries"]) == 1
+    sent: list[list[int]] = []
+    result = pubsub.publish_message(
+        db, "cli-room", {"id": 2}, "order.paid", enqueue=sent.append, delay_ms=0
+    )
+    assert sent == [result.deliveries] and len(result.deliveries) == 1
+    delayed = pubsub.publish_message(
+        db, "cli-room", {"id": 3}, "order.paid", enqueue=sent.append, delay_ms=60_000
+    )
+    assert len(delayed.deliveries) == 1 and len(sent) == 1  # due later: the scheduler's
+    listed = orderly("room", "list")
+    assert "cli-room" in listed.stdout

@@ -476,6 +476,25 @@ def publish(
     return result, (pushed if due_now else [])
 
 
+def publish_message(
+    engine: Engine,
+    room_name: str,
+    message: Any,
+    routing_key: str,
+    *,
+    enqueue: Callable[[list[int]], None],
+    delay_ms: int = 0,
+    secret: str = "",
+    **fields: Any,
+) -> Published:
+    """The broker seed's ``publish($message, $routingKey)`` with ``$delay``, for Python code."""
+    data = {"payload": message, "routing_key": routing_key, "$delay": delay_ms, **fields}
+    result, due = publish(engine, room_name, data, secret=secret)
+    for i in range(0, len(due), BATCH):
+        enqueue(due[i : i + BATCH])
+    return result
+
+
 def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
     with Session(engine) as session:
         query = select(func.count()).select_from(Event).where(Event.unroutable.is_(True))
