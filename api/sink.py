@@ -1,5 +1,6 @@
-"""Client sink: a real HTTP server standing in for a chat client's channel. It records every
-delivery orderly makes to it and answers with configurable, reproducible behaviour."""
+"""Client sink: a real HTTP server standing in for a chat client's channel (or a PUSH
+subscriber). It records every delivery orderly makes to it and answers with configurable,
+reproducible behaviour."""
 
 from __future__ import annotations
 
@@ -675,6 +676,15 @@ class _Server:
         if not isinstance(data, dict):
             conn.respond(400, _problem("body", "must be a JSON object"), keep_alive=req.keep_alive)
             return
+        if "conversation_id" not in data and "correlation_id" in data:
+            # A room's event pushed to a subscription: logged under its room and routing key,
+            # keyed by the Idempotency-Key (one per event and subscription).
+            key = req.headers.get("idempotency-key") or str(data["correlation_id"])
+            data = {
+                "conversation_id": str(data.get("room", "")),
+                "request_id": str(data.get("routing_key", "")),
+                "response_id": key,
+            }
         ids: list[str] = []
         for name in ("conversation_id", "request_id", "response_id"):
             value = data.get(name)

@@ -28,7 +28,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from models import (
-    DeliveryState,
     Event,
     EventType,
     EventTypeVersion,
@@ -564,7 +563,7 @@ _CLAIM = text(
     """
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now()
       FROM event e, subscription s, room r
-     WHERE d.delivery_id = :id AND d.state = 'PENDING' AND NOT d.pull
+     WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
        AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
        AND r.room_id = e.room_id
        -- an ordered subscription: an earlier open delivery of the same key goes first
@@ -668,64 +667,76 @@ def _rss_bytes() -> int:
         return 0
 
 
-def deliver_batch(engine: Engine, delivery_ids: list[int], push: Push, secret: str) -> list[str]:
-    return [deliver(engine, d, push, secret) for d in delivery_ids]
+@dataclass
+class _Done:
+    """What happened to one claimed delivery, for the settling transaction."""
+
+    claimed: Claimed
+    started: datetime
+    attempt: Attempt | None = None  # None: not sent (expired or refused)
+    refused: str | None = None
+    handler_ran: bool = False
+    exception_id: str | None = None
+
+
+# Each batch is two transactions: the claims, and the outcomes. Neither waits for the disk: a
+# database crash in that instant can only make a delivery come again (at least once, with the
+# same Idempotency-Key), never lose it.
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
+
+
+def deliver_batch(
+    engine: Engine, delivery_ids: list[int], push: Push, secret: str = ""
+) -> list[str]:
+    """Claim deliveries, send each, record every attempt and what comes next; new states."""
+    with engine.begin() as conn:
+        conn.execute(_ASYNC_COMMIT)
+        claimed = [Claimed(*row) for row in conn.execute(_CLAIM, {"ids": delivery_ids})]
+    done = [_attempt(c, push, secret) for c in claimed]
+    states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
+    with engine.begin() as conn:
+        conn.execute(_ASYNC_COMMIT)
+        for d in done:
+            states[d.claimed.delivery_id] = _settle(conn, d)
+    return [states[i] for i in delivery_ids]
 
 
 def deliver(engine: Engine, delivery_id: int, push: Push, secret: str = "") -> str:
-    """Claim a delivery, send it, record the attempt and what comes next; the new state."""
-    with engine.begin() as conn:
-        row = conn.execute(_CLAIM, {"id": delivery_id}).first()
-    if row is None:
-        return "NOT_CLAIMABLE"
-    c = Claimed(*row)
-    now = datetime.now(UTC)
-    if c.expires_at is not None and c.expires_at <= now:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "UPDATE delivery SET state = 'EXPIRED', last_error = 'message expired'"
-                    " WHERE delivery_id = :id"
-                ),
-                {"id": c.delivery_id},
-            )
-            _record(conn, c, "EXPIRED", "past the room's message expiration", False)
-            _release_next(conn, c)
-        return DeliveryState.EXPIRED.value
+    return deliver_batch(engine, [delivery_id], push, secret)[0]
+
+
+def _attempt(c: Claimed, push: Push, secret: str) -> _Done:
     started = datetime.now(UTC)
-    if c.kind == SubscriptionKind.HANDLER.value:
+    if c.expires_at is not None and c.expires_at <= started:
+        return _Done(c, started)
+    if c.kind != SubscriptionKind.HANDLER.value:
         try:
-            claims = tokens.verify(secret, c.token, now_ms=int(time.time() * 1000))
-            if (claims.user, claims.impersonator, claims.correlation_id) != (
-                c.user,
-                c.impersonator,
-                c.correlation_id,
-            ):
-                raise tokens.Unauthorized("the token was signed for another message or user")
-        except tokens.Unauthorized as exc:
-            return _refuse(engine, c, started, str(exc))
-        attempt = _run_handler(engine, c, started)
-    else:
-        attempt = push(c)
-    return _settle(engine, c, attempt)
-
-
-def _refuse(engine: Engine, c: Claimed, started: datetime, why: str) -> str:
-    """Consumer authorization failed: never processed, dead-lettered with the reason."""
-    log.warning("delivery %s refused: %s", c.delivery_id, why)
-    reason = f"unauthorized: {why}"
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE delivery SET state = 'DEAD', claimed_at = NULL, last_error = :why"
-                " WHERE delivery_id = :id"
-            ),
-            {"why": reason, "id": c.delivery_id},
-        )
-        _record(conn, c, "DEAD", reason, False)
-        _log_queue(conn, c, started, ok=False, exception_id=None)
-        _release_next(conn, c)
-    return DeliveryState.DEAD.value
+            return _Done(c, started, push(c))
+        except Exception as exc:  # a sender's bug must not leave the delivery claimed
+            log.exception("pushing delivery %s failed", c.delivery_id)
+            return _Done(c, started, Attempt(False, f"{type(exc).__name__}: {exc}"))
+    try:
+        claims = tokens.verify(secret, c.token, now_ms=int(time.time() * 1000))
+        if (claims.user, claims.impersonator, claims.correlation_id) != (
+            c.user,
+            c.impersonator,
+            c.correlation_id,
+        ):
+            raise tokens.Unauthorized("the token was signed for another message or user")
+    except tokens.Unauthorized as exc:
+        log.warning("delivery %s refused: %s", c.delivery_id, exc)
+        return _Done(c, started, refused=f"unauthorized: {exc}")
+    handler = consumers.get(c.handler or "")
+    try:
+        if handler is None:
+            raise LookupError(f"no consumer registered for {c.handler!r}")
+        handler(c)
+        return _Done(c, started, Attempt(True), handler_ran=True)
+    except Exception as exc:
+        exception_id = uuid.uuid4().hex
+        log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
+        failed = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
+        return _Done(c, started, failed, handler_ran=True, exception_id=exception_id)
 
 
 def _log_queue(
@@ -764,56 +775,51 @@ def _release_next(conn: Any, c: Claimed) -> None:
     )
 
 
-def _run_handler(engine: Engine, c: Claimed, started: datetime) -> Attempt:
-    handler = consumers.get(c.handler or "")
-    exception_id = None
-    try:
-        if handler is None:
-            raise LookupError(f"no consumer registered for {c.handler!r}")
-        handler(c)
-        attempt = Attempt(True)
-    except Exception as exc:
-        exception_id = uuid.uuid4().hex
-        log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
-        attempt = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
-    with engine.begin() as conn:
-        _log_queue(conn, c, started, ok=attempt.ok, exception_id=exception_id)
-    return attempt
+def _set_state(
+    conn: Any, c: Claimed, state: str, attempt: int, at: datetime | None, why: str | None
+) -> None:
+    conn.execute(
+        text(
+            "UPDATE delivery SET state = :state, attempt = :attempt,"
+            " next_attempt_at = COALESCE(:at, next_attempt_at), claimed_at = NULL,"
+            " delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why"
+            " WHERE delivery_id = :id"
+        ),
+        {"state": state, "attempt": attempt, "at": at, "why": why, "id": c.delivery_id},
+    )
 
 
-def _settle(engine: Engine, c: Claimed, attempt: Attempt) -> str:
-    with engine.begin() as conn:
-        if attempt.ok:
-            conn.execute(
-                text(
-                    "UPDATE delivery SET state = 'DELIVERED', delivered_at = now(),"
-                    " last_error = NULL WHERE delivery_id = :id"
-                ),
-                {"id": c.delivery_id},
-            )
-            _record(conn, c, "DELIVERED", None, True)
-            _release_next(conn, c)
-            return DeliveryState.DELIVERED.value
+def _settle(conn: Any, d: _Done) -> str:
+    c = d.claimed
+    if d.refused is not None:
+        # Consumer authorization failed: never processed, dead-lettered with the reason.
+        state, why, outcome = "DEAD", d.refused, "DEAD"
+        _log_queue(conn, c, d.started, ok=False, exception_id=None)
+        _set_state(conn, c, state, c.attempt, None, why)
+    elif d.attempt is None:
+        state, why, outcome = "EXPIRED", "past the room's message expiration", "EXPIRED"
+        _set_state(conn, c, state, c.attempt, None, why)
+    elif d.attempt.ok:
+        state, why, outcome = "DELIVERED", None, "DELIVERED"
+        _set_state(conn, c, state, c.attempt, None, None)
+    else:
         next_attempt = c.attempt + 1
         wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)
         at = datetime.now(UTC) + timedelta(milliseconds=wait)
         if c.attempts == 0 or next_attempt > c.attempts:
-            state, why = "DEAD", f"{attempt.error} (attempts spent: {c.attempts})"
+            state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts})"
         elif c.expires_at is not None and at >= c.expires_at:
-            state, why = "EXPIRED", f"{attempt.error} (the next try would come after expiry)"
+            state, why = "EXPIRED", f"{d.attempt.error} (the next try would come after expiry)"
         else:
-            state, why = "PENDING", attempt.error
-        conn.execute(
-            text(
-                "UPDATE delivery SET state = :state, attempt = :attempt, next_attempt_at = :at,"
-                " claimed_at = NULL, last_error = :why WHERE delivery_id = :id"
-            ),
-            {"state": state, "attempt": next_attempt, "at": at, "why": why, "id": c.delivery_id},
-        )
-        _record(conn, c, "FAILED" if state == "PENDING" else state, why, False)
-        if state != "PENDING":
-            _release_next(conn, c)  # a retry waiting at the head keeps holding its key
-        return state
+            state, why = "PENDING", d.attempt.error
+        outcome = "FAILED" if state == "PENDING" else state
+        _set_state(conn, c, state, next_attempt, at, why)
+    if d.handler_ran:
+        _log_queue(conn, c, d.started, ok=state == "DELIVERED", exception_id=d.exception_id)
+    _record(conn, c, outcome, why, state == "DELIVERED")
+    if state != "PENDING":
+        _release_next(conn, c)  # a retry waiting at the head keeps holding its key
+    return state
 
 
 def redrive(
