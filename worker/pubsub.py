@@ -23,11 +23,13 @@ from typing import Annotated, Any
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from models import (
+    Delivery,
+    DeliveryState,
     Event,
     EventType,
     EventTypeVersion,
@@ -492,6 +494,104 @@ def publish_message(
     for i in range(0, len(due), BATCH):
         enqueue(due[i : i + BATCH])
     return result
+
+
+def publish_many(
+    engine: Engine,
+    room_name: str,
+    messages: list[tuple[Any, str, int]],
+    *,
+    secret: str = "",
+    token_ttl_ms: int = 86_400_000,
+    user: str | None = None,
+) -> list[int]:
+    """Many ``(payload, routing_key, delay_ms)`` at once, in one transaction (no event types).
+
+    Every message is routed like a single publish; the deliveries due now are returned for
+    the caller to enqueue, the delayed ones wait in the due-time index.
+    """
+    now = datetime.now(UTC)
+    for i, (_, routing_key, delay_ms) in enumerate(messages):
+        if not ROUTING_KEY.match(routing_key):
+            raise InvalidMessage(f"messages[{i}].routing_key", "dot-separated words")
+        if not 0 <= delay_ms <= 366 * 86_400_000:
+            raise InvalidMessage(f"messages[{i}].delay_ms", "0 to one year")
+    with Session(engine) as session, session.begin():
+        room = _room(session, room_name)
+        subs = list(
+            session.scalars(
+                select(Subscription).where(
+                    Subscription.room_id == room.room_id,
+                    Subscription.status == Status.ACTIVE,
+                    Subscription.event_type_id.is_(None),
+                )
+            )
+        )
+        rows = []
+        for payload, routing_key, delay_ms in messages:
+            correlation_id = uuid.uuid4().hex
+            deliver_at = now + timedelta(milliseconds=delay_ms)
+            token = None
+            if secret:
+                exp = int(deliver_at.timestamp() * 1000) + token_ttl_ms
+                token = tokens.sign(secret, tokens.Claims(user, None, correlation_id, exp))
+            rows.append(
+                {
+                    "correlation_id": correlation_id,
+                    "room_id": room.room_id,
+                    "routing_key": routing_key,
+                    "payload": payload,
+                    "user_id": user,
+                    "token": token,
+                    "published_at": now,
+                    "deliver_at": deliver_at,
+                    "expires_at": now + timedelta(milliseconds=room.message_expiration_ms)
+                    if room.message_expiration_ms
+                    else None,
+                    "unroutable": not any(
+                        s.routing_key_pattern is None
+                        or topic_matches(s.routing_key_pattern, routing_key)
+                        for s in subs
+                    ),
+                }
+            )
+        ids = session.scalars(
+            insert(Event).returning(Event.event_id, sort_by_parameter_order=True), rows
+        ).all()
+        lease = now + timedelta(seconds=QUEUED_LEASE_S)
+        deliveries = []
+        for event_id, row, (payload, _, delay_ms) in zip(ids, rows, messages, strict=True):
+            for sub in subs:
+                if sub.routing_key_pattern is None or topic_matches(
+                    sub.routing_key_pattern, str(row["routing_key"])
+                ):
+                    pull = sub.kind == SubscriptionKind.PULL
+                    deliveries.append(
+                        {
+                            "event_id": event_id,
+                            "subscription_id": sub.subscription_id,
+                            "state": DeliveryState.PENDING,
+                            "pull": pull,
+                            "order_value": order_value(payload, sub.order_key)
+                            if sub.order_key
+                            else None,
+                            "attempt": 0,
+                            "next_attempt_at": lease
+                            if delay_ms == 0 and not pull
+                            else row["deliver_at"],
+                            "_due": delay_ms == 0 and not pull,
+                        }
+                    )
+        due_flags = [d.pop("_due") for d in deliveries]
+        delivery_ids = (
+            session.scalars(
+                insert(Delivery).returning(Delivery.delivery_id, sort_by_parameter_order=True),
+                deliveries,
+            ).all()
+            if deliveries
+            else []
+        )
+    return [int(i) for i, due in zip(delivery_ids, due_flags, strict=True) if due]
 
 
 def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
