@@ -185,10 +185,17 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
         errors = conn.execute(
             text("SELECT count(*) FROM queue_message WHERE state = 'Error'")
         ).scalar_one()
+        logged = conn.execute(
+            text(
+                "SELECT routing_key, start_time <= end_time AS ordered, memory_used"
+                " FROM queue_message WHERE state = 'Completed'"
+            )
+        ).one()
     assert "signature" in reasons[cases["forged"][0]]
     assert "expired" in reasons[cases["expired"][0]]
     assert "no token" in reasons[cases["missing"][0]]
     assert errors == 3
+    assert logged.routing_key == "k" and logged.ordered and logged.memory_used > 10_000_000
 
 
 def _corr(engine: Engine, delivery_id: int) -> str:
