@@ -201,13 +201,16 @@ def create_app() -> FastAPI:
         return JSONResponse(subs)
 
     @app.patch("/subscriptions/{subscription_id}")
-    async def set_subscription(subscription_id: int, request: Request) -> JSONResponse:
+    async def change_subscription(subscription_id: int, request: Request) -> JSONResponse:
         data = await _json_body(request)
-        status = data.get("status") if isinstance(data, dict) else None
-        await run_in_threadpool(
-            pubsub.set_subscription_status, runtime.engine, subscription_id, str(status)
+        changed = await run_in_threadpool(
+            pubsub.update_subscription, runtime.engine, subscription_id, data
         )
-        return JSONResponse({"subscription_id": subscription_id, "status": status})
+        return JSONResponse(changed)
+
+    @app.get("/rooms/{room}/event-types")
+    async def list_event_types(room: str) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(pubsub.list_event_types, runtime.engine, room))
 
     @app.post("/rooms/{room}/events", status_code=201)
     async def publish(room: str, request: Request) -> JSONResponse:

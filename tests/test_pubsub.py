@@ -324,3 +324,29 @@ def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> No
     assert len(delayed.deliveries) == 1 and len(sent) == 1  # due later: the scheduler's
     listed = orderly("room", "list")
     assert "cli-room" in listed.stdout
+
+
+def test_subscriptions_change_and_event_types_list(client: TestClient) -> None:
+    setup_room(client)
+    sub = client.post(
+        "/rooms/orders/subscriptions",
+        json={"name": "s", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"},
+    ).json()["subscription_id"]
+    changed = client.patch(
+        f"/subscriptions/{sub}", json={"delivery_attempts": 0, "routing_key_pattern": "a.#"}
+    )
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["delivery_attempts"] == 0
+    for body, field in (
+        ({"delivery_delay_multiplier": 1.0}, "delivery_delay_multiplier"),
+        ({"routing_key_pattern": "a..b"}, "routing_key_pattern"),
+        ({"kind": "PULL"}, "kind"),
+        ({"status": "GONE"}, "status"),
+    ):
+        answer = client.patch(f"/subscriptions/{sub}", json=body)
+        assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == field
+    listed = client.get("/rooms/orders/subscriptions").json()[0]
+    assert listed["delivery_attempts"] == 0 and listed["routing_key_pattern"] == "a.#"
+    types = client.get("/rooms/orders/event-types").json()
+    assert types == [{"name": "order.created", "version": 1, "schema": SCHEMA}]
+    assert client.patch("/subscriptions/999", json={"status": "PAUSED"}).status_code == 404

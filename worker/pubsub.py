@@ -239,6 +239,72 @@ def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, 
         return {"subscription_id": sub.subscription_id, "room": room_name, **values}
 
 
+_CHANGEABLE = (
+    "push_url",
+    "routing_key_pattern",
+    "delivery_delay_ms",
+    "delivery_delay_multiplier",
+    "delivery_attempts",
+    "timeout_ms",
+    "visibility_timeout_ms",
+)
+
+
+def update_subscription(engine: Engine, subscription_id: int, data: Any) -> dict[str, Any]:
+    """Change a subscription's destination, pattern, policy overrides or status."""
+    if not isinstance(data, Mapping):
+        raise InvalidMessage("body", "must be a JSON object")
+    allowed = {*_CHANGEABLE, "status"}
+    for name in data:
+        if name not in allowed:
+            raise InvalidMessage(name, f"cannot be changed (only {', '.join(sorted(allowed))})")
+    with Session(engine) as session, session.begin():
+        sub = session.get(Subscription, subscription_id)
+        if sub is None:
+            raise NotFound("subscription", subscription_id)
+        current = {
+            "name": sub.name,
+            "kind": SubscriptionKind(sub.kind).value,
+            "handler": sub.handler,
+            "order_key": sub.order_key,
+            **{k: getattr(sub, k) for k in _CHANGEABLE},
+        }
+        merged = {**current, **{k: v for k, v in data.items() if k != "status"}}
+        checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
+        if checked.kind is SubscriptionKind.PUSH and checked.push_url is None:
+            raise InvalidMessage("push_url", "a PUSH subscription needs a push_url")
+        if checked.routing_key_pattern is not None and not PATTERN.match(
+            checked.routing_key_pattern
+        ):
+            raise InvalidMessage(
+                "routing_key_pattern", "dot-separated words, * (one word) or # (zero or more)"
+            )
+        if "status" in data:
+            if data["status"] not in ("ACTIVE", "PAUSED"):
+                raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+            sub.status = Status(data["status"])
+        for key in _CHANGEABLE:
+            if key in data:
+                setattr(sub, key, getattr(checked, key))
+        return {
+            "subscription_id": subscription_id,
+            "status": Status(sub.status).value,
+            **{k: getattr(sub, k) for k in _CHANGEABLE},
+        }
+
+
+def list_event_types(engine: Engine, room_name: str) -> list[dict[str, Any]]:
+    with Session(engine) as session:
+        room = _room(session, room_name)
+        rows = session.execute(
+            select(EventType.name, EventTypeVersion.version, EventTypeVersion.json_schema)
+            .join(EventTypeVersion, EventTypeVersion.event_type_id == EventType.event_type_id)
+            .where(EventType.room_id == room.room_id)
+            .order_by(EventType.name, EventTypeVersion.version)
+        ).all()
+        return [{"name": n, "version": v, "schema": schema} for n, v, schema in rows]
+
+
 def set_subscription_status(engine: Engine, subscription_id: int, status: str) -> None:
     if status not in ("ACTIVE", "PAUSED"):
         raise InvalidMessage("status", "must be ACTIVE or PAUSED")
