@@ -489,6 +489,43 @@ def subscription_list(room: str) -> None:
     console.print(table)
 
 
+@subscription_app.command("set")
+def subscription_set(
+    subscription_id: int,
+    push_url: Annotated[str | None, typer.Option()] = None,
+    pattern: Annotated[str | None, typer.Option(help="routing-key pattern")] = None,
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Change a subscription's destination, pattern or policy overrides."""
+    from worker import pubsub
+
+    changes = {
+        "push_url": push_url,
+        "routing_key_pattern": pattern,
+        "delivery_delay_ms": delivery_delay_ms,
+        "delivery_delay_multiplier": multiplier,
+        "delivery_attempts": attempts,
+    }
+    changed = _run(
+        pubsub.update_subscription,
+        get_runtime().engine,
+        subscription_id,
+        {k: v for k, v in changes.items() if v is not None},
+    )
+    console.print_json(json.dumps(changed))
+
+
+@room_app.command("event-types")
+def room_event_types(room: str) -> None:
+    """List a room's event types and their versions."""
+    from worker import pubsub
+
+    for t in _run(pubsub.list_event_types, get_runtime().engine, room):
+        console.print(f"{t['name']} v{t['version']}: {json.dumps(t['schema'])}")
+
+
 @subscription_app.command("pause")
 def subscription_pause(subscription_id: int) -> None:
     from worker import pubsub

@@ -324,6 +324,10 @@ def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> No
     assert len(delayed.deliveries) == 1 and len(sent) == 1  # due later: the scheduler's
     listed = orderly("room", "list")
     assert "cli-room" in listed.stdout
+    changed = orderly("subscription", "set", "1", "--attempts", "2")
+    assert changed.returncode == 0 and json.loads(changed.stdout)["delivery_attempts"] == 2
+    refused = orderly("subscription", "set", "1", "--pattern", "a..b")
+    assert refused.returncode == 2 and "routing_key_pattern" in refused.stderr
 
 
 def test_subscriptions_change_and_event_types_list(client: TestClient) -> None:
