@@ -227,8 +227,12 @@ def create_app() -> FastAPI:
                 token_ttl_ms=runtime.settings.token_ttl_ms,
             )
         )
-        for i in range(0, len(due), pubsub.BATCH):
-            enqueue_event_deliveries(due[i : i + pubsub.BATCH])
+        try:
+            for i in range(0, len(due), pubsub.BATCH):
+                enqueue_event_deliveries(due[i : i + pubsub.BATCH])
+        except Exception:
+            # Stored: the scheduler sends them once their lease runs out.
+            log.exception("event %s stored but not enqueued", result.event_id)
         return JSONResponse(
             status_code=201,
             content={
@@ -266,11 +270,12 @@ def create_app() -> FastAPI:
             raise InvalidMessage("body", "must be a JSON object")
         ids = data.get("delivery_ids")
         if ids is not None and not (
-            isinstance(ids, list) and all(isinstance(i, int) and i > 0 for i in ids)
+            isinstance(ids, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in ids)
         ):
             raise InvalidMessage("delivery_ids", "must be a list of delivery ids")
         sub = data.get("subscription_id")
-        if sub is not None and not isinstance(sub, int):
+        if sub is not None and (not isinstance(sub, int) or isinstance(sub, bool)):
             raise InvalidMessage("subscription_id", "must be an integer")
         moved = await run_in_threadpool(pubsub.redrive, runtime.engine, ids, sub)
         return JSONResponse({"redriven": moved})

@@ -224,8 +224,13 @@ class Delivery(Base):
     order_value: Mapped[str | None] = mapped_column(String(255))
     receipt: Mapped[str | None] = mapped_column(String(64))  # of the last pull
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # due: not before this (a $delay, a retry wait)
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # handed to the broker: the scheduler leaves it alone until then (a lost task comes back)
+    queued_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the claim's token: only its holder may record the outcome
+    claim: Mapped[str | None] = mapped_column(String(32))
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
 

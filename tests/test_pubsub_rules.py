@@ -84,7 +84,7 @@ def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
         outcomes = conn.execute(
             text("SELECT attempt, outcome FROM published_messages ORDER BY id")
         ).all()
-    assert [(o.attempt, o.outcome) for o in outcomes] == [(0, "PENDING"), (1, "DELIVERED")]
+    assert [(o.attempt, o.outcome) for o in outcomes] == [(0, "FAILED"), (1, "DELIVERED")]
 
 
 def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Engine) -> None:
@@ -209,3 +209,61 @@ def _corr(engine: Engine, delivery_id: int) -> str:
                 {"d": delivery_id},
             ).scalar_one()
         )
+
+
+def test_a_duplicate_task_does_not_send_before_the_wait(room: Engine) -> None:
+    pubsub.create_subscription(
+        room, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+    )
+    d = publish(room, {"key": "a", "n": 1})[0]
+    seen: list[str] = []
+    push = _push({"a1": [False]}, seen)
+    assert pubsub.deliver(room, d, push) == "PENDING"  # waits 50 ms x 2^1
+    assert pubsub.deliver(room, d, push) == "NOT_CLAIMABLE"  # a second copy of the task
+    assert state(room, d) == ("PENDING", 1) and seen == ["a1"]
+    time.sleep(0.12)
+    assert pubsub.deliver(room, d, push) == "DELIVERED"
+
+
+def test_an_outcome_after_the_claim_was_taken_over_is_dropped(room: Engine) -> None:
+    pubsub.create_subscription(
+        room, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+    )
+    d = publish(room, {"key": "a", "n": 1})[0]
+
+    def slow_then_fails(c: Claimed) -> Attempt:
+        # Meanwhile its claim was released as stuck and another worker delivered it.
+        with room.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE delivery SET state = 'PENDING', claim = NULL, claimed_at = NULL"
+                    " WHERE delivery_id = :d"
+                ),
+                {"d": d},
+            )
+        assert pubsub.deliver(room, d, lambda c: Attempt(True)) == "DELIVERED"
+        return Attempt(False, "HTTP 503")
+
+    assert pubsub.deliver(room, d, slow_then_fails) == "LOST_CLAIM"
+    assert state(room, d) == ("DELIVERED", 0)
+
+
+def test_a_paused_subscription_receives_nothing_until_resumed(room: Engine) -> None:
+    sub = pubsub.create_subscription(
+        room, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+    )["subscription_id"]
+    d = publish(room, {"key": "a", "n": 1})[0]
+    pubsub.set_subscription_status(room, sub, "PAUSED")
+    assert pubsub.deliver(room, d, lambda c: Attempt(True)) == "NOT_CLAIMABLE"
+    pubsub.set_subscription_status(room, sub, "ACTIVE")
+    assert pubsub.deliver(room, d, lambda c: Attempt(True)) == "DELIVERED"
+
+
+def test_tokens_for_another_message_or_malformed_are_refused() -> None:
+    now = int(time.time() * 1000)
+    token = tokens.sign(SECRET, tokens.Claims("alice", None, "corr-1", now + 60_000))
+    claims = tokens.verify(SECRET, token, now_ms=now)
+    assert claims.correlation_id == "corr-1"  # the consumer compares it with its message
+    for bad in ("é.é", "no-dot", token + "x", "." + token.partition(".")[2]):
+        with pytest.raises(tokens.Unauthorized):
+            tokens.verify(SECRET, bad, now_ms=now)

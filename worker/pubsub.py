@@ -53,6 +53,9 @@ PAYLOAD_PATH = rf"^{WORD}(\.{WORD})*$"  # a dotted path into an event's payload
 # How long a delivery handed to the broker stays out of the scheduler's sight: a task lost
 # with its worker comes back after this.
 QUEUED_LEASE_S = 60.0
+# Longest retry wait and $delay (a year), and the most retries a policy may ask for.
+MAX_WAIT_MS = 366 * 86_400_000
+MAX_ATTEMPTS = 100
 # Deliveries one task carries: a publish that fans out to N subscriptions is one task.
 BATCH = 50
 
@@ -70,10 +73,10 @@ class RoomIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Name
-    message_expiration_ms: Annotated[StrictInt, Field(ge=0)] | None = None
-    delivery_delay_ms: Annotated[StrictInt, Field(ge=1)] = 1000
-    delivery_delay_multiplier: Annotated[float, Field(ge=1.01)] = 1.5
-    delivery_attempts: Annotated[StrictInt, Field(ge=0)] = 3
+    message_expiration_ms: Annotated[StrictInt, Field(ge=0, le=MAX_WAIT_MS)] | None = None
+    delivery_delay_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000)] = 1000
+    delivery_delay_multiplier: Annotated[float, Field(ge=1.01, le=100, allow_inf_nan=False)] = 1.5
+    delivery_attempts: Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)] = 3
 
 
 class SubscriptionIn(BaseModel):
@@ -87,9 +90,11 @@ class SubscriptionIn(BaseModel):
     handler: Name | None = None
     event_type: Name | None = None
     routing_key_pattern: Annotated[str, StringConstraints(max_length=255)] | None = None
-    delivery_delay_ms: Annotated[StrictInt, Field(ge=1)] | None = None
-    delivery_delay_multiplier: Annotated[float, Field(ge=1.01)] | None = None
-    delivery_attempts: Annotated[StrictInt, Field(ge=0)] | None = None
+    delivery_delay_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000)] | None = None
+    delivery_delay_multiplier: (
+        Annotated[float, Field(ge=1.01, le=100, allow_inf_nan=False)] | None
+    ) = None
+    delivery_attempts: Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)] | None = None
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=600_000)] = 5000
     visibility_timeout_ms: Annotated[StrictInt, Field(ge=100, le=43_200_000)] = 30000
     order_key: (
@@ -127,6 +132,9 @@ def update_room(engine: Engine, name: str, data: Any) -> dict[str, Any]:
     """Change a room's policy or status (``{"status": "PAUSED"}``)."""
     if not isinstance(data, Mapping):
         raise InvalidMessage("body", "must be a JSON object")
+    for key in data:
+        if key not in RoomIn.model_fields and key != "status":
+            raise InvalidMessage(key, "unknown field" if key != "name" else "cannot be changed")
     with Session(engine) as session, session.begin():
         room = _room(session, name)
         current = room_view(room)
@@ -163,9 +171,16 @@ def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
         raise InvalidMessage("schema", "must be a JSON object (a JSON schema)")
     type_in = parse_input(EventTypeIn, data)
     try:
-        jsonschema.validators.validator_for(type_in.json_schema).check_schema(type_in.json_schema)
+        cls = jsonschema.validators.validator_for(type_in.json_schema)
+        cls.check_schema(type_in.json_schema)
+        # References are resolved while validating: one that leads nowhere shows here.
+        samples: tuple[Any, ...] = ({}, [], "", 0, None)
+        for instance in samples:
+            list(cls(type_in.json_schema).iter_errors(instance))
     except jsonschema.SchemaError as exc:
         raise InvalidMessage("schema", f"not a valid JSON schema: {exc.message}") from None
+    except Exception as exc:
+        raise InvalidMessage("schema", f"cannot be used: {type(exc).__name__}: {exc}") from None
     with Session(engine) as session, session.begin():
         room = _room(session, room_name)
         etype = session.scalar(
@@ -190,7 +205,7 @@ def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
 
 
 def add_publisher(engine: Engine, room_name: str, name: str) -> None:
-    if not re.match(r"^[A-Za-z0-9._~-]{1,100}$", name):
+    if not re.fullmatch(r"[A-Za-z0-9._~-]{1,100}", name):
         raise InvalidMessage("name", "must be 1 to 100 of A-Z a-z 0-9 . _ ~ -")
     with Session(engine) as session, session.begin():
         room = _room(session, room_name)
@@ -211,7 +226,7 @@ def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, 
         raise InvalidMessage("handler", "a HANDLER subscription names its handler")
     if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
         raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
-    if sub_in.routing_key_pattern is not None and not PATTERN.match(sub_in.routing_key_pattern):
+    if sub_in.routing_key_pattern is not None and not PATTERN.fullmatch(sub_in.routing_key_pattern):
         raise InvalidMessage(
             "routing_key_pattern", "dot-separated words, * (one word) or # (zero or more)"
         )
@@ -273,7 +288,11 @@ def update_subscription(engine: Engine, subscription_id: int, data: Any) -> dict
         checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
         if checked.kind is SubscriptionKind.PUSH and checked.push_url is None:
             raise InvalidMessage("push_url", "a PUSH subscription needs a push_url")
-        if checked.routing_key_pattern is not None and not PATTERN.match(
+        if checked.kind is not SubscriptionKind.PUSH and checked.push_url is not None:
+            raise InvalidMessage(
+                "push_url", f"only a PUSH subscription has one, not {checked.kind}"
+            )
+        if checked.routing_key_pattern is not None and not PATTERN.fullmatch(
             checked.routing_key_pattern
         ):
             raise InvalidMessage(
@@ -361,8 +380,11 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
 
 
 def backoff_ms(delay_ms: int, multiplier: float, attempt: int) -> int:
-    """T = deliveryDelay * deliveryDelayMultiplier ^ deliveryAttempt."""
-    return round(delay_ms * multiplier**attempt)
+    """T = deliveryDelay * deliveryDelayMultiplier ^ deliveryAttempt (at most MAX_WAIT_MS)."""
+    try:
+        return min(round(delay_ms * multiplier**attempt), MAX_WAIT_MS)
+    except OverflowError:
+        return MAX_WAIT_MS
 
 
 # --- publish --------------------------------------------------------------------------------
@@ -462,7 +484,7 @@ def publish(
         routing_key = pub.routing_key or pub.event_type
         if routing_key is None:
             raise InvalidMessage("routing_key", "missing (or give an event_type)")
-        if not ROUTING_KEY.match(routing_key):
+        if not ROUTING_KEY.fullmatch(routing_key):
             raise InvalidMessage("routing_key", "dot-separated words of A-Z a-z 0-9 _ -")
         deliver_at = now + timedelta(milliseconds=pub.delay_ms)
         expires_at = (
@@ -513,14 +535,15 @@ def publish(
         due_now = pub.delay_ms == 0
         # A delivery handed to the broker right after the commit is out of the scheduler's
         # sight for QUEUED_LEASE_S; if that enqueue is lost, the scheduler brings it back.
-        first = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else deliver_at
+        queued = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else None
         ids, pushed = [], []
         for sub in subs:
             pull = sub.kind == SubscriptionKind.PULL
             row = session.execute(
                 text(
                     "INSERT INTO delivery (event_id, subscription_id, state, pull, order_value,"
-                    " attempt, next_attempt_at) VALUES (:e, :s, 'PENDING', :pull, :ov, 0, :t)"
+                    " attempt, next_attempt_at, queued_until)"
+                    " VALUES (:e, :s, 'PENDING', :pull, :ov, 0, :t, :q)"
                     " RETURNING delivery_id"
                 ),
                 {
@@ -528,8 +551,8 @@ def publish(
                     "s": sub.subscription_id,
                     "pull": pull,
                     "ov": order_value(pub.payload, sub.order_key) if sub.order_key else None,
-                    # a pull delivery is due to its subscriber from its deliver_at
-                    "t": deliver_at if pull else first,
+                    "t": deliver_at,
+                    "q": None if pull else queued,
                 },
             ).scalar_one()
             ids.append(int(row))
@@ -578,7 +601,7 @@ def publish_many(
     """
     now = datetime.now(UTC)
     for i, (_, routing_key, delay_ms) in enumerate(messages):
-        if not ROUTING_KEY.match(routing_key):
+        if not ROUTING_KEY.fullmatch(routing_key):
             raise InvalidMessage(f"messages[{i}].routing_key", "dot-separated words")
         if not 0 <= delay_ms <= 366 * 86_400_000:
             raise InvalidMessage(f"messages[{i}].delay_ms", "0 to one year")
@@ -642,9 +665,8 @@ def publish_many(
                             if sub.order_key
                             else None,
                             "attempt": 0,
-                            "next_attempt_at": lease
-                            if delay_ms == 0 and not pull
-                            else row["deliver_at"],
+                            "next_attempt_at": row["deliver_at"],
+                            "queued_until": lease if delay_ms == 0 and not pull else None,
                             "_due": delay_ms == 0 and not pull,
                         }
                     )
@@ -672,10 +694,11 @@ def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
 
 _MOVE_DUE = text(
     """
-    UPDATE delivery d SET next_attempt_at = now() + make_interval(secs => :lease)
+    UPDATE delivery d SET queued_until = now() + make_interval(secs => :lease)
      WHERE d.delivery_id IN (
            SELECT delivery_id FROM delivery
             WHERE state = 'PENDING' AND NOT pull AND next_attempt_at <= now()
+              AND (queued_until IS NULL OR queued_until < now())
             ORDER BY next_attempt_at
             LIMIT :limit
             FOR UPDATE SKIP LOCKED)
@@ -685,10 +708,11 @@ _MOVE_DUE = text(
 # A claim whose worker died: back to PENDING, due at once (delivered at least once).
 _RELEASE_STUCK = text(
     """
-    UPDATE delivery d SET state = 'PENDING', next_attempt_at = now(), claimed_at = NULL
+    UPDATE delivery d SET state = 'PENDING', queued_until = NULL, claimed_at = NULL, claim = NULL
       FROM subscription s
      WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS' AND NOT d.pull
-       AND d.claimed_at < now() - make_interval(secs => s.timeout_ms / 1000.0 + :grace)
+       AND d.claimed_at
+           < now() - make_interval(secs => s.timeout_ms * :batch / 1000.0 + :grace)
     RETURNING d.delivery_id
     """
 )
@@ -699,13 +723,22 @@ _RETURN_UNACKED = text(
     UPDATE delivery d
        SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
                         THEN 'DEAD' ELSE 'PENDING' END,
-           attempt = d.attempt + 1, next_attempt_at = now(), claimed_at = NULL,
+           attempt = d.attempt + 1, next_attempt_at = now(), claimed_at = NULL, receipt = NULL,
            last_error = 'not ACKed within the visibility timeout'
       FROM subscription s, room r
      WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
        AND d.pull AND d.state = 'IN_PROCESS'
        AND d.claimed_at < now() - make_interval(secs => s.visibility_timeout_ms / 1000.0)
-    RETURNING d.delivery_id
+    RETURNING d.delivery_id, d.state
+    """
+)
+# Pull deliveries nobody took before their room's expiration.
+_EXPIRE_PULLED = text(
+    """
+    UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message expiration'
+      FROM event e
+     WHERE e.event_id = d.event_id AND d.pull AND d.state = 'PENDING'
+       AND e.expires_at IS NOT NULL AND e.expires_at <= now()
     """
 )
 
@@ -713,8 +746,17 @@ _RETURN_UNACKED = text(
 def move_due(engine: Engine, enqueue: Callable[[list[int]], None], limit: int = 1000) -> int:
     """The scheduler's turn: due deliveries (delays, retry waits) go to the queue in batches."""
     with engine.begin() as conn:
-        conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S})
-        conn.execute(_RETURN_UNACKED)
+        conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S, "batch": BATCH})
+        conn.execute(_EXPIRE_PULLED)
+        for delivery_id, state in conn.execute(_RETURN_UNACKED).all():
+            # the pull's log row: that attempt failed (or was the last)
+            conn.execute(
+                text(
+                    "UPDATE published_messages SET outcome = :o, error = 'not ACKed in time'"
+                    " WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)"
+                ),
+                {"o": "DEAD" if state == "DEAD" else "FAILED", "d": delivery_id},
+            )
         due = [
             int(r[0]) for r in conn.execute(_MOVE_DUE, {"lease": QUEUED_LEASE_S, "limit": limit})
         ]
@@ -727,9 +769,10 @@ def move_due(engine: Engine, enqueue: Callable[[list[int]], None], limit: int = 
 
 _CLAIM = text(
     """
-    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now()
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim
       FROM event e, subscription s, room r
      WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
+       AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
        AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
        AND r.room_id = e.room_id
        -- an ordered subscription: an earlier open delivery of the same key goes first
@@ -743,7 +786,7 @@ _CLAIM = text(
               COALESCE(s.delivery_delay_ms, r.delivery_delay_ms),
               COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier),
               COALESCE(s.delivery_attempts, r.delivery_attempts), r.name, e.token,
-              d.order_value
+              d.order_value, e.deliver_at > e.published_at
     """
 )
 
@@ -772,6 +815,7 @@ class Claimed:
     room: str
     token: str | None
     order_value: str | None
+    delayed: bool
 
 
 @dataclass(frozen=True)
@@ -855,16 +899,38 @@ def deliver_batch(
     engine: Engine, delivery_ids: list[int], push: Push, secret: str = ""
 ) -> list[str]:
     """Claim deliveries, send each, record every attempt and what comes next; new states."""
+    claim = uuid.uuid4().hex
     with engine.begin() as conn:
         conn.execute(_ASYNC_COMMIT)
-        claimed = [Claimed(*row) for row in conn.execute(_CLAIM, {"ids": delivery_ids})]
+        rows = conn.execute(_CLAIM, {"ids": delivery_ids, "claim": claim}).all()
+        claimed = [Claimed(*row) for row in rows]
     done = [_attempt(c, push, secret) for c in claimed]
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
     with engine.begin() as conn:
         conn.execute(_ASYNC_COMMIT)
         for d in done:
-            states[d.claimed.delivery_id] = _settle(conn, d)
+            try:
+                with conn.begin_nested():
+                    states[d.claimed.delivery_id] = _settle(conn, d, claim)
+            except Exception as exc:  # one bad delivery must not hold back the batch
+                log.exception("recording delivery %s failed", d.claimed.delivery_id)
+                states[d.claimed.delivery_id] = _dead_letter(conn, d.claimed, claim, exc)
     return [states[i] for i in delivery_ids]
+
+
+def _dead_letter(conn: Any, c: Claimed, claim: str, exc: Exception) -> str:
+    conn.execute(
+        text(
+            "UPDATE delivery SET state = 'DEAD', claimed_at = NULL, claim = NULL,"
+            " last_error = :why WHERE delivery_id = :id AND claim = :claim"
+        ),
+        {
+            "why": f"cannot be recorded: {type(exc).__name__}: {exc}",
+            "id": c.delivery_id,
+            "claim": claim,
+        },
+    )
+    return DeliveryState.DEAD.value
 
 
 def deliver(engine: Engine, delivery_id: int, push: Push, secret: str = "") -> str:
@@ -918,7 +984,7 @@ def _log_queue(
             "d": c.delivery_id,
             "m": json.dumps(c.payload),
             "rk": c.routing_key,
-            "sched": c.deliver_at if c.deliver_at > started - timedelta(seconds=1) else None,
+            "sched": c.deliver_at if c.delayed else None,  # a $delay's due time
             "start": started,
             "state": "Completed" if ok else "Error",
             "exc": exception_id,
@@ -933,7 +999,8 @@ def _release_next(conn: Any, c: Claimed) -> None:
         return
     conn.execute(
         text(
-            "UPDATE delivery SET next_attempt_at = now() WHERE delivery_id = ("
+            "UPDATE delivery SET next_attempt_at = now(), queued_until = NULL"
+            " WHERE delivery_id = ("
             " SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s"
             " AND order_value = :v AND state = 'PENDING' AND delivery_id > :d)"
         ),
@@ -942,35 +1009,52 @@ def _release_next(conn: Any, c: Claimed) -> None:
 
 
 def _set_state(
-    conn: Any, c: Claimed, state: str, attempt: int, at: datetime | None, why: str | None
-) -> None:
-    conn.execute(
+    conn: Any,
+    c: Claimed,
+    claim: str,
+    state: str,
+    attempt: int,
+    at: datetime | None,
+    why: str | None,
+) -> bool:
+    """Record the outcome, only while this claim still holds the delivery."""
+    done = conn.execute(
         text(
             "UPDATE delivery SET state = :state, attempt = :attempt,"
-            " next_attempt_at = COALESCE(:at, next_attempt_at), claimed_at = NULL,"
+            " next_attempt_at = COALESCE(:at, next_attempt_at), queued_until = NULL,"
+            " claimed_at = NULL, claim = NULL,"
             " delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why"
-            " WHERE delivery_id = :id"
+            " WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim"
         ),
-        {"state": state, "attempt": attempt, "at": at, "why": why, "id": c.delivery_id},
+        {
+            "state": state,
+            "attempt": attempt,
+            "at": at,
+            "why": why,
+            "id": c.delivery_id,
+            "claim": claim,
+        },
     )
+    return bool(done.rowcount)
 
 
-def _settle(conn: Any, d: _Done) -> str:
+def _settle(conn: Any, d: _Done, claim: str) -> str:
     c = d.claimed
     if d.refused is not None:
         # Consumer authorization failed: never processed, dead-lettered with the reason.
         state, why, outcome = "DEAD", d.refused, "DEAD"
-        _log_queue(conn, c, d.started, ok=False, exception_id=None)
-        _set_state(conn, c, state, c.attempt, None, why)
+        held = _set_state(conn, c, claim, state, c.attempt, None, why)
+        if held:
+            _log_queue(conn, c, d.started, ok=False, exception_id=None)
     elif d.attempt is None:
         state, why, outcome = "EXPIRED", "past the room's message expiration", "EXPIRED"
-        _set_state(conn, c, state, c.attempt, None, why)
+        held = _set_state(conn, c, claim, state, c.attempt, None, why)
     elif d.attempt.ok:
         state, why, outcome = "DELIVERED", None, "DELIVERED"
-        _set_state(conn, c, state, c.attempt, None, None)
+        held = _set_state(conn, c, claim, state, c.attempt, None, None)
     else:
         next_attempt = c.attempt + 1
-        wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)
+        wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)  # at most MAX_WAIT_MS
         at = datetime.now(UTC) + timedelta(milliseconds=wait)
         if c.attempts == 0 or next_attempt > c.attempts:
             state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts})"
@@ -979,7 +1063,12 @@ def _settle(conn: Any, d: _Done) -> str:
         else:
             state, why = "PENDING", d.attempt.error
         outcome = "FAILED" if state == "PENDING" else state
-        _set_state(conn, c, state, next_attempt, at, why)
+        held = _set_state(conn, c, claim, state, next_attempt, at, why)
+    if not held:
+        # The claim was released meanwhile (too slow) and the delivery taken over: its
+        # outcome now belongs to the new holder.
+        log.warning("delivery %s was taken over; this outcome is dropped", c.delivery_id)
+        return "LOST_CLAIM"
     if d.handler_ran:
         _log_queue(conn, c, d.started, ok=state == "DELIVERED", exception_id=d.exception_id)
     _record(conn, c, outcome, why, state == "DELIVERED")
@@ -992,6 +1081,8 @@ def redrive(
     engine: Engine, delivery_ids: list[int] | None = None, subscription_id: int | None = None
 ) -> list[int]:
     """An operator sends dead-lettered deliveries again: attempts start over, due now."""
+    if not delivery_ids and subscription_id is None:
+        raise InvalidMessage("delivery_ids", "name the deliveries, or a subscription_id")
     where = "state = 'DEAD'"
     params: dict[str, Any] = {}
     if delivery_ids is not None:
@@ -1004,6 +1095,7 @@ def redrive(
         rows = conn.execute(
             text(
                 f"UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),"
+                f" queued_until = NULL,"
                 f" last_error = 'redriven: ' || COALESCE(last_error, '') WHERE {where}"
                 " RETURNING delivery_id"
             ),
@@ -1037,6 +1129,10 @@ _PULL = text(
             WHERE o.subscription_id = :sub AND o.pull AND o.state = 'PENDING'
               AND o.next_attempt_at <= now()
               AND (e.expires_at IS NULL OR e.expires_at > now())
+              AND (o.order_value IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM delivery p
+                     WHERE p.subscription_id = o.subscription_id AND p.order_value = o.order_value
+                       AND p.delivery_id < o.delivery_id AND p.state IN ('PENDING', 'IN_PROCESS')))
             ORDER BY o.delivery_id
             LIMIT :max
             FOR UPDATE OF o SKIP LOCKED)
@@ -1050,12 +1146,15 @@ def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[d
     if not 1 <= max_messages <= 1000:
         raise InvalidMessage("max", "must be 1 to 1000")
     with engine.begin() as conn:
-        kind = conn.execute(
-            text("SELECT kind FROM subscription WHERE subscription_id = :s"),
+        found = conn.execute(
+            text("SELECT kind, status FROM subscription WHERE subscription_id = :s"),
             {"s": subscription_id},
-        ).scalar()
-        if kind is None:
+        ).first()
+        if found is None:
             raise NotFound("subscription", subscription_id)
+        kind, status = found
+        if status != Status.ACTIVE.value:
+            return []
         if kind != SubscriptionKind.PULL.value:
             raise InvalidMessage("subscription_id", f"subscription {subscription_id} is {kind}")
         taken = conn.execute(_PULL, {"sub": subscription_id, "max": max_messages}).all()

@@ -52,7 +52,11 @@ def verify(secret: str, token: str | None, *, now_ms: int) -> Claims:
     if not token:
         raise Unauthorized("the message carries no token")
     payload, _, signature = token.partition(".")
-    if not hmac.compare_digest(_mac(secret, payload), signature):
+    try:
+        matches = hmac.compare_digest(_mac(secret, payload), signature)
+    except (TypeError, ValueError):  # not ASCII: no signature of ours
+        matches = False
+    if not matches:
         raise Unauthorized("the token's signature does not match (forged or damaged)")
     try:
         data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))

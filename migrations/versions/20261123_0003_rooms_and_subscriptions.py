@@ -2,7 +2,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-23 07:50:47.132994
+Create Date: 2026-11-23 08:04:13.730180
 """
 
 from collections.abc import Sequence
@@ -229,7 +229,9 @@ def upgrade() -> None:
         sa.Column("receipt", sa.String(length=64), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("queued_until", sa.DateTime(timezone=True), nullable=True),
         sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("claim", sa.String(length=32), nullable=True),
         sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.ForeignKeyConstraint(
