@@ -158,6 +158,9 @@ def main() -> None:
         limit = time.monotonic() + 120
         while r.llen(PROCESS_QUEUE) > 0 and time.monotonic() < limit:
             time.sleep(0.2)  # the workers take every countdown task into memory
+        left = r.llen(PROCESS_QUEUE)
+        if left:
+            print(f"countdown: {left} tasks still in the broker after 120 s", flush=True)
         time.sleep(1.0)
         countdown_after = rss_mb(countdown_workers)
         print(
