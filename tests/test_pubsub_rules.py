@@ -148,7 +148,7 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
     other = tokens.sign("wrong-secret", tokens.Claims("u", None, "x", now + 60_000))
     cases = {
         "valid": publish(room, {}, user="alice"),
-        "forged": publish(room, {}, user="alice", token=other),
+        "forged": publish(room, {}, user="alice"),
         "expired": [],
         "missing": publish(room, {}, user="alice"),
     }
@@ -159,6 +159,13 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
                 " SELECT event_id FROM delivery WHERE delivery_id = :d)"
             ),
             {"d": cases["missing"][0]},
+        )
+        conn.execute(  # a token made with another secret, as if tampered with in transit
+            text(
+                "UPDATE event SET token = :t WHERE event_id = ("
+                " SELECT event_id FROM delivery WHERE delivery_id = :d)"
+            ),
+            {"t": other, "d": cases["forged"][0]},
         )
     expired, _ = pubsub.publish(
         room,

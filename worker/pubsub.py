@@ -401,7 +401,6 @@ class PublishIn(BaseModel):
     user: Name | None = None
     impersonator: Name | None = None
     delay_ms: Annotated[StrictInt, Field(ge=0, le=366 * 86_400_000)] = Field(0, alias="$delay")
-    token: Annotated[str, StringConstraints(max_length=2000)] | None = None
 
 
 @dataclass(frozen=True)
@@ -503,8 +502,8 @@ def publish(
             and (s.routing_key_pattern is None or topic_matches(s.routing_key_pattern, routing_key))
         ]
         correlation_id = uuid.uuid4().hex
-        token = pub.token
-        if token is None and secret:
+        token = None
+        if secret:
             token = tokens.sign(
                 secret,
                 tokens.Claims(
