@@ -200,10 +200,19 @@ class Delivery(Base):
         # deliveries wait for their subscriber instead).
         Index(
             "ix_delivery_due",
-            "next_attempt_at",
+            "scheduled_at",
             postgresql_where=text("state = 'PENDING' AND NOT pull"),
         ),
         Index("ix_delivery_subscription_state", "subscription_id", "state"),
+        # claims to release when their worker died
+        Index("ix_delivery_claimed", "claimed_at", postgresql_where=text("state = 'IN_PROCESS'")),
+        # what a pull subscriber can take
+        Index(
+            "ix_delivery_pull",
+            "subscription_id",
+            "delivery_id",
+            postgresql_where=text("pull AND state = 'PENDING'"),
+        ),
         # ordered subscriptions: the open deliveries of one key
         Index(
             "ix_delivery_order",
@@ -226,8 +235,9 @@ class Delivery(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # due: not before this (a $delay, a retry wait)
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # handed to the broker: the scheduler leaves it alone until then (a lost task comes back)
-    queued_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # when the scheduler looks at it: its due time, or, once handed to the broker, a lease
+    # later (a task lost with its worker comes back then)
+    scheduled_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # the claim's token: only its holder may record the outcome
     claim: Mapped[str | None] = mapped_column(String(32))

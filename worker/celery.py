@@ -71,8 +71,9 @@ class DueScheduler(bootsteps.StartStopStep):
     """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out and
     moves due event deliveries ($delay, retry waits) to the queue.
 
-    The waits themselves live in Redis (``bridge:queue:scheduled``), not in worker memory:
-    any worker's scheduler may take a due conversation, and taking it is atomic.
+    The waits themselves live in Redis (``bridge:queue:scheduled``) and PostgreSQL (the
+    deliveries' due-time index), not in worker memory: any worker's scheduler may take what
+    is due, and taking it is atomic.
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
@@ -87,12 +88,16 @@ class DueScheduler(bootsteps.StartStopStep):
         self.metrics_every = settings.metrics_partial_interval / 1000
         self.metrics_on = settings.logging_extra_time_metrics
         self.metrics_at = time.monotonic() + self.metrics_every
+        self.maintain_at = 0.0
 
     def tick(self) -> None:
         runtime = get_runtime()
         conversations = runtime.conversations
         try:
-            pubsub.move_due(runtime.engine, enqueue_event_deliveries)
+            maintain = time.monotonic() >= self.maintain_at
+            if maintain:
+                self.maintain_at = time.monotonic() + 1.0
+            pubsub.move_due(runtime.engine, enqueue_event_deliveries, maintain=maintain)
         except Exception:
             log.exception("moving due deliveries failed")
         try:

@@ -534,14 +534,14 @@ def publish(
         due_now = pub.delay_ms == 0
         # A delivery handed to the broker right after the commit is out of the scheduler's
         # sight for QUEUED_LEASE_S; if that enqueue is lost, the scheduler brings it back.
-        queued = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else None
+        queued = now + timedelta(seconds=QUEUED_LEASE_S) if due_now else deliver_at
         ids, pushed = [], []
         for sub in subs:
             pull = sub.kind == SubscriptionKind.PULL
             row = session.execute(
                 text(
                     "INSERT INTO delivery (event_id, subscription_id, state, pull, order_value,"
-                    " attempt, next_attempt_at, queued_until)"
+                    " attempt, next_attempt_at, scheduled_at)"
                     " VALUES (:e, :s, 'PENDING', :pull, :ov, 0, :t, :q)"
                     " RETURNING delivery_id"
                 ),
@@ -551,7 +551,7 @@ def publish(
                     "pull": pull,
                     "ov": order_value(pub.payload, sub.order_key) if sub.order_key else None,
                     "t": deliver_at,
-                    "q": None if pull else queued,
+                    "q": deliver_at if pull else queued,
                 },
             ).scalar_one()
             ids.append(int(row))
@@ -665,7 +665,9 @@ def publish_many(
                             else None,
                             "attempt": 0,
                             "next_attempt_at": row["deliver_at"],
-                            "queued_until": lease if delay_ms == 0 and not pull else None,
+                            "scheduled_at": lease
+                            if delay_ms == 0 and not pull
+                            else row["deliver_at"],
                             "_due": delay_ms == 0 and not pull,
                         }
                     )
@@ -693,12 +695,11 @@ def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
 
 _MOVE_DUE = text(
     """
-    UPDATE delivery d SET queued_until = now() + make_interval(secs => :lease)
+    UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease)
      WHERE d.delivery_id IN (
            SELECT delivery_id FROM delivery
-            WHERE state = 'PENDING' AND NOT pull AND next_attempt_at <= now()
-              AND (queued_until IS NULL OR queued_until < now())
-            ORDER BY next_attempt_at
+            WHERE state = 'PENDING' AND NOT pull AND scheduled_at <= now()
+            ORDER BY scheduled_at
             LIMIT :limit
             FOR UPDATE SKIP LOCKED)
     RETURNING d.delivery_id
@@ -707,7 +708,7 @@ _MOVE_DUE = text(
 # A claim whose worker died: back to PENDING, due at once (delivered at least once).
 _RELEASE_STUCK = text(
     """
-    UPDATE delivery d SET state = 'PENDING', queued_until = NULL, claimed_at = NULL, claim = NULL
+    UPDATE delivery d SET state = 'PENDING', scheduled_at = now(), claimed_at = NULL, claim = NULL
       FROM subscription s
      WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS' AND NOT d.pull
        AND d.claimed_at
@@ -742,26 +743,42 @@ _EXPIRE_PULLED = text(
 )
 
 
-def move_due(engine: Engine, enqueue: Callable[[list[int]], None], limit: int = 1000) -> int:
-    """The scheduler's turn: due deliveries (delays, retry waits) go to the queue in batches."""
+def move_due(
+    engine: Engine,
+    enqueue: Callable[[list[int]], None],
+    limit: int = 1000,
+    *,
+    maintain: bool = True,
+) -> int:
+    """The scheduler's turn: due deliveries (delays, retry waits) go to the queue in batches.
+
+    With ``maintain`` it also releases dead workers' claims, expires untaken pull messages
+    and returns pulled ones not ACKed in time (the worker's scheduler does that once a
+    second, not every turn).
+    """
     with engine.begin() as conn:
-        conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S, "batch": BATCH})
-        conn.execute(_EXPIRE_PULLED)
-        for delivery_id, state in conn.execute(_RETURN_UNACKED).all():
-            # the pull's log row: that attempt failed (or was the last)
-            conn.execute(
-                text(
-                    "UPDATE published_messages SET outcome = :o, error = 'not ACKed in time'"
-                    " WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)"
-                ),
-                {"o": "DEAD" if state == "DEAD" else "FAILED", "d": delivery_id},
-            )
+        if maintain:
+            _maintain(conn)
         due = [
             int(r[0]) for r in conn.execute(_MOVE_DUE, {"lease": QUEUED_LEASE_S, "limit": limit})
         ]
     for i in range(0, len(due), BATCH):
         enqueue(due[i : i + BATCH])
     return len(due)
+
+
+def _maintain(conn: Any) -> None:
+    conn.execute(_RELEASE_STUCK, {"grace": QUEUED_LEASE_S, "batch": BATCH})
+    conn.execute(_EXPIRE_PULLED)
+    for delivery_id, state in conn.execute(_RETURN_UNACKED).all():
+        # the pull's log row: that attempt failed (or was the last)
+        conn.execute(
+            text(
+                "UPDATE published_messages SET outcome = :o, error = 'not ACKed in time'"
+                " WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)"
+            ),
+            {"o": "DEAD" if state == "DEAD" else "FAILED", "d": delivery_id},
+        )
 
 
 # --- delivery -------------------------------------------------------------------------------
@@ -998,7 +1015,7 @@ def _release_next(conn: Any, c: Claimed) -> None:
         return
     conn.execute(
         text(
-            "UPDATE delivery SET next_attempt_at = now(), queued_until = NULL"
+            "UPDATE delivery SET next_attempt_at = now(), scheduled_at = now()"
             " WHERE delivery_id = ("
             " SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s"
             " AND order_value = :v AND state = 'PENDING' AND delivery_id > :d)"
@@ -1020,7 +1037,8 @@ def _set_state(
     done = conn.execute(
         text(
             "UPDATE delivery SET state = :state, attempt = :attempt,"
-            " next_attempt_at = COALESCE(:at, next_attempt_at), queued_until = NULL,"
+            " next_attempt_at = COALESCE(:at, next_attempt_at),"
+            " scheduled_at = COALESCE(:at, scheduled_at),"
             " claimed_at = NULL, claim = NULL,"
             " delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why"
             " WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim"
@@ -1094,7 +1112,7 @@ def redrive(
         rows = conn.execute(
             text(
                 f"UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),"
-                f" queued_until = NULL,"
+                f" scheduled_at = now(),"
                 f" last_error = 'redriven: ' || COALESCE(last_error, '') WHERE {where}"
                 " RETURNING delivery_id"
             ),

@@ -2,7 +2,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-23 08:04:13.730180
+Create Date: 2026-11-23 08:11:59.925113
 """
 
 from collections.abc import Sequence
@@ -229,7 +229,7 @@ def upgrade() -> None:
         sa.Column("receipt", sa.String(length=64), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("queued_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("scheduled_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("claim", sa.String(length=32), nullable=True),
         sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True),
@@ -248,9 +248,16 @@ def upgrade() -> None:
         ),
     )
     op.create_index(
+        "ix_delivery_claimed",
+        "delivery",
+        ["claimed_at"],
+        unique=False,
+        postgresql_where=sa.text("state = 'IN_PROCESS'"),
+    )
+    op.create_index(
         "ix_delivery_due",
         "delivery",
-        ["next_attempt_at"],
+        ["scheduled_at"],
         unique=False,
         postgresql_where=sa.text("state = 'PENDING' AND NOT pull"),
     )
@@ -260,6 +267,13 @@ def upgrade() -> None:
         ["subscription_id", "order_value", "delivery_id"],
         unique=False,
         postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
+    )
+    op.create_index(
+        "ix_delivery_pull",
+        "delivery",
+        ["subscription_id", "delivery_id"],
+        unique=False,
+        postgresql_where=sa.text("pull AND state = 'PENDING'"),
     )
     op.create_index(
         "ix_delivery_subscription_state", "delivery", ["subscription_id", "state"], unique=False
@@ -348,6 +362,11 @@ def downgrade() -> None:
     op.drop_table("published_messages")
     op.drop_index("ix_delivery_subscription_state", table_name="delivery")
     op.drop_index(
+        "ix_delivery_pull",
+        table_name="delivery",
+        postgresql_where=sa.text("pull AND state = 'PENDING'"),
+    )
+    op.drop_index(
         "ix_delivery_order",
         table_name="delivery",
         postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
@@ -356,6 +375,11 @@ def downgrade() -> None:
         "ix_delivery_due",
         table_name="delivery",
         postgresql_where=sa.text("state = 'PENDING' AND NOT pull"),
+    )
+    op.drop_index(
+        "ix_delivery_claimed",
+        table_name="delivery",
+        postgresql_where=sa.text("state = 'IN_PROCESS'"),
     )
     op.drop_table("delivery")
     op.drop_table("subscription")
