@@ -864,27 +864,6 @@ class Consumers:
 consumers = Consumers()
 
 
-def _record(conn: Any, c: Claimed, outcome: str, error: str | None, delivered: bool) -> None:
-    conn.execute(
-        text(
-            "INSERT INTO published_messages (correlation_id, delivery_id, event_id,"
-            " subscription_id, attempt, published_at, delivered_at, outcome, error)"
-            " VALUES (:c, :d, :e, :s, :a, :p, CASE WHEN :ok THEN now() END, :o, :err)"
-        ),
-        {
-            "c": c.correlation_id,
-            "d": c.delivery_id,
-            "e": c.event_id,
-            "s": c.subscription_id,
-            "a": c.attempt,
-            "p": datetime.now(UTC),
-            "ok": delivered,
-            "o": outcome,
-            "err": error,
-        },
-    )
-
-
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -1024,32 +1003,52 @@ def _release_next(conn: Any, c: Claimed) -> None:
     )
 
 
+_SETTLE = text(
+    """
+    WITH held AS (
+        UPDATE delivery SET state = :state, attempt = :next_attempt,
+               next_attempt_at = COALESCE(:at, next_attempt_at),
+               scheduled_at = COALESCE(:at, scheduled_at),
+               claimed_at = NULL, claim = NULL,
+               delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why
+         WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim
+        RETURNING delivery_id)
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, delivered_at, outcome, error)
+    SELECT :c, held.delivery_id, :e, :s, :a, :p,
+           CASE WHEN :state = 'DELIVERED' THEN now() END, :o, :why
+      FROM held
+    """
+)
+
+
 def _set_state(
     conn: Any,
     c: Claimed,
     claim: str,
     state: str,
-    attempt: int,
+    next_attempt: int,
     at: datetime | None,
     why: str | None,
+    outcome: str,
 ) -> bool:
-    """Record the outcome, only while this claim still holds the delivery."""
+    """Record the outcome and its published_messages row in one statement, only while this
+    claim still holds the delivery."""
     done = conn.execute(
-        text(
-            "UPDATE delivery SET state = :state, attempt = :attempt,"
-            " next_attempt_at = COALESCE(:at, next_attempt_at),"
-            " scheduled_at = COALESCE(:at, scheduled_at),"
-            " claimed_at = NULL, claim = NULL,"
-            " delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why"
-            " WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim"
-        ),
+        _SETTLE,
         {
             "state": state,
-            "attempt": attempt,
+            "next_attempt": next_attempt,
             "at": at,
             "why": why,
             "id": c.delivery_id,
             "claim": claim,
+            "c": c.correlation_id,
+            "e": c.event_id,
+            "s": c.subscription_id,
+            "a": c.attempt,
+            "p": datetime.now(UTC),
+            "o": outcome,
         },
     )
     return bool(done.rowcount)
@@ -1060,15 +1059,15 @@ def _settle(conn: Any, d: _Done, claim: str) -> str:
     if d.refused is not None:
         # Consumer authorization failed: never processed, dead-lettered with the reason.
         state, why, outcome = "DEAD", d.refused, "DEAD"
-        held = _set_state(conn, c, claim, state, c.attempt, None, why)
+        held = _set_state(conn, c, claim, state, c.attempt, None, why, outcome)
         if held:
             _log_queue(conn, c, d.started, ok=False, exception_id=None)
     elif d.attempt is None:
         state, why, outcome = "EXPIRED", "past the room's message expiration", "EXPIRED"
-        held = _set_state(conn, c, claim, state, c.attempt, None, why)
+        held = _set_state(conn, c, claim, state, c.attempt, None, why, outcome)
     elif d.attempt.ok:
         state, why, outcome = "DELIVERED", None, "DELIVERED"
-        held = _set_state(conn, c, claim, state, c.attempt, None, None)
+        held = _set_state(conn, c, claim, state, c.attempt, None, None, outcome)
     else:
         next_attempt = c.attempt + 1
         wait = backoff_ms(c.delay_ms, c.multiplier, next_attempt)  # at most MAX_WAIT_MS
@@ -1080,7 +1079,7 @@ def _settle(conn: Any, d: _Done, claim: str) -> str:
         else:
             state, why = "PENDING", d.attempt.error
         outcome = "FAILED" if state == "PENDING" else state
-        held = _set_state(conn, c, claim, state, next_attempt, at, why)
+        held = _set_state(conn, c, claim, state, next_attempt, at, why, outcome)
     if not held:
         # The claim was released meanwhile (too slow) and the delivery taken over: its
         # outcome now belongs to the new holder.
@@ -1088,7 +1087,6 @@ def _settle(conn: Any, d: _Done, claim: str) -> str:
         return "LOST_CLAIM"
     if d.handler_ran:
         _log_queue(conn, c, d.started, ok=state == "DELIVERED", exception_id=d.exception_id)
-    _record(conn, c, outcome, why, state == "DELIVERED")
     if state != "PENDING":
         _release_next(conn, c)  # a retry waiting at the head keeps holding its key
     return state
