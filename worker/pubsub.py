@@ -784,7 +784,9 @@ def _maintain(conn: Any) -> None:
 # --- delivery -------------------------------------------------------------------------------
 
 _CLAIM = text(
+    # One round trip: the claim commits without waiting for the disk (see _ASYNC_COMMIT).
     """
+    SET LOCAL synchronous_commit TO OFF;
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim
       FROM event e, subscription s, room r
      WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
@@ -896,20 +898,28 @@ def deliver_batch(
     """Claim deliveries, send each, record every attempt and what comes next; new states."""
     claim = uuid.uuid4().hex
     with engine.begin() as conn:
-        conn.execute(_ASYNC_COMMIT)
         rows = conn.execute(_CLAIM, {"ids": delivery_ids, "claim": claim}).all()
         claimed = [Claimed(*row) for row in rows]
     done = [_attempt(c, push, secret) for c in claimed]
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
-    with engine.begin() as conn:
-        conn.execute(_ASYNC_COMMIT)
-        for d in done:
-            try:
-                with conn.begin_nested():
-                    states[d.claimed.delivery_id] = _settle(conn, d, claim)
-            except Exception as exc:  # one bad delivery must not hold back the batch
-                log.exception("recording delivery %s failed", d.claimed.delivery_id)
-                states[d.claimed.delivery_id] = _dead_letter(conn, d.claimed, claim, exc)
+    try:
+        with engine.begin() as conn:
+            conn.execute(_ASYNC_COMMIT)
+            for d in done:
+                states[d.claimed.delivery_id] = _settle(conn, d, claim)
+    except Exception:
+        # One bad delivery must not hold back the batch: again, one savepoint each, and the
+        # one that cannot be recorded is dead-lettered with the reason.
+        log.exception("recording a batch of deliveries failed; recording one by one")
+        with engine.begin() as conn:
+            conn.execute(_ASYNC_COMMIT)
+            for d in done:
+                try:
+                    with conn.begin_nested():
+                        states[d.claimed.delivery_id] = _settle(conn, d, claim)
+                except Exception as exc:
+                    log.exception("recording delivery %s failed", d.claimed.delivery_id)
+                    states[d.claimed.delivery_id] = _dead_letter(conn, d.claimed, claim, exc)
     return [states[i] for i in delivery_ids]
 
 
