@@ -2,10 +2,11 @@
 
 One routing model speaks both seeds: a room has subscriptions that select events by event
 type and/or routing-key pattern (topic rules: ``*`` one word, ``#`` zero or more), and each
-names a destination: a PUSH url or a consumer handler chosen by routing key. PostgreSQL
-holds every event and delivery; the partial index on ``delivery.next_attempt_at`` of PENDING
-rows is the due-time index a scheduler moves to the queue when due, so a ``$delay`` or a
-retry wait is never held in worker memory nor in the broker.
+names a destination: a PUSH url, a PULL queue of its own, or a consumer handler chosen by
+name. PostgreSQL holds every event and delivery; the partial index on
+``delivery.scheduled_at`` of PENDING rows is the due-time index a scheduler moves to the
+queue when due, so a ``$delay`` or a retry wait is never held in worker memory nor in the
+broker.
 """
 
 from __future__ import annotations
