@@ -903,6 +903,28 @@ def deliver_batch(
         claimed = [Claimed(*row) for row in rows]
     done = [_attempt(c, push, secret) for c in claimed]
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
+    # The common case, plain pushes delivered, is recorded for the whole batch at once.
+    plain = [
+        d.claimed.delivery_id
+        for d in done
+        if d.attempt is not None
+        and d.attempt.ok
+        and not d.handler_ran
+        and d.claimed.order_value is None
+    ]
+    if plain:
+        with engine.begin() as conn:
+            held = {
+                int(r[0])
+                for r in conn.execute(
+                    _SETTLE_DELIVERED, {"ids": plain, "claim": claim, "p": datetime.now(UTC)}
+                )
+            }
+        for delivery_id in plain:
+            states[delivery_id] = "DELIVERED" if delivery_id in held else "LOST_CLAIM"
+        done = [d for d in done if d.claimed.delivery_id not in plain]
+    if not done:
+        return [states[i] for i in delivery_ids]
     try:
         with engine.begin() as conn:
             conn.execute(_ASYNC_COMMIT)
@@ -1013,6 +1035,23 @@ def _release_next(conn: Any, c: Claimed) -> None:
         {"s": c.subscription_id, "v": c.order_value, "d": c.delivery_id},
     )
 
+
+_SETTLE_DELIVERED = text(
+    """
+    SET LOCAL synchronous_commit TO OFF;
+    WITH held AS (
+        UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), claimed_at = NULL,
+               claim = NULL, last_error = NULL
+         WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
+        RETURNING delivery_id, event_id, subscription_id, attempt)
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, delivered_at, outcome)
+    SELECT e.correlation_id, held.delivery_id, held.event_id, held.subscription_id,
+           held.attempt, :p, now(), 'DELIVERED'
+      FROM held JOIN event e USING (event_id)
+    RETURNING delivery_id
+    """
+)
 
 _SETTLE = text(
     """
