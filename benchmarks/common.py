@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import redis
 
-    from api.processes import ProcessGroup
+    from api.processes import Managed, ProcessGroup
+    from api.sink import Sink
 
 BENCH_DB = os.environ.get("ORDERLY_BENCH_DATABASE", "orderly_bench")
 BENCH_REDIS = os.environ.get("ORDERLY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -63,3 +65,45 @@ def prepare() -> tuple[redis.Redis, ProcessGroup]:
     runtime.startup_check()
     group = ProcessGroup.create(Path(tempfile.mkdtemp(prefix="orderly-bench-")))
     return redis.Redis.from_url(BENCH_REDIS), group
+
+
+def start_workers(group: ProcessGroup, tag: str, queue: str, count: int = 2) -> list[Managed]:
+    """``count`` workers of one prefork child each, consuming ``queue`` (not waited for)."""
+    return [
+        group.start(
+            f"{tag}-w{i}",
+            worker_argv(f"{tag}{i}", queue, "prefork", 1),
+            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
+        )
+        for i in range(count)
+    ]
+
+
+def sink_arrivals(
+    group: ProcessGroup, workers: list[Managed], sink: Sink, expected: int
+) -> list[dict[str, Any]]:
+    """Wait until the sink has ``expected`` POSTs (10 minutes at most); all of them."""
+    deadline = time.monotonic() + 600
+    arrivals: list[dict[str, Any]] = []
+    while len(arrivals) < expected:
+        if time.monotonic() > deadline or not all(w.alive() for w in workers):
+            raise RuntimeError(f"deliveries stalled at {len(arrivals)}; see {group.log_dir}")
+        time.sleep(0.02)
+        arrivals += sink.arrivals(since=len(arrivals))
+    return arrivals
+
+
+def reset_pubsub(r: redis.Redis) -> None:
+    """Empty the publish/subscribe tables of the bench database and its Redis DB."""
+    from sqlalchemy import text
+
+    from worker.runtime import get_runtime
+
+    with get_runtime().engine.begin() as conn:
+        conn.execute(
+            text(
+                "TRUNCATE queue_message, published_messages, delivery, event, subscription,"
+                " publisher, event_type_version, event_type, room RESTART IDENTITY CASCADE"
+            )
+        )
+    r.flushdb()

@@ -21,13 +21,12 @@ import random
 import time
 from pathlib import Path
 
-from benchmarks.common import prepare, use_bench_services, worker_argv
+from benchmarks.common import prepare, reset_pubsub, start_workers, use_bench_services
 
 use_bench_services()  # before the app modules read their settings
 os.environ.setdefault("ORDERLY_TOKEN_SECRET", "bench-secret-not-for-production")
 os.environ.setdefault("AURA_QUEUE_MANAGER_INTERVAL", "100")
 
-import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from api.processes import Managed, ProcessGroup  # noqa: E402
@@ -55,15 +54,8 @@ def rss_mb(workers: list[Managed]) -> float:
     return total_kb / 1024
 
 
-def start_workers(group: ProcessGroup, tag: str, queue: str) -> list[Managed]:
-    workers = [
-        group.start(
-            f"{tag}-w{i}",
-            worker_argv(f"{tag}{i}", queue, "prefork", 1),
-            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
-        )
-        for i in range(WORKERS)
-    ]
+def started_workers(group: ProcessGroup, tag: str, queue: str) -> list[Managed]:
+    workers = start_workers(group, tag, queue, WORKERS)
     deadline = time.monotonic() + 60
     for w in workers:  # (they log at WARNING: wait for their pool children instead)
         children = Path(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children")
@@ -73,17 +65,6 @@ def start_workers(group: ProcessGroup, tag: str, queue: str) -> list[Managed]:
             time.sleep(0.1)
     time.sleep(2.0)  # settled: the pool children have imported everything
     return workers
-
-
-def reset(r: redis.Redis) -> None:
-    with get_runtime().engine.begin() as conn:
-        conn.execute(
-            text(
-                "TRUNCATE queue_message, published_messages, delivery, event, subscription,"
-                " publisher, event_type_version, event_type, room RESTART IDENTITY CASCADE"
-            )
-        )
-    r.flushdb()
 
 
 def main() -> None:
@@ -100,7 +81,7 @@ def main() -> None:
     runtime = get_runtime()
     r, group = prepare()
     try:
-        reset(r)
+        reset_pubsub(r)
         pubsub.create_room(
             runtime.engine,
             {
@@ -113,7 +94,7 @@ def main() -> None:
         pubsub.create_subscription(
             runtime.engine, "later", {"name": "echo", "kind": "HANDLER", "handler": "echo"}
         )
-        workers = start_workers(group, "delayed", DELIVER_QUEUE)
+        workers = started_workers(group, "delayed", DELIVER_QUEUE)
         before = rss_mb(workers)
         t0 = time.monotonic()
         for i in range(0, n, 5000):
@@ -150,8 +131,8 @@ def main() -> None:
             group.stop(w)
         print(f"delivered {done} of {n}, {on_time} within {ON_TIME_MS} ms of due", flush=True)
 
-        reset(r)
-        countdown_workers = start_workers(group, "countdown", PROCESS_QUEUE)
+        reset_pubsub(r)
+        countdown_workers = started_workers(group, "countdown", PROCESS_QUEUE)
         countdown_before = rss_mb(countdown_workers)
         for k, delay in enumerate(delays):
             app.send_task("orderly.process.bench_noop", args=(k,), countdown=delay / 1000)

@@ -21,11 +21,16 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from benchmarks.common import prepare, use_bench_services, worker_argv
+from benchmarks.common import (
+    prepare,
+    reset_pubsub,
+    sink_arrivals,
+    start_workers,
+    use_bench_services,
+)
 
 use_bench_services()  # before the app modules read their settings
 
-import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from api.processes import ProcessGroup  # noqa: E402
@@ -36,17 +41,6 @@ from worker.celery import DELIVER_QUEUE, app, enqueue_event_deliveries  # noqa: 
 from worker.runtime import get_runtime  # noqa: E402
 
 WORKERS = 2
-
-
-def reset(r: redis.Redis) -> None:
-    with get_runtime().engine.begin() as conn:
-        conn.execute(
-            text(
-                "TRUNCATE queue_message, published_messages, delivery, event, subscription,"
-                " publisher, event_type_version, event_type, room RESTART IDENTITY CASCADE"
-            )
-        )
-    r.flushdb()
 
 
 def setup(sink: Sink, subscriptions: int) -> None:
@@ -77,24 +71,22 @@ def publish_all(events: int) -> float:
 
 
 def push_rate(group: ProcessGroup, sink: Sink, expected: int, tag: str) -> float:
-    workers = [
-        group.start(
-            f"{tag}-w{i}",
-            worker_argv(f"{tag}{i}", DELIVER_QUEUE, "prefork", 1),
-            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
-        )
-        for i in range(WORKERS)
-    ]
-    deadline = time.monotonic() + 600
-    arrivals: list[dict[str, object]] = []
-    while len(arrivals) < expected:
-        if time.monotonic() > deadline or not all(w.alive() for w in workers):
-            raise RuntimeError(f"pushes stalled at {len(arrivals)}; see {group.log_dir}")
-        time.sleep(0.02)
-        arrivals += sink.arrivals(since=len(arrivals))
+    workers = start_workers(group, tag, DELIVER_QUEUE, WORKERS)
+    arrivals = sink_arrivals(group, workers, sink, expected)
+    # The sink saw every POST; the last outcomes commit a moment later: let them, before
+    # the workers stop.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with get_runtime().engine.connect() as conn:
+            done = conn.execute(
+                text("SELECT count(*) FROM delivery WHERE state = 'DELIVERED'")
+            ).scalar_one()
+        if done >= expected:
+            break
+        time.sleep(0.05)
     for w in workers:
         group.stop(w)
-    first, last = float(arrivals[0]["t_arrival"]), float(arrivals[-1]["t_arrival"])  # type: ignore[arg-type]
+    first, last = float(arrivals[0]["t_arrival"]), float(arrivals[-1]["t_arrival"])
     return (expected - 1) / (last - first)  # intervals between the first and last POST
 
 
@@ -116,7 +108,7 @@ def main() -> None:
     with Sink() as sink:
         try:
             for round_no in range(1, rounds + 1):
-                reset(r)
+                reset_pubsub(r)
                 sink.reset()
                 setup(sink, args.subscriptions)
                 publish_rates.append(publish_all(events))
@@ -127,7 +119,7 @@ def main() -> None:
                     ).scalar_one()
                 if delivered != pushes:
                     raise RuntimeError(f"only {delivered} of {pushes} deliveries DELIVERED")
-                reset(r)
+                reset_pubsub(r)
                 for i in range(pushes):
                     app.send_task("orderly.process.bench_noop", args=(i,))
                 layout = SimpleNamespace(workers=WORKERS, concurrency=1, pool="prefork")

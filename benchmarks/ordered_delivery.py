@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.common import prepare, use_bench_services, worker_argv
+from benchmarks.common import prepare, sink_arrivals, start_workers, use_bench_services
 
 use_bench_services()  # before the app modules read their settings
 # The whole workload is registered before the workers start, which takes longer than the
@@ -119,21 +119,8 @@ def deliver(
     group: ProcessGroup, r: redis.Redis, sink: Sink, workload: Workload, tag: str
 ) -> tuple[float, list[dict[str, Any]]]:
     """Start the workers on the preloaded conversations; deliveries/s, first POST to last."""
-    workers = [
-        group.start(
-            f"{tag}-w{i}",
-            worker_argv(f"{tag}{i}", DELIVER_QUEUE, "prefork", 1),
-            {"ORDERLY_NODE_CODE": f"bench-{tag}{i}"},
-        )
-        for i in range(WORKERS)
-    ]
-    deadline = time.monotonic() + 600
-    arrivals: list[dict[str, Any]] = []
-    while len(arrivals) < workload.responses:
-        if time.monotonic() > deadline or not all(w.alive() for w in workers):
-            raise RuntimeError(f"delivery stalled at {len(arrivals)}; see {group.log_dir}")
-        time.sleep(0.02)
-        arrivals += sink.arrivals(since=len(arrivals))
+    workers = start_workers(group, tag, DELIVER_QUEUE, WORKERS)
+    arrivals = sink_arrivals(group, workers, sink, workload.responses)
     for w in workers:
         group.stop(w)
     elapsed = arrivals[-1]["t_arrival"] - arrivals[0]["t_arrival"]
