@@ -369,7 +369,9 @@ def room_create(
 def room_list() -> None:
     from worker import pubsub
 
-    table = Table("room", "delay ms", "multiplier", "attempts", "expiration ms", "status")
+    table = Table(
+        "room", "delay ms", "multiplier", "attempts", "expiration ms", "status", "unroutable"
+    )
     for r in pubsub.list_rooms(get_runtime().engine):
         table.add_row(
             r["name"],
@@ -378,6 +380,7 @@ def room_list() -> None:
             str(r["delivery_attempts"]),
             str(r["message_expiration_ms"] or "never"),
             r["status"],
+            str(r["unroutable"]),
         )
     console.print(table)
 

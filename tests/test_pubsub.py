@@ -157,6 +157,7 @@ def test_publish_fans_out_to_matching_active_subscriptions(
     assert lost["unroutable"] is True and lost["deliveries"] == []
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM event WHERE unroutable")).scalar_one() == 1
+    assert client.get("/rooms").json()[0]["unroutable"] == 1  # counted
 
 
 @pytest.mark.parametrize(

@@ -162,8 +162,19 @@ def room_view(room: Room) -> dict[str, Any]:
 
 
 def list_rooms(engine: Engine) -> list[dict[str, Any]]:
+    """The rooms, each with how many of its events matched no subscription (unroutable)."""
     with Session(engine) as session:
-        return [room_view(r) for r in session.scalars(select(Room).order_by(Room.name))]
+        unroutable = dict(
+            session.execute(
+                select(Event.room_id, func.count())
+                .where(Event.unroutable.is_(True))
+                .group_by(Event.room_id)
+            ).all()
+        )
+        return [
+            {**room_view(r), "unroutable": int(unroutable.get(r.room_id, 0))}
+            for r in session.scalars(select(Room).order_by(Room.name))
+        ]
 
 
 def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
@@ -682,14 +693,6 @@ def publish_many(
             else []
         )
     return [int(i) for i, due in zip(delivery_ids, due_flags, strict=True) if due]
-
-
-def unroutable_count(engine: Engine, room_name: str | None = None) -> int:
-    with Session(engine) as session:
-        query = select(func.count()).select_from(Event).where(Event.unroutable.is_(True))
-        if room_name is not None:
-            query = query.where(Event.room_id == _room(session, room_name).room_id)
-        return int(session.scalar(query) or 0)
 
 
 # --- the scheduler --------------------------------------------------------------------------
