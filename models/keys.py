@@ -63,10 +63,6 @@ class BridgeKeys:
     def response_prefix(self) -> str:
         return f"{self.prefix}:res:"
 
-    @property
-    def conversation_prefix(self) -> str:
-        return f"{self.prefix}:"
-
 
 def min_message_info(request_id: str, response_id: str, conversation_id: str) -> str:
     """The seed's MinMessageInfo string: fixed field order, so equal messages are equal strings."""

@@ -296,7 +296,20 @@ def test_push_backoff_overrides_expiry_delay_and_dead_letters(
     redriven = http.post("/dead-letters/redrive", json={"subscription_id": never}).json()
     assert len(redriven["redriven"]) == 1
     wait_until(lambda: states().get("never") == "DELIVERED", timeout=20, what="re-drive")
-    assert fast != never
+    with db.connect() as conn:  # the override's two failures, then delivered
+        fast_attempts = conn.execute(
+            text(
+                "SELECT p.attempt, p.outcome FROM published_messages p JOIN event e"
+                " USING (event_id) WHERE p.subscription_id = :s AND e.routing_key = 'a'"
+                " ORDER BY p.attempt"
+            ),
+            {"s": fast},
+        ).all()
+    assert [(a.attempt, a.outcome) for a in fast_attempts] == [
+        (0, "FAILED"),
+        (1, "FAILED"),
+        (2, "DELIVERED"),
+    ]
 
 
 def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> None:
