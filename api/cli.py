@@ -14,9 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from models import NodeState
-from worker import configuration, nodes, schema
+from worker import configuration, confirmations, nodes, operations, schema
 from worker.errors import OrderlyError
-from worker.intake import get_message
 from worker.runtime import get_runtime
 from worker.settings import get_settings
 
@@ -36,6 +35,13 @@ channel_app = typer.Typer(help="Delivery channels per origin.", no_args_is_help=
 room_app = typer.Typer(help="Rooms: create, list, change, pause.", no_args_is_help=True)
 subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
 dead_app = typer.Typer(help="Dead-lettered deliveries: list and re-drive.", no_args_is_help=True)
+message_app = typer.Typer(
+    help="Messages: list by state and funnel, inspect, cancel, re-drive, respond.",
+    no_args_is_help=True,
+)
+source_app = typer.Typer(help="Source systems and their confirmation URL.", no_args_is_help=True)
+app.add_typer(message_app, name="message")
+app.add_typer(source_app, name="source")
 app.add_typer(room_app, name="room")
 app.add_typer(subscription_app, name="subscription")
 app.add_typer(dead_app, name="dead-letter")
@@ -120,7 +126,7 @@ def submit(
 def show(msg_id: int) -> None:
     """Show one message's public fields."""
     try:
-        row = get_message(get_runtime().engine, msg_id)
+        row = operations.inspect_message(get_runtime().engine, msg_id)
     except OrderlyError as exc:
         raise _fail(exc) from None
     console.print_json(json.dumps(row, default=str))
@@ -643,6 +649,119 @@ def demo(
             conversations=conversations,
         )
     )
+
+
+@message_app.command("list")
+def message_list(
+    state: Annotated[str | None, typer.Option(help="e.g. FAILED, POSTPONED")] = None,
+    funnel: Annotated[str | None, typer.Option(help="funnel value")] = None,
+    service: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 100,
+) -> None:
+    """Messages by state and funnel, oldest msg_timestamp first."""
+    try:
+        rows = operations.list_messages(
+            get_runtime().engine, state=state, funnel=funnel, service=service, limit=limit
+        )
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    table = Table("id", "state", "service.operation", "correlation", "funnel", "fails", "error")
+    for r in rows:
+        table.add_row(
+            str(r["msg_id"]),
+            r["state"],
+            f"{r['service_name']}.{r['operation_name']}",
+            f"{r['source_system']}:{r['correlation_id']}",
+            r["funnel_value"] or "",
+            str(r["failed_count"]),
+            r["failed_error_code"] or "",
+        )
+    console.print(table)
+
+
+@message_app.command("show")
+def message_show(msg_id: int) -> None:
+    """One message with its children, external calls, exchanges and audit notes."""
+    show(msg_id)
+
+
+def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
+    from worker.celery import enqueue_processing
+
+    command = operations.cancel if verb == "cancel" else operations.redrive
+    try:
+        done = command(get_runtime().engine, msg_id, {"note": note, "by": by}, enqueue_processing)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    _show(done.msg_id, done.state.value, verb)
+
+
+@message_app.command("cancel")
+def message_cancel(
+    msg_id: int,
+    note: Annotated[str, typer.Option(help="Why (stored on the message)")],
+    by: Annotated[str, typer.Option(help="Who")] = "operator",
+) -> None:
+    """Cancel a message that is not final yet (CANCEL)."""
+    _operator_command("cancel", msg_id, note, by)
+
+
+@message_app.command("redrive")
+def message_redrive(
+    msg_id: int,
+    note: Annotated[str, typer.Option(help="Why (stored on the message)")],
+    by: Annotated[str, typer.Option(help="Who")] = "operator",
+) -> None:
+    """Send a FAILED or CANCEL message again."""
+    _operator_command("redrive", msg_id, note, by)
+
+
+@message_app.command("respond")
+def message_respond(
+    correlation_id: str,
+    payload: Annotated[str | None, typer.Option(help="JSON or text")] = None,
+    failed: Annotated[bool, typer.Option(help="The external system reports a failure")] = False,
+    reason: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Deliver an external response to the message waiting for it (POST /messages/responses)."""
+    from worker.celery import enqueue_processing
+
+    data: dict[str, Any] = {"correlation_id": correlation_id, "failed": failed}
+    if payload is not None:
+        data["payload"] = _payload(payload)
+    if reason is not None:
+        data["reason"] = reason
+    try:
+        result = operations.receive_response(get_runtime().engine, data, enqueue_processing)
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    _show(result.msg_id, result.state.value, "resumed" if result.created else "already answered")
+
+
+@source_app.command("set")
+def source_set(
+    name: str,
+    confirmation_url: Annotated[str | None, typer.Option(help="None: no confirmations")] = None,
+    timeout_ms: Annotated[int, typer.Option()] = 5000,
+) -> None:
+    """Where final states of this source system's messages are confirmed."""
+    try:
+        saved = confirmations.set_source_system(
+            get_runtime().engine,
+            name,
+            {"confirmation_url": confirmation_url, "timeout_ms": timeout_ms},
+        )
+    except OrderlyError as exc:
+        raise _fail(exc) from None
+    console.print_json(json.dumps(saved))
+
+
+@source_app.command("list")
+def source_list() -> None:
+    table = Table("name", "confirmation url", "timeout ms")
+    for r in confirmations.list_source_systems(get_runtime().engine):
+        table.add_row(r["name"], r["confirmation_url"] or "", str(r["timeout_ms"]))
+    console.print(table)
 
 
 def main() -> None:

@@ -16,16 +16,18 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from worker import channels as channel_defs
-from worker import nodes, pubsub
+from worker import confirmations, nodes, operations, pubsub
 from worker.errors import (
     InvalidMessage,
     MessageNotFound,
     NodeNotAccepting,
+    OperationRefused,
+    ResponseNotAwaited,
     UnknownAck,
     UnknownChannel,
     UnknownRequest,
 )
-from worker.intake import Intake, get_message
+from worker.intake import Intake
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.api")
@@ -293,10 +295,83 @@ def create_app() -> FastAPI:
             content={"msg_id": result.msg_id, "state": result.state.value},
         )
 
+    @app.exception_handler(OperationRefused)
+    async def _refused(_: Request, exc: OperationRefused) -> JSONResponse:
+        return _problem(409, [{"field": "msg_id", "problem": str(exc)}])
+
+    @app.exception_handler(ResponseNotAwaited)
+    async def _not_awaited(_: Request, exc: ResponseNotAwaited) -> JSONResponse:
+        return _problem(404, [{"field": "correlation_id", "problem": str(exc)}])
+
+    @app.post("/messages/responses")
+    async def receive_response(request: Request) -> JSONResponse:
+        from worker.celery import enqueue_processing
+
+        data = await _json_body(request)
+        result = await run_in_threadpool(
+            operations.receive_response, runtime.engine, data, enqueue_processing
+        )
+        return JSONResponse(
+            status_code=201 if result.created else 200,
+            content={"msg_id": result.msg_id, "state": result.state.value, "res_id": result.res_id},
+        )
+
+    @app.get("/messages")
+    async def list_messages(
+        state: str | None = None,
+        funnel: str | None = None,
+        service: str | None = None,
+        limit: int = 100,
+    ) -> JSONResponse:
+        found = await run_in_threadpool(
+            functools.partial(
+                operations.list_messages,
+                runtime.engine,
+                state=state,
+                funnel=funnel,
+                service=service,
+                limit=limit,
+            )
+        )
+        return JSONResponse(jsonable_encoder(found))
+
     @app.get("/messages/{msg_id}")
     async def show(msg_id: int) -> JSONResponse:
-        row = await run_in_threadpool(get_message, runtime.engine, msg_id)
+        row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id)
         return JSONResponse(jsonable_encoder(row))
+
+    @app.post("/messages/{msg_id}/cancel")
+    async def cancel(msg_id: int, request: Request) -> JSONResponse:
+        from worker.celery import enqueue_processing
+
+        data = await _json_body(request)
+        done = await run_in_threadpool(
+            operations.cancel, runtime.engine, msg_id, data, enqueue_processing
+        )
+        return JSONResponse({"msg_id": done.msg_id, "state": done.state.value})
+
+    @app.post("/messages/{msg_id}/redrive")
+    async def redrive_message(msg_id: int, request: Request) -> JSONResponse:
+        from worker.celery import enqueue_processing
+
+        data = await _json_body(request)
+        done = await run_in_threadpool(
+            operations.redrive, runtime.engine, msg_id, data, enqueue_processing
+        )
+        return JSONResponse(
+            {"msg_id": done.msg_id, "state": done.state.value, "reopened": list(done.reopened)}
+        )
+
+    @app.put("/source-systems/{name}")
+    async def put_source_system(name: str, request: Request) -> JSONResponse:
+        data = await _json_body(request)
+        saved = await run_in_threadpool(confirmations.set_source_system, runtime.engine, name, data)
+        return JSONResponse(saved)
+
+    @app.get("/source-systems")
+    async def list_source_systems() -> JSONResponse:
+        found = await run_in_threadpool(confirmations.list_source_systems, runtime.engine)
+        return JSONResponse(found)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -17,19 +17,26 @@ def requeue_due() -> int:
     moved = pool.requeue_due(runtime.engine, runtime.config, enqueue_processing)
     if moved:
         log.info("pool re-queued %d messages", len(moved))
+    failed = pool.fail_postponed(runtime.engine, runtime.config, enqueue_processing)
+    if failed:
+        log.warning("pool failed %d messages postponed behind a FAILED one", failed)
+    expired = pool.expire_waits(runtime.engine, runtime.config, enqueue_processing)
+    if expired:
+        log.warning("pool failed %d messages whose response did not come", expired)
     return len(moved)
 
 
 @app.task(name="orderly.agents.repair")
 def repair() -> dict[str, int]:
     runtime = get_runtime()
-    report = pool.repair(runtime.engine, runtime.config)
-    if report.messages or report.external_calls:
+    report = pool.repair(runtime.engine, runtime.config, enqueue_processing)
+    if report.messages or report.external_calls or report.parents:
         log.warning("repair: %s", report)
     return {
         "messages": report.messages,
         "failed": report.failed,
         "external_calls": report.external_calls,
+        "parents": report.parents,
     }
 
 

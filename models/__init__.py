@@ -4,6 +4,7 @@ from models.base import Base
 from models.channel import Channel
 from models.configuration import Configuration
 from models.enums import (
+    ACTIVE_STATES,
     FINAL_STATES,
     PROCESSABLE_STATES,
     RUNNING_STATES,
@@ -33,8 +34,11 @@ from models.pubsub import (
     SubscriptionKind,
 )
 from models.request_response import Request, Response
+from models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
 __all__ = [
+    "ACTIVE_STATES",
+    "CONFIRMATION_OPERATION",
     "FINAL_STATES",
     "PROCESSABLE_STATES",
     "RUNNING_STATES",
@@ -62,6 +66,7 @@ __all__ = [
     "Request",
     "Response",
     "Room",
+    "SourceSystem",
     "Status",
     "Subscription",
     "SubscriptionKind",

@@ -30,6 +30,10 @@ RUNNING_STATES = frozenset(
         MessageState.WAITING_FOR_RES,
     }
 )
+# Started and not finished: one of these holds its funnel (one at a time per funnel value).
+ACTIVE_STATES = frozenset(
+    {MessageState.PROCESSING, MessageState.WAITING, MessageState.WAITING_FOR_RES}
+)
 # A worker may claim a message (move it to PROCESSING) only from these states.
 PROCESSABLE_STATES = frozenset(
     {

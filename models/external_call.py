@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, str_enum
@@ -13,7 +23,14 @@ from models.enums import ExternalCallState
 
 class ExternalCall(Base):
     __tablename__ = "external_call"
-    __table_args__ = (UniqueConstraint("operation_name", "entity_id"),)
+    __table_args__ = (
+        UniqueConstraint("operation_name", "entity_id"),
+        Index(
+            "ix_external_call_due",
+            "next_attempt_at",
+            postgresql_where=text("next_attempt_at IS NOT NULL"),
+        ),
+    )
 
     call_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     msg_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("message.msg_id"), index=True)
@@ -26,3 +43,5 @@ class ExternalCall(Base):
     creation_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_update_timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: when the next attempt of a confirmation is due (NULL: none scheduled).
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

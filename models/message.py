@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, str_enum
@@ -35,12 +37,29 @@ class Message(Base):
             "last_process_timestamp",
             postgresql_where=text("state NOT IN ('OK', 'FAILED', 'CANCEL')"),
         ),
-        # funnels and guaranteed order look up non-final messages by funnel value
+        # Funnels and guaranteed order look at the messages of a funnel that still count:
+        # OK and CANCEL never block, so they leave the index.
         Index(
-            "ix_message_funnel",
+            "ix_message_funnel_open",
             "funnel_value",
             "msg_timestamp",
-            postgresql_where=text("funnel_value IS NOT NULL"),
+            "msg_id",
+            postgresql_where=text("funnel_value IS NOT NULL AND state NOT IN ('OK', 'CANCEL')"),
+        ),
+        # One message at a time waits for a response under a correlation id.
+        Index(
+            "ix_message_wait_correlation",
+            "wait_correlation_id",
+            unique=True,
+            postgresql_where=text(
+                "wait_correlation_id IS NOT NULL AND state NOT IN ('OK', 'FAILED', 'CANCEL')"
+            ),
+        ),
+        # The response timeout looks for waits whose deadline passed.
+        Index(
+            "ix_message_response_deadline",
+            "response_deadline",
+            postgresql_where=text("state = 'WAITING_FOR_RES' AND response_deadline IS NOT NULL"),
         ),
         # obsolete-call detection: the newest message for an object
         Index(
@@ -89,3 +108,15 @@ class Message(Base):
     # Not in the seed: the PostgreSQL backend pid of the worker connection that claimed the
     # message. A PROCESSING message whose backend is gone was orphaned by a dead worker.
     processing_pid: Mapped[int | None] = mapped_column(Integer)
+    # Not in the seed: what operators did to the message and decisions they should see, as a
+    # list of {"at", "action", "by", "note", ...} objects, oldest first.
+    audit: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, default=list, server_default=text("'[]'::jsonb")
+    )
+    # Not in the seed: the newer processed message that made this one obsolete (it was skipped).
+    obsolete_by: Mapped[int | None] = mapped_column(BigInteger)
+    # Not in the seed: the wait for an external response (WAITING_FOR_RES): the correlation id
+    # the response will name, when the wait times out, and the response that ended it.
+    wait_correlation_id: Mapped[str | None] = mapped_column(String(255))
+    response_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    wait_res_id: Mapped[int | None] = mapped_column(BigInteger)

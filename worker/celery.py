@@ -10,7 +10,7 @@ from celery import Celery, bootsteps, signals
 from kombu.entity import Exchange, Queue
 
 from models import NodeState
-from worker import nodes, pubsub
+from worker import confirmations, nodes, pubsub
 from worker.runtime import get_runtime
 from worker.settings import get_settings
 
@@ -67,9 +67,13 @@ def enqueue_event_deliveries(delivery_ids: list[int]) -> None:
     app.send_task("orderly.deliver.events", args=(delivery_ids,))
 
 
+def enqueue_confirmation(call_id: int) -> None:
+    app.send_task("orderly.deliver.confirmation", args=(call_id,))
+
+
 class DueScheduler(bootsteps.StartStopStep):
     """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out and
-    moves due event deliveries ($delay, retry waits) to the queue.
+    moves due event deliveries ($delay, retry waits) and due confirmations to the queue.
 
     The waits themselves live in Redis (``bridge:queue:scheduled``) and PostgreSQL (the
     deliveries' due-time index), not in worker memory: any worker's scheduler may take what
@@ -100,6 +104,10 @@ class DueScheduler(bootsteps.StartStopStep):
             pubsub.move_due(runtime.engine, enqueue_event_deliveries, maintain=maintain)
         except Exception:
             log.exception("moving due deliveries failed")
+        try:
+            confirmations.dispatch_due(runtime.engine, enqueue_confirmation)
+        except Exception:
+            log.exception("moving due confirmations failed")
         try:
             conversations.wake_due(enqueue_drain)
             if self.metrics_on and time.monotonic() >= self.metrics_at:

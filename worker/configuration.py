@@ -74,8 +74,44 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "300",
             ConfigDataType.INT,
-            "Seconds after which a POSTPONED message becomes FAILED.",
+            "Seconds after which a POSTPONED message in guaranteed order, held back by a FAILED"
+            " message of its funnel, becomes FAILED.",
             validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.funnelIdleIntervalSec",
+            "asynch",
+            "600",
+            ConfigDataType.INT,
+            "Seconds a started message holds its funnel (without guaranteed order); after that"
+            " the next message of the funnel may start.",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.responseTimeoutSec",
+            "asynch",
+            "3600",
+            ConfigDataType.INT,
+            "Seconds a message waits for an external response (WAITING_FOR_RES) when its"
+            " handler names no timeout; then it becomes FAILED.",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.confirmation.failedLimit",
+            "asynch",
+            "3",
+            ConfigDataType.INT,
+            "Failed confirmations to a source system after which the confirmation is"
+            " FAILED_END (no further tries).",
+            validation=_POSITIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.confirmation.intervalSec",
+            "asynch",
+            "60",
+            ConfigDataType.INT,
+            "Seconds between two tries of a failed confirmation.",
+            validation=_NON_NEGATIVE_INT,
         ),
         ConfigItem(
             "asynch.repairRepeatTimeSec",

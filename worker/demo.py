@@ -94,3 +94,78 @@ def record(event: Claimed) -> None:
     client = redis.Redis.from_url(get_settings().redis_url)
     client.rpush("orderly:test:processed", event.correlation_id)
     client.close()
+
+
+# --- funnels, external calls, children and responses (tests and the funnel benchmark) -------
+
+
+@registry.register("bench", "stamp")
+def stamp(ctx: MessageContext) -> None:
+    """Does nothing but keep when it started and ended (custom_data ``start,end``, epoch s)."""
+    started = time.time()
+    ctx.custom_data = f"{started:.6f},{time.time():.6f}"
+
+
+def _redis_list(key: str, value: str) -> None:
+    import redis
+
+    from worker.settings import get_settings
+
+    client = redis.Redis.from_url(get_settings().redis_url)
+    client.rpush(key, value)
+    client.close()
+
+
+@registry.register("test", "ordered")
+def ordered(ctx: MessageContext) -> None:
+    """Records ``funnel:correlation_id`` in ``orderly:test:order`` when it runs, after an
+    optional ``{"sleep": s}``; ``{"fail": true}`` fails it for good (FAILED at once with
+    countPartlyFailsBeforeFailed 0)."""
+    spec = json.loads(ctx.payload or "{}")
+    time.sleep(float(spec.get("sleep", 0)))
+    _redis_list("orderly:test:order", f"{ctx.funnel_value}:{ctx.correlation_id}")
+    if spec.get("fail"):
+        raise HandlerError("E_TOLD", "told to fail")
+
+
+@registry.register("test", "extcall")
+def call_external(ctx: MessageContext) -> None:
+    """``{"key": k, "sleep": s}``: the external call ``test.op`` on custom key ``k``; the call
+    records ``correlation_id`` in ``orderly:test:calls``; custom_data says what happened."""
+    from worker.extcall import CallKey
+
+    spec = json.loads(ctx.payload or "{}")
+
+    def call() -> str:
+        time.sleep(float(spec.get("sleep", 0)))
+        _redis_list("orderly:test:calls", ctx.correlation_id)
+        return "done"
+
+    result = ctx.external_call("test.op", CallKey.custom(str(spec["key"])), call)
+    ctx.custom_data = "CALLED" if result.called else str(result.skipped)
+
+
+@registry.register("test", "split")
+def split(ctx: MessageContext) -> None:
+    """``{"children": [{"operation": "script"|"split", "payload": {...}, "soft": bool}]}``."""
+    spec = json.loads(ctx.payload or "{}")
+    for child in spec.get("children", []):
+        ctx.add_child(
+            "test",
+            child.get("operation", "script"),
+            child.get("payload", {}),
+            soft=bool(child.get("soft", False)),
+        )
+
+
+@registry.register("test", "wait")
+def wait(ctx: MessageContext) -> None:
+    """Parks until a response to ``{"correlation_id": c, "timeout_s": t}`` comes; then keeps
+    its payload in custom_data (a failed response fails the message)."""
+    spec = json.loads(ctx.payload or "{}")
+    if ctx.response is None:
+        ctx.wait_for_response(spec.get("correlation_id"), spec.get("timeout_s"))
+        return
+    if ctx.response.failed:
+        raise HandlerError("E_REMOTE", ctx.response.reason or "the response reports a failure")
+    ctx.custom_data = ctx.response.envelope

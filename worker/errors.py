@@ -79,3 +79,19 @@ class UnknownAck(OrderlyError):
     def __init__(self, async_response_id: str) -> None:
         self.async_response_id = async_response_id
         super().__init__(f"no message is waiting for the ACK {async_response_id!r}")
+
+
+class OperationRefused(OrderlyError):
+    """An operator command that does not apply to the message in its current state."""
+
+    def __init__(self, msg_id: int, reason: str) -> None:
+        self.msg_id = msg_id
+        super().__init__(f"message {msg_id}: {reason}")
+
+
+class ResponseNotAwaited(OrderlyError):
+    """A response names a correlation id no message waits for."""
+
+    def __init__(self, correlation_id: str) -> None:
+        self.correlation_id = correlation_id
+        super().__init__(f"no message waits for a response with correlation id {correlation_id!r}")

@@ -1,11 +1,70 @@
-"""Message handlers, registered per (service, operation): the consumer chosen by routing key."""
+"""Message handlers, registered per (service, operation): the consumer chosen by routing key.
+
+A handler receives a :class:`MessageContext`. Besides reading its message it may split it
+into children (:meth:`~MessageContext.add_child`), park it until an external response comes
+(:meth:`~MessageContext.wait_for_response`), make external calls under the obsolete/duplicate
+rules (:meth:`~MessageContext.external_call`) and log HTTP exchanges (:meth:`~MessageContext.post`).
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from models import BindingType
+from worker.extcall import CallKey, CallResult
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child message a handler asked for; stored with the parent's outcome."""
+
+    service: str
+    operation: str
+    payload: Any
+    binding: BindingType = BindingType.HARD
+    correlation_id: str | None = None
+    object_id: str | None = None
+    entity_type: str | None = None
+    funnel_value: str | None = None
+    funnel_component_id: str | None = None
+    guaranteed_order: bool = False
+    exclude_failed_state: bool = False
+
+
+@dataclass(frozen=True)
+class ExternalResponse:
+    """The response that resumed a message parked in WAITING_FOR_RES."""
+
+    res_id: int
+    envelope: str | None
+    failed: bool
+    reason: str | None
+    received_at: datetime
+
+
+class HandlerBackend(Protocol):
+    """What a running handler may ask of orderly (implemented by the processor)."""
+
+    def register_wait(self, ctx: MessageContext, correlation_id: str, timeout_s: int) -> None: ...
+
+    def external_call(
+        self, ctx: MessageContext, operation: str, key: CallKey, call: Callable[[], T]
+    ) -> CallResult[T]: ...
+
+    def post(
+        self,
+        ctx: MessageContext,
+        uri: str,
+        body: Any,
+        res_join_id: str | None,
+        timeout_s: float,
+    ) -> tuple[int, str]: ...
 
 
 @dataclass
@@ -25,6 +84,82 @@ class MessageContext:
     funnel_value: str | None
     failed_count: int
     custom_data: str | None
+    # Set when the message was resumed by an external response.
+    response: ExternalResponse | None = None
+    children: list[ChildSpec] = field(default_factory=list)
+    waits_for: str | None = None
+    backend: HandlerBackend | None = field(default=None, repr=False)
+
+    def _backend(self) -> HandlerBackend:
+        if self.backend is None:
+            raise RuntimeError("this context is not attached to a running message")
+        return self.backend
+
+    def add_child(
+        self,
+        service: str,
+        operation: str,
+        payload: Any,
+        *,
+        soft: bool = False,
+        correlation_id: str | None = None,
+        object_id: str | None = None,
+        entity_type: str | None = None,
+        funnel_value: str | None = None,
+        funnel_component_id: str | None = None,
+        guaranteed_order: bool = False,
+        exclude_failed_state: bool = False,
+    ) -> None:
+        """Split: a child stored when the handler returns. With HARD children (the default)
+        the message waits (WAITING) until they are all OK, and fails when one fails; SOFT
+        children (``soft=True``) never affect it. A child's correlation id defaults to
+        ``<parent correlation id>/<n>``, so a retried split stores nothing twice."""
+        self.children.append(
+            ChildSpec(
+                service=service,
+                operation=operation,
+                payload=payload,
+                binding=BindingType.SOFT if soft else BindingType.HARD,
+                correlation_id=correlation_id,
+                object_id=object_id,
+                entity_type=entity_type,
+                funnel_value=funnel_value,
+                funnel_component_id=funnel_component_id,
+                guaranteed_order=guaranteed_order,
+                exclude_failed_state=exclude_failed_state,
+            )
+        )
+
+    def wait_for_response(
+        self, correlation_id: str | None = None, timeout_s: int | None = None
+    ) -> None:
+        """Park the message in WAITING_FOR_RES when the handler returns, until
+        ``POST /messages/responses`` names ``correlation_id`` (default: the message's own),
+        or FAILED after ``timeout_s`` (default ``asynch.responseTimeoutSec``). The wait is
+        registered at once, so a response that arrives before the handler returns is kept."""
+        cid = correlation_id or self.correlation_id
+        self._backend().register_wait(self, cid, timeout_s or 0)
+        self.waits_for = cid
+
+    def message_key(self) -> CallKey:
+        return CallKey.message(self.source_system, self.correlation_id)
+
+    def entity_key(self) -> CallKey:
+        if self.object_id is None:
+            raise ValueError("the message has no object_id for an entity key")
+        return CallKey.entity(self.entity_type or self.operation, self.object_id)
+
+    def external_call(self, operation: str, key: CallKey, call: Callable[[], T]) -> CallResult[T]:
+        """Run ``call`` unless the key's last call makes it obsolete or a duplicate; raises
+        :class:`~worker.extcall.CallInProgress` (the message is POSTPONED and taken up again)
+        while another message's call on the key runs."""
+        return self._backend().external_call(self, operation, key, call)
+
+    def post(
+        self, uri: str, body: Any, *, res_join_id: str | None = None, timeout_s: float = 10.0
+    ) -> tuple[int, str]:
+        """POST JSON, logged in ``request``/``response``; raises ExchangeFailed unless 2xx."""
+        return self._backend().post(self, uri, body, res_join_id, timeout_s)
 
 
 Handler = Callable[[MessageContext], None]

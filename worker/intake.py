@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from models import Message, MessageState
 from worker.errors import InvalidMessage, MessageNotFound, NodeNotAccepting
 from worker.handlers import HandlerRegistry
-from worker.prepared import Prepared, PreparedSet
+from worker.prepared import Prepared, PreparedConnection, PreparedSet
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,9 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
 
 
 # The node check and the insert are one statement: a node that stops accepting input cannot
-# race an insert; a duplicate (correlation_id, source_system) inserts nothing.
+# race an insert; a duplicate (correlation_id, source_system) inserts nothing. A message of a
+# funnel is stored POSTPONED (and not enqueued) when its funnel holds it back; it is sent
+# before that under the funnel's lock (FUNNEL_LOCK), so a release cannot miss it.
 _INSERT_COLUMNS = (
     "msg_timestamp",
     "service_name",
@@ -159,9 +161,10 @@ _INSERT_COLUMNS = (
     "exclude_failed_state",
     "node_id",
 )
+FUNNEL_LOCK = "SELECT pg_advisory_xact_lock(orderly_funnel_key(%s, %s)); "
 STATEMENTS = (
     Prepared(
-        "orderly_insert_new",
+        "orderly_insert_message",
         (
             "timestamptz",
             "text",
@@ -180,15 +183,21 @@ STATEMENTS = (
             "boolean",
             "boolean",
             "bigint",
+            "boolean",
         ),
         f"""
         INSERT INTO message ({", ".join(_INSERT_COLUMNS)},
                              receive_timestamp, last_process_timestamp, state, failed_count)
         SELECT {", ".join(f"${i}" for i in range(1, len(_INSERT_COLUMNS) + 1))},
-               now(), now(), 'NEW', 0
-        WHERE EXISTS (SELECT 1 FROM node WHERE node_id = ${len(_INSERT_COLUMNS)} AND state = 'RUN')
+               now(), now(),
+               CASE WHEN $13 IS NOT NULL
+                         AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
+                    THEN 'POSTPONED' ELSE 'NEW' END,
+               0
+        -- $18: new input needs the node in RUN (a child of existing work does not)
+        WHERE NOT $18 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
         ON CONFLICT (correlation_id, source_system) DO NOTHING
-        RETURNING msg_id
+        RETURNING msg_id, state
         """,
     ),
     Prepared(
@@ -198,6 +207,45 @@ STATEMENTS = (
     ),
     Prepared("orderly_node_state", ("bigint",), "SELECT code, state FROM node WHERE node_id = $1"),
 )
+
+
+def insert_values(message: MessageIn, node_id: int, binding: str | None = None) -> tuple[Any, ...]:
+    """The arguments of ``orderly_insert_message`` but the last (whether RUN is needed)."""
+    return (
+        message.msg_timestamp,
+        message.service,
+        message.operation,
+        message.object_id,
+        message.entity_type,
+        message.correlation_id,
+        message.process_id,
+        message.payload_text,
+        message.envelope,
+        message.source_system,
+        message.parent_msg_id,
+        binding or ("HARD" if message.parent_msg_id is not None else None),
+        message.funnel_value,
+        message.funnel_component_id,
+        message.guaranteed_order,
+        message.exclude_failed_state,
+        node_id,
+    )
+
+
+def insert_message(
+    conn: PreparedConnection, values: tuple[Any, ...], *, require_run: bool
+) -> tuple[int, MessageState] | None:
+    """Insert one message (NEW, or POSTPONED behind its funnel); None if it already exists or
+    the node refuses input."""
+    funnel, component = values[12], values[13]
+    row = conn.run(
+        "orderly_insert_message",
+        *values,
+        require_run,
+        before=FUNNEL_LOCK if funnel is not None else "",
+        before_args=(funnel, component) if funnel is not None else (),
+    )
+    return None if row is None else (int(row[0]), MessageState(row[1]))
 
 
 class Intake:
@@ -224,7 +272,8 @@ class Intake:
             data, max_payload_bytes=self._max_payload_bytes, registry=self._registry
         )
         result = self._store(message)
-        if result.created:
+        # A POSTPONED message waits for its funnel to release it; it has no task until then.
+        if result.created and result.state is MessageState.NEW:
             try:
                 self._enqueue(result.msg_id)
             except Exception:
@@ -235,28 +284,11 @@ class Intake:
         return result
 
     def _store(self, message: MessageIn) -> SubmitResult:
-        values = (
-            message.msg_timestamp,
-            message.service,
-            message.operation,
-            message.object_id,
-            message.entity_type,
-            message.correlation_id,
-            message.process_id,
-            message.payload_text,
-            message.envelope,
-            message.source_system,
-            message.parent_msg_id,
-            "HARD" if message.parent_msg_id is not None else None,
-            message.funnel_value,
-            message.funnel_component_id,
-            message.guaranteed_order,
-            message.exclude_failed_state,
-            self._node_id,
-        )
         with self._statements.connection() as conn:
             try:
-                inserted = conn.run("orderly_insert_new", *values)
+                inserted = insert_message(
+                    conn, insert_values(message, self._node_id), require_run=True
+                )
             except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
                 if "parent_msg_id" in str(exc):
                     raise InvalidMessage(
@@ -264,7 +296,7 @@ class Intake:
                     ) from None
                 raise
             if inserted is not None:
-                return SubmitResult(int(inserted[0]), MessageState.NEW, created=True)
+                return SubmitResult(inserted[0], inserted[1], created=True)
             existing = conn.run(
                 "orderly_find_message", message.correlation_id, message.source_system
             )
@@ -300,6 +332,11 @@ PUBLIC_FIELDS = (
     "failed_desc",
     "custom_data",
     "node_id",
+    "obsolete_by",
+    "wait_correlation_id",
+    "response_deadline",
+    "wait_res_id",
+    "audit",
     "payload",
 )
 

@@ -1,22 +1,28 @@
 """The re-processing pool and repair: the periodic work beat triggers.
 
 Pool: PARTLY_FAILED messages idle for partlyFailedIntervalSec and POSTPONED ones idle for
-postponedIntervalSec go back to IN_QUEUE (oldest msg_timestamp first) and are enqueued.
+postponedIntervalSec go back to IN_QUEUE (oldest msg_timestamp first) and are enqueued; a
+POSTPONED message only once its funnel lets it go (its release normally comes at once, when
+the message ahead of it ends: the pool is the safety net). A guaranteed-order message held
+back by a FAILED one longer than postponedIntervalWhenFailedSec becomes FAILED; a message
+whose wait for an external response ran out becomes FAILED.
 Repair: NEW/IN_QUEUE/PROCESSING messages idle longer than repairRepeatTimeSec, and PROCESSING
 messages whose worker connection is gone, become PARTLY_FAILED (FAILED at the limit);
-external calls stuck in PROCESSING become FAILED. Rows are taken with SKIP LOCKED, so two
-beat agents (or an agent and a worker) never act on the same row.
+external calls stuck in PROCESSING become FAILED; WAITING parents whose children all ended
+are settled. Rows are taken with SKIP LOCKED, so two beat agents (or an agent and a worker)
+never act on the same row. What a transition releases in a funnel is enqueued after commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from worker.configuration import ConfigReader
-from worker.processing import ORPHANED
+from worker.processing import ORPHANED, parse_ids
 
 _REQUEUE = text(
     """
@@ -29,7 +35,11 @@ _REQUEUE = text(
               AND ((state = 'PARTLY_FAILED'
                    AND last_process_timestamp <= now() - make_interval(secs => :partly_s))
                OR (state = 'POSTPONED'
-                   AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)))
+                   AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)
+                   AND NOT (funnel_value IS NOT NULL
+                            AND orderly_funnel_blocked(msg_id, funnel_value,
+                                                       funnel_component_id, msg_timestamp,
+                                                       guaranteed_order, exclude_failed_state))))
             ORDER BY msg_timestamp
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)
@@ -78,6 +88,80 @@ _REPAIR_CALLS = text(
     """
 )
 
+POSTPONED_CODE = "E_POSTPONED_TOO_LONG"
+
+# Guaranteed order halts behind a FAILED message (unless exclude_failed_state): the messages
+# it holds back fail once both have stood still for postponedIntervalWhenFailedSec.
+_FAIL_POSTPONED = text(
+    f"""
+    UPDATE message m
+       SET state = 'FAILED', failed_count = m.failed_count + 1,
+           failed_error_code = '{POSTPONED_CODE}',
+           failed_desc = format('postponed for over %s s behind FAILED message %s of funnel %s',
+                                :failed_s, b.blocker, m.funnel_value),
+           last_process_timestamp = now()
+      FROM (SELECT c.msg_id,
+                   (SELECT o.msg_id FROM message o
+                     WHERE o.funnel_value = c.funnel_value
+                       AND o.state NOT IN ('OK', 'CANCEL')
+                       AND o.funnel_component_id IS NOT DISTINCT FROM c.funnel_component_id
+                       AND o.state = 'FAILED' AND o.guaranteed_order
+                       AND (o.msg_timestamp, o.msg_id) < (c.msg_timestamp, c.msg_id)
+                       AND o.last_process_timestamp <= now() - make_interval(secs => :failed_s)
+                     ORDER BY o.msg_timestamp, o.msg_id LIMIT 1) AS blocker
+              FROM message c
+             WHERE c.state = 'POSTPONED' AND c.guaranteed_order AND NOT c.exclude_failed_state
+               AND c.last_process_timestamp <= now() - make_interval(secs => :failed_s)
+             ORDER BY c.msg_timestamp
+             LIMIT :batch
+             FOR UPDATE OF c SKIP LOCKED) b
+     WHERE m.msg_id = b.msg_id AND b.blocker IS NOT NULL
+    RETURNING m.msg_id
+    """
+)
+
+TIMEOUT_CODE = "E_RESPONSE_TIMEOUT"
+
+_RESPONSE_TIMEOUTS = text(
+    f"""
+    UPDATE message m
+       SET state = 'FAILED', failed_count = m.failed_count + 1,
+           failed_error_code = '{TIMEOUT_CODE}',
+           failed_desc = format('no response for correlation id %s by %s',
+                                m.wait_correlation_id, m.response_deadline),
+           last_process_timestamp = now()
+     WHERE m.msg_id IN (
+           SELECT msg_id FROM message
+            WHERE state = 'WAITING_FOR_RES' AND response_deadline <= now()
+              AND service_name <> 'conversation'
+            ORDER BY response_deadline
+            LIMIT :batch
+            FOR UPDATE SKIP LOCKED)
+    RETURNING m.msg_id
+    """
+)
+
+# A parent is settled when its last child ends; this catches one whose settling was lost.
+_SETTLE_PARENTS = text(
+    """
+    SELECT p.msg_id, orderly_parent_check(p.msg_id) AS state
+      FROM message p
+     WHERE p.state = 'WAITING' AND p.service_name <> 'conversation'
+       AND p.last_process_timestamp <= now() - make_interval(secs => :stuck_s)
+       AND NOT EXISTS (SELECT 1 FROM message c
+                        WHERE c.parent_msg_id = p.msg_id AND c.parent_binding_type = 'HARD'
+                          AND c.state NOT IN ('OK', 'FAILED', 'CANCEL'))
+     LIMIT :batch
+    """
+)
+
+
+def released_in(conn: Connection) -> list[int]:
+    """The funnel messages the current transaction released (enqueue them after commit)."""
+    value = conn.execute(text("SELECT current_setting('orderly.released', true)")).scalar()
+    return parse_ids(value)
+
+
 # A claim commits its backend pid atomically, so an orphan is certain once pg_stat_activity
 # no longer shows the pid; the grace only covers a backend that connected in the same instant.
 ORPHAN_GRACE_S = 1.0
@@ -89,6 +173,7 @@ class RepairReport:
     messages: int
     failed: int
     external_calls: int
+    parents: int = 0
 
 
 def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> list[int]:
@@ -111,17 +196,54 @@ def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], N
     return moved
 
 
-def repair(engine: Engine, config: ConfigReader) -> RepairReport:
+def _batches(
+    engine: Engine, stmt: Any, params: dict[str, Any], enqueue: Callable[[int], None]
+) -> int:
+    """Run a batched transition until it changes fewer rows than a batch; enqueue releases."""
+    done = 0
+    for _ in range(MAX_BATCHES):
+        with engine.begin() as conn:
+            changed = len(conn.execute(stmt, params).all())
+            released = released_in(conn)
+        for msg_id in released:
+            enqueue(msg_id)
+        done += changed
+        if changed < params["batch"]:
+            break
+    return done
+
+
+def fail_postponed(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> int:
+    """Guaranteed-order messages held back by a FAILED one too long become FAILED."""
+    params = {
+        "failed_s": config.get_int("asynch.postponedIntervalWhenFailedSec"),
+        "batch": config.get_int("asynch.pool.batchSize"),
+    }
+    return _batches(engine, _FAIL_POSTPONED, params, enqueue)
+
+
+def expire_waits(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> int:
+    """Messages whose wait for an external response ran out become FAILED."""
+    return _batches(
+        engine, _RESPONSE_TIMEOUTS, {"batch": config.get_int("asynch.pool.batchSize")}, enqueue
+    )
+
+
+def repair(
+    engine: Engine, config: ConfigReader, enqueue: Callable[[int], None] | None = None
+) -> RepairReport:
     stuck_s = config.get_int("asynch.repairRepeatTimeSec")
     batch = config.get_int("asynch.pool.batchSize")
     limit = config.get_int("asynch.countPartlyFailsBeforeFailed")
-    messages = failed = calls = 0
+    messages = failed = calls = parents = 0
+    released: list[int] = []
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
             rows = conn.execute(
                 _REPAIR_MESSAGES,
                 {"stuck_s": stuck_s, "grace_s": ORPHAN_GRACE_S, "batch": batch, "limit": limit},
             ).all()
+            released += released_in(conn)
         messages += len(rows)
         failed += sum(1 for r in rows if r.state == "FAILED")
         if len(rows) < batch:
@@ -132,4 +254,11 @@ def repair(engine: Engine, config: ConfigReader) -> RepairReport:
         calls += n
         if n < batch:
             break
-    return RepairReport(messages=messages, failed=failed, external_calls=calls)
+    with engine.begin() as conn:
+        rows = conn.execute(_SETTLE_PARENTS, {"stuck_s": stuck_s, "batch": batch}).all()
+        parents = sum(1 for r in rows if r.state != "WAITING")
+        released += released_in(conn)
+    for msg_id in released:
+        if enqueue is not None:
+            enqueue(msg_id)
+    return RepairReport(messages=messages, failed=failed, external_calls=calls, parents=parents)

@@ -29,15 +29,37 @@ class PreparedConnection:
         self._cursor = cursor
         self._statements = statements
 
-    def run(self, name: str, *args: Any) -> tuple[Any, ...] | None:
-        """Execute a prepared statement; the first row it returns, if any."""
-        stmt = self._statements[name]
-        placeholders = ", ".join(["%s"] * len(args))
-        self._cursor.execute(f"{stmt.prefix}EXECUTE {name}({placeholders})", args)
+    def run(
+        self, name: str, *args: Any, before: str = "", before_args: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        """Execute a prepared statement; the first row it returns, if any.
+
+        The statement's own prefix may use the leading arguments (``%s``, in order); ``before``
+        is more SQL sent first in the same query, with ``before_args``. Statements sent in one
+        query run in one transaction (unless one is already open), each with its own snapshot.
+        """
+        self._send(name, args, before, before_args)
         if self._cursor.description is None:
             return None
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
+
+    def rows(self, name: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Execute a prepared statement; every row it returns."""
+        self._send(name, args, "", ())
+        return [tuple(r) for r in self._cursor.fetchall()]
+
+    def _send(
+        self, name: str, args: Sequence[Any], before: str, before_args: Sequence[Any]
+    ) -> None:
+        stmt = self._statements[name]
+        placeholders = ", ".join(["%s"] * len(args))
+        params = (*before_args, *args[: stmt.prefix.count("%s")], *args)
+        self._cursor.execute(f"{before}{stmt.prefix}EXECUTE {name}({placeholders})", params)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Plain SQL on the same connection (e.g. BEGIN / COMMIT around prepared statements)."""
+        self._cursor.execute(sql, params)
 
     def rowcount(self) -> int:
         """Rows the last statement changed."""
@@ -51,7 +73,6 @@ class PreparedSet:
     def __init__(self, engine: Engine, statements: Sequence[Prepared]) -> None:
         self._engine = engine
         self._statements = {s.name: s for s in statements}
-        self._key = "orderly.prepared." + ".".join(sorted(self._statements))
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[PreparedConnection]:
@@ -62,11 +83,13 @@ class PreparedSet:
             assert dbapi is not None
             dbapi.autocommit = True
             cursor = dbapi.cursor()
-            if not pooled.info.get(self._key):
-                for stmt in self._statements.values():
+            # Statement names are global to the connection: several sets may share one.
+            prepared: set[str] = pooled.info.setdefault("orderly.prepared", set())
+            for stmt in self._statements.values():
+                if stmt.name not in prepared:
                     types = ", ".join(stmt.arg_types)
                     cursor.execute(f"PREPARE {stmt.name}({types}) AS {stmt.sql}")
-                pooled.info[self._key] = True
+                    prepared.add(stmt.name)
             try:
                 yield PreparedConnection(cursor, self._statements)
             finally:

@@ -1,27 +1,44 @@
 """Processing: claim a message under a row lock, run its handler, record the outcome.
 
-Every transition is one UPDATE whose WHERE holds the state check, so a transition from the
+Every transition is one statement whose WHERE holds the state check, so a transition from the
 wrong state changes nothing and is reported, never silently applied. The claim records the
 claiming connection's backend pid; the same connection records the outcome, and only if it
 still holds the claim. A PROCESSING message whose backend pid is gone belongs to a dead
 worker: a redelivered task may claim it again at once, and repair releases it.
+
+Funnels: the claim of a funnel message runs under its funnel's advisory lock and makes it
+POSTPONED instead of PROCESSING when the funnel holds it back (``orderly_funnel_blocked``).
+The outcome (``orderly_finish``) takes the same lock; the trigger on ``message.state`` then
+releases the funnel's next POSTPONED message in the same transaction, and this worker goes
+on with it at once on the same connection (up to CHAIN_LIMIT in a row), with no broker trip
+and no poll in between.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
+from models import BindingType, MessageState
+from worker import extcall
 from worker.configuration import ConfigReader
-from worker.errors import HandlerError
-from worker.handlers import HandlerRegistry, MessageContext
+from worker.errors import HandlerError, InvalidMessage
+from worker.extcall import CallInProgress, CallKey, CallResult
+from worker.handlers import ExternalResponse, HandlerRegistry, MessageContext
+from worker.intake import STATEMENTS as INTAKE_STATEMENTS
+from worker.intake import insert_message, insert_values, parse_message
 from worker.prepared import Prepared, PreparedConnection, PreparedSet
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A claimer whose backend no longer exists is dead (pg_stat_get_activity(pid) plans far
 # cheaper than the pg_stat_activity view, and this runs on every claim).
@@ -29,6 +46,10 @@ ORPHANED = (
     "m.processing_pid IS NOT NULL"
     " AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(m.processing_pid))"
 )
+
+# Released funnel messages one worker goes on with in a row before handing the next to the
+# broker (fair to the messages waiting there).
+CHAIN_LIMIT = 100
 
 _CLAIM_COLUMNS = (
     "msg_id",
@@ -44,7 +65,20 @@ _CLAIM_COLUMNS = (
     "funnel_value",
     "failed_count",
     "custom_data",
+    "wait_res_id",
 )
+
+# The newest processed (OK) message of the same object, newer than this one: this one is
+# obsolete. The object is (object_id, entity_type), or (object_id, operation) without a type.
+_NEWER_PROCESSED = """
+    (SELECT o.msg_id FROM message o
+      WHERE m.object_id IS NOT NULL AND o.object_id = m.object_id
+        AND o.entity_type IS NOT DISTINCT FROM m.entity_type
+        AND (m.entity_type IS NOT NULL OR o.operation_name = m.operation_name)
+        AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
+      ORDER BY o.msg_timestamp DESC, o.msg_id DESC
+      LIMIT 1)
+"""
 
 # A claimer holds its claim through its backend pid; only that connection may finish it.
 _HOLDS_CLAIM = "m.msg_id = $1 AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()"
@@ -55,17 +89,25 @@ STATEMENTS = (
         ("bigint", "bigint"),
         f"""
         UPDATE message m
-           SET state = 'PROCESSING', node_id = $2, last_process_timestamp = now(),
-               processing_pid = pg_backend_pid()
+           SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
+               node_id = $2, last_process_timestamp = now(),
+               processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
+          FROM (SELECT x.funnel_value IS NOT NULL
+                       AND orderly_funnel_blocked(x.msg_id, x.funnel_value,
+                                                  x.funnel_component_id, x.msg_timestamp,
+                                                  x.guaranteed_order, x.exclude_failed_state)
+                       AS blocked
+                  FROM message x WHERE x.msg_id = $1) b
          WHERE m.msg_id = $1
            AND (m.state IN ('NEW', 'IN_QUEUE') OR (m.state = 'PROCESSING' AND {ORPHANED}))
            AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $2 AND n.state = 'STOPPED')
-        RETURNING {", ".join("m." + c for c in _CLAIM_COLUMNS)}
+        RETURNING m.state, {", ".join("m." + c for c in _CLAIM_COLUMNS)}, {_NEWER_PROCESSED}
         """,
         # The claim's commit need not wait for the disk: if a server crash loses it, the
         # message is back in NEW/IN_QUEUE, the finish finds no claim, and repair brings the
-        # message back. One simple query is one implicit transaction, so LOCAL applies.
-        prefix="SET LOCAL synchronous_commit TO OFF; ",
+        # message back. The funnel lock (a no-op without a funnel) comes first, so the check
+        # of the funnel sees every transition committed before it.
+        prefix="SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s); ",
     ),
     Prepared(
         "orderly_why_not_claimed",
@@ -76,30 +118,26 @@ STATEMENTS = (
         """,
     ),
     Prepared(
-        "orderly_finish_ok",
-        ("bigint", "text"),
+        "orderly_finish",
+        ("bigint", "text", "integer", "text", "text", "text", "bigint"),
+        "SELECT new_state, released FROM orderly_finish($1, $2, $3, $4, $5, $6, $7)",
+    ),
+    Prepared(
+        "orderly_register_wait",
+        ("bigint", "text", "integer"),
         f"""
         UPDATE message m
-           SET state = 'OK', last_process_timestamp = now(), custom_data = $2,
-               processing_pid = NULL
+           SET wait_correlation_id = $2, wait_res_id = NULL,
+               response_deadline = now() + make_interval(secs => $3)
          WHERE {_HOLDS_CLAIM}
-        RETURNING m.state
+        RETURNING m.msg_id
         """,
     ),
-    # failed_count on the right-hand side is the value before this failure.
     Prepared(
-        "orderly_finish_failed",
-        ("bigint", "boolean", "integer", "text", "text", "text"),
-        f"""
-        UPDATE message m
-           SET state = CASE WHEN $2 OR m.failed_count >= $3
-                            THEN 'FAILED' ELSE 'PARTLY_FAILED' END,
-               failed_count = m.failed_count + 1,
-               failed_error_code = $4, failed_desc = $5,
-               last_process_timestamp = now(), custom_data = $6, processing_pid = NULL
-         WHERE {_HOLDS_CLAIM}
-        RETURNING m.state
-        """,
+        "orderly_load_response",
+        ("bigint",),
+        "SELECT res_id, res_envelope, failed, failed_reason, res_timestamp"
+        " FROM response WHERE res_id = $1",
     ),
 )
 
@@ -108,6 +146,11 @@ class Outcome(enum.StrEnum):
     OK = "OK"
     PARTLY_FAILED = "PARTLY_FAILED"
     FAILED = "FAILED"
+    OBSOLETE = "OBSOLETE"  # skipped: a newer message of the same object was processed (OK)
+    POSTPONED = "POSTPONED"  # held back by its funnel, or an external call in progress
+    WAITING = "WAITING"  # a parent waiting for its HARD children
+    WAITING_FOR_RES = "WAITING_FOR_RES"  # parked until an external response comes
+    IN_QUEUE = "IN_QUEUE"  # parked, but its response had come already: taken up again
     NOT_CLAIMABLE = "NOT_CLAIMABLE"  # wrong state (already done, or running elsewhere)
     NODE_STOPPED = "NODE_STOPPED"  # this node processes nothing; the task goes back
     LOST_CLAIM = "LOST_CLAIM"  # someone took the message over while the handler ran
@@ -116,6 +159,8 @@ class Outcome(enum.StrEnum):
 
 ERROR_NO_HANDLER = "E_NO_HANDLER"
 ERROR_HANDLER = "E_HANDLER"
+ERROR_INVALID_CHILD = "E_INVALID_CHILD"
+ERROR_WAIT_CONFLICT = "E_WAIT_CONFLICT"
 
 
 @dataclass(frozen=True)
@@ -123,79 +168,247 @@ class ProcessResult:
     msg_id: int
     outcome: Outcome
     detail: str = ""
+    # Messages this outcome made ready: funnel messages it released, itself when its
+    # response had already come. The worker goes on with them at once.
+    ready: tuple[int, ...] = ()
+    # NEW children it stored: they go to the broker (processed in parallel).
+    spawned: tuple[int, ...] = ()
+
+
+def parse_ids(text: str | None) -> list[int]:
+    """The comma-separated ids a transaction collected in 'orderly.released'."""
+    return [int(part) for part in (text or "").split(",") if part]
+
+
+class _Backend:
+    """What a running handler may ask of orderly, on the connection holding its claim."""
+
+    def __init__(self, conn: PreparedConnection, config: ConfigReader, integrity: Any) -> None:
+        self._conn = conn
+        self._config = config
+        self._integrity = integrity
+
+    def register_wait(self, ctx: MessageContext, correlation_id: str, timeout_s: int) -> None:
+        if not correlation_id or len(correlation_id) > 255:
+            raise InvalidMessage("correlation_id", "must be 1 to 255 characters")
+        timeout = timeout_s if timeout_s > 0 else self._config.get_int("asynch.responseTimeoutSec")
+        try:
+            held = self._conn.run("orderly_register_wait", ctx.msg_id, correlation_id, timeout)
+        except self._integrity:
+            raise HandlerError(
+                ERROR_WAIT_CONFLICT,
+                f"another message already waits for a response to {correlation_id!r}",
+            ) from None
+        if held is None:
+            raise HandlerError("E_LOST_CLAIM", "the message was taken over while its handler ran")
+
+    def external_call(
+        self, ctx: MessageContext, operation: str, key: CallKey, call: Callable[[], T]
+    ) -> CallResult[T]:
+        return extcall.external_call(
+            self._conn, ctx.msg_id, ctx.msg_timestamp, operation, key, call
+        )
+
+    def post(
+        self, ctx: MessageContext, uri: str, body: Any, res_join_id: str | None, timeout_s: float
+    ) -> tuple[int, str]:
+        return extcall.post_logged(
+            self._conn, ctx.msg_id, uri, body, res_join_id=res_join_id, timeout_s=timeout_s
+        )
 
 
 class Processor:
     def __init__(
-        self, engine: Engine, *, node_id: int, registry: HandlerRegistry, config: ConfigReader
+        self,
+        engine: Engine,
+        *,
+        node_id: int,
+        registry: HandlerRegistry,
+        config: ConfigReader,
+        max_payload_bytes: int = 1_048_576,
     ) -> None:
-        self._statements = PreparedSet(engine, STATEMENTS)
+        self._statements = PreparedSet(engine, STATEMENTS + INTAKE_STATEMENTS + extcall.STATEMENTS)
+        self._integrity = engine.dialect.loaded_dbapi.IntegrityError
         self._node_id = node_id
         self._registry = registry
         self._config = config
+        self._max_payload_bytes = max_payload_bytes
 
-    def process(self, msg_id: int) -> ProcessResult:
+    def process(self, msg_id: int, enqueue: Callable[[int], None] | None = None) -> ProcessResult:
+        """Process one message, then the funnel messages its outcome released (in a row, up to
+        CHAIN_LIMIT); what is left, and children, go to ``enqueue``. Without ``enqueue`` the
+        first result's ``ready`` lists them and nothing else runs."""
         # One connection for claim and outcome: the claim is tied to its backend pid.
         with self._statements.connection() as conn:
-            claimed = conn.run("orderly_claim", msg_id, self._node_id)
-            if claimed is None:
-                return self._not_claimed(conn, msg_id)
-            row = dict(zip(_CLAIM_COLUMNS, claimed, strict=True))
-            ctx = MessageContext(
-                msg_id=row["msg_id"],
-                service=row["service_name"],
-                operation=row["operation_name"],
-                correlation_id=row["correlation_id"],
-                source_system=row["source_system"],
-                msg_timestamp=row["msg_timestamp"],
-                payload=row["payload"],
-                object_id=row["object_id"],
-                entity_type=row["entity_type"],
-                process_id=row["process_id"],
-                funnel_value=row["funnel_value"],
-                failed_count=row["failed_count"],
-                custom_data=row["custom_data"],
-            )
-            handler = self._registry.get(ctx.service, ctx.operation)
-            if handler is None:
-                return self._fail(
-                    conn,
-                    ctx,
-                    ERROR_NO_HANDLER,
-                    f"no handler registered for {ctx.service}.{ctx.operation}",
-                    final=True,
-                )
-            try:
-                handler(ctx)
-            except HandlerError as exc:
-                return self._fail(conn, ctx, exc.code, exc.description, final=False)
-            except Exception as exc:
-                desc = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
-                return self._fail(conn, ctx, ERROR_HANDLER, desc, final=False)
-            if conn.run("orderly_finish_ok", msg_id, ctx.custom_data) is None:
-                return self._lost(msg_id)
-            return ProcessResult(msg_id, Outcome.OK)
+            first = self._process_one(conn, msg_id)
+            if enqueue is None:
+                return first
+            chain, result, ready = 0, first, list(first.ready)
+            while True:
+                for child in result.spawned:
+                    enqueue(child)
+                if not ready:
+                    return first
+                next_id = ready.pop(0)
+                if chain >= CHAIN_LIMIT:
+                    enqueue(next_id)
+                    continue
+                chain += 1
+                result = self._process_one(conn, next_id)
+                ready.extend(result.ready)
 
-    def _fail(
+    def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
+        claimed = conn.run("orderly_claim", msg_id, self._node_id)
+        if claimed is None:
+            return self._not_claimed(conn, msg_id)
+        if claimed[0] == MessageState.POSTPONED:
+            return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
+        row = dict(zip(_CLAIM_COLUMNS, claimed[1:-1], strict=True))
+        newer: int | None = claimed[-1]
+        ctx = MessageContext(
+            msg_id=row["msg_id"],
+            service=row["service_name"],
+            operation=row["operation_name"],
+            correlation_id=row["correlation_id"],
+            source_system=row["source_system"],
+            msg_timestamp=row["msg_timestamp"],
+            payload=row["payload"],
+            object_id=row["object_id"],
+            entity_type=row["entity_type"],
+            process_id=row["process_id"],
+            funnel_value=row["funnel_value"],
+            failed_count=row["failed_count"],
+            custom_data=row["custom_data"],
+            backend=_Backend(conn, self._config, self._integrity),
+        )
+        if newer is not None:
+            return self._finish(
+                conn, ctx, "OK", obsolete_by=newer, detail=f"obsolete: message {newer} is newer"
+            )
+        if row["wait_res_id"] is not None:
+            ctx.response = self._response(conn, row["wait_res_id"])
+        handler = self._registry.get(ctx.service, ctx.operation)
+        if handler is None:
+            desc = f"no handler registered for {ctx.service}.{ctx.operation}"
+            return self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
+        try:
+            handler(ctx)
+        except CallInProgress as exc:
+            # Not a failure: the key is busy; the pool takes the message up again.
+            return self._finish(conn, ctx, "POSTPONED", detail=str(exc))
+        except HandlerError as exc:
+            return self._finish(conn, ctx, "FAIL", code=exc.code, desc=exc.description)
+        except Exception as exc:
+            desc = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+            return self._finish(conn, ctx, "FAIL", code=ERROR_HANDLER, desc=desc)
+        if ctx.children:
+            return self._split(conn, ctx)
+        if ctx.waits_for is not None:
+            return self._finish(conn, ctx, "WAITING_FOR_RES", detail=f"waits for {ctx.waits_for}")
+        return self._finish(conn, ctx, "OK")
+
+    def _finish(
         self,
         conn: PreparedConnection,
         ctx: MessageContext,
-        code: str,
-        desc: str,
+        kind: str,
         *,
-        final: bool,
+        code: str | None = None,
+        desc: str | None = None,
+        obsolete_by: int | None = None,
+        detail: str = "",
     ) -> ProcessResult:
         limit = self._config.get_int("asynch.countPartlyFailsBeforeFailed")
         done = conn.run(
-            "orderly_finish_failed", ctx.msg_id, final, limit, code[:64], desc, ctx.custom_data
+            "orderly_finish",
+            ctx.msg_id,
+            kind,
+            limit,
+            None if code is None else code[:64],
+            desc,
+            ctx.custom_data,
+            obsolete_by,
         )
-        if done is None:
-            return self._lost(ctx.msg_id)
-        return ProcessResult(ctx.msg_id, Outcome(done[0]), f"{code}: {desc.splitlines()[0]}")
+        assert done is not None
+        new_state, released = done
+        if new_state is None:
+            log.warning(
+                "message %s was taken over while its handler ran; outcome dropped", ctx.msg_id
+            )
+            return ProcessResult(ctx.msg_id, Outcome.LOST_CLAIM)
+        ready = tuple(parse_ids(released))
+        if new_state == MessageState.IN_QUEUE:
+            ready = (ctx.msg_id, *ready)  # parked, but the response is here: go on at once
+        outcome = Outcome.OBSOLETE if obsolete_by is not None else Outcome(new_state)
+        if code is not None and not detail:
+            detail = f"{code}: {(desc or '').splitlines()[0] if desc else ''}"
+        return ProcessResult(ctx.msg_id, outcome, detail, ready)
 
-    def _lost(self, msg_id: int) -> ProcessResult:
-        log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
-        return ProcessResult(msg_id, Outcome.LOST_CLAIM)
+    def _split(self, conn: PreparedConnection, ctx: MessageContext) -> ProcessResult:
+        """Store the children and the parent's outcome in one transaction."""
+        try:
+            children = [
+                (
+                    spec.binding,
+                    parse_message(
+                        {
+                            "service": spec.service,
+                            "operation": spec.operation,
+                            "correlation_id": spec.correlation_id or _child_correlation(ctx, n),
+                            "source_system": ctx.source_system,
+                            "msg_timestamp": ctx.msg_timestamp,
+                            "payload": spec.payload,
+                            "object_id": spec.object_id,
+                            "entity_type": spec.entity_type,
+                            "process_id": ctx.process_id,
+                            "funnel_value": spec.funnel_value,
+                            "funnel_component_id": spec.funnel_component_id,
+                            "guaranteed_order": spec.guaranteed_order,
+                            "exclude_failed_state": spec.exclude_failed_state,
+                            "parent_msg_id": ctx.msg_id,
+                        },
+                        max_payload_bytes=self._max_payload_bytes,
+                        registry=self._registry,
+                    ),
+                )
+                for n, spec in enumerate(ctx.children, start=1)
+            ]
+        except InvalidMessage as exc:
+            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=str(exc))
+        hard = any(binding is BindingType.HARD for binding, _ in children)
+        conn.execute("BEGIN")
+        try:
+            new: list[int] = []
+            for binding, child in children:
+                stored = insert_message(
+                    conn,
+                    insert_values(child, self._node_id, binding.value),
+                    require_run=False,
+                )
+                if stored is not None and stored[1] is MessageState.NEW:
+                    new.append(stored[0])
+            result = self._finish(
+                conn, ctx, "WAITING" if hard else "OK", detail=f"{len(children)} children"
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if result.outcome is Outcome.LOST_CLAIM:
+            return result
+        return ProcessResult(result.msg_id, result.outcome, result.detail, result.ready, tuple(new))
+
+    def _response(self, conn: PreparedConnection, res_id: int) -> ExternalResponse | None:
+        found = conn.run("orderly_load_response", res_id)
+        if found is None:
+            return None
+        return ExternalResponse(
+            res_id=int(found[0]),
+            envelope=found[1],
+            failed=bool(found[2]),
+            reason=found[3],
+            received_at=found[4],
+        )
 
     def _not_claimed(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
         why = conn.run("orderly_why_not_claimed", msg_id, self._node_id)
@@ -205,3 +418,14 @@ class Processor:
         if node_state == "STOPPED" and msg_state in ("NEW", "IN_QUEUE"):
             return ProcessResult(msg_id, Outcome.NODE_STOPPED)
         return ProcessResult(msg_id, Outcome.NOT_CLAIMABLE, f"message is {msg_state}")
+
+
+def _child_correlation(ctx: MessageContext, n: int) -> str:
+    """A child's default correlation id: stable across tries of the parent."""
+    candidate = f"{ctx.correlation_id}/{n}"
+    return candidate if len(candidate) <= 100 else f"msg-{ctx.msg_id}/{n}"
+
+
+def payload_json(ctx: MessageContext) -> Any:
+    """The payload parsed as JSON ({} when empty); for handlers that take JSON."""
+    return json.loads(ctx.payload or "{}")

@@ -57,7 +57,11 @@ class Runtime:
     @cached_property
     def processor(self) -> Processor:
         return Processor(
-            self.engine, node_id=self.node_id, registry=self.registry, config=self.config
+            self.engine,
+            node_id=self.node_id,
+            registry=self.registry,
+            config=self.config,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     @cached_property

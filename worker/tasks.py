@@ -8,8 +8,8 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from worker import pubsub
-from worker.celery import PROCESS_QUEUE, app, enqueue_drain
+from worker import confirmations, pubsub
+from worker.celery import PROCESS_QUEUE, app, enqueue_drain, enqueue_processing
 from worker.delivery import HttpSender
 from worker.processing import Outcome
 from worker.runtime import get_runtime
@@ -19,7 +19,7 @@ log = logging.getLogger("orderly.tasks")
 
 @app.task(name="orderly.process.message", bind=True)
 def process_message(self: Any, msg_id: int) -> str:
-    result = get_runtime().processor.process(msg_id)
+    result = get_runtime().processor.process(msg_id, enqueue_processing)
     if result.outcome is Outcome.NODE_STOPPED:
         # This node processes nothing: stop consuming and give the message back to the queue.
         app.control.cancel_consumer(PROCESS_QUEUE, destination=[self.request.hostname])
@@ -52,3 +52,10 @@ def deliver_events(delivery_ids: list[int]) -> list[str]:
     runtime.registry  # noqa: B018 - imports the handler modules, which register consumers
     secret = runtime.settings.token_secret
     return pubsub.deliver_batch(runtime.engine, delivery_ids, _sender.push, secret)
+
+
+@app.task(name="orderly.deliver.confirmation")
+def confirm(call_id: int) -> str:
+    """Tell a source system the final state of its message (one try)."""
+    runtime = get_runtime()
+    return confirmations.confirm(runtime.engine, call_id, runtime.config)

@@ -1,0 +1,377 @@
+"""Funnels, guaranteed order, obsolete messages, external calls, parent/child, responses,
+confirmations and operator commands, in process against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from models import MessageState
+from tests.helpers import BASE_TS, message, row, set_config, states
+from tests.push_recorder import Recorder
+from worker import confirmations, extcall, operations, pool
+from worker.configuration import ConfigReader
+from worker.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
+from worker.extcall import CallInProgress, CallKey, Skip
+from worker.handlers import registry
+from worker.intake import Intake
+from worker.prepared import PreparedSet
+from worker.processing import Outcome, Processor
+from worker.runtime import get_runtime
+
+
+@pytest.fixture
+def queue() -> list[int]:
+    return []
+
+
+@pytest.fixture
+def intake(db: Engine, queue: list[int]) -> Intake:
+    runtime = get_runtime()
+    _ = runtime.registry
+    return Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=queue.append,
+        registry=registry,
+        max_payload_bytes=10_000,
+    )
+
+
+def processor(db: Engine) -> Processor:
+    return Processor(
+        db, node_id=get_runtime().node_id, registry=registry, config=ConfigReader(db, ttl_seconds=0)
+    )
+
+
+def funnel_msg(n: int, funnel: str = "f1", **extra: Any) -> dict[str, Any]:
+    return message(n, operation="script", funnel_value=funnel, guaranteed_order=True, **extra)
+
+
+def drain(db: Engine, queue: list[int]) -> None:
+    """Process what is queued (and what that enqueues) until nothing is left."""
+    proc = processor(db)
+    while queue:
+        proc.process(queue.pop(0), queue.append)
+
+
+# --- funnels and guaranteed order ---------------------------------------------------------
+
+
+def test_guaranteed_order_stores_successors_postponed_and_releases_them_in_order(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    ids = [intake.submit(funnel_msg(n)).msg_id for n in (3, 1, 2)]
+    # 3 came first: nothing older was there, so it is NEW; 1 is older than 3: NEW too;
+    # 2 finds 1 older and not final: POSTPONED, with no task.
+    assert [row(db, i).state for i in ids] == ["NEW", "NEW", "POSTPONED"]
+    assert queue == [ids[0], ids[1]]
+    first = processor(db).process(ids[0])  # 3 has older ones before it
+    assert first.outcome is Outcome.POSTPONED
+    result = processor(db).process(ids[1])  # 1 runs; its OK releases 2
+    assert result.outcome is Outcome.OK and result.ready == (ids[2],)
+    order: list[int] = []
+    proc = processor(db)
+    ready = list(result.ready)
+    while ready:
+        nxt = ready.pop(0)
+        order.append(nxt)
+        ready.extend(proc.process(nxt).ready)
+    assert order == [ids[2], ids[0]]
+    assert set(states(db).values()) == {"OK"}
+
+
+def test_exclude_failed_state_decides_whether_a_failed_message_blocks(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    set_config(db, asynch__countPartlyFailsBeforeFailed="0")
+    bad = intake.submit(funnel_msg(1, payload=json.dumps({"fail_times": 9}))).msg_id
+    blocked = intake.submit(funnel_msg(2)).msg_id
+    free = intake.submit(funnel_msg(3, funnel="f2")).msg_id
+    intake.submit(funnel_msg(0, funnel="f2", correlation_id="f2-bad"))
+    assert processor(db).process(bad).outcome is Outcome.FAILED
+    # FAILED still blocks message 2 (exclude_failed_state false)
+    assert row(db, blocked).state == "POSTPONED"
+    # in f2, with exclude_failed_state the FAILED head does not block
+    f2_head = row(db, free).msg_id - 0
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE message SET state='FAILED' WHERE correlation_id='f2-bad'"),
+        )
+        conn.execute(
+            text("UPDATE message SET exclude_failed_state = true WHERE msg_id = :i"),
+            {"i": f2_head},
+        )
+    queue.clear()
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state='IN_QUEUE' WHERE msg_id=:i"), {"i": f2_head})
+    assert processor(db).process(f2_head).outcome is Outcome.OK
+
+
+def test_postponed_too_long_behind_a_failed_message_becomes_failed(
+    db: Engine, intake: Intake
+) -> None:
+    set_config(db, asynch__postponedIntervalWhenFailedSec="1")
+    head = intake.submit(funnel_msg(1)).msg_id
+    waiting = intake.submit(funnel_msg(2)).msg_id
+    excluded = intake.submit(funnel_msg(3, exclude_failed_state=True)).msg_id
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET state = 'FAILED',"
+                " last_process_timestamp = now() - interval '5 s' WHERE msg_id = :h"
+            ),
+            {"h": head},
+        )
+        conn.execute(
+            text(
+                "UPDATE message SET last_process_timestamp = now() - interval '5 s'"
+                " WHERE msg_id IN (:a, :b)"
+            ),
+            {"a": waiting, "b": excluded},
+        )
+    released: list[int] = []
+    assert pool.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
+    stored = row(db, waiting)
+    assert stored.state == "FAILED" and stored.failed_error_code == pool.POSTPONED_CODE
+    assert f"FAILED message {head}" in (stored.failed_desc or "")
+    # 3 excludes FAILED messages: once 2 failed nothing held it, so it was released
+    assert row(db, excluded).state == "IN_QUEUE" and released == [excluded]
+
+
+def test_a_plain_funnel_postpones_while_another_is_active(db: Engine, intake: Intake) -> None:
+    a = intake.submit(message(1, funnel_value="cust-1", payload=json.dumps({"sleep": 0.6})))
+    b = intake.submit(message(2, funnel_value="cust-1"))
+    assert b.state is MessageState.NEW  # plain funnel: only an active message holds it
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(processor(db).process(a.msg_id)))
+    t.start()
+    while row(db, a.msg_id).state != "PROCESSING":
+        pass
+    assert processor(db).process(b.msg_id).outcome is Outcome.POSTPONED
+    t.join()
+    assert results[0].outcome is Outcome.OK and results[0].ready == (b.msg_id,)
+
+
+def test_an_obsolete_message_is_skipped_with_the_newer_one_named(
+    db: Engine, intake: Intake
+) -> None:
+    newer = intake.submit(message(5, object_id="cust-9", entity_type="customer")).msg_id
+    older = intake.submit(message(1, object_id="cust-9", entity_type="customer")).msg_id
+    assert processor(db).process(newer).outcome is Outcome.OK
+    result = processor(db).process(older)
+    assert result.outcome is Outcome.OBSOLETE
+    stored = row(db, older)
+    assert stored.state == "OK" and stored.obsolete_by == newer
+    assert stored.custom_data is None  # the handler never ran
+
+
+# --- external calls ------------------------------------------------------------------------
+
+
+def test_external_call_rules_older_duplicate_newer_and_in_progress(
+    db: Engine, intake: Intake
+) -> None:
+    ids = [intake.submit(message(n)).msg_id for n in (1, 2, 3)]
+    key = CallKey.entity("customer", "42")
+    ts = {i: BASE_TS + timedelta(seconds=n) for i, n in zip(ids, (1, 2, 3), strict=True)}
+    calls: list[int] = []
+    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+
+        def run(msg_id: int) -> Any:
+            return extcall.external_call(
+                conn, msg_id, ts[msg_id], "setCustomer", key, lambda: calls.append(msg_id)
+            )
+
+        assert run(ids[1]).called  # first call on the key
+        assert run(ids[0]).skipped is Skip.OBSOLETE  # older than the last success
+        assert run(ids[1]).skipped is Skip.DUPLICATE  # same timestamp, already OK
+        # a newer message while another message's call is in progress: try later
+        taken = extcall.take_call(conn, ids[1], ts[ids[1]] + timedelta(0), "other", key)
+        assert isinstance(taken, int)
+        with pytest.raises(CallInProgress):
+            extcall.take_call(conn, ids[2], ts[ids[2]], "other", key)
+        assert run(ids[2]).called  # newer than the last success
+        with pytest.raises(RuntimeError):
+            extcall.external_call(
+                conn,
+                ids[2],
+                ts[ids[2]],
+                "flaky",
+                key,
+                lambda: (_ for _ in ()).throw(RuntimeError()),
+            )
+        # the same message after a failed call: call again
+        assert extcall.external_call(conn, ids[2], ts[ids[2]], "flaky", key, lambda: 1).called
+    assert calls == [ids[1], ids[2]]
+    with db.connect() as c:
+        found = c.execute(
+            text("SELECT state, failed_count FROM external_call WHERE operation_name='flaky'")
+        ).one()
+    assert tuple(found) == ("OK", 1)
+
+
+def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up(
+    db: Engine, intake: Intake
+) -> None:
+    first = intake.submit(message(1, operation="extcall", payload=json.dumps({"key": "k"})))
+    second = intake.submit(message(2, operation="extcall", payload=json.dumps({"key": "k"})))
+    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+        extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
+    assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
+    assert row(db, second.msg_id).failed_count == 0  # a busy key is no failure
+
+
+# --- parent / child ----------------------------------------------------------------------
+
+
+def split_payload(*children: dict[str, Any]) -> str:
+    return json.dumps({"children": list(children)})
+
+
+def test_hard_children_decide_the_parent_up_two_levels(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    grandchild_ok = {"operation": "script", "payload": {}}
+    child = {"operation": "split", "payload": {"children": [grandchild_ok, grandchild_ok]}}
+    root = intake.submit(message(1, operation="split", payload=split_payload(child, grandchild_ok)))
+    drain(db, queue)
+    assert set(states(db).values()) == {"OK"}
+    assert len(states(db)) == 5
+    with db.connect() as conn:
+        kids = conn.execute(
+            text("SELECT msg_id FROM message WHERE parent_msg_id = :p"), {"p": root.msg_id}
+        ).all()
+    assert len(kids) == 2
+
+
+def test_a_failed_hard_grandchild_fails_the_chain_and_soft_ones_never_do(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    set_config(db, asynch__countPartlyFailsBeforeFailed="0")
+    bad = {"operation": "script", "payload": {"fail_times": 5, "code": "E_GRAND"}}
+    soft_bad = {"operation": "script", "payload": {"fail_times": 5}, "soft": True}
+    child = {"operation": "split", "payload": {"children": [bad]}}
+    root = intake.submit(message(1, operation="split", payload=split_payload(child))).msg_id
+    soft_root = intake.submit(message(2, operation="split", payload=split_payload(soft_bad))).msg_id
+    drain(db, queue)
+    top = row(db, root)
+    assert top.state == "FAILED" and top.failed_error_code == "E_GRAND"
+    assert (top.failed_desc or "").startswith("child message ")
+    assert row(db, soft_root).state == "OK"  # a SOFT child never affects its parent
+    # re-driving the failed grandchild re-opens its ancestors, which then end OK
+    grand = next(
+        i
+        for i, s in states(db).items()
+        if s == "FAILED"
+        and row(db, i).failed_error_code == "E_GRAND"
+        and row(db, i).parent_msg_id != root
+    )
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET payload = '{}' WHERE msg_id = :i"), {"i": grand})
+    done = operations.redrive(db, grand, {"note": "fixed the data"}, queue.append)
+    assert len(done.reopened) == 2
+    drain(db, queue)
+    assert row(db, root).state == "OK"
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    waiting = intake.submit(
+        message(1, operation="wait", payload=json.dumps({"correlation_id": "r-1"}))
+    )
+    assert processor(db).process(waiting.msg_id).outcome is Outcome.WAITING_FOR_RES
+    with pytest.raises(ResponseNotAwaited):
+        operations.receive_response(db, {"correlation_id": "nobody"}, queue.append)
+    with pytest.raises(InvalidMessage) as bad:
+        operations.receive_response(db, {"correlation_id": "r-1", "failed": True}, queue.append)
+    assert bad.value.field == "reason"
+    assert row(db, waiting.msg_id).wait_res_id is None  # nothing half-written
+    queue.clear()
+    got = operations.receive_response(
+        db, {"correlation_id": "r-1", "payload": {"ok": 1}}, queue.append
+    )
+    assert got.state is MessageState.IN_QUEUE and queue == [waiting.msg_id]
+    again = operations.receive_response(db, {"correlation_id": "r-1", "payload": "x"}, queue.append)
+    assert not again.created and again.res_id == got.res_id
+    assert processor(db).process(queue.pop()).outcome is Outcome.OK
+    assert row(db, waiting.msg_id).custom_data == '{"ok":1}'
+
+
+def test_a_wait_that_runs_out_fails(db: Engine, intake: Intake) -> None:
+    waiting = intake.submit(
+        message(1, operation="wait", payload=json.dumps({"correlation_id": "r-2", "timeout_s": 1}))
+    )
+    processor(db).process(waiting.msg_id)
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET response_deadline = now() - interval '1 s'"))
+    assert pool.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda _: None) == 1
+    stored = row(db, waiting.msg_id)
+    assert stored.state == "FAILED" and stored.failed_error_code == pool.TIMEOUT_CODE
+    assert "r-2" in (stored.failed_desc or "")
+
+
+# --- confirmations and operator commands -------------------------------------------------
+
+
+def test_confirmations_retry_up_to_failed_end(
+    db: Engine, intake: Intake, queue: list[int], recorder: Recorder
+) -> None:
+    set_config(db, asynch__confirmation__failedLimit="3", asynch__confirmation__intervalSec="0")
+    with pytest.raises(InvalidMessage):
+        confirmations.set_source_system(db, "crm", {"confirmation_url": "ftp://x"})
+    confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
+    recorder.fail["/confirm"] = 5
+    msg_id = intake.submit(message(1)).msg_id
+    processor(db).process(msg_id)
+    seen = []
+    config = ConfigReader(db, ttl_seconds=0)
+    for _ in range(4):
+        due: list[int] = []
+        confirmations.dispatch_due(db, due.append)
+        seen += [confirmations.confirm(db, call_id, config) for call_id in due]
+    assert seen == ["FAILED", "FAILED", "FAILED_END"]
+    assert [a["body"]["state"] for a in recorder.arrivals] == ["OK"] * 3
+    assert {a["key"] for a in recorder.arrivals} == {f"confirmation:{msg_id}"}
+    with db.connect() as conn:
+        logged = conn.execute(
+            text("SELECT count(*) FROM response WHERE msg_id = :i AND failed"), {"i": msg_id}
+        ).scalar()
+    assert logged == 3
+
+
+def test_cancel_and_redrive_need_a_note_and_the_right_state(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    head = intake.submit(funnel_msg(1)).msg_id
+    behind = intake.submit(funnel_msg(2)).msg_id
+    with pytest.raises(InvalidMessage):
+        operations.cancel(db, head, {"note": " "}, queue.append)
+    with pytest.raises(MessageNotFound):
+        operations.cancel(db, 999, {"note": "x"}, queue.append)
+    queue.clear()
+    operations.cancel(db, head, {"note": "customer withdrew", "by": "ann"}, queue.append)
+    assert queue == [behind]  # cancelling the head releases the next one at once
+    stored = row(db, head)
+    assert stored.state == "CANCEL"
+    assert stored.audit[0]["note"] == "customer withdrew" and stored.audit[0]["by"] == "ann"
+    with pytest.raises(OperationRefused):
+        operations.cancel(db, head, {"note": "again"}, queue.append)
+    with pytest.raises(OperationRefused):
+        operations.redrive(db, behind, {"note": "not failed"}, queue.append)
+    operations.redrive(db, head, {"note": "send it after all"}, queue.append)
+    assert row(db, head).state == "IN_QUEUE"
+    assert [a["action"] for a in row(db, head).audit] == ["CANCEL", "REDRIVE"]
+    listed = operations.list_messages(db, state="in_queue", funnel="f1")
+    assert [m["msg_id"] for m in listed] == [head, behind]
+    with pytest.raises(InvalidMessage):
+        operations.list_messages(db, state="DONE")

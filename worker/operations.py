@@ -1,0 +1,343 @@
+"""Operator commands on the message store, and external responses that resume messages.
+
+List and inspect messages by state and funnel; cancel a message not yet final (CANCEL);
+re-drive a FAILED or CANCEL message (IN_QUEUE again, failures counted anew, and the HARD
+ancestors it had failed waiting again). Each command stores an audit note on the message.
+A response (``POST /messages/responses``) resumes the message waiting for its correlation
+id. Every change runs under the message's funnel lock and enqueues what it releases after
+commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints, ValidationError
+from sqlalchemy import Connection, Engine, text
+
+from models import MessageState
+from worker.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
+from worker.intake import PUBLIC_FIELDS, invalid_from
+from worker.pool import released_in
+
+LIST_FIELDS = (
+    "msg_id",
+    "state",
+    "service_name",
+    "operation_name",
+    "correlation_id",
+    "source_system",
+    "msg_timestamp",
+    "funnel_value",
+    "guaranteed_order",
+    "parent_msg_id",
+    "failed_count",
+    "failed_error_code",
+    "last_process_timestamp",
+)
+MAX_LIST = 1000
+
+
+def _state(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return MessageState(value.upper()).value
+    except ValueError:
+        known = ", ".join(s.value for s in MessageState)
+        raise InvalidMessage("state", f"unknown state {value!r} (one of {known})") from None
+
+
+def list_messages(
+    engine: Engine,
+    *,
+    state: str | None = None,
+    funnel: str | None = None,
+    service: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Messages by state, funnel value and service, oldest msg_timestamp first."""
+    if not 1 <= limit <= MAX_LIST:
+        raise InvalidMessage("limit", f"must be 1 to {MAX_LIST}")
+    params = {"state": _state(state), "funnel": funnel, "service": service, "limit": limit}
+    query = text(
+        f"""
+        SELECT {", ".join(LIST_FIELDS)} FROM message
+         WHERE (CAST(:state AS text) IS NULL OR state = :state)
+           AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
+           AND (CAST(:service AS text) IS NULL OR service_name = :service)
+         ORDER BY msg_timestamp, msg_id
+         LIMIT :limit
+        """
+    )
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query, params)]
+
+
+def inspect_message(engine: Engine, msg_id: int) -> dict[str, Any]:
+    """One message with its children, external calls and logged exchanges."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(f"SELECT {', '.join(PUBLIC_FIELDS)} FROM message WHERE msg_id = :id"),
+            {"id": msg_id},
+        ).first()
+        if row is None:
+            raise MessageNotFound(msg_id)
+        found = dict(row._mapping)
+        found["children"] = [
+            dict(r._mapping)
+            for r in conn.execute(
+                text(
+                    "SELECT msg_id, state, parent_binding_type, service_name, operation_name"
+                    " FROM message WHERE parent_msg_id = :id ORDER BY msg_id"
+                ),
+                {"id": msg_id},
+            )
+        ]
+        found["external_calls"] = [
+            dict(r._mapping)
+            for r in conn.execute(
+                text(
+                    "SELECT call_id, operation_name, entity_id, state, failed_count,"
+                    " msg_timestamp, last_update_timestamp, next_attempt_at"
+                    " FROM external_call WHERE msg_id = :id ORDER BY call_id"
+                ),
+                {"id": msg_id},
+            )
+        ]
+        found["exchanges"] = [
+            dict(r._mapping)
+            for r in conn.execute(
+                text(
+                    "SELECT q.req_id, q.uri, q.res_join_id, q.req_timestamp, s.res_id,"
+                    " s.res_timestamp, s.failed, s.failed_reason"
+                    " FROM request q LEFT JOIN response s ON s.req_id = q.req_id"
+                    " WHERE q.msg_id = :id ORDER BY q.req_id, s.res_id"
+                ),
+                {"id": msg_id},
+            )
+        ]
+    return found
+
+
+Note = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_length=1)]
+
+
+class CommandIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: Annotated[Note, StringConstraints(max_length=1000)]
+    by: Annotated[Note, StringConstraints(max_length=100)] = "operator"
+
+
+def _command(data: Any) -> CommandIn:
+    if not isinstance(data, dict):
+        raise InvalidMessage("body", "must be a JSON object with a note")
+    try:
+        return CommandIn.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from(exc) from None
+
+
+def _audit(action: str) -> str:
+    return (
+        "audit = audit || jsonb_build_array(jsonb_build_object('at', now(), 'action', "
+        f"'{action}', 'by', CAST(:by AS text), 'note', CAST(:note AS text), 'from', state, "
+        "'error', failed_error_code))"
+    )
+
+
+def _refusal(conn: Connection, msg_id: int, wanted: str) -> OperationRefused | MessageNotFound:
+    row = conn.execute(
+        text("SELECT state, service_name FROM message WHERE msg_id = :id"), {"id": msg_id}
+    ).first()
+    if row is None:
+        return MessageNotFound(msg_id)
+    if row.service_name == "conversation":
+        return OperationRefused(msg_id, "conversation messages are settled by ordered delivery")
+    return OperationRefused(msg_id, f"it is {row.state}; {wanted}")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    msg_id: int
+    state: MessageState
+    reopened: tuple[int, ...] = ()
+
+
+def cancel(engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None]) -> CommandResult:
+    """CANCEL a message that is not final yet, with the operator's note."""
+    command = _command(data)
+    with engine.begin() as conn:
+        conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
+        done = conn.execute(
+            text(
+                f"""
+                UPDATE message SET state = 'CANCEL', processing_pid = NULL,
+                       last_process_timestamp = now(), {_audit("CANCEL")}
+                 WHERE msg_id = :id AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+                   AND service_name <> 'conversation'
+                RETURNING msg_id
+                """
+            ),
+            {"id": msg_id, "by": command.by, "note": command.note},
+        ).first()
+        if done is None:
+            raise _refusal(conn, msg_id, "only a message not yet final can be cancelled")
+        released = released_in(conn)
+    for other in released:
+        enqueue(other)
+    return CommandResult(msg_id, MessageState.CANCEL)
+
+
+def redrive(
+    engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None]
+) -> CommandResult:
+    """Send a FAILED or CANCEL message again (failures counted anew); the HARD ancestors that
+    its failure had failed wait for it again."""
+    command = _command(data)
+    params = {"by": command.by, "note": command.note}
+    reopened: list[int] = []
+    with engine.begin() as conn:
+        conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
+        done = conn.execute(
+            text(
+                f"""
+                UPDATE message SET state = 'IN_QUEUE', failed_count = 0,
+                       start_in_queue_timestamp = now(), last_process_timestamp = now(),
+                       {_audit("REDRIVE")}
+                 WHERE msg_id = :id AND state IN ('FAILED', 'CANCEL')
+                   AND service_name <> 'conversation'
+                RETURNING parent_msg_id
+                """
+            ),
+            {"id": msg_id, **params},
+        ).first()
+        if done is None:
+            raise _refusal(conn, msg_id, "only a FAILED or CANCEL message can be re-driven")
+        child, parent = msg_id, done.parent_msg_id
+        while parent is not None:
+            conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": parent})
+            up = conn.execute(
+                text(
+                    f"""
+                    UPDATE message SET state = 'WAITING', last_process_timestamp = now(),
+                           {_audit("REOPEN")}
+                     WHERE msg_id = :id AND state = 'FAILED'
+                       AND failed_desc LIKE :because
+                    RETURNING parent_msg_id
+                    """
+                ),
+                {
+                    "id": parent,
+                    "because": f"child message {child} %",
+                    "by": command.by,
+                    "note": f"child {child} re-driven: {command.note}",
+                },
+            ).first()
+            if up is None:
+                break
+            reopened.append(parent)
+            child, parent = parent, up.parent_msg_id
+        released = released_in(conn)
+    enqueue(msg_id)
+    for other in released:
+        enqueue(other)
+    return CommandResult(msg_id, MessageState.IN_QUEUE, tuple(reopened))
+
+
+class ResponseIn(BaseModel):
+    """An external system's response to a message parked in WAITING_FOR_RES."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    correlation_id: Annotated[
+        str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=255)
+    ]
+    payload: str | dict[str, Any] | list[Any] | None = None
+    failed: StrictBool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseResult:
+    msg_id: int
+    state: MessageState
+    res_id: int
+    created: bool  # False: this wait had its response already (nothing changed)
+
+
+def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) -> ResponseResult:
+    """Store the response, end the wait and take the message up again (IN_QUEUE). A response
+    that comes before the handler has returned is kept: the message goes on when it does."""
+    if not isinstance(data, dict):
+        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
+    try:
+        response = ResponseIn.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from(exc) from None
+    if response.failed and not response.reason:
+        raise InvalidMessage("reason", "required when failed is true")
+    envelope = (
+        response.payload
+        if isinstance(response.payload, str) or response.payload is None
+        else json.dumps(response.payload, separators=(",", ":"), ensure_ascii=False)
+    )
+    with engine.begin() as conn:
+        waiting = conn.execute(
+            text(
+                """
+                SELECT msg_id, state, wait_res_id FROM message
+                 WHERE wait_correlation_id = :cid AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+                   FOR UPDATE
+                """
+            ),
+            {"cid": response.correlation_id},
+        ).first()
+        if waiting is None:
+            raise ResponseNotAwaited(response.correlation_id)
+        if waiting.wait_res_id is not None:
+            return ResponseResult(
+                waiting.msg_id, MessageState(waiting.state), waiting.wait_res_id, created=False
+            )
+        res_id = conn.execute(
+            text(
+                """
+                INSERT INTO response (req_id, msg_id, res_envelope, failed, failed_reason,
+                                      res_timestamp)
+                VALUES ((SELECT req_id FROM request
+                          WHERE msg_id = :msg AND res_join_id = :cid
+                          ORDER BY req_timestamp DESC LIMIT 1),
+                        :msg, :envelope, :failed, :reason, now())
+                RETURNING res_id
+                """
+            ),
+            {
+                "msg": waiting.msg_id,
+                "cid": response.correlation_id,
+                "envelope": envelope,
+                "failed": response.failed,
+                "reason": response.reason,
+            },
+        ).scalar_one()
+        state = conn.execute(
+            text(
+                """
+                UPDATE message
+                   SET wait_res_id = :res,
+                       state = CASE WHEN state = 'WAITING_FOR_RES' THEN 'IN_QUEUE' ELSE state END,
+                       start_in_queue_timestamp = CASE WHEN state = 'WAITING_FOR_RES' THEN now()
+                                                       ELSE start_in_queue_timestamp END,
+                       last_process_timestamp = now()
+                 WHERE msg_id = :msg
+                RETURNING state
+                """
+            ),
+            {"res": res_id, "msg": waiting.msg_id},
+        ).scalar_one()
+    if state == MessageState.IN_QUEUE:
+        enqueue(waiting.msg_id)
+    return ResponseResult(waiting.msg_id, MessageState(state), res_id, created=True)
