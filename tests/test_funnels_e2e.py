@@ -71,7 +71,10 @@ def ts(n: float) -> str:
 
 
 def order_log(redis_client: redis.Redis) -> list[str]:
-    return [v.decode() for v in redis_client.lrange("orderly:test:order", 0, -1)]
+    return [
+        v.decode() if isinstance(v, bytes) else v
+        for v in redis_client.lrange("orderly:test:order", 0, -1)
+    ]
 
 
 def test_a_funnel_postpones_a_concurrent_message_with_the_same_value(
@@ -204,7 +207,10 @@ def test_external_calls_skip_older_and_duplicates_and_wait_for_a_busy_key(
     assert cluster.wait_state(newer, "OK", timeout=15)["custom_data"] == "CALLED"
     assert cluster.wait_state(call(0.5), "OK")["custom_data"] == "OBSOLETE"
     assert cluster.wait_state(call(2, cid="again"), "OK")["custom_data"] == "DUPLICATE"
-    calls = [v.decode() for v in redis_client.lrange("orderly:test:calls", 0, -1)]
+    calls = [
+        v.decode() if isinstance(v, bytes) else v
+        for v in redis_client.lrange("orderly:test:calls", 0, -1)
+    ]
     assert calls == ["call-1", "call-2"]
 
 
