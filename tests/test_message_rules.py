@@ -95,22 +95,29 @@ def test_exclude_failed_state_decides_whether_a_failed_message_blocks(
     free = intake.submit(funnel_msg(3, funnel="f2")).msg_id
     intake.submit(funnel_msg(0, funnel="f2", correlation_id="f2-bad"))
     assert processor(db).process(bad).outcome is Outcome.FAILED
-    # FAILED still blocks message 2 (exclude_failed_state false)
+    # in f1, the FAILED message still holds message 2 (exclude_failed_state false)
     assert row(db, blocked).state == "POSTPONED"
-    # in f2, with exclude_failed_state the FAILED head does not block
-    f2_head = row(db, free).msg_id - 0
+    # in f2, an older FAILED message does not hold a message with exclude_failed_state
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state = 'FAILED' WHERE correlation_id = 'f2-bad'"))
+        conn.execute(
+            text(
+                "UPDATE message SET exclude_failed_state = true, state = 'IN_QUEUE'"
+                " WHERE msg_id = :i"
+            ),
+            {"i": free},
+        )
+    assert processor(db).process(free).outcome is Outcome.OK
+    # and without it, the same FAILED message holds it
     with db.begin() as conn:
         conn.execute(
-            text("UPDATE message SET state='FAILED' WHERE correlation_id='f2-bad'"),
+            text(
+                "UPDATE message SET exclude_failed_state = false, state = 'IN_QUEUE'"
+                " WHERE msg_id = :i"
+            ),
+            {"i": free},
         )
-        conn.execute(
-            text("UPDATE message SET exclude_failed_state = true WHERE msg_id = :i"),
-            {"i": f2_head},
-        )
-    queue.clear()
-    with db.begin() as conn:
-        conn.execute(text("UPDATE message SET state='IN_QUEUE' WHERE msg_id=:i"), {"i": f2_head})
-    assert processor(db).process(f2_head).outcome is Outcome.OK
+    assert processor(db).process(free).outcome is Outcome.POSTPONED
 
 
 def test_postponed_too_long_behind_a_failed_message_becomes_failed(
