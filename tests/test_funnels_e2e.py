@@ -80,6 +80,8 @@ def order_log(redis_client: redis.Redis) -> list[str]:
 def test_a_funnel_postpones_a_concurrent_message_with_the_same_value(
     cluster: Cluster, redis_client: redis.Redis
 ) -> None:
+    # The pool would take b up only after a minute: b can only start at once by its release.
+    set_config(cluster.db, asynch__postponedIntervalSec="60")
     cluster.start()
     slow = json.dumps({"sleep": 1.5})
     a = cluster.submit(message(1, operation="ordered", funnel_value="cust-7", payload=slow))
@@ -91,7 +93,8 @@ def test_a_funnel_postpones_a_concurrent_message_with_the_same_value(
     wait_until(lambda: cluster.get(other)["state"] == "PROCESSING", 5, "other funnel running")
     assert cluster.get(a)["state"] == "PROCESSING"
     cluster.wait_state(a, "OK")
-    cluster.wait_state(b, "OK")  # released when a ended, not after a poll
+    cluster.wait_state(b, "PROCESSING", timeout=1)  # released when a ended, not after a poll
+    cluster.wait_state(b, "OK")
     assert order_log(redis_client).index("cust-7:corr-1") < order_log(redis_client).index(
         "cust-7:corr-2"
     )
@@ -101,38 +104,41 @@ def test_guaranteed_order_processes_200_shuffled_messages_in_timestamp_order(
     cluster: Cluster, redis_client: redis.Redis
 ) -> None:
     rng = random.Random(5)
-    bodies = [
-        message(
-            n,
-            operation="ordered",
-            correlation_id=f"g-{n:03d}",
-            funnel_value="g",
-            guaranteed_order=True,
-        )
-        for n in range(200)
-    ]
-    for f in range(3):
-        bodies += [
+
+    def bodies(funnel: str, count: int, sleep: float, shuffle: bool) -> list[dict[str, Any]]:
+        found = [
             message(
                 n,
                 operation="ordered",
-                correlation_id=f"o{f}-{n:03d}",
-                funnel_value=f"o{f}",
+                correlation_id=f"{funnel}-{n:03d}",
+                funnel_value=funnel,
                 guaranteed_order=True,
+                payload=json.dumps({"sleep": sleep}),
             )
-            for n in range(20)
+            for n in range(count)
         ]
-    rng.shuffle(bodies)
-    for body in bodies:
+        if shuffle:
+            rng.shuffle(found)
+        return found
+
+    # All 200 are stored, shuffled, before any worker runs.
+    for body in bodies("g", 200, 0.01, shuffle=True):
         cluster.submit(body)
     cluster.start(beat=False)
+    wait_until(lambda: len(order_log(redis_client)) > 0, 30, "the funnel started")
+    # Other funnels arrive while g is being processed (in order: one that arrives after a
+    # newer one of its funnel already ran cannot go before it).
+    others = [bodies(f"o{f}", 20, 0.0, shuffle=False) for f in range(3)]
+    for n in range(20):
+        for funnel in others:
+            cluster.submit(funnel[n])
     wait_until(lambda: len(order_log(redis_client)) == 260, 120, "every message processed")
     log = order_log(redis_client)
     g = [entry.split(":", 1)[1] for entry in log if entry.startswith("g:")]
-    assert g == sorted(g) and len(g) == 200
+    assert len(g) == 200 and g == sorted(g)  # exactly msg_timestamp order
     for f in range(3):
         mine = [e for e in log if e.startswith(f"o{f}:")]
-        assert mine == sorted(mine) and len(mine) == 20
+        assert len(mine) == 20 and mine == sorted(mine)
     first, last = log.index(f"g:{g[0]}"), log.index(f"g:{g[-1]}")
     assert any(not e.startswith("g:") for e in log[first:last]), "other funnels ran meanwhile"
     with cluster.db.connect() as conn:

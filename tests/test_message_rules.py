@@ -223,7 +223,7 @@ def test_external_call_rules_older_duplicate_newer_and_in_progress(
     assert tuple(found) == ("OK", 1)
 
 
-def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up(
+def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
     db: Engine, intake: Intake
 ) -> None:
     first = intake.submit(message(1, operation="extcall", payload=json.dumps({"key": "k"})))
@@ -232,6 +232,38 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up(
         extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
     assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
     assert row(db, second.msg_id).failed_count == 0  # a busy key is no failure
+    set_config(db, asynch__postponedIntervalSec="0")
+    requeued: list[int] = []
+    pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), requeued.append)
+    assert requeued == [second.msg_id]
+    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+        still_busy = processor(db).process(second.msg_id)
+        assert still_busy.outcome is Outcome.POSTPONED
+        call_id = extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
+        assert isinstance(call_id, int)
+        extcall.finish_call(conn, call_id, first.msg_id, ok=True)
+    pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), requeued.append)
+    assert processor(db).process(second.msg_id).outcome is Outcome.OK
+    assert row(db, second.msg_id).custom_data == "CALLED"  # newer than the first call
+
+
+def test_a_handler_may_not_split_into_its_own_funnel_nor_split_and_wait(
+    db: Engine, intake: Intake
+) -> None:
+    # a child in its parent's funnel could never start while its parent holds the funnel
+    own_funnel = {"children": [{"operation": "script", "funnel_value": "f"}]}
+    both = {"children": [{"operation": "script"}], "wait": "ext-1"}
+    ids = [
+        intake.submit(
+            message(1, operation="split", payload=json.dumps(own_funnel), funnel_value="f")
+        ).msg_id,
+        intake.submit(message(2, operation="split", payload=json.dumps(both))).msg_id,
+    ]
+    for msg_id in ids:
+        assert processor(db).process(msg_id).outcome is Outcome.PARTLY_FAILED
+        assert row(db, msg_id).failed_error_code == "E_INVALID_CHILD"
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM message")).scalar() == 2  # no child
 
 
 # --- parent / child ----------------------------------------------------------------------

@@ -36,7 +36,8 @@ class SourceSystemIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     confirmation_url: str | None = None
-    timeout_ms: Annotated[StrictInt, Field(ge=1, le=600_000)] = 5000
+    # Within the dispatch lease, so a confirmation in flight is not sent again meanwhile.
+    timeout_ms: Annotated[StrictInt, Field(ge=1, le=30_000)] = 5000
 
     @field_validator("confirmation_url")
     @classmethod
@@ -110,8 +111,9 @@ def dispatch_due(engine: Engine, enqueue: Callable[[int], None]) -> list[int]:
 
 _LOAD = text(
     """
-    SELECT c.msg_id, c.failed_count, m.correlation_id, m.source_system, m.state,
-           m.failed_error_code, m.failed_desc, s.confirmation_url, s.timeout_ms
+    SELECT c.msg_id, c.failed_count, c.last_update_timestamp, m.correlation_id,
+           m.source_system, m.state, m.failed_error_code, m.failed_desc,
+           s.confirmation_url, s.timeout_ms
       FROM external_call c
       JOIN message m ON m.msg_id = c.msg_id
       LEFT JOIN source_system s ON s.name = m.source_system
@@ -129,7 +131,8 @@ _SETTLE = text(
            next_attempt_at = CASE WHEN :ok OR failed_count + 1 >= :limit THEN NULL
                                   ELSE now() + make_interval(secs => :interval_s) END,
            last_update_timestamp = now()
-     WHERE call_id = :id AND state = 'PROCESSING'
+     -- the try this settles: a final state confirmed anew meanwhile is not settled by it
+     WHERE call_id = :id AND state = 'PROCESSING' AND last_update_timestamp = :dispatched
     RETURNING state
     """
 )
@@ -167,6 +170,7 @@ def confirm(engine: Engine, call_id: int, config: ConfigReader) -> str:
                 ok = False
     params = {
         "id": call_id,
+        "dispatched": row.last_update_timestamp,
         "ok": ok,
         "limit": config.get_int("asynch.confirmation.failedLimit"),
         "interval_s": config.get_int("asynch.confirmation.intervalSec"),

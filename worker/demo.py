@@ -147,7 +147,8 @@ def call_external(ctx: MessageContext) -> None:
 
 @registry.register("test", "split")
 def split(ctx: MessageContext) -> None:
-    """``{"children": [{"operation": "script"|"split", "payload": {...}, "soft": bool}]}``."""
+    """``{"children": [{"operation": "script"|"split", "payload": {...}, "soft": bool,
+    "funnel_value": f}], "wait": correlation_id}``."""
     spec = json.loads(ctx.payload or "{}")
     for child in spec.get("children", []):
         ctx.add_child(
@@ -155,7 +156,10 @@ def split(ctx: MessageContext) -> None:
             child.get("operation", "script"),
             child.get("payload", {}),
             soft=bool(child.get("soft", False)),
+            funnel_value=child.get("funnel_value"),
         )
+    if spec.get("wait"):
+        ctx.wait_for_response(spec["wait"])
 
 
 @registry.register("test", "wait")

@@ -1,8 +1,9 @@
 """Operator commands on the message store, and external responses that resume messages.
 
 List and inspect messages by state and funnel; cancel a message not yet final (CANCEL);
-re-drive a FAILED or CANCEL message (IN_QUEUE again, failures counted anew, and the HARD
-ancestors it had failed waiting again). Each command stores an audit note on the message.
+re-drive a FAILED or CANCEL message (IN_QUEUE again, failures counted anew, an earlier wait
+for a response forgotten, and the HARD ancestors it had failed waiting again). Each command
+stores an audit note on the message.
 A response (``POST /messages/responses``) resumes the message waiting for its correlation
 id. Every change runs under the message's funnel lock and enqueues what it releases after
 commit.
@@ -208,6 +209,8 @@ def redrive(
                 f"""
                 UPDATE message SET state = 'IN_QUEUE', failed_count = 0,
                        start_in_queue_timestamp = now(), last_process_timestamp = now(),
+                       wait_correlation_id = NULL, wait_res_id = NULL,
+                       response_deadline = NULL,
                        {_audit("REDRIVE")}
                  WHERE msg_id = :id AND state IN ('FAILED', 'CANCEL')
                    AND service_name <> 'conversation'

@@ -49,6 +49,13 @@ _REQUEUE = text(
 
 REPAIR_CODE = "E_REPAIR"
 
+# Batched transitions lock rows, and the state trigger then takes funnel locks: a funnel's
+# lock comes first everywhere else, so here a row whose funnel is busy is left for next time.
+_FUNNEL_FIRST = (
+    "({m}.funnel_value IS NULL OR pg_try_advisory_xact_lock("
+    "orderly_funnel_key({m}.funnel_value, {m}.funnel_component_id)))"
+)
+
 _REPAIR_MESSAGES = text(
     f"""
     UPDATE message m
@@ -68,6 +75,7 @@ _REPAIR_MESSAGES = text(
                OR (m.state = 'PROCESSING'
                    AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
                    AND {ORPHANED}))
+              AND {_FUNNEL_FIRST.format(m="m")}
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)
     RETURNING m.msg_id, m.state
@@ -81,6 +89,8 @@ _REPAIR_CALLS = text(
      WHERE call_id IN (
            SELECT call_id FROM external_call
             WHERE state = 'PROCESSING'
+              -- confirmations have their own lease (worker.confirmations)
+              AND operation_name <> 'orderly.confirmation'
               AND last_update_timestamp <= now() - make_interval(secs => :stuck_s)
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)
@@ -112,6 +122,7 @@ _FAIL_POSTPONED = text(
               FROM message c
              WHERE c.state = 'POSTPONED' AND c.guaranteed_order AND NOT c.exclude_failed_state
                AND c.last_process_timestamp <= now() - make_interval(secs => :failed_s)
+               AND {_FUNNEL_FIRST.format(m="c")}
              ORDER BY c.msg_timestamp
              LIMIT :batch
              FOR UPDATE OF c SKIP LOCKED) b
@@ -134,6 +145,7 @@ _RESPONSE_TIMEOUTS = text(
            SELECT msg_id FROM message
             WHERE state = 'WAITING_FOR_RES' AND response_deadline <= now()
               AND service_name <> 'conversation'
+              AND {_FUNNEL_FIRST.format(m="message")}
             ORDER BY response_deadline
             LIMIT :batch
             FOR UPDATE SKIP LOCKED)

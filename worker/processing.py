@@ -244,18 +244,25 @@ class Processor:
             if enqueue is None:
                 return first
             chain, result, ready = 0, first, list(first.ready)
-            while True:
-                for child in result.spawned:
-                    enqueue(child)
-                if not ready:
-                    return first
-                next_id = ready.pop(0)
-                if chain >= CHAIN_LIMIT:
-                    enqueue(next_id)
-                    continue
-                chain += 1
-                result = self._process_one(conn, next_id)
-                ready.extend(result.ready)
+            try:
+                while True:
+                    for child in result.spawned:
+                        enqueue(child)
+                    if not ready:
+                        return first
+                    next_id = ready.pop(0)
+                    if chain >= CHAIN_LIMIT:
+                        enqueue(next_id)
+                        continue
+                    chain += 1
+                    result = self._process_one(conn, next_id)
+                    ready.extend(result.ready)
+                    if result.outcome is Outcome.NODE_STOPPED:
+                        enqueue(next_id)  # back to the broker for another node
+            finally:
+                # Released messages have no task of their own: never leave one behind.
+                for left in ready:
+                    enqueue(left)
 
     def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
         claimed = conn.run("orderly_claim", msg_id, self._node_id)
@@ -301,6 +308,9 @@ class Processor:
         except Exception as exc:
             desc = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
             return self._finish(conn, ctx, "FAIL", code=ERROR_HANDLER, desc=desc)
+        if ctx.children and ctx.waits_for is not None:
+            desc = "a handler may wait for a response or add children, not both"
+            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=desc)
         if ctx.children:
             return self._split(conn, ctx)
         if ctx.waits_for is not None:
@@ -375,6 +385,12 @@ class Processor:
             ]
         except InvalidMessage as exc:
             return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=str(exc))
+        if ctx.funnel_value is not None and any(
+            child.funnel_value == ctx.funnel_value for _, child in children
+        ):
+            # The parent holds its funnel while WAITING: such a child could never start.
+            desc = f"a child may not join its parent's funnel {ctx.funnel_value!r}"
+            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=desc)
         hard = any(binding is BindingType.HARD for binding, _ in children)
         conn.execute("BEGIN")
         try:
@@ -390,7 +406,8 @@ class Processor:
             result = self._finish(
                 conn, ctx, "WAITING" if hard else "OK", detail=f"{len(children)} children"
             )
-            conn.execute("COMMIT")
+            # A parent taken over meanwhile (cancelled, repaired) keeps no children.
+            conn.execute("ROLLBACK" if result.outcome is Outcome.LOST_CLAIM else "COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
