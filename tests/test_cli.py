@@ -143,3 +143,32 @@ def test_invalid_settings_are_reported_without_a_traceback() -> None:
     assert done.returncode == 2
     assert "MONGODB is not supported" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_message_commands_list_cancel_redrive_and_source_systems(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    submitted = orderly("submit", "--json", json.dumps(message(1, funnel_value="cust-1")))
+    msg_id = json.loads(submitted.stdout)["msg_id"]
+    missing_note = orderly("message", "cancel", str(msg_id))
+    assert missing_note.returncode != 0 and "--note" in missing_note.stderr
+    done = orderly("message", "cancel", str(msg_id), "--note", "duplicate order", "--by", "ann")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "CANCEL"
+    again = orderly("message", "cancel", str(msg_id), "--note", "twice")
+    assert again.returncode == 2 and "CANCEL" in again.stderr
+    listed = orderly("message", "list", "--state", "CANCEL", "--funnel", "cust-1")
+    assert listed.returncode == 0 and f"\n│ {msg_id} " in listed.stdout
+    bad_state = orderly("message", "list", "--state", "DONE")
+    assert bad_state.returncode == 2 and "unknown state" in bad_state.stderr
+    back = orderly("message", "redrive", str(msg_id), "--note", "it was not a duplicate")
+    assert json.loads(back.stdout)["state"] == "IN_QUEUE"
+    shown = json.loads(orderly("message", "show", str(msg_id)).stdout)
+    assert [a["action"] for a in shown["audit"]] == ["CANCEL", "REDRIVE"]
+    bad_url = orderly("source", "set", "crm", "--confirmation-url", "crm.example")
+    assert bad_url.returncode == 2 and "confirmation_url" in bad_url.stderr
+    assert (
+        orderly("source", "set", "crm", "--confirmation-url", "http://127.0.0.1:9/c").returncode
+        == 0
+    )
+    assert "http://127.0.0.1:9/c" in orderly("source", "list").stdout
