@@ -93,6 +93,23 @@ def sink_arrivals(
     return arrivals
 
 
+def reset_messages(r: redis.Redis) -> None:
+    """Empty the message store tables of the bench database and its Redis DB."""
+    from sqlalchemy import text
+
+    from worker.runtime import get_runtime
+
+    with get_runtime().engine.begin() as conn:
+        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
+    r.flushdb()
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile by rank (the value below which a share q of the values lie)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def reset_pubsub(r: redis.Redis) -> None:
     """Empty the publish/subscribe tables of the bench database and its Redis DB."""
     from sqlalchemy import text

@@ -22,7 +22,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from benchmarks.common import prepare, start_workers, use_bench_services
+from benchmarks.common import pct, prepare, reset_messages, start_workers, use_bench_services
 
 use_bench_services()  # before the app modules read their settings
 
@@ -34,12 +34,6 @@ from worker.celery import PROCESS_QUEUE, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def reset(r: redis.Redis) -> None:
-    with get_runtime().engine.begin() as conn:
-        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
-    r.flushdb()
 
 
 def submit(funnels: int, per_funnel: int, ordered: bool) -> dict[str, int]:
@@ -112,11 +106,6 @@ def release_figures() -> tuple[list[float], int]:
     return latencies, violations
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run under 60 s")
@@ -135,20 +124,20 @@ def main() -> None:
     violations = 0
     try:
         for round_no in range(1, rounds + 1):
-            reset(r)
+            reset_messages(r)
             stored = submit(funnels, args.per_funnel, ordered=True)
             ordered_runs.append(run_workers(group, r, n, "ordered"))
             lat, bad = release_figures()
             latencies += lat
             violations += bad
-            reset(r)
+            reset_messages(r)
             submit(funnels, args.per_funnel, ordered=False)
             unordered_runs.append(run_workers(group, r, n, "unordered"))
             print(
                 f"round {round_no}: {funnels} funnels x {args.per_funnel}: guaranteed order "
                 f"{ordered_runs[-1]:.0f} msg/s (stored {stored['NEW']} NEW, "
                 f"{stored['POSTPONED']} POSTPONED), without order {unordered_runs[-1]:.0f} msg/s;"
-                f" release p50 {percentile(lat, 0.5):.2f} ms p99 {percentile(lat, 0.99):.2f} ms",
+                f" release p50 {pct(lat, 0.5):.2f} ms p99 {pct(lat, 0.99):.2f} ms",
                 flush=True,
             )
     finally:
@@ -165,8 +154,8 @@ def main() -> None:
         "ordered_per_s": round(ordered_per_s, 1),
         "unordered_per_s": round(unordered_per_s, 1),
         "ratio": round(ordered_per_s / unordered_per_s, 3),
-        "release_p50_ms": round(percentile(latencies, 0.5), 3),
-        "release_p99_ms": round(percentile(latencies, 0.99), 3),
+        "release_p50_ms": round(pct(latencies, 0.5), 3),
+        "release_p99_ms": round(pct(latencies, 0.99), 3),
         "order_violations": violations,
     }
     print(json.dumps(figures))

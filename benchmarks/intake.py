@@ -21,7 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
-from benchmarks.common import prepare, use_bench_services, worker_argv
+from benchmarks.common import prepare, reset_messages, use_bench_services, worker_argv
 
 use_bench_services()  # before the app modules read their settings
 
@@ -45,13 +45,6 @@ def body(run: str, i: int) -> dict[str, object]:
         "msg_timestamp": (BASE_TS + timedelta(microseconds=i)).isoformat(),
         "payload": {"i": i},
     }
-
-
-def reset(r: redis.Redis) -> None:
-    runtime = get_runtime()
-    with runtime.engine.begin() as conn:
-        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
-    r.flushdb()
 
 
 def measure_http(group: ProcessGroup, n: int, threads: int) -> float:
@@ -141,7 +134,7 @@ def main() -> None:
     celery_runs: list[float] = []
     layout = f"{args.workers} worker(s) x {args.concurrency} {args.pool}"
     try:
-        reset(r)
+        reset_messages(r)
         api_per_s = measure_http(group, n, args.http_threads)
         print(
             f"HTTP API intake:    {api_per_s:8.0f} msg/s ({n} messages, "
@@ -150,7 +143,7 @@ def main() -> None:
         )
         # Rounds interleave orderly and the baseline, so drift on the machine hits both.
         for round_no in range(1, args.rounds + 1):
-            reset(r)
+            reset_messages(r)
             python_runs.append(measure_python(n))
             processed_runs.append(drain_rate(group, r, n, args, "orderly"))
             with runtime.engine.connect() as conn:
@@ -159,7 +152,7 @@ def main() -> None:
                 ).scalar_one()
             if ok != n:
                 raise RuntimeError(f"only {ok} of {n} messages are OK")
-            reset(r)
+            reset_messages(r)
             for i in range(n):
                 app.send_task("orderly.process.bench_noop", args=(i,))
             celery_runs.append(drain_rate(group, r, n, args, "celery"))

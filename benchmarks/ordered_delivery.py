@@ -24,7 +24,14 @@ from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.common import prepare, sink_arrivals, start_workers, use_bench_services
+from benchmarks.common import (
+    pct,
+    prepare,
+    reset_messages,
+    sink_arrivals,
+    start_workers,
+    use_bench_services,
+)
 
 use_bench_services()  # before the app modules read their settings
 # The whole workload is registered before the workers start, which takes longer than the
@@ -46,12 +53,6 @@ from worker.runtime import get_runtime  # noqa: E402
 
 ORIGIN = "bench"
 WORKERS = 2
-
-
-def reset(r: redis.Redis) -> None:
-    with get_runtime().engine.begin() as conn:
-        conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
-    r.flushdb()
 
 
 def preload(workload: Workload) -> None:
@@ -110,11 +111,6 @@ def release_ms(arrivals: Iterable[Mapping[str, Any]], after: str) -> list[float]
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def deliver(
     group: ProcessGroup, r: redis.Redis, sink: Sink, workload: Workload, tag: str
 ) -> tuple[float, list[dict[str, Any]]]:
@@ -148,7 +144,7 @@ def main() -> None:
         put_channel(runtime.engine, Channel(ORIGIN, sink.url, 100, 2.0, 3, 5000))
         try:
             for round_no in range(1, rounds + 1):
-                reset(r)
+                reset_messages(r)
                 sink.reset()
                 workload = generate(seed=round_no, conversations=conversations)
                 before = counters(r)
@@ -164,7 +160,7 @@ def main() -> None:
                 redis_per_msg.append((after[0] - before[0]) / workload.responses)
                 pg_per_msg.append((after[1] - before[1]) / workload.responses)
 
-                reset(r)
+                reset_messages(r)
                 n = workload.responses
                 for i in range(n):
                     app.send_task("orderly.process.bench_noop", args=(i,))
@@ -214,7 +210,7 @@ def measure_async_release(group: ProcessGroup, r: redis.Redis, sink: Sink) -> li
     Four conversations of twenty responses, one API process: the figure is the release
     itself (API, Redis, broker, worker), not the backlog of a saturated API.
     """
-    reset(r)
+    reset_messages(r)
     sink.reset()
     port = 18900
     api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})

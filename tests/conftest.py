@@ -39,6 +39,7 @@ from sqlalchemy import Engine, create_engine, text  # noqa: E402
 from api.processes import ProcessGroup  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
 from worker import configuration, schema  # noqa: E402
+from worker.intake import Intake  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 from worker.settings import get_settings  # noqa: E402
 
@@ -117,6 +118,25 @@ def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[Pro
     group = ProcessGroup.create(tmp_path / "logs")
     yield group
     group.stop_all()
+
+
+@pytest.fixture
+def queue() -> list[int]:
+    """What the ``intake`` fixture enqueued (msg_ids), in order."""
+    return []
+
+
+@pytest.fixture
+def intake(db: Engine, queue: list[int]) -> Intake:
+    """Intake through this process's node, enqueuing into ``queue`` instead of the broker."""
+    runtime = get_runtime()
+    return Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=queue.append,
+        registry=runtime.registry,
+        max_payload_bytes=10_000,
+    )
 
 
 @pytest.fixture

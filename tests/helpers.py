@@ -11,6 +11,8 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 from models import Message
+from worker.handlers import HandlerRegistry
+from worker.processing import Processor
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -43,6 +45,20 @@ def row(engine: Engine, msg_id: int) -> Message:
 def states(engine: Engine) -> dict[int, str]:
     with engine.connect() as conn:
         return {r.msg_id: r.state for r in conn.execute(text("SELECT msg_id, state FROM message"))}
+
+
+def processor(engine: Engine, reg: HandlerRegistry | None = None) -> Processor:
+    """A processor on this process's node, reading configuration without a cache."""
+    from worker.configuration import ConfigReader
+    from worker.handlers import registry
+    from worker.runtime import get_runtime
+
+    return Processor(
+        engine,
+        node_id=get_runtime().node_id,
+        registry=registry if reg is None else reg,
+        config=ConfigReader(engine, ttl_seconds=0),
+    )
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

@@ -12,41 +12,15 @@ import pytest
 from sqlalchemy import Engine, text
 
 from models import MessageState
-from tests.helpers import BASE_TS, message, row, set_config, states
+from tests.helpers import BASE_TS, message, processor, row, set_config, states
 from tests.push_recorder import Recorder
 from worker import confirmations, extcall, operations, pool
 from worker.configuration import ConfigReader
 from worker.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
 from worker.extcall import CallInProgress, CallKey, Skip
-from worker.handlers import registry
 from worker.intake import Intake
 from worker.prepared import PreparedSet
-from worker.processing import Outcome, Processor
-from worker.runtime import get_runtime
-
-
-@pytest.fixture
-def queue() -> list[int]:
-    return []
-
-
-@pytest.fixture
-def intake(db: Engine, queue: list[int]) -> Intake:
-    runtime = get_runtime()
-    _ = runtime.registry
-    return Intake(
-        db,
-        node_id=runtime.node_id,
-        enqueue=queue.append,
-        registry=registry,
-        max_payload_bytes=10_000,
-    )
-
-
-def processor(db: Engine) -> Processor:
-    return Processor(
-        db, node_id=get_runtime().node_id, registry=registry, config=ConfigReader(db, ttl_seconds=0)
-    )
+from worker.processing import Outcome
 
 
 def funnel_msg(n: int, funnel: str = "f1", **extra: Any) -> dict[str, Any]:

@@ -10,37 +10,13 @@ from sqlalchemy import Engine, create_engine, text
 
 from models import MessageState, NodeState
 from tests.conftest import TEST_DB_URL
-from tests.helpers import message, row, set_config
+from tests.helpers import message, processor, row, set_config
 from worker import nodes, pool
 from worker.configuration import ConfigReader
-from worker.handlers import HandlerRegistry, MessageContext, registry
+from worker.handlers import HandlerRegistry, MessageContext
 from worker.intake import Intake
-from worker.processing import ERROR_NO_HANDLER, Outcome, Processor
+from worker.processing import ERROR_NO_HANDLER, Outcome
 from worker.runtime import get_runtime
-
-
-@pytest.fixture
-def queue() -> list[int]:
-    return []
-
-
-@pytest.fixture
-def intake(db: Engine, queue: list[int]) -> Intake:
-    runtime = get_runtime()
-    _ = runtime.registry
-    return Intake(
-        db,
-        node_id=runtime.node_id,
-        enqueue=queue.append,
-        registry=registry,
-        max_payload_bytes=10_000,
-    )
-
-
-def processor(db: Engine, reg: HandlerRegistry = registry) -> Processor:
-    return Processor(
-        db, node_id=get_runtime().node_id, registry=reg, config=ConfigReader(db, ttl_seconds=0)
-    )
 
 
 def script(**spec: object) -> str:

@@ -25,10 +25,9 @@ from pydantic import (
     field_validator,
 )
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
-from models import Message, MessageState
-from worker.errors import InvalidMessage, MessageNotFound, NodeNotAccepting
+from models import MessageState
+from worker.errors import InvalidMessage, NodeNotAccepting
 from worker.handlers import HandlerRegistry
 from worker.prepared import Prepared, PreparedConnection, PreparedSet
 
@@ -339,12 +338,3 @@ PUBLIC_FIELDS = (
     "audit",
     "payload",
 )
-
-
-def get_message(engine: Engine, msg_id: int) -> dict[str, Any]:
-    """The public fields of one message (timestamps as datetimes)."""
-    with Session(engine) as session:
-        row = session.get(Message, msg_id)
-        if row is None:
-            raise MessageNotFound(msg_id)
-        return {name: getattr(row, name) for name in PUBLIC_FIELDS}

@@ -17,7 +17,6 @@ and no poll in between.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import traceback
 from collections.abc import Callable
@@ -441,8 +440,3 @@ def _child_correlation(ctx: MessageContext, n: int) -> str:
     """A child's default correlation id: stable across tries of the parent."""
     candidate = f"{ctx.correlation_id}/{n}"
     return candidate if len(candidate) <= 100 else f"msg-{ctx.msg_id}/{n}"
-
-
-def payload_json(ctx: MessageContext) -> Any:
-    """The payload parsed as JSON ({} when empty); for handlers that take JSON."""
-    return json.loads(ctx.payload or "{}")
