@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini flowerconfig.py ./
 COPY models ./models
 COPY worker ./worker
 COPY beat ./beat

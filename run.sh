@@ -64,6 +64,8 @@ case "$cmd" in
   test)
     ensure_apt pg_isready postgresql-client
     ensure_apt docker-compose docker-compose
+    ensure_apt chromium chromium
+    ensure_apt chromedriver chromium-driver
     ensure_services
     ensure_venv
     log "ruff"

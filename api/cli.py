@@ -198,16 +198,35 @@ def node_drain(code: str) -> None:
 
 
 @node_app.command("stop")
-def node_stop(code: str) -> None:
+def node_stop(
+    code: str,
+    exit_: Annotated[
+        bool,
+        typer.Option(
+            "--exit",
+            help="Also end the node's worker processes: their service keys are deleted, and "
+            "each finishes the tasks in hand and exits.",
+        ),
+    ] = False,
+) -> None:
     """Refuse new messages and process nothing (STOPPED)."""
     _move(code, NodeState.STOPPED)
+    if exit_:
+        stopped = get_runtime().services.stop_node(code)
+        ids = ", ".join(str(i) for i in stopped) or "none alive"
+        console.print(f"workers of node {code} told to exit: {ids}")
 
 
 @node_app.command("list")
 def node_list() -> None:
     runtime = get_runtime()
     timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
-    table = Table("id", "code", "state", "last heartbeat", "alive")
+    workers: dict[str, list[str]] = {}
+    for service in runtime.services.live():
+        code = service.fields.get("node_code", "")
+        where = f"{service.service_id} ({service.fields.get('hostname', '')})"
+        workers.setdefault(code, []).append(where)
+    table = Table("id", "code", "state", "last heartbeat", "alive", "workers (service keys)")
     for n in nodes.list_nodes(runtime.engine, timeout):
         table.add_row(
             str(n.node_id),
@@ -215,6 +234,7 @@ def node_list() -> None:
             n.state.value,
             str(n.last_heartbeat or ""),
             "yes" if n.alive else "no",
+            ", ".join(workers.get(n.code, [])),
         )
     console.print(table)
 

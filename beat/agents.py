@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from worker import nodes, pool
+from worker import nodes, pool, timeouts
 from worker.celery import app, enqueue_drain, enqueue_processing
 from worker.runtime import get_runtime
 
@@ -62,3 +62,26 @@ def awaited() -> dict[str, int]:
     if report.woken or report.expired or report.vanished:
         log.info("awaited agent: %s", report)
     return {"woken": len(report.woken), "expired": report.expired, "vanished": report.vanished}
+
+
+@app.task(name="orderly.agents.timeout_monitor")
+def timeout_monitor() -> dict[str, int]:
+    """The timeout monitor: done and timeout metrics, retries of timed-out messages."""
+    runtime = get_runtime()
+    report = timeouts.monitor(runtime.engine, runtime.tracker, enqueue_processing)
+    if report.timeouts or report.expired:
+        log.warning(
+            "timeout monitor: %d timeouts (retried %s, failed %s), %d expired",
+            report.timeouts,
+            report.retried,
+            report.failed,
+            report.expired,
+        )
+    return {
+        "done": report.done,
+        "expired": report.expired,
+        "timeouts": report.timeouts,
+        "retried": len(report.retried),
+        "failed": len(report.failed),
+        "requeued": len(report.requeued),
+    }

@@ -57,6 +57,10 @@ def build_schedule(
         },
     }
     if settings is not None:
+        entries["timeout-monitor"] = {
+            "task": "orderly.agents.timeout_monitor",
+            "schedule": settings.track_monitor_interval_ms / 1000,
+        }
         every = settings.awaited_messages_interval / 1000
         entries["awaited-agent"] = {
             "task": "orderly.agents.awaited",

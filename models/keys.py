@@ -71,3 +71,74 @@ def min_message_info(request_id: str, response_id: str, conversation_id: str) ->
         separators=(",", ":"),
         ensure_ascii=False,
     )
+
+
+@dataclass(frozen=True)
+class TrackKeys:
+    """The tracking keys of message-tracking-timeouts.txt under ``serviceNamespace``.
+
+    Message tracking: ``:message:id`` (counter), ``:message:$id`` (hash: timestamp, xid,
+    deadline, service; expires after messageExpire), ``:message:ids`` (tracked ids, newest
+    first), ``:message:xid:$xid`` (id and xid type), ``:message:done`` (ids the workers
+    finished), ``:metrics:$name`` (count, sum, max and histogram buckets). Service lifecycle:
+    ``:service:id`` (counter), ``:service:$id`` (expiring, renewed hash of one worker).
+    """
+
+    namespace: str = "orderly:track"
+
+    # --- the seed's keys ----------------------------------------------------------------
+    @property
+    def message_id(self) -> str:
+        return f"{self.namespace}:message:id"
+
+    def message(self, track_id: int | str) -> str:
+        return f"{self.namespace}:message:{track_id}"
+
+    @property
+    def message_ids(self) -> str:
+        return f"{self.namespace}:message:ids"
+
+    def xid(self, xid: str) -> str:
+        return f"{self.namespace}:message:xid:{xid}"
+
+    @property
+    def done(self) -> str:
+        return f"{self.namespace}:message:done"
+
+    def metrics(self, name: str) -> str:
+        return f"{self.namespace}:metrics:{name}"
+
+    @property
+    def service_id(self) -> str:
+        return f"{self.namespace}:service:id"
+
+    def service(self, service_id: int | str) -> str:
+        return f"{self.namespace}:service:{service_id}"
+
+    # --- orderly's additions ------------------------------------------------------------
+    def attempts(self, xid: str) -> str:
+        """Timeouts counted against one xid so far (the retry's attempt number)."""
+        return f"{self.namespace}:message:attempts:{xid}"
+
+    @property
+    def retry(self) -> str:
+        """Timed-out messages scored by when their retry is due (ms)."""
+        return f"{self.namespace}:message:retry"
+
+    @property
+    def services(self) -> str:
+        """Ids of the services registered and not yet seen gone."""
+        return f"{self.namespace}:service:ids"
+
+    # Prefixes for keys a script derives from values it made or read.
+    @property
+    def message_prefix(self) -> str:
+        return f"{self.namespace}:message:"
+
+    @property
+    def xid_prefix(self) -> str:
+        return f"{self.namespace}:message:xid:"
+
+    @property
+    def attempts_prefix(self) -> str:
+        return f"{self.namespace}:message:attempts:"

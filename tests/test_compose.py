@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -11,18 +14,36 @@ import pytest
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"redis", "postgres", "migrate", "api", "worker", "beat", "flower"}
+SERVICES = {"redis", "postgres", "migrate", "api", "worker", "beat", "flower", "prometheus"}
+# The file refuses to be used without Flower's password.
+FLOWER_ENV = {"ORDERLY_FLOWER_PASSWORD": "compose-test-password"}
 
 
-def compose(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def compose(
+    path: Path, *args: str, env: Mapping[str, str] = FLOWER_ENV
+) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
         if IN_CI:
             pytest.fail("docker-compose is not installed")
         pytest.skip("docker-compose is not installed")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ORDERLY_FLOWER_")}
+    full_env.update(env)
     return subprocess.run(
-        [exe, "-f", str(path), *args], capture_output=True, text=True, cwd=path.parent, timeout=60
+        [exe, "-f", str(path), *args],
+        capture_output=True,
+        text=True,
+        cwd=path.parent,
+        timeout=60,
+        env=full_env,
     )
+
+
+def service_block(config: str, name: str) -> str:
+    """One service's part of ``docker-compose config`` output (services are indented by 2)."""
+    found = re.search(rf"^  {name}:\n((?:    .*\n)*)", config, re.MULTILINE)
+    assert found is not None, f"no service {name}"
+    return found.group(1)
 
 
 def test_compose_file_is_valid_and_has_every_service() -> None:
@@ -44,3 +65,32 @@ def test_a_broken_file_is_refused(tmp_path: Path) -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     broken.write_text(text.replace("    image: redis:7\n", "    image: [redis, 7]\n", 1))
     assert compose(broken, "config", "-q").returncode != 0
+
+
+def test_flower_needs_its_password_and_listens_on_every_interface(tmp_path: Path) -> None:
+    # A copy away from the repository's root, so that a developer's .env cannot supply it.
+    copy = tmp_path / "docker-compose.yml"
+    copy.write_text((ROOT / "docker-compose.yml").read_text())
+    refused = compose(copy, "config", "-q", env={})
+    assert refused.returncode != 0
+    assert "ORDERLY_FLOWER_PASSWORD" in refused.stderr
+
+    done = compose(ROOT / "docker-compose.yml", "config")
+    assert done.returncode == 0, done.stderr
+    flower = service_block(done.stdout, "flower")
+    assert "ORDERLY_FLOWER_PASSWORD: compose-test-password" in flower
+    assert "ORDERLY_FLOWER_ADDRESS: 0.0.0.0" in flower
+    assert "--conf=/app/flowerconfig.py" in flower
+    assert "flowerconfig.py:/app/flowerconfig.py:ro" in flower
+
+
+def test_prometheus_scrapes_the_api_and_flower() -> None:
+    done = compose(ROOT / "docker-compose.yml", "config")
+    assert done.returncode == 0, done.stderr
+    prometheus = service_block(done.stdout, "prometheus")
+    assert "image: prom/prometheus:" in prometheus
+    assert "deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus
+    scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
+    assert '- targets: ["api:8000"]' in scrape
+    assert '- targets: ["flower:5555"]' in scrape
+    assert scrape.count("metrics_path: /metrics") == 2

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
 import time
 from typing import Any
 
@@ -13,6 +16,7 @@ from models import NodeState
 from worker import confirmations, nodes, pubsub
 from worker.runtime import get_runtime
 from worker.settings import get_settings
+from worker.tracking import now_ms
 
 log = logging.getLogger("orderly.worker")
 
@@ -46,6 +50,8 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     worker_send_task_events=True,
+    # Flower then shows a task from the moment it is queued, not only once a worker takes it.
+    task_send_sent_event=True,
     broker_connection_retry_on_startup=True,
     # Waits never sit in the broker (no countdown/eta): a task is sent when it is due.
     broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
@@ -123,9 +129,12 @@ class DueScheduler(bootsteps.StartStopStep):
 
 
 class NodeLifecycle(bootsteps.StartStopStep):
-    """Registers the worker's node, renews its heartbeat, and follows its state.
+    """Registers the worker's node, renews its heartbeat and its service key, and follows its
+    state.
 
     STOPPED: stop consuming the processing queue; RUN or HANDLES_EXISTING_MESSAGES: consume.
+    The service key gone (deleted by an operator, or expired because renewals stopped): warm
+    shutdown, as on SIGTERM: the tasks in hand finish, then the worker exits.
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
@@ -146,6 +155,22 @@ class NodeLifecycle(bootsteps.StartStopStep):
 
     def follow(self, c: Any) -> None:
         runtime = get_runtime()
+        if runtime.service_id is not None:
+            try:
+                alive = runtime.services.renew(
+                    runtime.service_id, runtime.settings.service_expire_ms
+                )
+            except Exception:
+                log.exception("renewing the service key failed")
+            else:
+                if not alive:
+                    log.warning(
+                        "service key %s is gone: stopping this worker",
+                        runtime.track_keys.service(runtime.service_id),
+                    )
+                    runtime.service_id = None
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
         try:
             state = nodes.heartbeat(runtime.engine, runtime.node_id)
         except Exception:
@@ -167,6 +192,39 @@ class NodeLifecycle(bootsteps.StartStopStep):
 
 app.steps["consumer"].add(NodeLifecycle)
 app.steps["consumer"].add(DueScheduler)
+
+
+@signals.worker_init.connect
+def _register_service(sender: Any = None, **_: Any) -> None:
+    """The worker's service key, before the pool forks, so every child tracks under its id."""
+    runtime = get_runtime()
+    settings = runtime.settings
+    runtime.service_id = runtime.services.register(
+        {
+            "node_id": runtime.node_id,
+            "node_code": settings.node_code,
+            "hostname": getattr(sender, "hostname", "") or socket.gethostname(),
+            "pid": os.getpid(),
+            "started": now_ms(),
+        },
+        settings.service_expire_ms,
+    )
+    log.info(
+        "service %s registered for node %s",
+        runtime.track_keys.service(runtime.service_id),
+        settings.node_code,
+    )
+
+
+@signals.worker_shutdown.connect
+def _deregister_service(**_: Any) -> None:
+    runtime = get_runtime()
+    if runtime.service_id is not None:
+        try:
+            runtime.services.deregister(runtime.service_id)
+        except Exception:
+            log.exception("removing the service key failed")
+        runtime.service_id = None
 
 
 @signals.worker_process_init.connect

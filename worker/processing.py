@@ -34,6 +34,7 @@ from worker.handlers import ExternalResponse, HandlerRegistry, MessageContext
 from worker.intake import STATEMENTS as INTAKE_STATEMENTS
 from worker.intake import insert_message, insert_values, parse_message
 from worker.prepared import Prepared, PreparedConnection, PreparedSet
+from worker.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,9 @@ class Processor:
         registry: HandlerRegistry,
         config: ConfigReader,
         max_payload_bytes: int = 1_048_576,
+        tracker: Tracker | None = None,
     ) -> None:
+        self._tracker = tracker
         self._statements = PreparedSet(engine, STATEMENTS + INTAKE_STATEMENTS + extcall.STATEMENTS)
         self._integrity = engine.dialect.loaded_dbapi.IntegrityError
         self._node_id = node_id
@@ -269,6 +272,16 @@ class Processor:
             return self._not_claimed(conn, msg_id)
         if claimed[0] == MessageState.POSTPONED:
             return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
+        if self._tracker is None:
+            return self._run_claimed(conn, claimed)
+        # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
+        track_id = self._tracker.register(msg_id)
+        try:
+            return self._run_claimed(conn, claimed)
+        finally:
+            self._tracker.done(track_id)
+
+    def _run_claimed(self, conn: PreparedConnection, claimed: Any) -> ProcessResult:
         row = dict(zip(_CLAIM_COLUMNS, claimed[1:-1], strict=True))
         newer: int | None = claimed[-1]
         ctx = MessageContext(

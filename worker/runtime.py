@@ -11,8 +11,10 @@ from collections.abc import Callable
 from functools import cached_property, lru_cache
 
 import redis
+from redis import Redis
 from sqlalchemy import Engine
 
+from models.keys import TrackKeys
 from worker import configuration, nodes
 from worker.channels import ChannelDirectory
 from worker.configuration import ConfigReader
@@ -22,6 +24,7 @@ from worker.handlers import HandlerRegistry, load_handler_modules, registry
 from worker.intake import Intake
 from worker.processing import Processor
 from worker.settings import Settings, get_settings
+from worker.tracking import Services, Tracker, TrackingPolicy
 
 
 class Runtime:
@@ -29,6 +32,8 @@ class Runtime:
         self.settings = settings
         self._node_lock = threading.Lock()
         self._node_id: int | None = None
+        # This worker's id in the service lifecycle keys (set by the worker at start).
+        self.service_id: int | None = None
 
     @cached_property
     def engine(self) -> Engine:
@@ -62,11 +67,45 @@ class Runtime:
             registry=self.registry,
             config=self.config,
             max_payload_bytes=self.settings.max_payload_bytes,
+            tracker=self.tracker,
         )
 
     @cached_property
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.settings.redis_url)
+
+    @cached_property
+    def tracking_redis(self) -> Redis:
+        """serviceRedis: the tracking keys' Redis (the same client when it is not separate)."""
+        if self.settings.track_redis_url is None:
+            return self.redis
+        return redis.Redis.from_url(self.settings.track_redis_url)
+
+    @cached_property
+    def track_keys(self) -> TrackKeys:
+        return TrackKeys(self.settings.track_namespace)
+
+    @cached_property
+    def tracking_policy(self) -> TrackingPolicy:
+        s = self.settings
+        return TrackingPolicy(
+            timeout_ms=s.track_message_timeout_ms,
+            expire_ms=s.track_message_expire_ms,
+            capacity=s.track_message_capacity,
+            retry_attempts=s.track_retry_attempts,
+            retry_delay_ms=s.track_retry_delay_ms,
+            retry_multiplier=s.track_retry_multiplier,
+        )
+
+    @cached_property
+    def tracker(self) -> Tracker:
+        return Tracker(
+            self.tracking_redis, self.track_keys, self.tracking_policy, str(self.service_id or "")
+        )
+
+    @cached_property
+    def services(self) -> Services:
+        return Services(self.tracking_redis, self.track_keys)
 
     @cached_property
     def channels(self) -> ChannelDirectory:

@@ -1,4 +1,4 @@
-"""The conversation Lua scripts, loaded once by name (each with the shared library first)."""
+"""orderly's Lua scripts, loaded once by name (each with the shared library first)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,23 @@ from typing import Any
 import redis
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
-SCRIPT_NAMES = ("register_request", "add_response", "advance", "ack", "expire", "due", "awaited")
+SCRIPT_NAMES = (
+    # conversations
+    "register_request",
+    "add_response",
+    "advance",
+    "ack",
+    "expire",
+    "due",
+    "awaited",
+    # message tracking and service lifecycle
+    "track_register",
+    "track_done",
+    "track_monitor",
+    "track_due",
+    "service_register",
+    "service_renew",
+)
 
 
 @cache

@@ -11,7 +11,7 @@ import socket
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -125,6 +125,86 @@ class Settings(BaseSettings):
         description="Seconds before the Redis broker redelivers a task taken but not acknowledged.",
     )
 
+    # --- dashboard (Flower) -----------------------------------------------------------------
+    flower_user: str = Field(
+        "orderly",
+        min_length=1,
+        pattern=r"^[^:\s]+$",
+        validation_alias="ORDERLY_FLOWER_USER",
+        description="User of Flower's HTTP basic auth (no colon or blank).",
+    )
+    flower_password: SecretStr = Field(
+        SecretStr(""),
+        validation_alias="ORDERLY_FLOWER_PASSWORD",
+        description="Password of Flower's HTTP basic auth; Flower refuses to start without one.",
+    )
+    flower_address: str = Field(
+        "127.0.0.1",
+        validation_alias="ORDERLY_FLOWER_ADDRESS",
+        description="Address Flower listens on (0.0.0.0 inside a container).",
+    )
+    flower_port: int = Field(5555, ge=1, le=65535, validation_alias="ORDERLY_FLOWER_PORT")
+
+    # --- message tracking and service lifecycle (message-tracking-timeouts seed) -----------
+    track_namespace: str = Field(
+        "orderly:track",
+        min_length=1,
+        validation_alias="ORDERLY_TRACK_NAMESPACE",
+        description="serviceNamespace: prefix of the tracking, metrics and service keys.",
+    )
+    track_redis_url: str | None = Field(
+        None,
+        validation_alias="ORDERLY_TRACK_REDIS_URL",
+        description="serviceRedis: Redis of the tracking keys (default: ORDERLY_REDIS_URL).",
+    )
+    track_message_timeout_ms: int = Field(
+        10_000,
+        ge=1,
+        validation_alias="ORDERLY_TRACK_MESSAGE_TIMEOUT_MS",
+        description="messageTimeout: a tracked message not done this long after it started "
+        "is a timeout.",
+    )
+    track_message_expire_ms: int = Field(
+        60_000,
+        ge=1,
+        validation_alias="ORDERLY_TRACK_MESSAGE_EXPIRE_MS",
+        description="messageExpire: lifetime of a tracking hash (longer than messageTimeout).",
+    )
+    track_message_capacity: int = Field(
+        1000,
+        ge=1,
+        validation_alias="ORDERLY_TRACK_MESSAGE_CAPACITY",
+        description="messageCapacity: most ids tracked at once; above it only the overflow is "
+        "counted.",
+    )
+    track_retry_attempts: int = Field(
+        3,
+        ge=0,
+        validation_alias="ORDERLY_TRACK_RETRY_ATTEMPTS",
+        description="Retries of a timed-out message before it becomes FAILED (E_TIMEOUT).",
+    )
+    track_retry_delay_ms: int = Field(
+        1_000,
+        ge=0,
+        validation_alias="ORDERLY_TRACK_RETRY_DELAY_MS",
+        description="deliveryDelay of timeout retries: retry n waits delay * multiplier^(n-1).",
+    )
+    track_retry_multiplier: float = Field(
+        2.0, ge=1.0, validation_alias="ORDERLY_TRACK_RETRY_MULTIPLIER"
+    )
+    track_monitor_interval_ms: int = Field(
+        1_000,
+        ge=100,
+        validation_alias="ORDERLY_TRACK_MONITOR_INTERVAL_MS",
+        description="How often beat runs the timeout monitor.",
+    )
+    service_expire_ms: int = Field(
+        15_000,
+        ge=1_000,
+        validation_alias="ORDERLY_SERVICE_EXPIRE_MS",
+        description="Lifetime of a worker's service key; renewed every heartbeat interval.",
+    )
+
     # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
     awaited_message_ttl: int = Field(
         900_000, ge=1, validation_alias=_queue_var("AWAITED_MESSAGE_TTL")
@@ -199,6 +279,20 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @model_validator(mode="after")
+    def _tracking_times(self) -> Settings:
+        if self.track_message_expire_ms <= self.track_message_timeout_ms:
+            raise ValueError(
+                "ORDERLY_TRACK_MESSAGE_EXPIRE_MS must be longer than "
+                "ORDERLY_TRACK_MESSAGE_TIMEOUT_MS, or the monitor cannot see timeouts"
+            )
+        if self.service_expire_ms < 2 * self.heartbeat_interval_ms:
+            raise ValueError(
+                "ORDERLY_SERVICE_EXPIRE_MS must be at least twice ORDERLY_HEARTBEAT_INTERVAL, "
+                "or a worker's key expires between two renewals"
+            )
+        return self
+
     @field_validator("database_url")
     @classmethod
     def _postgres_only(cls, value: str) -> str:
@@ -208,7 +302,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("redis_url", "broker_url")
+    @field_validator("redis_url", "broker_url", "track_redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
@@ -218,6 +312,10 @@ class Settings(BaseSettings):
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def effective_track_redis_url(self) -> str:
+        return self.track_redis_url or self.redis_url
 
     @property
     def handler_module_list(self) -> list[str]:

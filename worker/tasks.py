@@ -36,7 +36,10 @@ _sender = HttpSender()
 @app.task(name="orderly.deliver.conversation")
 def deliver_conversation(conversation_id: str, token: str) -> str:
     """Deliver a conversation's responses in order while holding its lease (``token``)."""
-    report = get_runtime().conversations.drain(conversation_id, token, _sender)
+    runtime = get_runtime()
+    # Tracked by the conversation (the xid is meta.id); the lease token is no part of it.
+    with runtime.tracker.tracking({"meta": {"id": f"conversation:{conversation_id}"}}, "drain"):
+        report = runtime.conversations.drain(conversation_id, token, _sender)
     if report.end == "YIELD":
         # Fair to other conversations: the rest goes on in a new task, the lease kept.
         enqueue_drain(conversation_id, token)
@@ -51,11 +54,14 @@ def deliver_events(delivery_ids: list[int]) -> list[str]:
     runtime = get_runtime()
     runtime.registry  # noqa: B018 - imports the handler modules, which register consumers
     secret = runtime.settings.token_secret
-    return pubsub.deliver_batch(runtime.engine, delivery_ids, _sender.push, secret)
+    # Tracked by the batch itself (no intrinsic id: the xid is its SHA1).
+    with runtime.tracker.tracking({"deliveries": delivery_ids}, "events"):
+        return pubsub.deliver_batch(runtime.engine, delivery_ids, _sender.push, secret)
 
 
 @app.task(name="orderly.deliver.confirmation")
 def confirm(call_id: int) -> str:
     """Tell a source system the final state of its message (one try)."""
     runtime = get_runtime()
-    return confirmations.confirm(runtime.engine, call_id, runtime.config)
+    with runtime.tracker.tracking({"meta": {"id": f"confirmation:{call_id}"}}, "confirmation"):
+        return confirmations.confirm(runtime.engine, call_id, runtime.config)

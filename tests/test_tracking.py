@@ -1,0 +1,302 @@
+"""Message tracking (message-tracking-timeouts.txt) against the real Redis, and the timeout
+retry against the real PostgreSQL: keys, xid rules, capacity, the monitor's metrics, expiry,
+retries with backoff, FAILED after the last attempt, and the service keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from models.keys import TrackKeys
+from tests.helpers import message, row
+from worker import timeouts
+from worker.intake import Intake
+from worker.tracking import (
+    BUCKETS_MS,
+    Services,
+    Tracker,
+    TrackingError,
+    TrackingPolicy,
+    snapshot,
+    xid_of,
+)
+
+KEYS = TrackKeys("demo:mpush")
+T0 = 1_459_166_173_000  # the seed's example timestamp, in ms
+
+
+def tracker(client: redis.Redis, **policy: int | float) -> Tracker:
+    return Tracker(client, KEYS, TrackingPolicy(**policy), service="1")  # type: ignore[arg-type]
+
+
+def text_hash(client: redis.Redis, key: str) -> dict[str, str]:
+    raw: dict[bytes, bytes] = client.hgetall(key)  # type: ignore[assignment]
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+# --- xid rules --------------------------------------------------------------------------------
+
+
+def test_xid_is_the_message_when_it_is_a_number() -> None:
+    assert xid_of(12345) == ("12345", "number")
+    assert xid_of("12345") == ("12345", "number")
+
+
+def test_xid_is_meta_id_when_there_is_one() -> None:
+    assert xid_of({"meta": {"id": "abc-1"}, "body": 1}) == ("abc-1", "meta")
+    assert xid_of({"meta": {"id": 7}}) == ("7", "meta")
+
+
+def test_xid_is_the_sha1_otherwise() -> None:
+    body = {"body": "hello", "meta": {"type": "x"}}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    assert xid_of(body) == (hashlib.sha1(canonical.encode()).hexdigest(), "sha1")
+    # Not a number: text with other characters, a negative number, a boolean, an empty id.
+    assert xid_of("12a") == (hashlib.sha1(b"12a").hexdigest(), "sha1")
+    assert xid_of(-5)[1] == "sha1"
+    assert xid_of(True)[1] == "sha1"
+    assert xid_of({"meta": {"id": ""}})[1] == "sha1"
+    # The same message always gives the same xid, whatever the order of its keys.
+    assert xid_of({"b": 1, "a": 2}) == xid_of({"a": 2, "b": 1})
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def test_register_writes_the_seed_keys(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=10_000, expire_ms=60_000)
+    redis_client.set(KEYS.message_id, 2)  # the seed's example: the next id is 3
+    track_id = t.register(12345, now=T0)
+    assert track_id == 3
+    assert redis_client.get(KEYS.message_id) == b"3"
+    assert redis_client.lrange(KEYS.message_ids, 0, -1) == [b"3"]
+    assert text_hash(redis_client, KEYS.message(3)) == {
+        "timestamp": str(T0),
+        "xid": "12345",
+        "deadline": str(T0 + 10_000),
+        "service": "1",
+        "kind": "message",
+    }
+    assert 59_000 < redis_client.pttl(KEYS.message(3)) <= 60_000
+    assert text_hash(redis_client, KEYS.xid("12345")) == {"id": "3", "type": "number"}
+    assert t.lookup("12345") == {"id": "3", "type": "number"}
+    assert redis_client.pttl(KEYS.xid("12345")) > 0
+
+
+def test_register_refuses_an_existing_message_key_and_writes_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    t = tracker(redis_client)
+    redis_client.set(KEYS.message_id, 4)
+    redis_client.hset(KEYS.message(5), "timestamp", "1")
+    with pytest.raises(TrackingError, match="existing message hash"):
+        t.register({"meta": {"id": "m-1"}}, now=T0)
+    assert redis_client.llen(KEYS.message_ids) == 0
+    assert not redis_client.exists(KEYS.xid("m-1"))
+    assert text_hash(redis_client, KEYS.message(5)) == {"timestamp": "1"}
+
+
+def test_over_capacity_only_the_overflow_is_counted(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, capacity=3)
+    ids = [t.register(n, now=T0) for n in range(5)]
+    assert ids == [1, 2, 3, 0, 0]
+    assert redis_client.llen(KEYS.message_ids) == 3
+    assert not redis_client.exists(KEYS.xid("3")) and not redis_client.exists(KEYS.xid("4"))
+    assert not t.done(0)  # an untracked message has nothing to report
+    assert snapshot(redis_client, KEYS).overflow == 2
+    # Room again once the monitor has taken done ids off the list.
+    t.done(1, now=T0 + 5)
+    t.monitor_turn(now=T0 + 10)
+    assert t.register(99, now=T0) == 4
+    assert snapshot(redis_client, KEYS).overflow == 2
+
+
+# --- the monitor ------------------------------------------------------------------------------
+
+
+def test_done_metrics_are_exact_for_a_known_set(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=10_000, expire_ms=60_000)
+    durations = [3, 7, 120, 120, 999, 4_000, 9_000]
+    ids = [t.register(f"{n}", now=T0 + n) for n in range(len(durations))]
+    for n, (track_id, took) in enumerate(zip(ids, durations, strict=True)):
+        assert t.done(track_id, now=T0 + n + took)
+    assert not t.done(ids[0], now=T0 + 50_000)  # a second report changes nothing
+    assert redis_client.llen(KEYS.done) == len(durations)
+
+    turn = t.monitor_turn(now=T0 + 9_500)
+    assert (turn.done, turn.expired, turn.timed_out) == (len(durations), 0, [])
+    snap = snapshot(redis_client, KEYS)
+    assert snap.done.count == len(durations)
+    assert snap.done.sum_ms == sum(durations)
+    assert snap.done.max_ms == max(durations)
+    expected = [sum(1 for d in durations if d <= bound) for bound in BUCKETS_MS]
+    assert [c for _, c in snap.done.buckets[:-1]] == expected
+    assert snap.done.buckets[-1] == (float("inf"), len(durations))
+    assert snap.timeout.count == 0
+    assert snap.listed == 0 and snap.done_waiting == 0  # delisted and taken
+
+
+def test_a_message_never_done_is_a_timeout(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=10_000, expire_ms=60_000)
+    hung = t.register(42, now=T0)
+    fine = t.register(43, now=T0 + 1)
+    t.done(fine, now=T0 + 20)
+
+    early = t.monitor_turn(now=T0 + 10_000)  # the deadline itself is not yet past it
+    assert early.timed_out == [] and early.done == 1
+    assert redis_client.lrange(KEYS.message_ids, 0, -1) == [str(hung).encode()]
+
+    turn = t.monitor_turn(now=T0 + 12_345)
+    assert [(x.track_id, x.xid, x.kind, x.attempt, x.elapsed_ms) for x in turn.timed_out] == [
+        (hung, "42", "message", 1, 12_345)
+    ]
+    snap = snapshot(redis_client, KEYS)
+    assert (snap.timeout.count, snap.timeout.sum_ms, snap.timeout.max_ms) == (1, 12_345, 12_345)
+    assert (snap.done.count, snap.done.sum_ms) == (1, 19)
+    assert snap.listed == 0
+    # Counted once: the next turn finds nothing, and a late done is not counted as done.
+    assert t.monitor_turn(now=T0 + 20_000).timed_out == []
+    t.done(hung, now=T0 + 30_000)
+    t.monitor_turn(now=T0 + 30_001)
+    assert snapshot(redis_client, KEYS).done.count == 1
+
+
+def test_expired_ids_are_counted_and_delisted(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=100, expire_ms=300)
+    gone = t.register(1)
+    kept = t.register(2)
+    done_late = t.register(3)
+    t.done(done_late)
+    time.sleep(0.45)  # Redis expires all three hashes (messageExpire)
+    kept_again = t.register(4)
+    assert not redis_client.exists(KEYS.message(gone))
+    turn = t.monitor_turn()
+    # ids 1 and 2 listed with no hash; id 3 in the done list with no hash; id 4 is young.
+    assert turn.expired == 3 and turn.done == 0 and turn.timed_out == []
+    assert redis_client.lrange(KEYS.message_ids, 0, -1) == [str(kept_again).encode()]
+    assert snapshot(redis_client, KEYS).expired == 3
+    assert kept not in (int(x) for x in redis_client.lrange(KEYS.message_ids, 0, -1))
+
+
+# --- timeout retry in the message store --------------------------------------------------------
+
+
+def _hang(engine: Engine, msg_id: int) -> None:
+    """What a claim does, for a worker that then never finishes."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET state = 'PROCESSING', processing_pid = pg_backend_pid(),"
+                " last_process_timestamp = now() WHERE msg_id = :id"
+            ),
+            {"id": msg_id},
+        )
+
+
+def test_timed_out_message_is_retried_with_backoff_then_failed(
+    db: Engine, redis_client: redis.Redis, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    other = intake.submit(message(2)).msg_id
+    t = tracker(
+        redis_client,
+        timeout_ms=1_000,
+        expire_ms=5_000,
+        retry_attempts=2,
+        retry_delay_ms=500,
+        retry_multiplier=3.0,
+    )
+    enqueued: list[int] = []
+    now = T0
+    expected_delays = [500, 1_500]
+    for attempt, delay in enumerate(expected_delays, start=1):
+        _hang(db, msg_id)
+        t.register(msg_id, now=now)
+        now += 1_001
+        report = timeouts.monitor(db, t, enqueued.append, now=now)
+        assert report.retried == [msg_id] and report.failed == []
+        got = row(db, msg_id)
+        assert (got.state, got.failed_count, got.failed_error_code) == (
+            "IN_QUEUE",
+            attempt,
+            "E_TIMEOUT",
+        )
+        assert got.processing_pid is None  # the hung worker's outcome will be dropped
+        # Not before its backoff: deliveryDelay * multiplier ^ (attempt - 1).
+        assert timeouts.monitor(db, t, enqueued.append, now=now + delay - 1).requeued == []
+        assert enqueued == [msg_id] * (attempt - 1)
+        now += delay
+        assert timeouts.monitor(db, t, enqueued.append, now=now).requeued == [msg_id]
+        assert enqueued == [msg_id] * attempt
+
+    _hang(db, msg_id)
+    t.register(msg_id, now=now)
+    report = timeouts.monitor(db, t, enqueued.append, now=now + 1_001)
+    assert report.failed == [msg_id] and report.retried == []
+    got = row(db, msg_id)
+    assert (got.state, got.failed_count, got.failed_error_code) == ("FAILED", 3, "E_TIMEOUT")
+    assert "within 1000 ms" in (got.failed_desc or "")
+    assert "no retries left" in (got.failed_desc or "")
+    snap = snapshot(redis_client, KEYS)
+    assert (snap.timeout.count, snap.retried, snap.gave_up, snap.retries_waiting) == (3, 2, 1, 0)
+    assert not redis_client.exists(KEYS.attempts(str(msg_id)))
+    assert row(db, other).state == "NEW"  # nothing else touched
+
+
+def test_a_message_finished_meanwhile_is_not_retried(
+    db: Engine, redis_client: redis.Redis, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000)
+    t.register(msg_id, now=T0)
+    with db.begin() as conn:  # the outcome reached the store, but its done report was lost
+        conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :id"), {"id": msg_id})
+    report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
+    assert report.timeouts == 1 and report.settled == [msg_id] and report.retried == []
+    assert row(db, msg_id).state == "OK"
+    assert row(db, msg_id).failed_count == 0
+    assert snapshot(redis_client, KEYS).retries_waiting == 0
+
+
+def test_only_message_processing_is_retried(db: Engine, redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000)
+    t.register({"meta": {"id": "conversation:c1"}}, kind="drain", now=T0)
+    report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
+    assert report.timeouts == 1 and report.retried == [] and report.settled == []
+    assert snapshot(redis_client, KEYS).timeout.count == 1
+
+
+# --- service keys -------------------------------------------------------------------------------
+
+
+def test_service_keys_register_renew_and_stop(redis_client: redis.Redis) -> None:
+    services = Services(redis_client, KEYS)
+    a = services.register({"node_code": "n1", "pid": 11}, expire_ms=5_000)
+    b = services.register({"node_code": "n2", "pid": 12}, expire_ms=5_000)
+    c = services.register({"node_code": "n1", "pid": 13}, expire_ms=5_000)
+    assert (a, b, c) == (1, 2, 3)
+    assert text_hash(redis_client, KEYS.service(a)) == {"node_code": "n1", "pid": "11"}
+    assert [s.service_id for s in services.live()] == [1, 2, 3]
+    assert services.renew(a, 9_000, now=T0)
+    assert redis_client.pttl(KEYS.service(a)) > 5_000
+    assert text_hash(redis_client, KEYS.service(a))["renewed"] == str(T0)
+
+    assert services.stop_node("n1") == [1, 3]
+    assert not services.renew(a, 9_000)  # gone stays gone: the worker must stop
+    assert not redis_client.exists(KEYS.service(a))
+    assert [s.service_id for s in services.live()] == [2]
+    assert redis_client.smembers(KEYS.services) == {b"2"}
+    services.deregister(b)
+    assert services.live() == []
+    with pytest.raises(ValueError, match="at least one field"):
+        services.register({}, expire_ms=5_000)
+
+
+def test_policy_refuses_expire_not_longer_than_timeout() -> None:
+    with pytest.raises(ValueError, match="messageExpire"):
+        TrackingPolicy(timeout_ms=10_000, expire_ms=10_000)

@@ -1,0 +1,395 @@
+"""Message tracking in Redis (message-tracking-timeouts.txt): ids, xids, deadlines, the done
+list, the timeout monitor's turn and the metrics hashes; and the service (worker) lifecycle
+keys of the same namespace.
+
+Every check-and-act is one Lua script (worker/lua/track_*.lua, service_*.lua). Times are
+milliseconds since the epoch, given by the caller, so that a test can state them exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from models.keys import TrackKeys
+from worker.errors import OrderlyError
+from worker.scripts import Scripts
+
+# Histogram bounds (ms) of the done and timeout metrics; a larger value goes to le:+Inf.
+BUCKETS_MS: tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+_NUMBER = re.compile(r"^[0-9]+$")
+
+
+class TrackingError(OrderlyError):
+    """A tracking key that must not exist does (e.g. the id counter was reset)."""
+
+
+def _decoded(raw: Any) -> dict[str, str]:
+    """A Redis hash reply as text (the client may be set to decode replies or not)."""
+    return {_text(k): _text(v) for k, v in dict(raw).items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def xid_of(message: Any) -> tuple[str, str]:
+    """The message's intrinsic id and how it was found, by the seed's rules.
+
+    A message that is itself a number is its own xid (``number``); otherwise
+    ``message["meta"]["id"]`` if it has one (``meta``); otherwise the SHA1 of the message
+    (``sha1``: of the text itself, or of its canonical JSON when it is not text).
+    """
+    if isinstance(message, bool):
+        pass  # JSON true/false is no number
+    elif isinstance(message, int) and message >= 0:
+        return str(message), "number"
+    elif isinstance(message, str) and _NUMBER.match(message):
+        return message, "number"
+    if isinstance(message, Mapping):
+        meta = message.get("meta")
+        if isinstance(meta, Mapping):
+            meta_id = meta.get("id")
+            if meta_id is not None and meta_id != "":
+                return str(meta_id), "meta"
+    if isinstance(message, str):
+        text = message
+    else:
+        text = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest(), "sha1"
+
+
+@dataclass(frozen=True)
+class TrackingPolicy:
+    """messageTimeout, messageExpire and messageCapacity of the seed, and orderly's retry."""
+
+    timeout_ms: int = 10_000
+    expire_ms: int = 60_000
+    capacity: int = 1000
+    retry_attempts: int = 3
+    retry_delay_ms: int = 1_000
+    retry_multiplier: float = 2.0
+    # How many done and listed ids one monitor turn looks at (at least the capacity).
+    batch: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.expire_ms <= self.timeout_ms:
+            raise ValueError(
+                f"messageExpire ({self.expire_ms} ms) must be longer than messageTimeout "
+                f"({self.timeout_ms} ms), or the monitor cannot see timeouts"
+            )
+
+    def retry_delay(self, attempt: int) -> int:
+        """Wait before retry number ``attempt`` (1-based): deliveryDelay * multiplier^(n-1)."""
+        return int(self.retry_delay_ms * self.retry_multiplier ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    track_id: int
+    xid: str
+    kind: str
+    attempt: int  # timeouts of this xid so far, this one included
+    elapsed_ms: int
+
+
+@dataclass(frozen=True)
+class MonitorTurn:
+    done: int
+    expired: int
+    timed_out: list[TimedOut]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One ``:metrics:$name`` hash: count, sum and max (ms), buckets cumulative by bound."""
+
+    count: int = 0
+    sum_ms: int = 0
+    max_ms: int | None = None
+    buckets: tuple[tuple[float, int], ...] = ()
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> Histogram:
+        fields = _decoded(raw)
+        running, cumulative = 0, []
+        for bound in (*BUCKETS_MS, float("inf")):
+            label = "+Inf" if bound == float("inf") else str(bound)
+            running += int(fields.get(f"le:{label}", 0))
+            cumulative.append((float(bound), running))
+        max_ms = fields.get("max")
+        return cls(
+            count=int(fields.get("count", 0)),
+            sum_ms=int(fields.get("sum", 0)),
+            max_ms=None if max_ms is None else int(max_ms),
+            buckets=tuple(cumulative),
+        )
+
+
+@dataclass(frozen=True)
+class TrackingSnapshot:
+    done: Histogram
+    timeout: Histogram
+    overflow: int
+    expired: int
+    retried: int
+    gave_up: int
+    listed: int  # ids tracked now (:message:ids)
+    done_waiting: int  # ids in :message:done the monitor has not taken yet
+    retries_waiting: int  # timed-out messages waiting for their retry
+
+
+def _count(raw: Mapping[Any, Any]) -> int:
+    return int(_decoded(raw).get("count", 0))
+
+
+def snapshot(client: redis.Redis, keys: TrackKeys) -> TrackingSnapshot:
+    """The tracking figures as they stand (one round trip)."""
+    pipe = client.pipeline(transaction=True)
+    for name in ("done", "timeout", "overflow", "expired", "retry", "gaveup"):
+        pipe.hgetall(keys.metrics(name))
+    pipe.llen(keys.message_ids)
+    pipe.llen(keys.done)
+    pipe.zcard(keys.retry)
+    done, timeout, overflow, expired, retried, gave_up, listed, waiting, retries = pipe.execute()
+    return TrackingSnapshot(
+        done=Histogram.from_hash(done),
+        timeout=Histogram.from_hash(timeout),
+        overflow=_count(overflow),
+        expired=_count(expired),
+        retried=_count(retried),
+        gave_up=_count(gave_up),
+        listed=int(listed),
+        done_waiting=int(waiting),
+        retries_waiting=int(retries),
+    )
+
+
+class Tracker:
+    """Registers tracked messages and reports them done; runs the monitor's turn."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: TrackKeys,
+        policy: TrackingPolicy,
+        service: str = "",
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.policy = policy
+        self.service = service
+        self._scripts = Scripts(client)
+
+    def register(self, message: Any, kind: str = "message", now: int | None = None) -> int:
+        """Track ``message``; the id to report done, or 0 when over capacity (counted)."""
+        xid, xid_type = xid_of(message)
+        k = self.keys
+        track_id = int(
+            self._scripts.run(
+                "track_register",
+                [k.message_id, k.message_ids, k.metrics("overflow")],
+                [
+                    k.message_prefix,
+                    k.xid_prefix,
+                    self.policy.capacity,
+                    now_ms() if now is None else now,
+                    self.policy.timeout_ms,
+                    self.policy.expire_ms,
+                    xid,
+                    xid_type,
+                    self.service,
+                    kind,
+                ],
+            )
+        )
+        if track_id < 0:
+            raise TrackingError(
+                f"tracking key {k.message_id} points at an existing message hash: "
+                "the counter was reset while its messages live; refusing to overwrite"
+            )
+        return track_id
+
+    def done(self, track_id: int, now: int | None = None) -> bool:
+        """Report a tracked message finished (pushes its id to ``:message:done``)."""
+        if track_id <= 0:
+            return False
+        k = self.keys
+        pushed = self._scripts.run(
+            "track_done",
+            [k.message(track_id), k.done],
+            [track_id, now_ms() if now is None else now],
+        )
+        return bool(pushed)
+
+    @contextmanager
+    def tracking(self, message: Any, kind: str) -> Iterator[int]:
+        """Track what the block does: registered on entry, done on exit (even by an error;
+        only a worker that never gets to the end leaves a timeout)."""
+        track_id = self.register(message, kind)
+        try:
+            yield track_id
+        finally:
+            self.done(track_id)
+
+    def lookup(self, xid: str) -> dict[str, str]:
+        """The ``:message:xid:$xid`` cross-reference (id and type), empty when unknown."""
+        return _decoded(self.client.hgetall(self.keys.xid(xid)))
+
+    def monitor_turn(self, now: int | None = None) -> MonitorTurn:
+        """Count done ids, delist expired ones, count and return the timeouts."""
+        k = self.keys
+        done, expired, raw = self._scripts.run(
+            "track_monitor",
+            [k.done, k.message_ids, k.metrics("done"), k.metrics("timeout"), k.metrics("expired")],
+            [
+                k.message_prefix,
+                k.attempts_prefix,
+                now_ms() if now is None else now,
+                max(self.policy.batch, self.policy.capacity),
+                self._attempts_ttl_ms(),
+                *BUCKETS_MS,
+            ],
+        )
+        timed_out = [
+            TimedOut(
+                track_id=int(item[0]),
+                xid=_text(item[1]),
+                kind=_text(item[2]),
+                attempt=int(item[3]),
+                elapsed_ms=int(item[4]),
+            )
+            for item in raw
+        ]
+        return MonitorTurn(done=int(done), expired=int(expired), timed_out=timed_out)
+
+    def _attempts_ttl_ms(self) -> int:
+        # Long enough to outlive every retry's wait and its own timeout.
+        p = self.policy
+        waits = sum(p.retry_delay(n) for n in range(1, p.retry_attempts + 1))
+        return waits + (p.retry_attempts + 1) * p.expire_ms
+
+    def schedule_retry(self, xid: str, attempt: int, now: int | None = None) -> int:
+        """Schedule the retry after timeout number ``attempt``; returns when it is due (ms)."""
+        due = (now_ms() if now is None else now) + self.policy.retry_delay(attempt)
+        self.client.zadd(self.keys.retry, {xid: due})
+        self.client.hincrby(self.keys.metrics("retry"), "count", 1)
+        return due
+
+    def gave_up(self, xid: str) -> None:
+        """Count a message failed for its timeouts and forget its attempts."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hincrby(self.keys.metrics("gaveup"), "count", 1)
+        pipe.delete(self.keys.attempts(xid))
+        pipe.execute()
+
+    def due_retries(self, now: int | None = None, limit: int = 1000) -> list[str]:
+        """Take the retries that are due (each is taken by one caller only)."""
+        taken = self._scripts.run(
+            "track_due", [self.keys.retry], [now_ms() if now is None else now, limit]
+        )
+        return [_text(x) for x in taken]
+
+
+@dataclass
+class ServiceInfo:
+    service_id: int
+    fields: dict[str, str] = field(default_factory=dict)
+    ttl_ms: int = -1
+
+
+class Services:
+    """The service lifecycle keys: ``:service:id``, ``:service:$id`` (expiring, renewed).
+
+    A worker registers at start, renews its key while it lives and stops when the key is
+    gone: deleting the key is how an operator stops one worker.
+    """
+
+    def __init__(self, client: redis.Redis, keys: TrackKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._scripts = Scripts(client)
+
+    def register(self, fields: Mapping[str, str | int], expire_ms: int) -> int:
+        if not fields:
+            raise ValueError("a service needs at least one field")
+        pairs: list[str | int] = []
+        for name, value in fields.items():
+            pairs += [name, value]
+        k = self.keys
+        service_id = int(
+            self._scripts.run(
+                "service_register",
+                [k.service_id, k.services],
+                [k.service(""), expire_ms, *pairs],
+            )
+        )
+        if service_id < 0:
+            raise TrackingError(
+                f"{k.service_id} points at an existing service key: the counter was reset "
+                "while services live; refusing to overwrite"
+            )
+        return service_id
+
+    def renew(self, service_id: int, expire_ms: int, now: int | None = None) -> bool:
+        """Renew the key; False when it is gone (the service must stop)."""
+        renewed = self._scripts.run(
+            "service_renew",
+            [self.keys.service(service_id)],
+            [expire_ms, now_ms() if now is None else now],
+        )
+        return bool(renewed)
+
+    def deregister(self, service_id: int) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.keys.service(service_id))
+        pipe.srem(self.keys.services, service_id)
+        pipe.execute()
+
+    def stop(self, service_id: int) -> bool:
+        """Delete a service's key: the service stops at its next renewal."""
+        removed = int(self.client.delete(self.keys.service(service_id)))
+        return removed > 0
+
+    def stop_node(self, node_code: str) -> list[int]:
+        """Delete the keys of every live service of a node; the ids told to stop."""
+        stopped = [s.service_id for s in self.live() if s.fields.get("node_code") == node_code]
+        for service_id in stopped:
+            self.stop(service_id)
+        return stopped
+
+    def live(self) -> list[ServiceInfo]:
+        """The services whose key exists; ids whose key is gone are dropped from the set."""
+        members: Any = self.client.smembers(self.keys.services)
+        ids = sorted(int(x) for x in members)
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for service_id in ids:
+            pipe.hgetall(self.keys.service(service_id))
+            pipe.pttl(self.keys.service(service_id))
+        raw = pipe.execute()
+        alive, gone = [], []
+        for i, service_id in enumerate(ids):
+            fields, ttl = raw[2 * i], raw[2 * i + 1]
+            if not fields:
+                gone.append(service_id)
+                continue
+            alive.append(ServiceInfo(service_id, _decoded(fields), int(ttl)))
+        if gone:
+            # Ids are never reused (INCR), so dropping one whose key is gone is safe.
+            self.client.srem(self.keys.services, *gone)
+        return alive
