@@ -132,6 +132,20 @@ def show(msg_id: int) -> None:
     console.print_json(json.dumps(row, default=str))
 
 
+@app.command()
+def status() -> None:
+    """What orderly is doing now: the figures of GET /metrics, as tables."""
+    from api.metrics import runtime_figures
+    from api.status import print_status
+
+    figures = runtime_figures()
+    print_status(figures, console)
+    for source, reason in figures.errors.items():
+        err.print(f"[bold red]error:[/] {source.value} could not be read: {reason}")
+    if figures.errors:
+        raise typer.Exit(code=2)
+
+
 @config_app.command("list")
 def config_list() -> None:
     table = Table("code", "value", "default", "type", "mandatory", "validation")

@@ -12,9 +12,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client.exposition import choose_encoder
 from starlette.concurrency import run_in_threadpool
 
+from api import metrics
 from worker import channels as channel_defs
 from worker import confirmations, nodes, operations, pubsub
 from worker.errors import (
@@ -376,5 +378,14 @@ def create_app() -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    # Gathered at scrape time, in a thread: the figures take a few database and Redis trips.
+    metrics_registry = metrics.make_registry(functools.partial(metrics.runtime_figures, runtime))
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request) -> Response:
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = await run_in_threadpool(encode, metrics_registry)
+        return Response(body, media_type=content_type)
 
     return app

@@ -24,8 +24,10 @@ from rich.table import Table
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from api.metrics import runtime_figures
 from api.processes import ProcessGroup, wait_for_log
 from api.sink import Sink
+from api.status import print_status
 from api.workload import check, generate, submit
 from models import FINAL_STATES, Message
 from worker import configuration, schema
@@ -181,11 +183,29 @@ def run_main_job(
         conversation_ok = _conversation_workload(
             port, sink, run_id, conversations, timeout, console
         )
+        _operator_view(port, console)
     finally:
         group.stop_all()
         sink.stop()
     console.print("every process stopped")
     return 0 if messages_ok and conversation_ok else 1
+
+
+def _operator_view(port: int, console: Console) -> None:
+    """What an operator sees of the run: ``orderly status`` and the metrics endpoint."""
+    console.rule("[bold]operator's view: orderly status")
+    # Workers report done ids; the timeout monitor (beat, every second) counts them.
+    time.sleep(2 * get_runtime().settings.track_monitor_interval_ms / 1000)
+    figures = runtime_figures()
+    print_status(figures, console)
+    for source, reason in figures.errors.items():
+        console.print(f"[red]{source.value} could not be read: {reason}[/]")
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    samples = [line for line in scraped.text.splitlines() if line and not line.startswith("#")]
+    console.print(
+        f"GET /metrics: HTTP {scraped.status_code}, {len(samples)} samples "
+        f"(Prometheus text format, for a scraper)"
+    )
 
 
 def _conversation_workload(

@@ -300,3 +300,14 @@ def test_service_keys_register_renew_and_stop(redis_client: redis.Redis) -> None
 def test_policy_refuses_expire_not_longer_than_timeout() -> None:
     with pytest.raises(ValueError, match="messageExpire"):
         TrackingPolicy(timeout_ms=10_000, expire_ms=10_000)
+
+
+def test_a_failing_tracking_redis_never_stops_the_work() -> None:
+    from tests.test_e2e import free_port
+
+    broken = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
+    t = Tracker(broken, KEYS, TrackingPolicy())
+    ran: list[int] = []
+    with t.tracking(7, "message") as track_id:
+        ran.append(track_id)
+    assert ran == [0]  # untracked, but the block ran and nothing was raised

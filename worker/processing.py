@@ -275,11 +275,8 @@ class Processor:
         if self._tracker is None:
             return self._run_claimed(conn, claimed)
         # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
-        track_id = self._tracker.register(msg_id)
-        try:
+        with self._tracker.tracking(msg_id, "message"):
             return self._run_claimed(conn, claimed)
-        finally:
-            self._tracker.done(track_id)
 
     def _run_claimed(self, conn: PreparedConnection, claimed: Any) -> ProcessResult:
         row = dict(zip(_CLAIM_COLUMNS, claimed[1:-1], strict=True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -22,6 +23,8 @@ import redis
 from models.keys import TrackKeys
 from worker.errors import OrderlyError
 from worker.scripts import Scripts
+
+log = logging.getLogger(__name__)
 
 # Histogram bounds (ms) of the done and timeout metrics; a larger value goes to le:+Inf.
 BUCKETS_MS: tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -238,12 +241,23 @@ class Tracker:
     @contextmanager
     def tracking(self, message: Any, kind: str) -> Iterator[int]:
         """Track what the block does: registered on entry, done on exit (even by an error;
-        only a worker that never gets to the end leaves a timeout)."""
-        track_id = self.register(message, kind)
+        only a worker that never gets to the end leaves a timeout).
+
+        Tracking watches the work; it never stops it: a tracking Redis that fails is logged
+        and the block runs untracked.
+        """
+        try:
+            track_id = self.register(message, kind)
+        except (redis.RedisError, TrackingError):
+            log.exception("tracking %s failed; running it untracked", kind)
+            track_id = 0
         try:
             yield track_id
         finally:
-            self.done(track_id)
+            try:
+                self.done(track_id)
+            except redis.RedisError:
+                log.exception("reporting tracked %s %s done failed", kind, track_id)
 
     def lookup(self, xid: str) -> dict[str, str]:
         """The ``:message:xid:$xid`` cross-reference (id and type), empty when unknown."""

@@ -1,0 +1,343 @@
+"""What orderly is doing now, read from PostgreSQL and Redis: the figures behind ``GET /metrics``
+and ``orderly status``.
+
+Plain functions over an Engine and Redis clients; they read and never change anything (but
+``Services.live`` forgetting the ids of workers already gone). Each source is read in as few
+round trips as it allows, and a source that cannot be reached leaves its part out and names
+the error, so the others can still be shown.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from models.enums import MessageState
+from models.keys import BridgeKeys, TrackKeys
+from models.pubsub import DeliveryState
+from worker.tracking import Services, TrackingSnapshot, snapshot
+
+# kombu's Redis transport (kombu/transport/redis.py, Channel): a queue is a list under its own
+# name for priority 0 and one list per further priority step under name + sep + step; tasks
+# a worker took and has not acknowledged yet wait in one hash for all queues.
+BROKER_PRIORITY_SEP = "\x06\x16"
+BROKER_PRIORITY_STEPS = (0, 3, 6, 9)
+BROKER_UNACKED_KEY = "unacked"
+
+
+class Source(enum.StrEnum):
+    POSTGRESQL = "postgresql"
+    REDIS = "redis"  # the conversation structures (bridge prefix)
+    TRACKING = "tracking"  # the tracking and service keys (serviceRedis)
+    BROKER = "broker"  # the Celery broker's queues
+
+
+class BlockReason(enum.StrEnum):
+    REQUEST = "request"  # an earlier request still waits for its first response
+    RETRY = "retry"  # a recoverable failure's backoff wait
+    ACK = "ack"  # delivered with a 202, waiting for the client's ACK
+    AWAITED = "awaited"  # attempts spent: waiting for its awaited retry
+
+
+@dataclass(frozen=True)
+class StoreFigures:
+    """PostgreSQL: every message state and delivery state present, 0 when absent."""
+
+    messages: Mapping[MessageState, int]
+    deliveries: Mapping[DeliveryState, int]
+    deliveries_delayed: int  # PENDING and due in the future: a $delay or a retry wait
+    oldest_blocked_head_age_s: float  # of the heads asked about; 0 when none
+
+
+@dataclass(frozen=True)
+class ConversationFigures:
+    """The conversation structures in Redis.
+
+    A conversation is *open* while it has an undelivered response (one whose hash still
+    exists; every such response is a member of ``pendingMessages``). Its *head* is the first
+    of those in the conversation's order. The conversation is *blocked* when the ordering
+    gate (worker/lua/advance.lua) would not send the head now:
+
+    - ``request``: the request list's head is an earlier request still waiting for its
+      first response (WAIT_REQUEST);
+    - ``ack``: the head was delivered with a 202 and is SENT, waiting for its ACK (WAIT_ACK);
+    - ``retry``: the head waits out the backoff of a recoverable failure (WAIT_RETRY);
+    - ``awaited``: the head is AWAITED and its awaited retry is not due yet (WAIT_AWAITED).
+
+    A head being sent (claimed, PENDING) is in flight, and a head that may go now but no
+    drain has taken yet is ready: neither is blocked. The age of a blocked head is the time
+    since its response reached orderly (its message's ``receive_timestamp``).
+    """
+
+    open: int
+    responses_undelivered: int
+    blocked: Mapping[BlockReason, int]
+    ready: int
+    in_flight: int
+    awaited: int  # responses AWAITED, heads or not
+    scheduled: int  # conversations with a wake-up time in ``scheduled``
+    awaited_due: int  # ``pendingMessages`` members the awaited agent would take now
+    blocked_head_msg_ids: tuple[int, ...]
+    oldest_blocked_head_age_s: float | None = None  # from PostgreSQL; None when unknown
+
+    @property
+    def blocked_total(self) -> int:
+        return sum(self.blocked.values())
+
+
+@dataclass(frozen=True)
+class BrokerFigures:
+    queues: Mapping[str, int]  # tasks waiting in each queue, every priority included
+    unacked: int  # tasks taken by workers and not yet acknowledged (all queues)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One gathering; a part is None when its source failed (``errors`` says why)."""
+
+    store: StoreFigures | None
+    conversations: ConversationFigures | None
+    tracking: TrackingSnapshot | None
+    workers_alive: Mapping[str, int] | None  # node code -> live workers
+    broker: BrokerFigures | None
+    errors: Mapping[Source, str] = field(default_factory=dict)
+    gathered_at: float = 0.0  # seconds since the epoch
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+
+# One statement, one round trip: states of messages and deliveries, the delayed deliveries and
+# the age of the given messages' oldest receive_timestamp.
+_STORE = text(
+    """
+    SELECT 'message' AS part, state AS key, count(*)::float8 AS value
+      FROM message GROUP BY state
+    UNION ALL
+    SELECT 'delivery', state, count(*)::float8 FROM delivery GROUP BY state
+    UNION ALL
+    SELECT 'delayed', '', count(*)::float8
+      FROM delivery WHERE state = 'PENDING' AND next_attempt_at > now()
+    UNION ALL
+    SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
+      FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]))
+    """
+)
+
+
+def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigures:
+    """Messages and deliveries by state, delayed deliveries, and the age (seconds) of the
+    oldest of ``head_msg_ids`` (the blocked conversation heads), in one round trip."""
+    messages = dict.fromkeys(MessageState, 0)
+    deliveries = dict.fromkeys(DeliveryState, 0)
+    delayed, age = 0, 0.0
+    with engine.connect() as conn:
+        rows = conn.execute(_STORE, {"ids": list(head_msg_ids)}).all()
+    for part, key, value in rows:
+        if part == "message":
+            messages[MessageState(key)] = int(value)
+        elif part == "delivery":
+            deliveries[DeliveryState(key)] = int(value)
+        elif part == "delayed":
+            delayed = int(value)
+        else:
+            age = max(0.0, float(value))
+    return StoreFigures(messages, deliveries, delayed, age)
+
+
+# --- conversations ----------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if value is None or value in (b"", ""):
+        return default
+    return int(float(_text(value)))
+
+
+def conversation_figures(
+    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
+) -> ConversationFigures:
+    """The conversations' state by the gate's rules (see ConversationFigures), in three
+    pipelined round trips: the pending responses; their hashes with each open conversation's
+    order and request list; the listed requests' positions."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    pipe = client.pipeline(transaction=False)
+    pipe.zrange(keys.pending_messages, 0, -1)
+    pipe.zcard(keys.scheduled)
+    pipe.zcount(keys.pending_messages, "-inf", now)
+    raw_members, scheduled, awaited_due = pipe.execute()
+
+    members = [_text(m) for m in raw_members]
+    infos = [json.loads(m) for m in members]
+    conversations = sorted({info["cnId"] for info in infos})
+    pipe = client.pipeline(transaction=False)
+    for info in infos:
+        pipe.hmget(
+            keys.response(info["rsId"]),
+            ["status", "notBefore", "sentAt", "claimedAt", "reqSeq", "msgId"],
+        )
+    for cid in conversations:
+        pipe.zrange(keys.response_list(cid), 0, -1)
+        pipe.lrange(keys.request_list(cid), 0, -1)
+    raw = pipe.execute()
+    # Responses whose hash is gone (their lifetime ran out) are no longer deliverable.
+    live = {m: fields for m, fields in zip(members, raw[: len(members)], strict=True) if fields[0]}
+    orders: dict[str, list[str]] = {}
+    request_lists: dict[str, list[str]] = {}
+    for i, cid in enumerate(conversations):
+        orders[cid] = [_text(m) for m in raw[len(members) + 2 * i]]
+        request_lists[cid] = [_text(k) for k in raw[len(members) + 2 * i + 1]]
+
+    listed = sorted({k for ks in request_lists.values() for k in ks})
+    seqs: dict[str, int | None] = {}
+    if listed:
+        pipe = client.pipeline(transaction=False)
+        for key in listed:
+            pipe.hget(key, "seq")
+        seqs = {
+            k: (None if v is None else _int(v)) for k, v in zip(listed, pipe.execute(), strict=True)
+        }
+
+    blocked: Counter[BlockReason] = Counter()
+    ready = in_flight = open_ = 0
+    heads: list[int] = []
+    for cid in conversations:
+        head = next((m for m in orders[cid] if m in live), None)
+        if head is None:
+            continue
+        open_ += 1
+        status, not_before, _sent_at, claimed_at, req_seq, msg_id = (
+            _text(v) if v is not None else None for v in live[head]
+        )
+        # The gate skips request keys whose hash expired; the first one left is the head.
+        head_request = next((k for k in request_lists[cid] if seqs.get(k) is not None), None)
+        reason: BlockReason | None = None
+        if (
+            head_request is not None
+            and head_request != keys.request_prefix + json.loads(head)["rqId"]
+            and (seqs[head_request] or 0) < _int(req_seq)
+        ):
+            reason = BlockReason.REQUEST
+        elif status == "SENT":
+            reason = BlockReason.ACK
+        elif _int(not_before) > now:
+            reason = BlockReason.AWAITED if status == "AWAITED" else BlockReason.RETRY
+        if reason is not None:
+            blocked[reason] += 1
+            if msg_id:
+                heads.append(_int(msg_id))
+        elif status == "PENDING" and claimed_at and _int(claimed_at) >= _int(not_before):
+            in_flight += 1
+        else:
+            ready += 1
+    awaited = sum(1 for fields in live.values() if _text(fields[0]) == "AWAITED")
+    return ConversationFigures(
+        open=open_,
+        responses_undelivered=len(live),
+        blocked={reason: blocked.get(reason, 0) for reason in BlockReason},
+        ready=ready,
+        in_flight=in_flight,
+        awaited=awaited,
+        scheduled=int(scheduled),
+        awaited_due=int(awaited_due),
+        blocked_head_msg_ids=tuple(heads),
+    )
+
+
+# --- tracking, workers, broker ----------------------------------------------------------------
+
+
+def workers_alive(client: redis.Redis, keys: TrackKeys) -> dict[str, int]:
+    """Live workers (service keys not expired) per node code ('' when a worker gave none)."""
+    counts = Counter(info.fields.get("node_code", "") for info in Services(client, keys).live())
+    return dict(sorted(counts.items()))
+
+
+def broker_figures(client: redis.Redis, queues: Sequence[str]) -> BrokerFigures:
+    """Tasks waiting in each of ``queues`` (all priority lists) and the unacknowledged ones."""
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        for step in BROKER_PRIORITY_STEPS:
+            pipe.llen(f"{queue}{BROKER_PRIORITY_SEP}{step}" if step else queue)
+    pipe.hlen(BROKER_UNACKED_KEY)
+    raw = pipe.execute()
+    n = len(BROKER_PRIORITY_STEPS)
+    depths = {q: sum(int(x) for x in raw[i * n : (i + 1) * n]) for i, q in enumerate(queues)}
+    return BrokerFigures(depths, int(raw[-1]))
+
+
+_FAILURES = (RedisError, SQLAlchemyError, OSError)
+
+
+def _reason(exc: Exception) -> str:
+    # SQLAlchemy's message carries the statement and a link; the first line says what failed.
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def gather(
+    engine: Engine,
+    bridge: redis.Redis,
+    bridge_keys: BridgeKeys,
+    tracking: redis.Redis,
+    track_keys: TrackKeys,
+    broker: redis.Redis | None,
+    queues: Sequence[str],
+    *,
+    now_ms: int | None = None,
+) -> Figures:
+    """Every figure; a source that fails leaves its part None and its error in ``errors``.
+
+    ``broker`` None: the broker is not a Redis the figures can read.
+    """
+    errors: dict[Source, str] = {}
+    conversations: ConversationFigures | None = None
+    try:
+        conversations = conversation_figures(bridge, bridge_keys, now_ms)
+    except _FAILURES as exc:
+        errors[Source.REDIS] = _reason(exc)
+    store: StoreFigures | None = None
+    try:
+        heads = conversations.blocked_head_msg_ids if conversations else ()
+        store = store_figures(engine, heads)
+        if conversations is not None:
+            conversations = replace(
+                conversations, oldest_blocked_head_age_s=store.oldest_blocked_head_age_s
+            )
+    except _FAILURES as exc:
+        errors[Source.POSTGRESQL] = _reason(exc)
+    tracked: TrackingSnapshot | None = None
+    alive: dict[str, int] | None = None
+    try:
+        tracked = snapshot(tracking, track_keys)
+        alive = workers_alive(tracking, track_keys)
+    except _FAILURES as exc:
+        errors[Source.TRACKING] = _reason(exc)
+    queued: BrokerFigures | None = None
+    if broker is not None:
+        try:
+            queued = broker_figures(broker, queues)
+        except _FAILURES as exc:
+            errors[Source.BROKER] = _reason(exc)
+    return Figures(
+        store=store,
+        conversations=conversations,
+        tracking=tracked,
+        workers_alive=alive,
+        broker=queued,
+        errors=errors,
+        gathered_at=time.time(),
+    )
