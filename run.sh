@@ -2,7 +2,7 @@
 # orderly's one entry point: does all set-up on a fresh machine, then runs what you ask.
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
-#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), ordered_delivery, fanout, delayed, funnel
+#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), ordered_delivery, fanout, delayed, funnel, tracking
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -89,7 +89,7 @@ case "$cmd" in
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database >/dev/null
     name=intake
-    case "${1:-}" in intake|ordered_delivery|fanout|delayed|funnel) name=$1; shift ;; esac
+    case "${1:-}" in intake|ordered_delivery|fanout|delayed|funnel|tracking) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   *)
