@@ -236,7 +236,12 @@ def node_list() -> None:
     runtime = get_runtime()
     timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
     workers: dict[str, list[str]] = {}
-    for service in runtime.services.live():
+    try:
+        live = runtime.services.live()
+    except Exception as exc:
+        err.print(f"[yellow]workers unknown: the tracking Redis could not be read: {exc}[/]")
+        live = []
+    for service in live:
         code = service.fields.get("node_code", "")
         where = f"{service.service_id} ({service.fields.get('hostname', '')})"
         workers.setdefault(code, []).append(where)

@@ -57,9 +57,13 @@ def build_schedule(
         },
     }
     if settings is not None:
+        every_s = settings.track_monitor_interval_ms / 1000
         entries["timeout-monitor"] = {
             "task": "orderly.agents.timeout_monitor",
-            "schedule": settings.track_monitor_interval_ms / 1000,
+            "schedule": every_s,
+            # A turn not run in time is dropped, not run in a burst later: the next one does
+            # the same work (busy workers must not pile up monitor tasks).
+            "options": {"expires": max(every_s * 2, 1.0)},
         }
         every = settings.awaited_messages_interval / 1000
         entries["awaited-agent"] = {

@@ -33,6 +33,7 @@ from models.pubsub import (
     Subscription,
     SubscriptionKind,
 )
+from models.report import ReportWatermark
 from models.request_response import Request, Response
 from models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
@@ -63,6 +64,7 @@ __all__ = [
     "Publisher",
     "QueueMessage",
     "QueueState",
+    "ReportWatermark",
     "Request",
     "Response",
     "Room",

@@ -120,3 +120,6 @@ class Message(Base):
     wait_correlation_id: Mapped[str | None] = mapped_column(String(255))
     response_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wait_res_id: Mapped[int | None] = mapped_column(BigInteger)
+    # Not in the seed: how often the timeout monitor took this message back from a worker that
+    # did not finish it within messageTimeout (worker.timeouts).
+    timeout_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

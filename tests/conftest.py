@@ -45,6 +45,7 @@ from worker.settings import get_settings  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TABLES = (
+    "report_watermark",
     "response",
     "request",
     "external_call",

@@ -18,10 +18,13 @@ from worker import timeouts
 from worker.intake import Intake
 from worker.tracking import (
     BUCKETS_MS,
+    ServiceLease,
     Services,
     Tracker,
     TrackingError,
     TrackingPolicy,
+    claim_of,
+    now_ms,
     snapshot,
     xid_of,
 )
@@ -81,6 +84,7 @@ def test_register_writes_the_seed_keys(redis_client: redis.Redis) -> None:
         "deadline": str(T0 + 10_000),
         "service": "1",
         "kind": "message",
+        "claim": "",
     }
     assert 59_000 < redis_client.pttl(KEYS.message(3)) <= 60_000
     assert text_hash(redis_client, KEYS.xid("12345")) == {"id": "3", "type": "number"}
@@ -152,8 +156,8 @@ def test_a_message_never_done_is_a_timeout(redis_client: redis.Redis) -> None:
     assert redis_client.lrange(KEYS.message_ids, 0, -1) == [str(hung).encode()]
 
     turn = t.monitor_turn(now=T0 + 12_345)
-    assert [(x.track_id, x.xid, x.kind, x.attempt, x.elapsed_ms) for x in turn.timed_out] == [
-        (hung, "42", "message", 1, 12_345)
+    assert [(x.track_id, x.xid, x.kind, x.claim, x.elapsed_ms) for x in turn.timed_out] == [
+        (hung, "42", "message", "", 12_345)
     ]
     snap = snapshot(redis_client, KEYS)
     assert (snap.timeout.count, snap.timeout.sum_ms, snap.timeout.max_ms) == (1, 12_345, 12_345)
@@ -180,22 +184,24 @@ def test_expired_ids_are_counted_and_delisted(redis_client: redis.Redis) -> None
     assert turn.expired == 3 and turn.done == 0 and turn.timed_out == []
     assert redis_client.lrange(KEYS.message_ids, 0, -1) == [str(kept_again).encode()]
     assert snapshot(redis_client, KEYS).expired == 3
-    assert kept not in (int(x) for x in redis_client.lrange(KEYS.message_ids, 0, -1))
+    assert kept != kept_again
 
 
 # --- timeout retry in the message store --------------------------------------------------------
 
 
-def _hang(engine: Engine, msg_id: int) -> None:
-    """What a claim does, for a worker that then never finishes."""
+def _hang(engine: Engine, msg_id: int) -> str:
+    """What a claim does, for a worker that then never finishes; the claim's identity."""
     with engine.begin() as conn:
-        conn.execute(
+        pid, at = conn.execute(
             text(
                 "UPDATE message SET state = 'PROCESSING', processing_pid = pg_backend_pid(),"
-                " last_process_timestamp = now() WHERE msg_id = :id"
+                " last_process_timestamp = clock_timestamp() WHERE msg_id = :id"
+                " RETURNING processing_pid, last_process_timestamp"
             ),
             {"id": msg_id},
-        )
+        ).one()
+    return claim_of(pid, at)
 
 
 def test_timed_out_message_is_retried_with_backoff_then_failed(
@@ -215,14 +221,14 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
     now = T0
     expected_delays = [500, 1_500]
     for attempt, delay in enumerate(expected_delays, start=1):
-        _hang(db, msg_id)
-        t.register(msg_id, now=now)
+        t.register(msg_id, now=now, claim=_hang(db, msg_id))
         now += 1_001
         report = timeouts.monitor(db, t, enqueued.append, now=now)
         assert report.retried == [msg_id] and report.failed == []
         got = row(db, msg_id)
-        assert (got.state, got.failed_count, got.failed_error_code) == (
+        assert (got.state, got.failed_count, got.timeout_count, got.failed_error_code) == (
             "IN_QUEUE",
+            attempt,
             attempt,
             "E_TIMEOUT",
         )
@@ -234,18 +240,56 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
         assert timeouts.monitor(db, t, enqueued.append, now=now).requeued == [msg_id]
         assert enqueued == [msg_id] * attempt
 
-    _hang(db, msg_id)
-    t.register(msg_id, now=now)
+    t.register(msg_id, now=now, claim=_hang(db, msg_id))
     report = timeouts.monitor(db, t, enqueued.append, now=now + 1_001)
     assert report.failed == [msg_id] and report.retried == []
     got = row(db, msg_id)
-    assert (got.state, got.failed_count, got.failed_error_code) == ("FAILED", 3, "E_TIMEOUT")
-    assert "within 1000 ms" in (got.failed_desc or "")
-    assert "no retries left" in (got.failed_desc or "")
+    assert (got.state, got.failed_count, got.timeout_count) == ("FAILED", 3, 3)
+    assert got.failed_error_code == "E_TIMEOUT"
+    assert "within 1000 ms (timeout 3 of 3); no retries left" in (got.failed_desc or "")
     snap = snapshot(redis_client, KEYS)
     assert (snap.timeout.count, snap.retried, snap.gave_up, snap.retries_waiting) == (3, 2, 1, 0)
-    assert not redis_client.exists(KEYS.attempts(str(msg_id)))
     assert row(db, other).state == "NEW"  # nothing else touched
+
+
+def test_retry_delay_is_capped() -> None:
+    policy = TrackingPolicy(retry_delay_ms=1_000, retry_multiplier=10.0, retry_max_delay_ms=5_000)
+    assert [policy.retry_delay(n) for n in (1, 2, 3, 500)] == [1_000, 5_000, 5_000, 5_000]
+
+
+def test_only_the_claim_that_timed_out_is_taken_back(
+    db: Engine, redis_client: redis.Redis, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000)
+    t.register(msg_id, now=T0, claim=_hang(db, msg_id))
+    # Its worker died; the redelivered task claimed the message again, and is healthy.
+    t.register(msg_id, now=T0 + 900, claim=_hang(db, msg_id))
+    report = timeouts.monitor(db, t, lambda _: None, now=T0 + 1_500)
+    assert report.timeouts == 1 and report.settled == [msg_id] and report.retried == []
+    got = row(db, msg_id)
+    assert (got.state, got.timeout_count) == ("PROCESSING", 0)
+    assert got.processing_pid is not None
+    # The second claim, when it too runs out of time, is taken back.
+    report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
+    assert report.retried == [msg_id]
+    assert row(db, msg_id).state == "IN_QUEUE"
+
+
+def test_a_plain_funnel_message_is_left_to_its_funnel(
+    db: Engine, redis_client: redis.Redis, intake: Intake
+) -> None:
+    plain = intake.submit(message(1, funnel_value="f-1")).msg_id
+    ordered = intake.submit(message(2, funnel_value="f-2", guaranteed_order=True)).msg_id
+    t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000, retry_attempts=0)
+    for msg_id in (plain, ordered):
+        t.register(msg_id, now=T0, claim=_hang(db, msg_id))
+    report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
+    assert report.timeouts == 2
+    # Taking back a plain funnel's message would let its successor run beside the hung one.
+    assert report.settled == [plain] and row(db, plain).state == "PROCESSING"
+    # Guaranteed order holds successors behind any unfinished message: safe to fail it.
+    assert report.failed == [ordered] and row(db, ordered).state == "FAILED"
 
 
 def test_a_message_finished_meanwhile_is_not_retried(
@@ -253,7 +297,7 @@ def test_a_message_finished_meanwhile_is_not_retried(
 ) -> None:
     msg_id = intake.submit(message(1)).msg_id
     t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000)
-    t.register(msg_id, now=T0)
+    t.register(msg_id, now=T0, claim=_hang(db, msg_id))
     with db.begin() as conn:  # the outcome reached the store, but its done report was lost
         conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :id"), {"id": msg_id})
     report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
@@ -268,7 +312,16 @@ def test_only_message_processing_is_retried(db: Engine, redis_client: redis.Redi
     t.register({"meta": {"id": "conversation:c1"}}, kind="drain", now=T0)
     report = timeouts.monitor(db, t, lambda _: None, now=T0 + 2_000)
     assert report.timeouts == 1 and report.retried == [] and report.settled == []
-    assert snapshot(redis_client, KEYS).timeout.count == 1
+    raw = text_hash(redis_client, KEYS.metrics("timeout"))
+    assert (raw["count"], raw["count:drain"]) == ("1", "1")
+
+
+def test_a_block_that_raises_is_not_done(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=1_000, expire_ms=5_000)
+    with pytest.raises(RuntimeError), t.tracking(5, "message"):
+        raise RuntimeError("the outcome could not be stored")
+    assert redis_client.llen(KEYS.done) == 0
+    assert len(t.monitor_turn(now=now_ms() + 2_000).timed_out) == 1
 
 
 # --- service keys -------------------------------------------------------------------------------
@@ -311,3 +364,51 @@ def test_a_failing_tracking_redis_never_stops_the_work() -> None:
     with t.tracking(7, "message") as track_id:
         ran.append(track_id)
     assert ran == [0]  # untracked, but the block ran and nothing was raised
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Restartable(Services):
+    """The real Services, with a Redis run id the test can change (a restart of Redis)."""
+
+    run_id = "first"
+
+    def server_id(self) -> str:
+        return self.run_id
+
+
+def test_a_service_lease_stops_only_when_an_operator_removed_the_key(
+    redis_client: redis.Redis,
+) -> None:
+    clock = _Clock()
+    services = _Restartable(redis_client, KEYS)
+    lease = ServiceLease(services, {"node_code": "n1", "pid": 7}, expire_ms=5_000, clock=clock)
+    service_id = lease.start()
+    clock.now += 1
+    assert lease.keep() == "renewed"
+
+    # Expired because renewals could not get through (an outage longer than the expiry):
+    # put back under the same id, not a reason to stop.
+    redis_client.delete(KEYS.service(service_id))
+    clock.now += 6
+    assert lease.keep() == "restored"
+    assert text_hash(redis_client, KEYS.service(service_id)) == {"node_code": "n1", "pid": "7"}
+
+    # Redis restarted and lost the key (and the counter) a moment after a renewal.
+    redis_client.delete(KEYS.service(service_id), KEYS.service_id)
+    services.run_id = "second"
+    clock.now += 1
+    assert lease.keep() == "restored"
+    assert int(redis_client.get(KEYS.service_id) or 0) == service_id  # never handed out again
+    assert services.register({"node_code": "n2"}, expire_ms=5_000) == service_id + 1
+
+    # Deleted by an operator while the lease is fresh and Redis the same: stop.
+    redis_client.delete(KEYS.service(service_id))
+    clock.now += 1
+    assert lease.keep() == "stop"

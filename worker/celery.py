@@ -16,7 +16,7 @@ from models import NodeState
 from worker import confirmations, nodes, pubsub
 from worker.runtime import get_runtime
 from worker.settings import get_settings
-from worker.tracking import now_ms
+from worker.tracking import ServiceLease, now_ms
 
 log = logging.getLogger("orderly.worker")
 
@@ -155,20 +155,23 @@ class NodeLifecycle(bootsteps.StartStopStep):
 
     def follow(self, c: Any) -> None:
         runtime = get_runtime()
-        if runtime.service_id is not None:
+        lease = runtime.service_lease
+        if lease is not None:
             try:
-                alive = runtime.services.renew(
-                    runtime.service_id, runtime.settings.service_expire_ms
-                )
+                kept = lease.keep()
             except Exception:
-                log.exception("renewing the service key failed")
+                log.exception("renewing the service key failed (tried again next heartbeat)")
             else:
-                if not alive:
+                if kept in ("restored", "started"):
+                    log.warning("service key %s %s", lease.service_id, kept)
+                elif kept == "stop":
+                    assert lease.service_id is not None
                     log.warning(
                         "service key %s is gone: stopping this worker",
-                        runtime.track_keys.service(runtime.service_id),
+                        runtime.track_keys.service(lease.service_id),
                     )
-                    runtime.service_id = None
+                    _deregister_service()
+                    # A warm shutdown, as on SIGTERM: tasks in hand finish, then the exit.
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
         try:
@@ -196,10 +199,14 @@ app.steps["consumer"].add(DueScheduler)
 
 @signals.worker_init.connect
 def _register_service(sender: Any = None, **_: Any) -> None:
-    """The worker's service key, before the pool forks, so every child tracks under its id."""
+    """The worker's service key, before the pool forks, so every child tracks under its id.
+
+    If Redis cannot be reached now, the lease starts at a later heartbeat.
+    """
     runtime = get_runtime()
     settings = runtime.settings
-    runtime.service_id = runtime.services.register(
+    lease = ServiceLease(
+        runtime.services,
         {
             "node_id": runtime.node_id,
             "node_code": settings.node_code,
@@ -209,6 +216,12 @@ def _register_service(sender: Any = None, **_: Any) -> None:
         },
         settings.service_expire_ms,
     )
+    runtime.service_lease = lease
+    try:
+        runtime.service_id = lease.start()
+    except Exception:
+        log.exception("registering the service key failed (tried again next heartbeat)")
+        return
     log.info(
         "service %s registered for node %s",
         runtime.track_keys.service(runtime.service_id),
@@ -219,12 +232,13 @@ def _register_service(sender: Any = None, **_: Any) -> None:
 @signals.worker_shutdown.connect
 def _deregister_service(**_: Any) -> None:
     runtime = get_runtime()
-    if runtime.service_id is not None:
+    lease = runtime.service_lease
+    if lease is not None and lease.service_id is not None:
         try:
-            runtime.services.deregister(runtime.service_id)
+            runtime.services.deregister(lease.service_id)
         except Exception:
             log.exception("removing the service key failed")
-        runtime.service_id = None
+    runtime.service_lease = None
 
 
 @signals.worker_process_init.connect

@@ -34,7 +34,7 @@ from worker.handlers import ExternalResponse, HandlerRegistry, MessageContext
 from worker.intake import STATEMENTS as INTAKE_STATEMENTS
 from worker.intake import insert_message, insert_values, parse_message
 from worker.prepared import Prepared, PreparedConnection, PreparedSet
-from worker.tracking import Tracker
+from worker.tracking import Tracker, claim_of
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ _CLAIM_COLUMNS = (
     "failed_count",
     "custom_data",
     "wait_res_id",
+    # the claim's identity, for the timeout monitor
+    "processing_pid",
+    "last_process_timestamp",
 )
 
 # The newest processed (OK) message of the same object, newer than this one: this one is
@@ -275,7 +278,9 @@ class Processor:
         if self._tracker is None:
             return self._run_claimed(conn, claimed)
         # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
-        with self._tracker.tracking(msg_id, "message"):
+        pid = claimed[1 + _CLAIM_COLUMNS.index("processing_pid")]
+        at = claimed[1 + _CLAIM_COLUMNS.index("last_process_timestamp")]
+        with self._tracker.tracking(msg_id, "message", claim=claim_of(pid, at)):
             return self._run_claimed(conn, claimed)
 
     def _run_claimed(self, conn: PreparedConnection, claimed: Any) -> ProcessResult:

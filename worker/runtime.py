@@ -24,7 +24,7 @@ from worker.handlers import HandlerRegistry, load_handler_modules, registry
 from worker.intake import Intake
 from worker.processing import Processor
 from worker.settings import Settings, get_settings
-from worker.tracking import Services, Tracker, TrackingPolicy
+from worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
 
 
 class Runtime:
@@ -32,8 +32,9 @@ class Runtime:
         self.settings = settings
         self._node_lock = threading.Lock()
         self._node_id: int | None = None
-        # This worker's id in the service lifecycle keys (set by the worker at start).
+        # This worker's id in the service lifecycle keys, and its lease (set by a worker).
         self.service_id: int | None = None
+        self.service_lease: ServiceLease | None = None
 
     @cached_property
     def engine(self) -> Engine:
@@ -95,6 +96,7 @@ class Runtime:
             retry_attempts=s.track_retry_attempts,
             retry_delay_ms=s.track_retry_delay_ms,
             retry_multiplier=s.track_retry_multiplier,
+            retry_max_delay_ms=s.track_retry_max_delay_ms,
         )
 
     @cached_property

@@ -22,9 +22,9 @@ SCRIPT_NAMES = (
     "track_register",
     "track_done",
     "track_monitor",
-    "track_due",
     "service_register",
     "service_renew",
+    "service_restore",
 )
 
 

@@ -190,7 +190,13 @@ class Settings(BaseSettings):
         description="deliveryDelay of timeout retries: retry n waits delay * multiplier^(n-1).",
     )
     track_retry_multiplier: float = Field(
-        2.0, ge=1.0, validation_alias="ORDERLY_TRACK_RETRY_MULTIPLIER"
+        2.0, ge=1.0, le=100.0, validation_alias="ORDERLY_TRACK_RETRY_MULTIPLIER"
+    )
+    track_retry_max_delay_ms: int = Field(
+        60_000,
+        ge=0,
+        validation_alias="ORDERLY_TRACK_RETRY_MAX_DELAY_MS",
+        description="Longest wait before a timeout retry (keep it below repairRepeatTimeSec).",
     )
     track_monitor_interval_ms: int = Field(
         1_000,
@@ -203,6 +209,67 @@ class Settings(BaseSettings):
         ge=1_000,
         validation_alias="ORDERLY_SERVICE_EXPIRE_MS",
         description="Lifetime of a worker's service key; renewed every heartbeat interval.",
+    )
+
+    # --- reports (Spark over JDBC) ------------------------------------------------------------
+    report_jdbc_url: str | None = Field(
+        None,
+        validation_alias="ORDERLY_REPORT_JDBC_URL",
+        description="jdbc:postgresql:// URL Spark reads (default: from ORDERLY_DATABASE_URL).",
+    )
+    report_jdbc_user: str | None = Field(
+        None,
+        validation_alias="ORDERLY_REPORT_JDBC_USER",
+        description="Database user of the report (default: the one of ORDERLY_DATABASE_URL).",
+    )
+    report_jdbc_password: SecretStr | None = Field(
+        None,
+        validation_alias="ORDERLY_REPORT_JDBC_PASSWORD",
+        description="Its password (default: the one of ORDERLY_DATABASE_URL).",
+    )
+    report_jdbc_jar: str = Field(
+        "/usr/share/java/postgresql.jar",
+        min_length=1,
+        validation_alias="ORDERLY_REPORT_JDBC_JAR",
+        description="The PostgreSQL JDBC driver jar (Debian: libpostgresql-jdbc-java).",
+    )
+    report_partitions: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        validation_alias="ORDERLY_REPORT_PARTITIONS",
+        description="Partitions of each large JDBC read (ranges of the table's id).",
+    )
+    report_fetchsize: int = Field(
+        10_000,
+        ge=1,
+        validation_alias="ORDERLY_REPORT_FETCHSIZE",
+        description="Rows per JDBC round trip.",
+    )
+    report_master: str = Field(
+        "local[*]",
+        min_length=1,
+        validation_alias="ORDERLY_REPORT_MASTER",
+        description="Spark master: local[*], or a cluster's URL (spark://..., yarn, k8s://...).",
+    )
+    report_driver_memory: str = Field(
+        "2g",
+        pattern=r"^[0-9]+[kmgt]$",
+        validation_alias="ORDERLY_REPORT_DRIVER_MEMORY",
+        description="Spark driver memory (local mode: all of Spark).",
+    )
+    report_output_dir: str = Field(
+        "reports-out",
+        min_length=1,
+        validation_alias="ORDERLY_REPORT_OUTPUT_DIR",
+        description="Where reports are written, one folder per run.",
+    )
+    report_nightly_hour: int | None = Field(
+        None,
+        ge=0,
+        le=23,
+        validation_alias="ORDERLY_REPORT_NIGHTLY_HOUR",
+        description="If set, beat runs an incremental report every day at this hour (UTC).",
     )
 
     # --- the ordered-response seed (milliseconds unless said otherwise) ----------------------
@@ -292,6 +359,16 @@ class Settings(BaseSettings):
                 "or a worker's key expires between two renewals"
             )
         return self
+
+    @field_validator("report_jdbc_url")
+    @classmethod
+    def _jdbc_postgres(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("jdbc:postgresql://"):
+            raise ValueError(
+                "ORDERLY_REPORT_JDBC_URL must be a jdbc:postgresql://host:port/database URL, "
+                f"got {value.split('?', 1)[0]!r}"
+            )
+        return value
 
     @field_validator("database_url")
     @classmethod

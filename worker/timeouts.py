@@ -3,9 +3,11 @@ timed-out message in the message store, then the retries that are due.
 
 A message is tracked from its claim (PROCESSING) to its outcome. One that is not done within
 messageTimeout is taken back from its worker (``processing_pid`` cleared, so a late outcome is
-dropped as LOST_CLAIM) and retried after ``delay * multiplier^(attempt-1)``, up to the retry
-attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The store's transition is the
-authority: a message that reached its outcome meanwhile is left alone.
+dropped as LOST_CLAIM) and retried after ``delay * multiplier^(n-1)``, up to the retry
+attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of timeouts lives on
+the row (``timeout_count``) and the retry-or-fail decision is part of the take-back statement.
+The store is the authority: only the claim that timed out is taken back, so a message that
+reached its outcome meanwhile, or was claimed again since, is left alone.
 """
 
 from __future__ import annotations
@@ -30,11 +32,22 @@ RETRIED_KIND = "message"
 _TAKE_BACK = text(
     f"""
     UPDATE message m
-       SET state = :state, failed_count = m.failed_count + 1,
-           failed_error_code = '{TIMEOUT_CODE}', failed_desc = :desc,
+       SET state = CASE WHEN m.timeout_count >= :attempts THEN 'FAILED' ELSE 'IN_QUEUE' END,
+           timeout_count = m.timeout_count + 1,
+           failed_count = m.failed_count + 1,
+           failed_error_code = '{TIMEOUT_CODE}',
+           failed_desc = format('no worker finished it within %s ms (timeout %s of %s); %s',
+                                :timeout_ms, m.timeout_count + 1, :attempts + 1,
+                                CASE WHEN m.timeout_count >= :attempts THEN 'no retries left'
+                                     ELSE 'retried' END),
            processing_pid = NULL, last_process_timestamp = now()
      WHERE m.msg_id = :msg_id AND m.state = 'PROCESSING'
-    RETURNING m.msg_id
+       -- the very claim that timed out, not a later one of the same message
+       AND m.processing_pid = :pid AND m.last_process_timestamp = CAST(:claimed_at AS timestamptz)
+       -- a plain funnel counts only started messages: taking one back would let its
+       -- successor run beside the hung handler (funnelIdleIntervalSec and repair apply)
+       AND (m.funnel_value IS NULL OR m.guaranteed_order)
+    RETURNING m.state, m.timeout_count
     """
 )
 
@@ -46,23 +59,43 @@ class TimeoutReport:
     timeouts: int = 0
     retried: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
-    # Timed out, but the store shows the message already past PROCESSING: nothing to do.
+    # Timed out, but the store shows that claim already settled (or the message is in a plain
+    # funnel): nothing to take back.
     settled: list[int] = field(default_factory=list)
     requeued: list[int] = field(default_factory=list)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.timeouts or self.expired or self.requeued)
+    errors: int = 0
 
 
-def _take_back(engine: Engine, msg_id: int, state: str, desc: str) -> tuple[bool, list[int]]:
-    """Move a PROCESSING message to ``state``; what its funnel released (for FAILED)."""
+def _take_back(
+    engine: Engine, tracker: Tracker, msg_id: int, claim: str, now: int
+) -> tuple[str | None, int, list[int]]:
+    """Take a timed-out claim back: (new state or None, timeout number, released ids).
+
+    The retry is scheduled in Redis before the transaction commits: if the commit is lost,
+    the retry finds the message still claimed and does nothing; the reverse order could
+    leave the message IN_QUEUE with no task.
+    """
+    pid, _, claimed_at = claim.partition(" ")
+    policy = tracker.policy
     with engine.begin() as conn:
         # The funnel lock before the row lock, as everywhere (a no-op without a funnel).
         conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
-        row = conn.execute(_TAKE_BACK, {"msg_id": msg_id, "state": state, "desc": desc}).first()
-        released = released_in(conn) if row is not None else []
-    return row is not None, released
+        row = conn.execute(
+            _TAKE_BACK,
+            {
+                "msg_id": msg_id,
+                "pid": int(pid),
+                "claimed_at": claimed_at,
+                "attempts": policy.retry_attempts,
+                "timeout_ms": policy.timeout_ms,
+            },
+        ).first()
+        if row is None:
+            return None, 0, []
+        state, number = str(row[0]), int(row[1])
+        if state == "IN_QUEUE":
+            tracker.schedule_retry(str(msg_id), number, now)
+        return state, number, released_in(conn)
 
 
 def monitor(
@@ -72,35 +105,34 @@ def monitor(
     now: int | None = None,
 ) -> TimeoutReport:
     """One turn: count done and expired ids, retry or fail timeouts, enqueue due retries."""
-    policy = tracker.policy
     now = now_ms() if now is None else now
     turn = tracker.monitor_turn(now)
     report = TimeoutReport(done=turn.done, expired=turn.expired, timeouts=len(turn.timed_out))
     for t in turn.timed_out:
-        if t.kind != RETRIED_KIND or not t.xid.isdigit():
+        if t.kind != RETRIED_KIND or not t.xid.isdigit() or " " not in t.claim:
             continue
         msg_id = int(t.xid)
-        what = f"no worker finished it within {policy.timeout_ms} ms (timeout {t.attempt}"
-        if t.attempt <= policy.retry_attempts:
-            desc = f"{what} of {policy.retry_attempts + 1}); retried"
-            taken, _ = _take_back(engine, msg_id, "IN_QUEUE", desc)
-            if taken:
-                tracker.schedule_retry(t.xid, t.attempt, now)
-                report.retried.append(msg_id)
-            else:
-                report.settled.append(msg_id)
+        try:
+            state, _, released = _take_back(engine, tracker, msg_id, t.claim, now)
+        except Exception:
+            # One message's trouble must not cost the others their turn.
+            log.exception("taking back timed-out message %s failed", msg_id)
+            report.errors += 1
             continue
-        desc = f"{what} of {policy.retry_attempts + 1}); no retries left"
-        taken, released = _take_back(engine, msg_id, "FAILED", desc)
-        tracker.gave_up(t.xid)
-        if taken:
+        if state == "IN_QUEUE":
+            report.retried.append(msg_id)
+        elif state == "FAILED":
             report.failed.append(msg_id)
             for next_id in released:
                 enqueue(next_id)
         else:
             report.settled.append(msg_id)
-    for xid in tracker.due_retries(now):
+    tracker.count("retry", len(report.retried))
+    tracker.count("gaveup", len(report.failed))
+    due = tracker.due_retries(now)
+    for xid in due:
         if xid.isdigit():
             enqueue(int(xid))
             report.requeued.append(int(xid))
+    tracker.forget(due)
     return report

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -43,6 +44,13 @@ def _decoded(raw: Any) -> dict[str, str]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def claim_of(pid: int | None, claimed_at: datetime | None) -> str:
+    """The tracking hash's ``claim``: the claiming backend and the claim's timestamp."""
+    if pid is None or claimed_at is None:
+        return ""
+    return f"{pid} {claimed_at.isoformat()}"
 
 
 def now_ms() -> int:
@@ -85,6 +93,7 @@ class TrackingPolicy:
     retry_attempts: int = 3
     retry_delay_ms: int = 1_000
     retry_multiplier: float = 2.0
+    retry_max_delay_ms: int = 60_000
     # How many done and listed ids one monitor turn looks at (at least the capacity).
     batch: int = 1000
 
@@ -96,8 +105,11 @@ class TrackingPolicy:
             )
 
     def retry_delay(self, attempt: int) -> int:
-        """Wait before retry number ``attempt`` (1-based): deliveryDelay * multiplier^(n-1)."""
-        return int(self.retry_delay_ms * self.retry_multiplier ** (attempt - 1))
+        """Wait before retry number ``attempt`` (1-based): deliveryDelay * multiplier^(n-1),
+        at most the maximum delay (as Artemis's max-redelivery-delay)."""
+        exponent = min(max(attempt - 1, 0), 64)
+        delay = self.retry_delay_ms * self.retry_multiplier**exponent
+        return int(min(delay, self.retry_max_delay_ms))
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,7 @@ class TimedOut:
     track_id: int
     xid: str
     kind: str
-    attempt: int  # timeouts of this xid so far, this one included
+    claim: str  # which claim of the message timed out ('' for other kinds)
     elapsed_ms: int
 
 
@@ -197,7 +209,9 @@ class Tracker:
         self.service = service
         self._scripts = Scripts(client)
 
-    def register(self, message: Any, kind: str = "message", now: int | None = None) -> int:
+    def register(
+        self, message: Any, kind: str = "message", now: int | None = None, claim: str = ""
+    ) -> int:
         """Track ``message``; the id to report done, or 0 when over capacity (counted)."""
         xid, xid_type = xid_of(message)
         k = self.keys
@@ -216,6 +230,7 @@ class Tracker:
                     xid_type,
                     self.service,
                     kind,
+                    claim,
                 ],
             )
         )
@@ -239,25 +254,23 @@ class Tracker:
         return bool(pushed)
 
     @contextmanager
-    def tracking(self, message: Any, kind: str) -> Iterator[int]:
-        """Track what the block does: registered on entry, done on exit (even by an error;
-        only a worker that never gets to the end leaves a timeout).
+    def tracking(self, message: Any, kind: str, claim: str = "") -> Iterator[int]:
+        """Track what the block does: registered on entry, done when it returns. A block
+        that raises did not finish its work (e.g. the outcome was not stored): it is left to
+        time out, like a worker that never gets to the end.
 
-        Tracking watches the work; it never stops it: a tracking Redis that fails is logged
-        and the block runs untracked.
+        A tracking Redis that fails is logged and the block runs untracked.
         """
         try:
-            track_id = self.register(message, kind)
+            track_id = self.register(message, kind, claim=claim)
         except (redis.RedisError, TrackingError):
             log.exception("tracking %s failed; running it untracked", kind)
             track_id = 0
+        yield track_id
         try:
-            yield track_id
-        finally:
-            try:
-                self.done(track_id)
-            except redis.RedisError:
-                log.exception("reporting tracked %s %s done failed", kind, track_id)
+            self.done(track_id)
+        except redis.RedisError:
+            log.exception("reporting tracked %s %s done failed", kind, track_id)
 
     def lookup(self, xid: str) -> dict[str, str]:
         """The ``:message:xid:$xid`` cross-reference (id and type), empty when unknown."""
@@ -271,10 +284,8 @@ class Tracker:
             [k.done, k.message_ids, k.metrics("done"), k.metrics("timeout"), k.metrics("expired")],
             [
                 k.message_prefix,
-                k.attempts_prefix,
                 now_ms() if now is None else now,
                 max(self.policy.batch, self.policy.capacity),
-                self._attempts_ttl_ms(),
                 *BUCKETS_MS,
             ],
         )
@@ -283,39 +294,89 @@ class Tracker:
                 track_id=int(item[0]),
                 xid=_text(item[1]),
                 kind=_text(item[2]),
-                attempt=int(item[3]),
+                claim=_text(item[3]),
                 elapsed_ms=int(item[4]),
             )
             for item in raw
         ]
         return MonitorTurn(done=int(done), expired=int(expired), timed_out=timed_out)
 
-    def _attempts_ttl_ms(self) -> int:
-        # Long enough to outlive every retry's wait and its own timeout.
-        p = self.policy
-        waits = sum(p.retry_delay(n) for n in range(1, p.retry_attempts + 1))
-        return waits + (p.retry_attempts + 1) * p.expire_ms
-
     def schedule_retry(self, xid: str, attempt: int, now: int | None = None) -> int:
         """Schedule the retry after timeout number ``attempt``; returns when it is due (ms)."""
         due = (now_ms() if now is None else now) + self.policy.retry_delay(attempt)
         self.client.zadd(self.keys.retry, {xid: due})
-        self.client.hincrby(self.keys.metrics("retry"), "count", 1)
         return due
 
-    def gave_up(self, xid: str) -> None:
-        """Count a message failed for its timeouts and forget its attempts."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hincrby(self.keys.metrics("gaveup"), "count", 1)
-        pipe.delete(self.keys.attempts(xid))
-        pipe.execute()
+    def unschedule(self, xid: str) -> None:
+        self.client.zrem(self.keys.retry, xid)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to the ``count`` of ``:metrics:$name`` (retry, gaveup)."""
+        if n:
+            self.client.hincrby(self.keys.metrics(name), "count", n)
 
     def due_retries(self, now: int | None = None, limit: int = 1000) -> list[str]:
-        """Take the retries that are due (each is taken by one caller only)."""
-        taken = self._scripts.run(
-            "track_due", [self.keys.retry], [now_ms() if now is None else now, limit]
+        """The retries that are due. The caller enqueues them, then ``forget``s them: a crash
+        in between sends a retry twice (the claim lets one through), never loses one."""
+        due = self.client.zrangebyscore(
+            self.keys.retry, "-inf", now_ms() if now is None else now, start=0, num=limit
         )
-        return [_text(x) for x in taken]
+        return [_text(x) for x in due]
+
+    def forget(self, xids: list[str]) -> None:
+        if xids:
+            self.client.zrem(self.keys.retry, *xids)
+
+
+class ServiceLease:
+    """One worker's service key while it lives: renewed, restored after an outage, or the
+    signal to stop.
+
+    The key gone means stop only when an operator removed it: the lease renewed it less than
+    an expiry ago and Redis is the same server. A key that expired because renewals could not
+    reach Redis, or that a Redis restart lost, is put back under the same id.
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        fields: Mapping[str, str | int],
+        expire_ms: int,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.services = services
+        self.fields = dict(fields)
+        self.expire_ms = expire_ms
+        self._clock = clock
+        self.service_id: int | None = None
+        self._renewed_at = 0.0
+        self._server = ""
+
+    def start(self) -> int:
+        self.service_id = self.services.register(self.fields, self.expire_ms)
+        self._renewed_at = self._clock()
+        self._server = self.services.server_id()
+        return self.service_id
+
+    def keep(self) -> str:
+        """``renewed``, ``restored``, ``stop`` or ``started`` (a first start that had failed).
+
+        Raises redis errors: the caller logs them and tries again at the next heartbeat.
+        """
+        if self.service_id is None:
+            self.start()
+            return "started"
+        if self.services.renew(self.service_id, self.expire_ms):
+            self._renewed_at = self._clock()
+            return "renewed"
+        lapsed = (self._clock() - self._renewed_at) * 1000 >= self.expire_ms
+        server = self.services.server_id()
+        if lapsed or server != self._server:
+            self.services.restore(self.service_id, self.fields, self.expire_ms)
+            self._renewed_at = self._clock()
+            self._server = server
+            return "restored"
+        return "stop"
 
 
 @dataclass
@@ -366,6 +427,23 @@ class Services:
             [expire_ms, now_ms() if now is None else now],
         )
         return bool(renewed)
+
+    def restore(self, service_id: int, fields: Mapping[str, str | int], expire_ms: int) -> bool:
+        pairs: list[str | int] = []
+        for name, value in fields.items():
+            pairs += [name, value]
+        k = self.keys
+        restored = self._scripts.run(
+            "service_restore",
+            [k.service(service_id), k.services, k.service_id],
+            [service_id, expire_ms, *pairs],
+        )
+        return bool(restored)
+
+    def server_id(self) -> str:
+        """The Redis server's run id: it changes when Redis restarts."""
+        info: Any = self.client.info("server")
+        return str(info.get("run_id", ""))
 
     def deregister(self, service_id: int) -> None:
         pipe = self.client.pipeline(transaction=True)

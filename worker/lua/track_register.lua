@@ -4,7 +4,8 @@
 -- ARGV[1] :message: prefix  ARGV[2] :message:xid: prefix  ARGV[3] capacity (ids listed)
 -- ARGV[4] now (ms)  ARGV[5] messageTimeout (ms)  ARGV[6] messageExpire (ms)
 -- ARGV[7] xid  ARGV[8] xid type ('number' | 'meta' | 'sha1')  ARGV[9] service id
--- ARGV[10] kind (what was tracked: 'message', 'conversation', 'events')
+-- ARGV[10] kind (what was tracked: 'message', 'drain', 'events', 'confirmation')
+-- ARGV[11] claim: which claim of the message this is ('' when not a message)
 -- Returns the new id; 0 when at capacity (only the overflow is counted); -1 when the
 -- :message:$id hash already exists (a counter reset under live keys: refused, nothing kept).
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[3]) then
@@ -18,7 +19,7 @@ if redis.call('EXISTS', key) == 1 then
 end
 local now, timeout, expire = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 redis.call('HSET', key, 'timestamp', ARGV[4], 'xid', ARGV[7], 'deadline', now + timeout,
-  'service', ARGV[9], 'kind', ARGV[10])
+  'service', ARGV[9], 'kind', ARGV[10], 'claim', ARGV[11])
 redis.call('PEXPIRE', key, expire)
 redis.call('LPUSH', KEYS[2], id)
 local xid_key = ARGV[2] .. ARGV[7]
