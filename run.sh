@@ -2,7 +2,7 @@
 # orderly's one entry point: does all set-up on a fresh machine, then runs what you ask.
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
-#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), ordered_delivery, fanout, delayed, funnel, tracking
+#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), ordered_delivery, fanout, delayed, funnel, tracking, report
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -19,6 +19,20 @@ ensure_apt() {
   log "installing $2 (Debian)"
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$2" >/dev/null
+}
+
+ensure_file() {
+  # ensure_file PATH PACKAGE: install a Debian package when a file it ships is missing.
+  [ -e "$1" ] && return 0
+  log "installing $2 (Debian)"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$2" >/dev/null
+}
+
+ensure_spark_deps() {
+  # Spark needs Java (17 here) and reads PostgreSQL through Debian's JDBC driver.
+  ensure_apt java openjdk-17-jre-headless
+  ensure_file /usr/share/java/postgresql.jar libpostgresql-jdbc-java
 }
 
 ensure_services() {
@@ -56,6 +70,7 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   demo)
+    ensure_spark_deps
     ensure_services
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database
@@ -66,6 +81,7 @@ case "$cmd" in
     ensure_apt docker-compose docker-compose
     ensure_apt chromium chromium
     ensure_apt chromedriver chromium-driver
+    ensure_spark_deps
     ensure_services
     ensure_venv
     log "ruff"
@@ -85,11 +101,12 @@ case "$cmd" in
     exit "$rc"
     ;;
   bench)
+    ensure_spark_deps
     ensure_services
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database >/dev/null
     name=intake
-    case "${1:-}" in intake|ordered_delivery|fanout|delayed|funnel|tracking) name=$1; shift ;; esac
+    case "${1:-}" in intake|ordered_delivery|fanout|delayed|funnel|tracking|report) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   *)

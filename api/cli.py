@@ -146,6 +146,46 @@ def status() -> None:
         raise typer.Exit(code=2)
 
 
+@app.command()
+def report(
+    since: Annotated[str | None, typer.Option(help="Window start (ISO; UTC if no offset).")] = None,
+    until: Annotated[str | None, typer.Option(help="Window end, exclusive.")] = None,
+    incremental: Annotated[
+        bool, typer.Option(help="Read only rows after the stored watermark, then move it.")
+    ] = False,
+    watermark: Annotated[str, typer.Option(help="The watermark's name.")] = "default",
+    lag_minutes: Annotated[
+        float, typer.Option(help="Incremental: leave out the last minutes (rows still moving).")
+    ] = 0.0,
+    output_dir: Annotated[
+        str | None, typer.Option(help="Default: ORDERLY_REPORT_OUTPUT_DIR.")
+    ] = None,
+    to_postgres: Annotated[
+        bool, typer.Option(help="Also append the aggregates to report_* tables.")
+    ] = False,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master (local[*], spark://...).")
+    ] = None,
+) -> None:
+    """Spark report over the message store: Parquet, CSV and one HTML file per run."""
+    from reports.job import main as report_main
+
+    argv = ["--watermark", watermark, "--lag-minutes", str(lag_minutes)]
+    for flag, value in (
+        ("--since", since),
+        ("--until", until),
+        ("--output-dir", output_dir),
+        ("--master", master),
+    ):
+        if value is not None:
+            argv += [flag, value]
+    if incremental:
+        argv.append("--incremental")
+    if to_postgres:
+        argv.append("--to-postgres")
+    raise typer.Exit(report_main(argv))
+
+
 @config_app.command("list")
 def config_list() -> None:
     table = Table("code", "value", "default", "type", "mandatory", "validation")
@@ -687,6 +727,39 @@ def demo(
             console=console,
             conversations=conversations,
         )
+    )
+
+
+@app.command()
+def generate(
+    messages: Annotated[int, typer.Argument(help="How many messages (a positive number)")],
+    seed: Annotated[int, typer.Option(help="The same seed, N and start give the same rows")] = 0,
+    days: Annotated[float, typer.Option(help="Length of the time window in days")] = 7.0,
+    start: Annotated[
+        str | None, typer.Option(help="Window start, ISO 8601 (default: DAYS before now)")
+    ] = None,
+) -> None:
+    """Fill the store with realistic synthetic data: N messages and the rows around them."""
+    from reports.generate import generate as run_generate
+
+    moment = None
+    if start is not None:
+        try:
+            moment = datetime.fromisoformat(start.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise _fail(ValueError(f"--start {start!r} is not an ISO 8601 timestamp")) from None
+    try:
+        done = run_generate(get_runtime().engine, messages, seed=seed, start=moment, days=days)
+    except ValueError as exc:
+        raise _fail(exc) from None
+    table = Table("table", "new rows")
+    for name, count in done.rows.items():
+        table.add_row(name, f"{count:,}")
+    table.add_row("total", f"{done.total_rows:,}")
+    console.print(table)
+    console.print(
+        f"{done.start.isoformat()} .. {done.end.isoformat()}: {done.total_rows:,} rows in "
+        f"{done.seconds:.1f} s ({done.rows_per_second:,.0f} rows/s)"
     )
 
 

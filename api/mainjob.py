@@ -110,6 +110,8 @@ def run_main_job(
     console.print(f"configuration for this run: {DEMO_CONFIG}")
 
     run_id = uuid.uuid4().hex[:8]
+    # The report at the end covers this run: every row received from now on.
+    run_started = datetime.now(UTC) - timedelta(seconds=1)
     source = f"demo-{run_id}"
     log_dir = Path(tempfile.mkdtemp(prefix=f"orderly-{run_id}-"))
     group = ProcessGroup.create(log_dir, env=DEMO_ENV)
@@ -188,7 +190,32 @@ def run_main_job(
         group.stop_all()
         sink.stop()
     console.print("every process stopped")
-    return 0 if messages_ok and conversation_ok else 1
+    report_ok = _report(run_started, console)
+    return 0 if messages_ok and conversation_ok and report_ok else 1
+
+
+def _report(since: datetime, console: Console) -> bool:
+    """The Spark report of this run's rows, and where its HTML is."""
+    from reports.job import ReportOptions, run_report
+    from reports.source import ReportError
+
+    console.rule("[bold]report of this run (Spark over JDBC)")
+    try:
+        result = run_report(ReportOptions(since=since, until=datetime.now(UTC)))
+    except ReportError as exc:
+        console.print(f"[red]the report failed: {exc}[/]")
+        return False
+    table = Table(title=f"report {result.data.run_id}")
+    table.add_column("aggregate")
+    table.add_column("rows", justify="right")
+    for aggregate in result.data.aggregates:
+        table.add_row(aggregate.title, str(len(aggregate.rows)))
+    console.print(table)
+    read = ", ".join(f"{t} {n:,}" for t, n in result.data.rows_read.items() if n)
+    console.print(f"rows read over JDBC: {read}; {result.total_s:.1f}s with Spark's start")
+    console.print(f"Parquet and CSV: {result.folder}")
+    console.print(f"[bold]HTML report: {result.html.resolve()}[/]")
+    return True
 
 
 def _operator_view(port: int, console: Console) -> None:

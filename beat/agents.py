@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 from worker import nodes, pool, timeouts
 from worker.celery import app, enqueue_drain, enqueue_processing
@@ -85,3 +88,21 @@ def timeout_monitor() -> dict[str, int]:
         "failed": len(report.failed),
         "requeued": len(report.requeued),
     }
+
+
+@app.task(name="orderly.agents.nightly_report")
+def nightly_report() -> int:
+    """The incremental report (rows since the watermark), as its own process: Spark's
+    driver is a JVM that should not live inside a worker."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "orderly"), "report", "--incremental",
+         "--lag-minutes", "60"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    if done.returncode:
+        log.error("nightly report failed: %s", done.stderr.strip().splitlines()[-1:])
+    else:
+        log.info("nightly report: %s", done.stdout.strip())
+    return done.returncode

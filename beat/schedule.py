@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from celery.schedules import schedstate, schedule
+from celery.schedules import crontab, schedstate, schedule
 
 from worker.configuration import ConfigReader
 from worker.settings import Settings
@@ -65,6 +65,11 @@ def build_schedule(
             # the same work (busy workers must not pile up monitor tasks).
             "options": {"expires": max(every_s * 2, 1.0)},
         }
+        if settings.report_nightly_hour is not None:
+            entries["nightly-report"] = {
+                "task": "orderly.agents.nightly_report",
+                "schedule": crontab(minute=0, hour=settings.report_nightly_hour),
+            }
         every = settings.awaited_messages_interval / 1000
         entries["awaited-agent"] = {
             "task": "orderly.agents.awaited",

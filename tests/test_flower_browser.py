@@ -17,19 +17,15 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from sqlalchemy import Engine
 
 from api.processes import BIN, ROOT, ProcessGroup, wait_for_log, wait_http
-from tests.conftest import _unavailable
+from tests.browser import chromium
 from tests.helpers import message, states, wait_until
 from tests.test_e2e import free_port
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "artifacts"
 USER = "orderly"
 WORKER = f"flower-w1@{socket.gethostname()}"
@@ -67,24 +63,8 @@ class Flower:
 
 @pytest.fixture
 def browser() -> Iterator[webdriver.Chrome]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not path.exists():
-            _unavailable("Chromium", FileNotFoundError(f"{path} is missing"))
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium(1400, 1000) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def page_text(driver: webdriver.Chrome) -> str:

@@ -412,3 +412,20 @@ def test_a_service_lease_stops_only_when_an_operator_removed_the_key(
     redis_client.delete(KEYS.service(service_id))
     clock.now += 1
     assert lease.keep() == "stop"
+
+
+def test_beat_runs_the_monitor_and_optionally_the_nightly_report(db: Engine) -> None:
+    from beat.schedule import build_schedule
+    from worker.configuration import ConfigReader
+    from worker.settings import Settings
+
+    settings = Settings(track_monitor_interval_ms=1500)
+    entries = build_schedule(ConfigReader(db), settings)
+    monitor = entries["timeout-monitor"]
+    assert (monitor["task"], monitor["schedule"]) == ("orderly.agents.timeout_monitor", 1.5)
+    assert monitor["options"] == {"expires": 3.0}
+    assert "nightly-report" not in entries  # off unless an hour is set
+
+    nightly = build_schedule(ConfigReader(db), Settings(report_nightly_hour=3))["nightly-report"]
+    assert nightly["task"] == "orderly.agents.nightly_report"
+    assert nightly["schedule"].hour == {3} and nightly["schedule"].minute == {0}

@@ -1,0 +1,1 @@
+"""Reports and synthetic data over orderly's PostgreSQL store."""

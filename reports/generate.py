@@ -1,0 +1,1938 @@
+"""Synthetic data: millions of consistent rows in every table orderly writes, in seconds.
+
+``generate`` writes N ``message`` rows (business messages, parents with their children,
+conversations of requests and responses) spread over a time window with a daily rhythm, and
+in proportion to them the rows orderly would have written around them: external calls and
+confirmations, the ``request``/``response`` log of their exchanges, and publish/subscribe
+traffic (events, deliveries, one ``published_messages`` row per attempt, the handler queue
+log). The values follow what the mechanisms in ``worker`` write (states, error codes and
+descriptions, the conversation service and its sources, HARD bindings, attempt numbering).
+
+Rows are streamed to ``COPY ... FROM STDIN`` (text format) with the primary keys assigned
+here, so that every reference is known before its row is written; the whole run is one
+transaction under table locks, and the identity sequences are moved past the new keys. As a
+superuser it skips the per-row foreign-key triggers (most of COPY's cost) and checks the new
+references set-wise before the commit instead. The same seed, N, window and database state
+give the same rows.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from statistics import NormalDist
+from typing import Any, Generic, TypeVar, cast
+
+from sqlalchemy import Connection, Engine, text
+
+from models import CONFIRMATION_OPERATION
+from worker.conversations import (
+    ERROR_CANCELLED,
+    ERROR_EXPIRED,
+    ERROR_RETRIES_SPENT,
+    REQUEST_SOURCE,
+    RESPONSE_SOURCE,
+)
+from worker.conversations import SERVICE as CONVERSATION_SERVICE
+from worker.pool import POSTPONED_CODE, REPAIR_CODE
+from worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
+from worker.processing import ERROR_HANDLER, ERROR_NO_HANDLER
+from worker.pubsub import QUEUED_LEASE_S, backoff_ms, topic_matches
+from worker.timeouts import TIMEOUT_CODE
+
+T = TypeVar("T")
+
+# Tables in the order of the report (and of writing).
+TABLES = (
+    "node",
+    "message",
+    "external_call",
+    "request",
+    "response",
+    "room",
+    "event_type",
+    "event_type_version",
+    "subscription",
+    "event",
+    "delivery",
+    "published_messages",
+    "queue_message",
+)
+# Tables whose keys are assigned here; the rest are a handful of rows inserted normally.
+_KEYED = {
+    "message": "msg_id",
+    "external_call": "call_id",
+    "request": "req_id",
+    "response": "res_id",
+    "event": "event_id",
+    "delivery": "delivery_id",
+    "published_messages": "id",
+    "queue_message": "id",
+}
+# Bigger chunks cost memory; smaller ones more round trips through the feed queue.
+CHUNK_ROWS = 20_000
+NULL = "\\N"
+SECOND = 1000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+DAY = 24 * HOUR
+# The configuration defaults the generated history follows (worker/configuration.py).
+PARTLY_FAILED_INTERVAL = 60 * SECOND
+FAILS_BEFORE_FAILED = 3
+RESPONSE_TIMEOUT = HOUR
+POSTPONED_WHEN_FAILED = 300 * SECOND
+CONFIRMATION_INTERVAL = 60 * SECOND
+CONFIRMATION_LIMIT = 3
+# Messages received this close to the window's end (at least an hour, or this share of the
+# window) may still be on their way; push endpoints have an outage then.
+RECENT = HOUR
+RECENT_SHARE = 0.02
+
+MESSAGE_COLUMNS: tuple[str, ...] = (
+    "msg_id",
+    "msg_timestamp",
+    "receive_timestamp",
+    "service_name",
+    "operation_name",
+    "object_id",
+    "entity_type",
+    "correlation_id",
+    "process_id",
+    "payload",
+    "envelope",
+    "source_system",
+    "state",
+    "failed_count",
+    "failed_error_code",
+    "failed_desc",
+    "last_process_timestamp",
+    "start_in_queue_timestamp",
+    "custom_data",
+    "parent_msg_id",
+    "parent_binding_type",
+    "funnel_value",
+    "funnel_component_id",
+    "guaranteed_order",
+    "exclude_failed_state",
+    "node_id",
+    "processing_pid",
+    "audit",
+    "wait_correlation_id",
+    "response_deadline",
+    "wait_res_id",
+)
+CALL_COLUMNS: tuple[str, ...] = (
+    "call_id",
+    "msg_id",
+    "operation_name",
+    "state",
+    "entity_id",
+    "msg_timestamp",
+    "creation_timestamp",
+    "last_update_timestamp",
+    "failed_count",
+    "next_attempt_at",
+)
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "req_id",
+    "msg_id",
+    "res_join_id",
+    "uri",
+    "req_envelope",
+    "req_timestamp",
+)
+RESPONSE_COLUMNS: tuple[str, ...] = (
+    "res_id",
+    "req_id",
+    "res_envelope",
+    "failed_reason",
+    "res_timestamp",
+    "failed",
+    "msg_id",
+)
+EVENT_COLUMNS: tuple[str, ...] = (
+    "event_id",
+    "correlation_id",
+    "room_id",
+    "event_type_id",
+    "version",
+    "routing_key",
+    "payload",
+    "user_id",
+    "published_at",
+    "deliver_at",
+    "expires_at",
+    "unroutable",
+)
+DELIVERY_COLUMNS: tuple[str, ...] = (
+    "delivery_id",
+    "event_id",
+    "subscription_id",
+    "state",
+    "pull",
+    "order_value",
+    "attempt",
+    "next_attempt_at",
+    "scheduled_at",
+    "claimed_at",
+    "claim",
+    "delivered_at",
+    "last_error",
+)
+PUBLISHED_COLUMNS: tuple[str, ...] = (
+    "id",
+    "correlation_id",
+    "delivery_id",
+    "event_id",
+    "subscription_id",
+    "attempt",
+    "published_at",
+    "delivered_at",
+    "outcome",
+    "error",
+)
+QUEUE_COLUMNS: tuple[str, ...] = (
+    "id",
+    "delivery_id",
+    "message",
+    "routing_key",
+    "scheduled_start_time",
+    "start_time",
+    "end_time",
+    "state",
+    "exception_id",
+    "memory_used",
+)
+# External calls keyed by an entity may meet the key's row from an earlier run: like
+# orderly, the newest message takes the row over (see _upsert_keyed_calls).
+KEYED_CALLS = "orderly_generated_calls"
+_COLUMNS = {
+    KEYED_CALLS: CALL_COLUMNS,
+    "message": MESSAGE_COLUMNS,
+    "external_call": CALL_COLUMNS,
+    "request": REQUEST_COLUMNS,
+    "response": RESPONSE_COLUMNS,
+    "event": EVENT_COLUMNS,
+    "delivery": DELIVERY_COLUMNS,
+    "published_messages": PUBLISHED_COLUMNS,
+    "queue_message": QUEUE_COLUMNS,
+}
+
+
+@dataclass(frozen=True)
+class GenerateReport:
+    """What one run wrote: new rows per table (every table of ``TABLES``) and its duration."""
+
+    rows: Mapping[str, int]
+    seconds: float
+    seed: int
+    start: datetime
+    end: datetime
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.total_rows / self.seconds if self.seconds > 0 else 0.0
+
+
+# --- the catalogue -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """An external call a handler makes; ``keyed_by`` is the CallKey kind (msg or entity)."""
+
+    operation: str
+    share: float
+    keyed_by: str
+    uri: str
+    logged: float  # share of calls whose HTTP exchanges are logged in request/response
+
+
+@dataclass(frozen=True)
+class _Op:
+    service: str
+    operation: str
+    weight: float
+    entity: str | None
+    prefix: str  # object ids: prefix + number
+    sources: tuple[str, ...]
+    codes: tuple[tuple[str, str], ...]  # the handler's own failures: (code, description)
+    call: _Call | None = None
+    funnel: float = 0.0  # share of messages with a funnel (the object id)
+    guaranteed: float = 0.0  # share of the funnel messages in guaranteed order
+    waits: float = 0.0  # share that waits for an asynchronous response
+
+
+_OPS = (
+    _Op(
+        "crm",
+        "createCustomer",
+        10,
+        "customer",
+        "C",
+        ("eshop", "crm-portal", "mobile-app"),
+        (
+            ("E_CRM_DUPLICATE", "customer already exists with the same e-mail"),
+            ("E_CRM_VALIDATION", "field birthDate: not a valid date"),
+        ),
+        _Call("erp.syncCustomer", 0.6, "entity", "https://erp.example.com/api/customers", 0.3),
+    ),
+    _Op(
+        "crm",
+        "updateCustomer",
+        14,
+        "customer",
+        "C",
+        ("eshop", "crm-portal", "mobile-app", "partner-api"),
+        (("E_CRM_UNAVAILABLE", "crm: HTTP 503 Service Unavailable"),),
+        _Call("erp.syncCustomer", 0.4, "entity", "https://erp.example.com/api/customers", 0.3),
+        funnel=0.5,
+        guaranteed=0.6,
+    ),
+    _Op(
+        "order",
+        "placeOrder",
+        10,
+        "order",
+        "O",
+        ("eshop", "mobile-app", "pos", "partner-api"),
+        (("E_ORDER_STOCK", "an order line refers to a discontinued article"),),
+    ),
+    _Op(
+        "order",
+        "updateOrder",
+        6,
+        "order",
+        "O",
+        ("eshop", "crm-portal", "pos"),
+        (("E_ORDER_STATE", "order is already closed"),),
+        funnel=0.7,
+        guaranteed=0.9,
+    ),
+    _Op(
+        "billing",
+        "charge",
+        12,
+        "invoice",
+        "INV",
+        ("eshop", "mobile-app", "pos", "erp"),
+        (
+            ("E_PAYMENT_DECLINED", "card declined by issuer (do_not_honor)"),
+            ("E_BILLING", "billing.charge refused by the payment gateway"),
+        ),
+        _Call("psp.authorize", 0.9, "msg", "https://psp.example.com/v2/authorizations", 0.4),
+        waits=0.15,
+    ),
+    _Op(
+        "billing",
+        "refund",
+        3,
+        "invoice",
+        "INV",
+        ("crm-portal", "erp"),
+        (("E_PAYMENT_DECLINED", "refund refused: original charge not settled"),),
+        _Call("psp.refund", 0.9, "msg", "https://psp.example.com/v2/refunds", 0.4),
+    ),
+    _Op(
+        "billing",
+        "issueInvoice",
+        6,
+        "invoice",
+        "INV",
+        ("erp",),
+        (("E_INVOICE_NUMBERING", "invoice number range exhausted for the period"),),
+    ),
+    _Op(
+        "shipping",
+        "dispatch",
+        8,
+        "shipment",
+        "SH",
+        ("erp", "warehouse"),
+        (
+            ("E_CARRIER_REJECTED", "carrier rejected the parcel: address not deliverable"),
+            ("E_CARRIER_UNAVAILABLE", "carrier API: HTTP 502 Bad Gateway"),
+        ),
+        _Call(
+            "carrier.createShipment", 0.8, "entity", "https://api.carrier.example/shipments", 0.4
+        ),
+        waits=0.25,
+    ),
+    _Op(
+        "shipping",
+        "cancelShipment",
+        1.5,
+        "shipment",
+        "SH",
+        ("erp", "crm-portal"),
+        (("E_CARRIER_REJECTED", "shipment already handed over to the carrier"),),
+    ),
+    _Op(
+        "inventory",
+        "reserveStock",
+        7,
+        "sku",
+        "SKU-",
+        ("eshop", "pos", "warehouse"),
+        (("E_OUT_OF_STOCK", "requested quantity exceeds the available stock"),),
+        funnel=0.6,
+    ),
+    _Op(
+        "inventory",
+        "releaseStock",
+        2,
+        "sku",
+        "SKU-",
+        ("eshop", "warehouse"),
+        (("E_STOCK_LOCKED", "stock row locked by a running inventory count"),),
+        funnel=0.6,
+    ),
+    _Op(
+        "notification",
+        "sendEmail",
+        9,
+        None,
+        "",
+        ("crm-portal", "eshop", "erp"),
+        (("E_MAIL_REJECTED", "550 5.1.1 mailbox unavailable"),),
+        _Call("mail.send", 0.5, "msg", "https://mail.example.com/v3/send", 0.2),
+    ),
+    _Op(
+        "notification",
+        "sendSms",
+        3,
+        None,
+        "",
+        ("crm-portal", "mobile-app"),
+        (("E_SMS_GATEWAY", "sms gateway: HTTP 429 Too Many Requests"),),
+        _Call("sms.send", 0.5, "msg", "https://sms.example.com/messages", 0.2),
+    ),
+)
+_OP = {(op.service, op.operation): op for op in _OPS}
+# order.placeOrder splits into children: (service, operation, binding), the first n of them.
+_CHILDREN = (
+    ("billing", "charge", "HARD"),
+    ("inventory", "reserveStock", "HARD"),
+    ("shipping", "dispatch", "HARD"),
+    ("notification", "sendEmail", "SOFT"),
+)
+_SPLIT_SHARE = 0.45  # of order.placeOrder messages
+# Failures any handler can meet, next to its own codes.
+_GENERIC_FAILURES = (
+    (ERROR_HANDLER, "ConnectionError: connection reset by peer"),
+    (ERROR_HANDLER, "KeyError: 'lines'"),
+    (TIMEOUT_CODE, "no worker finished it within 30000 ms (timeout 1 of 3); retried"),
+)
+# What a conversation response's failures say (worker/conversations.py).
+AWAITED_DESC = "ReadTimeout (5 retries spent)"
+EXPIRED_DESC = "AWAITED_MESSAGE_TTL spent before delivery"
+TIMEOUT_FINAL = "no worker finished it within 30000 ms (timeout 3 of 3); no retries left"
+# Sources that are told final states (their confirmation_url was set when these were written).
+_CONFIRMED_SOURCES = frozenset({"partner-api", "pos"})
+_SOAP_SOURCES = frozenset({"erp"})
+_ORIGINS = (("shop-web", 5.0), ("shop-app", 3.0), ("partner-gw", 1.0))
+_NODES = (
+    ("gen-worker-1", 34.0),
+    ("gen-worker-2", 26.0),
+    ("gen-worker-3", 20.0),
+    ("gen-worker-4", 12.0),
+    ("gen-worker-5", 8.0),
+)
+_OPERATORS = ("ops-anna", "ops-martin", "support-bot")
+_CANCEL_NOTES = (
+    "customer withdrew the order",
+    "duplicate of a newer request",
+    "data fixed by hand",
+)
+
+# Daily rhythm (UTC hours) and the weekend dip of message traffic.
+_HOURLY = (
+    0.15, 0.1, 0.08, 0.08, 0.1, 0.2, 0.4, 0.8, 1.3, 1.6, 1.7, 1.6,
+    1.4, 1.5, 1.6, 1.5, 1.3, 1.1, 0.9, 0.7, 0.55, 0.45, 0.3, 0.2,
+)  # fmt: skip
+_WEEKEND = 0.45
+
+
+@dataclass(frozen=True)
+class _RoomSpec:
+    name: str
+    expiration_ms: int | None
+    delay_ms: int
+    multiplier: float
+    attempts: int
+    weight: float
+    event_types: tuple[str, ...]
+    id_field: str
+    prefix: str
+
+
+@dataclass(frozen=True)
+class _SubSpec:
+    room: str
+    name: str
+    kind: str
+    event_type: str | None
+    pattern: str | None
+    attempts: int | None = None
+    order_key: str | None = None
+
+
+_ROOMS = (
+    _RoomSpec(
+        "orders",
+        86_400_000,
+        1000,
+        2.0,
+        5,
+        5,
+        ("order.created", "order.paid", "order.shipped", "order.cancelled"),
+        "orderId",
+        "O",
+    ),
+    _RoomSpec(
+        "customers",
+        None,
+        500,
+        1.5,
+        3,
+        3,
+        ("customer.created", "customer.updated"),
+        "customerId",
+        "C",
+    ),
+    _RoomSpec(
+        "payments",
+        120_000,
+        2000,
+        3.0,
+        4,
+        2,
+        ("payment.authorized", "payment.failed", "payment.refunded"),
+        "invoice",
+        "INV",
+    ),
+)
+_SUBSCRIPTIONS = (
+    _SubSpec("orders", "warehouse-push", "PUSH", None, "order.#"),
+    _SubSpec("orders", "analytics-pull", "PULL", None, None),
+    _SubSpec("orders", "loyalty-handler", "HANDLER", "order.paid", None),
+    _SubSpec("customers", "crm-mirror-push", "PUSH", None, "customer.*"),
+    _SubSpec("customers", "mailing-handler", "HANDLER", "customer.created", None),
+    _SubSpec("payments", "ledger-handler", "HANDLER", None, "payment.#", order_key="invoice"),
+    _SubSpec("payments", "fraud-push", "PUSH", "payment.authorized", None, attempts=2),
+)
+_PUSH_ERRORS = (
+    "HTTP 503: Service Unavailable",
+    "ReadTimeout",
+    "ConnectError: [Errno 111] Connection refused",
+    "HTTP 500: internal error",
+)
+_HANDLER_ERRORS = ("ValueError: unknown tier", "OperationalError: deadlock detected")
+
+
+def _table(weights: Sequence[tuple[T, float]], size: int = 1024) -> list[T]:
+    """A lookup list for picking by ``table[rng.getrandbits(10)]`` (cheaper than choices)."""
+    total = sum(w for _, w in weights)
+    out: list[T] = []
+    acc = 0.0
+    for value, weight in weights:
+        acc += weight
+        out.extend([value] * (round(acc / total * size) - len(out)))
+    return out
+
+
+def _clock() -> Callable[[int], str]:
+    """Timestamps (integer ms since the epoch) as PostgreSQL text: the hour's prefix is cached
+    and the rest looked up, several times cheaper than formatting a datetime."""
+    hours: dict[int, str] = {}
+    seconds: dict[int, str] = {}
+    minutes = [f"{m:02d}:{s:02d}." for m in range(60) for s in range(60)]
+    millis = [f"{m:03d}+00" for m in range(1000)]
+
+    def stamp(ms: int) -> str:
+        second, milli = divmod(ms, SECOND)
+        text = seconds.get(second)
+        if text is None:
+            if len(seconds) > 100_000:
+                seconds.clear()  # rows are made in time order: old seconds do not come back
+            hour, rest = divmod(second, 3600)
+            prefix = hours.get(hour)
+            if prefix is None:
+                prefix = datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d %H:")
+                hours[hour] = prefix
+            text = seconds[second] = prefix + minutes[rest]
+        return text + millis[milli]
+
+    return stamp
+
+
+def _iso(ms: int) -> str:
+    """The form jsonb_build_object gives a timestamptz."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+# Quantiles of the standard normal: lognormal draws become a table lookup.
+_NORMAL = [NormalDist().inv_cdf((i + 0.5) / 4096) for i in range(4096)]
+
+
+class _Ahead(Generic[T]):
+    """Runs an iterator in a thread a few items ahead of its consumer, so that Python makes
+    the next rows while the server ingests the previous ones (psycopg2 releases the GIL
+    while it sends)."""
+
+    def __init__(self, items: Iterator[T], depth: int = 4) -> None:
+        # (True, item), (False, None) at the end, or (False, exception) from the producer
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, args=(items,), daemon=True)
+        self._thread.start()
+
+    def _put(self, item: tuple[bool, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, items: Iterator[T]) -> None:
+        try:
+            for item in items:
+                if not self._put((True, item)):
+                    return
+            self._put((False, None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put((False, exc))
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            more, item = self._queue.get()
+            if more:
+                yield cast(T, item)
+            elif item is None:
+                return
+            else:
+                raise item
+
+    def close(self) -> None:
+        """Stop the producer (after a failed COPY it would wait on a full queue forever)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def _copy(conn: Connection, table: str, data: bytes) -> None:
+    sql = f"COPY {table} ({', '.join(_COLUMNS[table])}) FROM STDIN"
+    source = io.BytesIO(data)
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.copy_expert(sql, source, size=1 << 20)
+    finally:
+        cursor.close()
+
+
+def _timeline(rng: random.Random, count: int, start: int, end: int) -> Iterator[int]:
+    """``count`` moments (ms) in ascending order in [start, end), denser in working hours.
+
+    Ascending uniforms are drawn one at a time (the largest of k uniforms is U^(1/k)), and
+    mapped through the hour buckets' cumulative weights, so nothing has to be sorted.
+    """
+    bounds = list(range(start - start % HOUR, end, HOUR))
+    cum: list[float] = []
+    total = 0.0
+    for lo in bounds:
+        moment = datetime.fromtimestamp(lo / 1000, UTC)
+        rate = _HOURLY[moment.hour] * (_WEEKEND if moment.weekday() >= 5 else 1.0)
+        total += rate * (min(lo + HOUR, end) - max(lo, start))
+        cum.append(total)
+    last = len(cum) - 1
+    v = 1.0
+    b = 0
+    for k in range(count, 0, -1):
+        v *= rng.random() ** (1.0 / k)
+        target = (1.0 - v) * total
+        while b < last and cum[b] <= target:
+            b += 1
+        below = cum[b - 1] if b else 0.0
+        lo, hi = max(bounds[b], start), min(bounds[b] + HOUR, end)
+        share = (target - below) / (cum[b] - below) if cum[b] > below else 0.0
+        yield min(lo + int(share * (hi - lo)), end - 1)
+
+
+# --- the generator -------------------------------------------------------------------------
+
+# A table, its rows as COPY text (encoded) and how many there are.
+Batch = tuple[str, bytes, int]
+
+
+def _batch(table: str, rows: list[str]) -> Batch:
+    batch = (table, "".join(rows).encode(), len(rows))
+    rows.clear()
+    return batch
+
+
+def _drain(tables: Sequence[tuple[str, list[str]]]) -> Iterator[Batch]:
+    for table, rows in tables:
+        if rows:
+            yield _batch(table, rows)
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """How a business message's processing went."""
+
+    state: str
+    failed: int = 0
+    code: str | None = None
+    desc: str | None = None
+    done: int = 0  # last_process_timestamp (ms)
+    queued: int | None = None  # start_in_queue_timestamp
+    custom: str | None = None
+    pid: int | None = None
+    audit: str = "[]"
+    wait_id: str | None = None
+    deadline: int | None = None
+    wait_res: int | None = None
+    tries: int = 0  # handler runs that reached an external call
+    in_flight: bool = False  # a call still running (PROCESSING)
+
+
+class _Generator:
+    """Rows from one stream of randomness, keys counted on from ``ids`` (the last used)."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        seed: int,
+        messages: int,
+        start: int,
+        end: int,
+        ids: Mapping[str, int],
+        nodes: Sequence[tuple[int, float]],
+        rooms: Sequence[_Room],
+    ) -> None:
+        self.rng = rng
+        self.seed = seed
+        self.n = messages
+        self.start = start
+        self.end = end
+        self.recent = end - max(RECENT, int((end - start) * RECENT_SHARE))
+        self.ids = dict(ids)  # the last key used per table
+        self.ts = _clock()
+        self._spreads: dict[tuple[float, float, int], list[int]] = {}
+        # the durations drawn for every message, as lookup tables (see lognormal)
+        self.sent_lag = self.spread(400, 1.2, 30 * SECOND)
+        self.queue_wait = self.spread(40, 1.5, 5 * MINUTE)
+        self.run_time = self.spread(180, 1.3, 10 * MINUTE)
+        self.node = _table([(str(i), w) for i, w in nodes])
+        self.rooms = rooms
+        # rows of the tables that reference the ones being made, copied after them
+        self.calls: list[str] = []
+        self.requests: list[str] = []
+        self.responses: list[str] = []
+        self.deliveries: list[str] = []
+        self.published: list[str] = []
+        self.queued: list[str] = []
+        # entity-keyed calls: one row per (operation, entity), the newest message's
+        self.keyed_calls: dict[tuple[str, str], str] = {}
+        # guaranteed-order funnels with a FAILED message, which holds the later ones
+        self.blocked_funnels: dict[str, int] = {}
+        pool = max(200, messages // 6)
+        self.pools = {"C": pool, "O": pool, "INV": pool, "SH": pool // 2, "SKU-": 5000}
+        self.op = _table([(op, op.weight) for op in _OPS])
+        self.origin = _table(list(_ORIGINS))
+
+    def next_id(self, table: str) -> int:
+        self.ids[table] += 1
+        return self.ids[table]
+
+    def spread(self, median_ms: float, sigma: float, cap_ms: int) -> list[int]:
+        """A log-normal distribution of durations (ms) as 4096 quantiles, at most ``cap_ms``:
+        ``table[rng.getrandbits(12)]`` is a draw."""
+        key = (median_ms, sigma, cap_ms)
+        table = self._spreads.get(key)
+        if table is None:
+            table = [min(int(median_ms * math.exp(sigma * z)) + 1, cap_ms) for z in _NORMAL]
+            self._spreads[key] = table
+        return table
+
+    def lognormal(self, median_ms: float, sigma: float, cap_ms: int) -> int:
+        """A skewed duration (ms): median, spread, at most ``cap_ms``."""
+        return self.spread(median_ms, sigma, cap_ms)[self.rng.getrandbits(12)]
+
+    def obj(self, prefix: str) -> str:
+        # squared uniform: a few hot objects get many messages (funnels fill up)
+        return f"{prefix}{int(self.pools[prefix] * self.rng.random() ** 2):06d}"
+
+    # --- messages ------------------------------------------------------------------------
+    def message_batches(self) -> Iterator[Batch]:
+        """Messages in chunks, each followed by the rows made with it that reference it."""
+        buf: list[str] = []
+        side = (
+            ("external_call", self.calls),
+            ("request", self.requests),
+            ("response", self.responses),
+        )
+        for unit in self.message_units():
+            buf.extend(unit)
+            if len(buf) >= CHUNK_ROWS:
+                yield _batch("message", buf)
+                yield from _drain(side)
+        yield _batch("message", buf)
+        yield from _drain(side)
+        keyed = [f"{self.next_id('external_call')}\t{row}" for row in self.keyed_calls.values()]
+        self.keyed_calls.clear()
+        yield _batch(KEYED_CALLS, keyed)
+
+    def message_units(self) -> Iterator[list[str]]:
+        """Messages that belong together (a parent and its children, a conversation)."""
+        rng = self.rng
+        slots = _timeline(rng, self.n, self.start, self.end)
+        left = self.n
+        while left > 0:
+            at = next(slots)
+            roll = rng.random()
+            if roll < 0.014 and left >= 2:
+                rows = self.conversation(at, slots, left)
+            else:
+                op = self.op[rng.getrandbits(10)]
+                children = 0
+                if op.operation == "placeOrder" and rng.random() < _SPLIT_SHARE and left >= 2:
+                    children = min(1 + rng.getrandbits(2), left - 1, len(_CHILDREN))
+                    for _ in range(children):
+                        next(slots)  # children take their place in the count, at split time
+                rows = self.business(at, op, children)
+            left -= len(rows)
+            yield rows
+
+    def business(self, at: int, op: _Op, children: int) -> list[str]:
+        """One message (and the children it split into): its rows, parent first."""
+        rng = self.rng
+        msg_id = self.next_id("message")
+        source = op.sources[rng.getrandbits(8) % len(op.sources)]
+        obj = self.obj(op.prefix) if op.entity else None
+        funnel = obj if op.funnel and rng.random() < op.funnel else None
+        guaranteed = funnel is not None and rng.random() < op.guaranteed
+        exclude = guaranteed and rng.random() < 0.2
+        correlation = f"gen{self.seed}-{msg_id}"
+        sent = at - self.sent_lag[rng.getrandbits(12)]
+        if children:
+            out = self.split(msg_id, at, sent, op, source, obj, correlation, children)
+        else:
+            outcome = self.outcome(msg_id, at, op, funnel, guaranteed, exclude)
+            self.after(msg_id, sent, op, source, obj, correlation, outcome)
+            out = [
+                self.message_row(
+                    msg_id,
+                    sent,
+                    at,
+                    op,
+                    source,
+                    obj,
+                    correlation,
+                    outcome,
+                    funnel=funnel,
+                    component=f"{op.service}.{op.entity}" if funnel else None,
+                    guaranteed=guaranteed,
+                    exclude=exclude,
+                )
+            ]
+        return out
+
+    def split(
+        self,
+        msg_id: int,
+        at: int,
+        sent: int,
+        op: _Op,
+        source: str,
+        obj: str | None,
+        correlation: str,
+        count: int,
+    ) -> list[str]:
+        """A parent that split into children in one transaction: they share its time."""
+        split_at = at + self.lognormal(30, 1.0, 10 * SECOND) + self.lognormal(150, 1.0, MINUTE)
+        kids: list[tuple[int, _Op, str, _Outcome]] = []
+        for n in range(count):
+            service, operation, binding = _CHILDREN[n]
+            child_op = _OP[(service, operation)]
+            child_id = self.next_id("message")
+            kids.append((child_id, child_op, binding, self.outcome(child_id, split_at, child_op)))
+        hard = [(cid, o) for cid, _, b, o in kids if b == "HARD"]
+        ended = sorted(
+            ((o.done, cid, o) for cid, o in hard if o.state in ("FAILED", "CANCEL")),
+            key=lambda item: (item[0], item[1]),
+        )
+        if ended:
+            done, child_id, child = ended[0]
+            cancelled = child.state == "CANCEL"
+            parent = _Outcome(
+                "FAILED",
+                code="E_CHILD_CANCELLED" if cancelled else child.code or "E_CHILD_FAILED",
+                desc=f"child message {child_id} "
+                f"{'was cancelled' if cancelled else 'failed'}: {child.desc or ''}",
+                done=done,
+            )
+        elif all(o.state == "OK" for _, o in hard):
+            parent = _Outcome("OK", done=max([split_at, *(o.done for _, o in hard)]))
+        else:
+            parent = _Outcome("WAITING", done=split_at)
+        parent.queued = at
+        rows = [
+            self.message_row(
+                msg_id,
+                sent,
+                at,
+                op,
+                source,
+                obj,
+                correlation,
+                parent,
+            )
+        ]
+        self.confirm(msg_id, sent, source, correlation, parent)
+        for n, (child_id, child_op, binding, outcome) in enumerate(kids, start=1):
+            child_corr = f"{correlation}/{n}"
+            child_obj = self.obj(child_op.prefix) if child_op.entity else None
+            self.after(child_id, sent, child_op, source, child_obj, child_corr, outcome)
+            rows.append(
+                self.message_row(
+                    child_id,
+                    sent,
+                    split_at,
+                    child_op,
+                    source,
+                    child_obj,
+                    child_corr,
+                    outcome,
+                    parent=msg_id,
+                    binding=binding,
+                )
+            )
+        return rows
+
+    def outcome(
+        self,
+        msg_id: int,
+        at: int,
+        op: _Op,
+        funnel: str | None = None,
+        guaranteed: bool = False,
+        exclude: bool = False,
+    ) -> _Outcome:
+        """The state a message reached by the window's end, with its failures and times."""
+        rng = self.rng
+        recent = at >= self.recent
+        wait = self.queue_wait[rng.getrandbits(12)]
+        run = self.run_time[rng.getrandbits(12)]
+        r = rng.random()
+        if funnel is not None:
+            blocker = self.blocked_funnels.get(funnel)
+            if guaranteed and blocker is not None and not exclude and r < 0.5:
+                # held behind the funnel's FAILED message, then failed for waiting too long
+                done = at + POSTPONED_WHEN_FAILED + self.lognormal(20 * SECOND, 1.0, HOUR)
+                if done >= self.end:
+                    return _Outcome("POSTPONED", done=at)
+                return _Outcome(
+                    "FAILED",
+                    failed=1,
+                    code=POSTPONED_CODE,
+                    desc=f"postponed for over {POSTPONED_WHEN_FAILED // SECOND} s behind "
+                    f"FAILED message {blocker} of funnel {funnel}",
+                    done=done,
+                )
+            if r < 0.04:
+                return _Outcome("POSTPONED", done=at + wait)
+            r = rng.random()
+        if recent:
+            if r < 0.07:
+                return _Outcome("NEW", done=at)
+            if r < 0.17:
+                return _Outcome("IN_QUEUE", done=at + wait, queued=at + wait)
+            if r < 0.24:
+                return _Outcome(
+                    "PROCESSING", done=at + wait, pid=1000 + rng.getrandbits(15), in_flight=True
+                )
+            if r < 0.34 and op.waits:
+                return self.waiting(msg_id, at + wait + run)
+        elif r < 0.002:
+            # stuck and repaired: the pool found it PROCESSING after its worker died
+            failed = 1 + rng.getrandbits(1)
+            return _Outcome(
+                "PARTLY_FAILED",
+                failed=failed,
+                code=REPAIR_CODE,
+                desc="worker connection lost while PROCESSING",
+                done=at + failed * 5 * MINUTE,
+                tries=failed,
+            )
+        r = rng.random()
+        if r < 0.86:
+            failed = 0 if r < 0.80 else 1 if r < 0.845 else 2 if r < 0.856 else 3
+        elif r < 0.90:
+            failed = FAILS_BEFORE_FAILED + 1
+        elif r < 0.925:
+            failed = 1 + (rng.random() < 0.3)
+        elif r < 0.94:
+            return self.cancelled(at + wait, rng.random() < 0.5)
+        elif r < 0.942:
+            return _Outcome(
+                "FAILED",
+                failed=1,
+                code=ERROR_NO_HANDLER,
+                desc=f"no handler registered for {op.service}.{op.operation}",
+                done=at + wait + 5,
+            )
+        else:
+            failed = 0
+            if op.waits and r < 0.942 + op.waits * 0.3:
+                return self.awaited(msg_id, at + wait + run)
+        code = desc = None
+        if failed:
+            codes = op.codes if rng.random() < 0.75 else _GENERIC_FAILURES
+            code, desc = codes[rng.getrandbits(8) % len(codes)]
+            if code == TIMEOUT_CODE and failed > FAILS_BEFORE_FAILED:
+                desc = TIMEOUT_FINAL
+        done = at + wait + run
+        for _ in range(failed):
+            done += PARTLY_FAILED_INTERVAL + int(rng.random() * MINUTE) + run
+        tries = failed + 1
+        if failed > FAILS_BEFORE_FAILED:
+            state, tries = "FAILED", failed
+        elif r >= 0.86 and r < 0.925:
+            state, tries = "PARTLY_FAILED", failed
+        else:
+            state = "OK"
+        if done >= self.end:
+            # not finished yet: waiting for the pool's next try
+            failed = min(failed, FAILS_BEFORE_FAILED)
+            state = "PARTLY_FAILED" if failed else "IN_QUEUE"
+            done = min(at + wait + run, self.end - 1)
+            tries = failed
+        return _Outcome(state, failed, code, desc, done, queued=at + wait, tries=tries)
+
+    def waiting(self, msg_id: int, at: int) -> _Outcome:
+        wait_id = f"gen{self.seed}-wait-{msg_id}"
+        return _Outcome(
+            "WAITING_FOR_RES",
+            done=at,
+            queued=at,
+            wait_id=wait_id,
+            deadline=at + RESPONSE_TIMEOUT,
+            tries=1,
+            custom=f"waits for {wait_id}",
+        )
+
+    def awaited(self, msg_id: int, at: int) -> _Outcome:
+        """A message that waited for an asynchronous response: it came, or the wait timed out."""
+        outcome = self.waiting(msg_id, at)
+        assert outcome.deadline is not None
+        if self.rng.random() < 0.08:
+            if outcome.deadline < self.end:
+                outcome.state, outcome.failed = "FAILED", 1
+                outcome.code = RESPONSE_TIMEOUT_CODE
+                outcome.desc = (
+                    f"no response for correlation id {outcome.wait_id} "
+                    f"by {self.ts(outcome.deadline)}"
+                )
+                outcome.done = outcome.deadline + self.lognormal(2000, 1.0, MINUTE)
+            return outcome
+        answered = at + self.lognormal(20 * SECOND, 1.5, RESPONSE_TIMEOUT - 1)
+        if answered >= self.end:
+            return outcome
+        outcome.wait_res = self.next_id("response")
+        outcome.state = "OK"
+        outcome.queued = answered
+        outcome.done = answered + self.lognormal(150, 1.0, MINUTE)
+        outcome.custom = None
+        return outcome
+
+    def cancelled(self, at: int, after_failures: bool) -> _Outcome:
+        rng = self.rng
+        failed, code, before = 0, None, "POSTPONED"
+        if after_failures:
+            failed = 1 + rng.getrandbits(1)
+            code, before = ERROR_HANDLER, "PARTLY_FAILED"
+        done = at + self.lognormal(20 * MINUTE, 1.0, 2 * DAY)
+        if done >= self.end:
+            return _Outcome(before, failed, code, None if code is None else "handler failed", at)
+        who = _OPERATORS[rng.getrandbits(8) % len(_OPERATORS)]
+        note = _CANCEL_NOTES[rng.getrandbits(8) % len(_CANCEL_NOTES)]
+        error = "null" if code is None else f'"{code}"'
+        audit = (
+            f'[{{"at": "{_iso(done)}", "by": "{who}", "from": "{before}", '
+            f'"note": "{note}", "error": {error}, "action": "CANCEL"}}]'
+        )
+        desc = None if code is None else "ConnectionError: connection reset by peer"
+        return _Outcome("CANCEL", failed, code, desc, done, audit=audit, tries=failed)
+
+    def message_row(
+        self,
+        msg_id: int,
+        sent: int,
+        at: int,
+        op: _Op,
+        source: str,
+        obj: str | None,
+        correlation: str,
+        o: _Outcome,
+        *,
+        parent: int | None = None,
+        binding: str | None = None,
+        funnel: str | None = None,
+        component: str | None = None,
+        guaranteed: bool = False,
+        exclude: bool = False,
+        custom: str | None = None,
+    ) -> str:
+        ts = self.ts
+        if o.state == "FAILED" and guaranteed and funnel is not None:
+            self.blocked_funnels.setdefault(funnel, msg_id)
+        payload = (
+            f'{{"{op.entity or "recipient"}":"{obj or correlation}",'
+            f'"source":"{source}","amount":{self.rng.getrandbits(16) / 100}}}'
+        )
+        envelope = (
+            f"<soap:Envelope><soap:Body><{op.operation}>{payload}</{op.operation}>"
+            "</soap:Body></soap:Envelope>"
+            if source in _SOAP_SOURCES
+            else NULL
+        )
+        return (
+            f"{msg_id}\t{ts(sent)}\t{ts(at)}\t{op.service}\t{op.operation}\t{obj or NULL}\t"
+            f"{op.entity or NULL}\t{correlation}\t{NULL}\t{payload}\t{envelope}\t{source}\t"
+            f"{o.state}\t{o.failed}\t{o.code or NULL}\t{o.desc or NULL}\t{ts(o.done)}\t"
+            f"{NULL if o.queued is None else ts(o.queued)}\t{custom or o.custom or NULL}\t"
+            f"{parent or NULL}\t{binding or NULL}\t{funnel or NULL}\t{component or NULL}\t"
+            f"{'t' if guaranteed else 'f'}\t{'t' if exclude else 'f'}\t"
+            f"{self.node[self.rng.getrandbits(10)]}\t{o.pid or NULL}\t{o.audit}\t"
+            f"{o.wait_id or NULL}\t{NULL if o.deadline is None else ts(o.deadline)}\t"
+            f"{o.wait_res or NULL}\n"
+        )
+
+    # --- external calls, exchanges, confirmations ---------------------------------------
+    def after(
+        self,
+        msg_id: int,
+        sent: int,
+        op: _Op,
+        source: str,
+        obj: str | None,
+        correlation: str,
+        o: _Outcome,
+    ) -> None:
+        """The rows a message's processing left: its external call, exchanges, confirmation."""
+        rng = self.rng
+        call = op.call
+        if call is not None and o.tries and rng.random() < call.share:
+            if call.keyed_by == "entity" and obj is not None:
+                entity = f"entity:{op.entity}:{obj}"
+            else:
+                entity = f"msg:{source}:{correlation}"
+            start = (o.queued or o.done) + 5
+            if o.in_flight:
+                state = "PROCESSING"
+            elif o.state in ("OK", "WAITING_FOR_RES"):
+                state = "OK"
+            else:
+                state = "FAILED"
+            failed = o.failed if state != "OK" else max(0, o.tries - 1)
+            row = (
+                f"{call.operation}\t{state}\t{entity}\t{self.ts(sent)}\t{self.ts(start)}\t"
+                f"{self.ts(max(o.done, start))}\t{failed}\t{NULL}\n"
+            )
+            if call.keyed_by == "entity":
+                # the key's row belongs to its newest message; ids are given when written
+                self.keyed_calls[(call.operation, entity)] = f"{msg_id}\t{row}"
+            else:
+                self.calls.append(f"{self.next_id('external_call')}\t{msg_id}\t{row}")
+            if rng.random() < call.logged:
+                self.exchanges(msg_id, call, obj or correlation, start, o, state)
+        if o.wait_id is not None:
+            self.wait_exchange(msg_id, o)
+        self.confirm(msg_id, sent, source, correlation, o)
+
+    def exchanges(
+        self, msg_id: int, call: _Call, key: str, start: int, o: _Outcome, state: str
+    ) -> None:
+        """One logged request per try; the last answered unless the call is still running."""
+        ts = self.ts
+        tries = max(o.tries, 1)
+        step = max((o.done - start) // tries, 1)
+        for n in range(tries):
+            req_id = self.next_id("request")
+            at = start + n * step
+            self.requests.append(
+                f"{req_id}\t{msg_id}\t{NULL}\t{call.uri}\t"
+                f'{{"key":"{key}","try":{n + 1}}}\t{ts(at)}\n'
+            )
+            last = n == tries - 1
+            if last and state == "PROCESSING":
+                break  # no answer yet
+            answered = at + self.lognormal(120, 1.0, 30 * SECOND)
+            if last and state == "OK":
+                self.responses.append(
+                    f"{self.next_id('response')}\t{req_id}\t"
+                    f'{{"status":"ACCEPTED","ref":"{key}"}}\t{NULL}\t{ts(answered)}\tf\t'
+                    f"{msg_id}\n"
+                )
+            else:
+                reason = _PUSH_ERRORS[self.rng.getrandbits(8) % len(_PUSH_ERRORS)]
+                body = reason.split(": ", 1)[-1] if reason.startswith("HTTP") else NULL
+                self.responses.append(
+                    f"{self.next_id('response')}\t{req_id}\t{body}\t{reason}\t{ts(answered)}\t"
+                    f"t\t{msg_id}\n"
+                )
+
+    def wait_exchange(self, msg_id: int, o: _Outcome) -> None:
+        """The request a waiting handler sent, and the response that ended the wait."""
+        assert o.wait_id is not None and o.queued is not None
+        assert o.deadline is not None
+        req_id = self.next_id("request")
+        self.requests.append(
+            f"{req_id}\t{msg_id}\t{o.wait_id}\thttps://partner.example.com/async/requests\t"
+            f'{{"correlation":"{o.wait_id}"}}\t{self.ts(o.deadline - RESPONSE_TIMEOUT)}\n'
+        )
+        if o.wait_res is not None:
+            self.responses.append(
+                f"{o.wait_res}\t{req_id}\t"
+                f'{{"correlation_id":"{o.wait_id}","result":"done"}}\t{NULL}\t'
+                f"{self.ts(o.queued)}\tf\t{msg_id}\n"
+            )
+
+    def confirm(self, msg_id: int, sent: int, source: str, correlation: str, o: _Outcome) -> None:
+        """The confirmation the state trigger records for a final state of a told source."""
+        if source not in _CONFIRMED_SOURCES or o.state not in ("OK", "FAILED", "CANCEL"):
+            return
+        rng = self.rng
+        ts = self.ts
+        created = o.done
+        r = rng.random()
+        if created >= self.end - 10 * MINUTE and r < 0.3:
+            state, failed = ("PROCESSING", 0) if r < 0.15 else ("FAILED", 1)
+        elif r < 0.95:
+            state, failed = "OK", 0
+        elif r < 0.985:
+            state, failed = "OK", 1 + (r > 0.975)
+        else:
+            state, failed = "FAILED_END", CONFIRMATION_LIMIT
+        tries = failed + (1 if state == "OK" else 0)
+        uri = f"https://{source}.example.com/orderly/confirmations"
+        code = "null" if o.code is None else f'"{o.code}"'
+        desc = "null" if o.desc is None else f'"{o.desc}"'
+        body = (
+            f'{{"msg_id":{msg_id},"correlation_id":"{correlation}","source_system":"{source}",'
+            f'"state":"{o.state}","failed_error_code":{code},"failed_desc":{desc}}}'
+        )
+        at = created + self.lognormal(300, 1.0, 30 * SECOND)
+        for n in range(1, tries + 1):
+            req_id = self.next_id("request")
+            self.requests.append(
+                f"{req_id}\t{msg_id}\tconfirmation:{msg_id}:{n}\t{uri}\t{body}\t{ts(at)}\n"
+            )
+            answered = at + self.lognormal(80, 1.0, 5 * SECOND)
+            if n == tries and state == "OK":
+                self.responses.append(
+                    f"{self.next_id('response')}\t{req_id}\t{NULL}\t{NULL}\t{ts(answered)}\tf\t"
+                    f"{msg_id}\n"
+                )
+            else:
+                self.responses.append(
+                    f"{self.next_id('response')}\t{req_id}\tService Unavailable\t"
+                    f"HTTP 503: Service Unavailable\t{ts(answered)}\tt\t{msg_id}\n"
+                )
+            at = answered + CONFIRMATION_INTERVAL + int(rng.random() * SECOND)
+        last = at - CONFIRMATION_INTERVAL if tries else created
+        if state == "PROCESSING":
+            due = ts(created + int(QUEUED_LEASE_S * SECOND))
+        elif state == "FAILED":
+            due = ts(last + CONFIRMATION_INTERVAL)
+        else:
+            due = NULL
+        self.calls.append(
+            f"{self.next_id('external_call')}\t{msg_id}\t{CONFIRMATION_OPERATION}\t{state}\t"
+            f"{msg_id}\t{ts(sent)}\t{ts(created)}\t{ts(max(last, created))}\t{failed}\t{due}\n"
+        )
+
+    # --- conversations -------------------------------------------------------------------
+    def conversation(self, at: int, slots: Iterator[int], left: int) -> list[str]:
+        """Requests (1-5) and their responses (1-4 each), delivered one after the other."""
+        rng = self.rng
+        shape = [1 + rng.getrandbits(2) for _ in range(1 + int(rng.random() * 5))]
+        size = 0
+        for i, responses in enumerate(shape):
+            if size + 1 + responses > left:
+                shape = [*shape[:i], left - size - 1] if left - size >= 2 else shape[:i]
+                break
+            size += 1 + responses
+        origin = self.origin[rng.getrandbits(10)]
+        process = None
+        rows: list[str] = []
+        delivered = at  # the conversation's last delivery: the next one comes after it
+        blocked = False  # an undelivered response holds every later one back
+        moment = at
+        for r_index, responses in enumerate(shape):
+            if r_index:
+                moment = next(slots)
+            req_id = self.next_id("message")
+            request_key = f"rq{self.seed}-{req_id}"
+            process = process or f"cv{self.seed}-{req_id}"
+            cancel_at = (
+                int(rng.random() * responses) if rng.random() < 0.04 and not blocked else None
+            )
+            parts: list[tuple[int, str, int, _Outcome]] = []
+            req_state = "WAITING_FOR_RES"
+            req_done = moment
+            req_custom: str | None = None
+            cancel: tuple[str, int] | None = None
+            group_awaited: int | None = None  # conv_group_awaited marks the queued rest too
+            for k in range(responses):
+                arrived = next(slots)
+                res_id = self.next_id("message")
+                key = f"rs{self.seed}-{res_id}"
+                last = k == responses - 1
+                o = _Outcome("IN_QUEUE", done=arrived)
+                if cancel is not None:
+                    reason = (
+                        f"response {cancel[0]}: HTTP 400: unknown request"
+                        if arrived <= cancel[1]
+                        else "its request was cancelled"
+                    )
+                    o = _Outcome("CANCEL", code=ERROR_CANCELLED, desc=reason, done=cancel[1])
+                elif blocked:
+                    if group_awaited is not None and arrived <= group_awaited:
+                        o = _Outcome("PARTLY_FAILED", 1, ERROR_RETRIES_SPENT, AWAITED_DESC)
+                        o.done = group_awaited
+                elif cancel_at == k:
+                    done = max(arrived, delivered) + self.lognormal(80, 1.0, 30 * SECOND)
+                    if done < self.end:
+                        cancel = (key, done)
+                        o = _Outcome(
+                            "CANCEL",
+                            code=ERROR_CANCELLED,
+                            desc=f"response {key}: HTTP 400: unknown request",
+                            done=done,
+                        )
+                        req_state, req_done = "CANCEL", done
+                    else:
+                        blocked = True
+                else:
+                    done = max(arrived, delivered) + self.lognormal(80, 1.0, 30 * SECOND)
+                    if group_awaited is not None and arrived <= group_awaited:
+                        o.failed, o.code, o.desc = 1, ERROR_RETRIES_SPENT, AWAITED_DESC
+                    elif rng.random() < 0.03:
+                        # retries spent: AWAITED, with the group's queued rest; tried later
+                        o.failed, o.code, o.desc = 1, ERROR_RETRIES_SPENT, AWAITED_DESC
+                        group_awaited = done + 31 * SECOND
+                        done = group_awaited + self.lognormal(2 * MINUTE, 1.0, HOUR)
+                        if done >= self.end:
+                            o.state, blocked = "PARTLY_FAILED", True
+                            o.done = min(group_awaited, self.end - 1)
+                        elif rng.random() < 0.1:
+                            o.state, o.done, delivered = "FAILED", done, done
+                            o.code, o.desc = ERROR_EXPIRED, EXPIRED_DESC
+                    if o.state == "IN_QUEUE" and done < self.end:
+                        o.state, o.done, delivered = "OK", done, done
+                        if rng.random() < 0.2:
+                            o.custom = f"ACK ack-{res_id}"
+                    elif o.state == "IN_QUEUE":
+                        blocked = True
+                        if rng.random() < 0.5:
+                            o.state, o.done = "WAITING_FOR_RES", max(arrived, delivered)
+                            o.custom = f"asyncResponseId=ack-{res_id}"
+                    if last and req_state != "CANCEL":
+                        if o.state == "OK":
+                            req_state, req_done = "OK", o.done
+                        elif o.state == "FAILED":
+                            req_state, req_done = "OK", o.done + 5 * MINUTE
+                            req_custom = "closed without a final response"
+                parts.append((res_id, key, arrived, o))
+            if req_state == "CANCEL" and cancel is not None:
+                req_done = cancel[1]
+            request = _Outcome(
+                req_state,
+                code=ERROR_CANCELLED if req_state == "CANCEL" else None,
+                desc=f"response {cancel[0]}: HTTP 400: unknown request" if cancel else None,
+                done=min(req_done, self.end - 1) if req_state != "WAITING_FOR_RES" else moment,
+                custom=req_custom,
+            )
+            rows.append(
+                self.conversation_row(
+                    req_id, moment, "request", request_key, request_key, origin, process, request
+                )
+            )
+            for res_id, key, arrived, o in parts:
+                rows.append(
+                    self.conversation_row(
+                        res_id,
+                        arrived,
+                        "response",
+                        key,
+                        request_key,
+                        origin,
+                        process,
+                        o,
+                        parent=req_id,
+                    )
+                )
+        return rows
+
+    def conversation_row(
+        self,
+        msg_id: int,
+        at: int,
+        operation: str,
+        key: str,
+        request_key: str,
+        origin: str,
+        process: str,
+        o: _Outcome,
+        *,
+        parent: int | None = None,
+    ) -> str:
+        ts = self.ts
+        source = RESPONSE_SOURCE if parent else REQUEST_SOURCE
+        payload = f'{{"{operation}":"{key}","step":{self.rng.getrandbits(4)}}}'
+        return (
+            f"{msg_id}\t{ts(at - self.rng.getrandbits(9))}\t{ts(at)}\t{CONVERSATION_SERVICE}\t"
+            f"{operation}\t{request_key}\t{origin}\t{key}\t{process}\t{payload}\t{NULL}\t"
+            f"{source}\t{o.state}\t{o.failed}\t{o.code or NULL}\t{o.desc or NULL}\t"
+            f"{ts(max(o.done, at))}\t{NULL}\t{o.custom or NULL}\t{parent or NULL}\t"
+            f"{'HARD' if parent else NULL}\t{NULL}\t{NULL}\tf\tf\t"
+            f"{self.node[self.rng.getrandbits(10)]}\t{NULL}\t[]\t{NULL}\t{NULL}\t{NULL}\n"
+        )
+
+    # --- publish/subscribe ---------------------------------------------------------------
+    def pubsub_batches(self) -> Iterator[Batch]:
+        """Events in chunks, each followed by their deliveries, attempts and handler log."""
+        buf: list[str] = []
+        side = (
+            ("delivery", self.deliveries),
+            ("published_messages", self.published),
+            ("queue_message", self.queued),
+        )
+        for row in self.event_rows():
+            buf.append(row)
+            if len(buf) >= CHUNK_ROWS:
+                yield _batch("event", buf)
+                yield from _drain(side)
+        yield _batch("event", buf)
+        yield from _drain(side)
+
+    def event_rows(self) -> Iterator[str]:
+        rng = self.rng
+        ts = self.ts
+        count = max(1, self.n // 10)
+        room_pick = _table([(room, room.spec.weight) for room in self.rooms])
+        for at in _timeline(rng, count, self.start, self.end):
+            room = room_pick[rng.getrandbits(10)]
+            etype_name, etype_id, subs = room.types[rng.getrandbits(8) % len(room.types)]
+            event_id = self.next_id("event")
+            correlation = f"gen{self.seed}e{event_id}"
+            obj = self.obj(room.spec.prefix)
+            payload = (
+                f'{{"{room.spec.id_field}": "{obj}", "amount": {rng.getrandbits(16) / 100}, '
+                f'"currency": "EUR"}}'
+            )
+            delayed = rng.random() < 0.05
+            deliver = at + (self.lognormal(60 * SECOND, 1.0, HOUR) if delayed else 0)
+            expires = None if not room.spec_expiration else at + room.spec_expiration
+            yield (
+                f"{event_id}\t{correlation}\t{room.room_id}\t{etype_id}\t1\t{etype_name}\t"
+                f"{payload}\tsvc-{room.spec.name}\t{ts(at)}\t{ts(deliver)}\t"
+                f"{NULL if expires is None else ts(expires)}\t{'f' if subs else 't'}\n"
+            )
+            for sub in subs:
+                self.delivery(event_id, correlation, etype_name, payload, obj, deliver, delayed,
+                              expires, room, sub)  # fmt: skip
+
+    def delivery(
+        self,
+        event_id: int,
+        correlation: str,
+        routing_key: str,
+        payload: str,
+        obj: str,
+        deliver: int,
+        delayed: bool,
+        expires: int | None,
+        room: _Room,
+        sub: _Sub,
+    ) -> None:
+        """One delivery with its attempts: published_messages rows, and for a handler the
+        queue log, as worker.pubsub settles them."""
+        rng = self.rng
+        ts = self.ts
+        delivery_id = self.next_id("delivery")
+        attempts = sub.attempts
+        r = rng.random()
+        if r < 0.85:
+            failures = 0
+        elif r < 0.95:
+            failures = 1
+        elif r < 0.975:
+            failures = 2
+        else:
+            failures = attempts + 1  # attempts spent
+        if deliver >= self.recent and sub.kind == "PUSH" and rng.random() < 0.5:
+            failures = attempts + 1  # the endpoint is down: retries are still going on
+        failures = min(failures, attempts + 1)
+        due = deliver
+        start = due + self.lognormal(30, 1.0, 10 * SECOND)
+        state = "DELIVERED"
+        last_error: str | None = None
+        delivered_at: int | None = None
+        attempt = 0
+        pull = sub.kind == "PULL"
+        errors: tuple[str, ...] = _HANDLER_ERRORS if sub.kind == "HANDLER" else _PUSH_ERRORS
+        if pull:
+            # a pulled message not ACKed within the visibility timeout comes back
+            errors = ("not ACKed in time",)
+        claimed: int | None = None
+        while True:
+            took = self.lognormal(60, 1.0, 20 * SECOND)
+            end = start + took
+            if end >= self.end:
+                # still running or waiting at the window's end
+                state = "IN_PROCESS" if start < self.end else "PENDING"
+                claimed = start if state == "IN_PROCESS" else None
+                break
+            if expires is not None and start >= expires:
+                state, last_error = "EXPIRED", "past the room's message expiration"
+                self.publish(delivery_id, correlation, event_id, sub, attempt, end, None,
+                             "EXPIRED", last_error)  # fmt: skip
+                break
+            if attempt >= failures:
+                state, delivered_at = "DELIVERED", end
+                self.publish(delivery_id, correlation, event_id, sub, attempt, end, end,
+                             "DELIVERED", None)  # fmt: skip
+                self.handler_log(delivery_id, payload, routing_key, delayed, deliver, sub,
+                                 start, end, None)  # fmt: skip
+                break
+            error = errors[rng.getrandbits(8) % len(errors)]
+            exception_id = None
+            if sub.kind == "HANDLER":
+                exception_id = f"{rng.getrandbits(128):032x}"
+                error = f"{error} [{exception_id}]"
+            nxt = attempt + 1
+            wait = 30 * SECOND if pull else backoff_ms(sub.delay_ms, sub.multiplier, nxt)
+            if attempts == 0 or nxt > attempts:
+                state = "DEAD"
+                last_error = f"{error} (attempts spent: {attempts})"
+                outcome = "DEAD"
+            elif not pull and expires is not None and end + wait >= expires:
+                state = "EXPIRED"
+                last_error = f"{error} (the next try would come after expiry)"
+                outcome = "EXPIRED"
+            else:
+                last_error, outcome = error, "FAILED"
+            self.publish(delivery_id, correlation, event_id, sub, attempt, end, None, outcome,
+                         last_error)  # fmt: skip
+            self.handler_log(delivery_id, payload, routing_key, delayed, deliver, sub, start,
+                             end, exception_id)  # fmt: skip
+            attempt = nxt
+            if outcome != "FAILED":
+                break
+            due = end + wait
+            start = due + self.lognormal(30, 1.0, 10 * SECOND)
+            if start >= self.end:
+                state = "PENDING"
+                break
+        if state == "DELIVERED":
+            last_error = None
+        elif pull and attempt:
+            last_error = "not ACKed within the visibility timeout"
+        lease = int(QUEUED_LEASE_S * SECOND)
+        order = obj if sub.order_key else None
+        self.deliveries.append(
+            f"{delivery_id}\t{event_id}\t{sub.subscription_id}\t{state}\t"
+            f"{'t' if pull else 'f'}\t{order or NULL}\t{attempt}\t{ts(due)}\t"
+            f"{ts(due if pull or state == 'PENDING' else due + lease)}\t"
+            f"{NULL if claimed is None else ts(claimed)}\t"
+            f"{NULL if claimed is None or pull else f'{rng.getrandbits(128):032x}'}\t"
+            f"{NULL if delivered_at is None else ts(delivered_at)}\t{last_error or NULL}\n"
+        )
+
+    def publish(
+        self,
+        delivery_id: int,
+        correlation: str,
+        event_id: int,
+        sub: _Sub,
+        attempt: int,
+        at: int,
+        delivered: int | None,
+        outcome: str,
+        error: str | None,
+    ) -> None:
+        ts = self.ts
+        self.published.append(
+            f"{self.next_id('published_messages')}\t{correlation}\t{delivery_id}\t{event_id}\t"
+            f"{sub.subscription_id}\t{attempt}\t{ts(at)}\t"
+            f"{NULL if delivered is None else ts(delivered)}\t{outcome}\t{error or NULL}\n"
+        )
+
+    def handler_log(
+        self,
+        delivery_id: int,
+        payload: str,
+        routing_key: str,
+        delayed: bool,
+        deliver: int,
+        sub: _Sub,
+        start: int,
+        end: int,
+        exception_id: str | None,
+    ) -> None:
+        if sub.kind != "HANDLER":
+            return
+        ts = self.ts
+        self.queued.append(
+            f"{self.next_id('queue_message')}\t{delivery_id}\t{payload}\t{routing_key}\t"
+            f"{ts(deliver) if delayed else NULL}\t{ts(start)}\t{ts(end)}\t"
+            f"{'Error' if exception_id else 'Completed'}\t{exception_id or NULL}\t"
+            f"{(60 << 20) + self.rng.getrandbits(26)}\n"
+        )
+
+
+# --- set-up rows (few, inserted normally) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sub:
+    subscription_id: int
+    kind: str
+    delay_ms: int
+    multiplier: float
+    attempts: int
+    order_key: str | None
+
+
+@dataclass(frozen=True)
+class _Room:
+    room_id: int
+    spec: _RoomSpec
+    spec_expiration: int | None
+    types: tuple[tuple[str, int, tuple[_Sub, ...]], ...]
+
+
+def _ensure_nodes(conn: Connection, now: datetime) -> tuple[list[tuple[int, float]], int]:
+    """The generated worker nodes (reused when present) and how many were added."""
+    added = 0
+    for code, _ in _NODES:
+        added += conn.execute(
+            text(
+                "INSERT INTO node (code, name, description, state, last_heartbeat)"
+                " VALUES (:code, :code, 'generated worker node', 'RUN', :now)"
+                " ON CONFLICT DO NOTHING RETURNING node_id"
+            ),
+            {"code": code, "now": now},
+        ).rowcount
+    ids: dict[str, int] = {
+        str(code): int(node_id)
+        for code, node_id in conn.execute(
+            text("SELECT code, node_id FROM node WHERE code = ANY(:codes)"),
+            {"codes": [code for code, _ in _NODES]},
+        ).all()
+    }
+    return [(int(ids[code]), weight) for code, weight in _NODES if code in ids], added
+
+
+def _ensure_pubsub(conn: Connection) -> tuple[list[_Room], dict[str, int]]:
+    """Rooms, event types (version 1) and subscriptions: reused by name, created if absent."""
+    added = {"room": 0, "event_type": 0, "event_type_version": 0, "subscription": 0}
+
+    def insert(table: str, sql: str, params: dict[str, Any]) -> None:
+        added[table] += conn.execute(text(sql + " ON CONFLICT DO NOTHING"), params).rowcount
+
+    for spec in _ROOMS:
+        insert(
+            "room",
+            "INSERT INTO room (name, message_expiration_ms, delivery_delay_ms,"
+            " delivery_delay_multiplier, delivery_attempts, status)"
+            " VALUES (:name, :exp, :delay, :mult, :attempts, 'ACTIVE')",
+            {
+                "name": spec.name,
+                "exp": spec.expiration_ms,
+                "delay": spec.delay_ms,
+                "mult": spec.multiplier,
+                "attempts": spec.attempts,
+            },
+        )
+        room_id = conn.execute(
+            text("SELECT room_id FROM room WHERE name = :n"), {"n": spec.name}
+        ).scalar_one()
+        for name in spec.event_types:
+            insert(
+                "event_type",
+                "INSERT INTO event_type (room_id, name) VALUES (:r, :n)",
+                {"r": room_id, "n": name},
+            )
+            insert(
+                "event_type_version",
+                "INSERT INTO event_type_version (event_type_id, version, json_schema)"
+                " SELECT event_type_id, 1, CAST(:schema AS jsonb) FROM event_type"
+                " WHERE room_id = :r AND name = :n",
+                {"r": room_id, "n": name, "schema": '{"type": "object"}'},
+            )
+    for sub in _SUBSCRIPTIONS:
+        insert(
+            "subscription",
+            "INSERT INTO subscription (room_id, name, kind, push_url, handler, event_type_id,"
+            " routing_key_pattern, delivery_attempts, timeout_ms, visibility_timeout_ms,"
+            " order_key, status)"
+            " SELECT r.room_id, :name, :kind, :url, :handler,"
+            " (SELECT event_type_id FROM event_type WHERE room_id = r.room_id AND name = :et),"
+            " :pattern, :attempts, 5000, 30000, :order_key, 'ACTIVE'"
+            " FROM room r WHERE r.name = :room",
+            {
+                "room": sub.room,
+                "name": sub.name,
+                "kind": sub.kind,
+                "url": f"https://{sub.name}.example.com/events" if sub.kind == "PUSH" else None,
+                "handler": sub.name.replace("-", ".") if sub.kind == "HANDLER" else None,
+                "et": sub.event_type,
+                "pattern": sub.pattern,
+                "attempts": sub.attempts,
+                "order_key": sub.order_key,
+            },
+        )
+    rooms: list[_Room] = []
+    for spec in _ROOMS:
+        room = conn.execute(
+            text(
+                "SELECT room_id, message_expiration_ms, delivery_delay_ms,"
+                " delivery_delay_multiplier, delivery_attempts FROM room WHERE name = :n"
+            ),
+            {"n": spec.name},
+        ).one()
+        subs = conn.execute(
+            text(
+                "SELECT subscription_id, kind, event_type_id, routing_key_pattern,"
+                " delivery_delay_ms, delivery_delay_multiplier, delivery_attempts, order_key"
+                " FROM subscription WHERE room_id = :r AND status = 'ACTIVE'"
+                " AND name = ANY(:names) ORDER BY subscription_id"
+            ),
+            {"r": room.room_id, "names": [s.name for s in _SUBSCRIPTIONS if s.room == spec.name]},
+        ).all()
+        types = []
+        for etype_id, name in conn.execute(
+            text(
+                "SELECT event_type_id, name FROM event_type"
+                " WHERE room_id = :r AND name = ANY(:names) ORDER BY name"
+            ),
+            {"r": room.room_id, "names": list(spec.event_types)},
+        ).all():
+            matched = tuple(
+                _Sub(
+                    s.subscription_id,
+                    s.kind,
+                    s.delivery_delay_ms or room.delivery_delay_ms,
+                    s.delivery_delay_multiplier or room.delivery_delay_multiplier,
+                    s.delivery_attempts
+                    if s.delivery_attempts is not None
+                    else room.delivery_attempts,
+                    s.order_key,
+                )
+                for s in subs
+                if (s.event_type_id is None or s.event_type_id == etype_id)
+                and (s.routing_key_pattern is None or topic_matches(s.routing_key_pattern, name))
+            )
+            types.append((str(name), int(etype_id), matched))
+        if types:
+            rooms.append(
+                _Room(room.room_id, spec, room.message_expiration_ms or None, tuple(types))
+            )
+    return rooms, added
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def _foreign_keys(conn: Connection) -> list[tuple[str, str, str, str]]:
+    """(table, column, referenced table, referenced column) of the keyed tables' foreign keys;
+    a key over several columns is returned with empty column names."""
+    found = conn.execute(
+        text(
+            """
+            SELECT c.conrelid::regclass::text, a.attname, c.confrelid::regclass::text,
+                   af.attname, cardinality(c.conkey)
+              FROM pg_constraint c
+              JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+              JOIN pg_attribute af ON af.attrelid = c.confrelid AND af.attnum = c.confkey[1]
+             WHERE c.contype = 'f' AND c.conrelid::regclass::text = ANY(:tables)
+             ORDER BY 1, 2
+            """
+        ),
+        {"tables": list(_KEYED)},
+    ).all()
+    return [
+        (t, col if n == 1 else "", ref, refcol if n == 1 else "")
+        for t, col, ref, refcol, n in found
+    ]
+
+
+def _skip_row_triggers(conn: Connection) -> bool:
+    """Skip the per-row foreign-key triggers for the rest of the transaction, when allowed.
+
+    They dominate the cost of COPY here (a lookup and a row lock per reference); the
+    references are checked set-wise afterwards instead (``_verify_references``). Needs a
+    superuser (session_replication_role), and single-column keys only; otherwise the
+    triggers stay and the run is slower.
+    """
+    superuser = conn.execute(text("SELECT current_setting('is_superuser')")).scalar() == "on"
+    if not superuser or any(not col for _, col, _, _ in _foreign_keys(conn)):
+        return False
+    conn.execute(text("SET LOCAL session_replication_role = replica"))
+    return True
+
+
+def _upsert_keyed_calls(conn: Connection, data: bytes) -> int:
+    """The entity-keyed calls, each taking over its key's row if its message is newer (as
+    orderly_call_take does); how many rows are new."""
+    if not data:
+        return 0
+    conn.execute(text(f"CREATE TEMP TABLE {KEYED_CALLS} (LIKE external_call) ON COMMIT DROP"))
+    _copy(conn, KEYED_CALLS, data)
+    columns = ", ".join(CALL_COLUMNS)
+    taken = ", ".join(f"{c} = EXCLUDED.{c}" for c in CALL_COLUMNS if c not in ("call_id",))
+    new = conn.execute(
+        text(
+            f"INSERT INTO external_call AS e ({columns}) SELECT {columns} FROM {KEYED_CALLS}"
+            f" ON CONFLICT (operation_name, entity_id) DO UPDATE SET {taken}"
+            " WHERE EXCLUDED.msg_timestamp > e.msg_timestamp"
+            " RETURNING e.xmax = 0"
+        )
+    ).scalars()
+    return sum(1 for inserted in new if inserted)
+
+
+def _verify_references(conn: Connection, before: Mapping[str, int]) -> None:
+    """Every reference of the new rows names an existing row (what the skipped triggers
+    would have checked); raises, and so rolls everything back, if one does not."""
+    conn.execute(text("SET LOCAL session_replication_role = origin"))
+    for table in _KEYED:
+        conn.execute(text(f"ANALYZE {table}"))
+    for table, column, ref, ref_column in _foreign_keys(conn):
+        new = f"t.{_KEYED[table]} > :first"
+        if table == "external_call":
+            new = f"({new} OR t.msg_id > :first_message)"  # a key's row taken over
+        bad = conn.execute(
+            text(
+                f"SELECT t.{column} FROM {table} t WHERE {new}"
+                f" AND t.{column} IS NOT NULL AND NOT EXISTS"
+                f" (SELECT 1 FROM {ref} r WHERE r.{ref_column} = t.{column}) LIMIT 1"
+            ),
+            {"first": before[table], "first_message": before["message"]},
+        ).first()
+        if bad is not None:
+            raise RuntimeError(
+                f"generated {table}.{column} = {bad[0]} names no {ref}.{ref_column}; rolled back"
+            )
+
+
+def _check(messages: int, days: float, start: datetime | None) -> None:
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages <= 0:
+        raise ValueError(f"messages must be a positive integer, got {messages!r}")
+    if isinstance(days, bool) or not isinstance(days, int | float):
+        raise ValueError(f"days must be a number of days above 0, got {days!r}")
+    if not math.isfinite(days) or days <= 0 or days > 3660:
+        raise ValueError(f"days must be above 0 and at most 3660, got {days!r}")
+    if start is not None and not isinstance(start, datetime):
+        raise ValueError(f"start must be a datetime, got {type(start).__name__}")
+
+
+def generate(
+    engine: Engine,
+    messages: int,
+    *,
+    seed: int = 0,
+    start: datetime | None = None,
+    days: float = 7.0,
+    progress: Callable[[str], None] | None = None,
+) -> GenerateReport:
+    """Write ``messages`` messages and the rows around them over ``days`` from ``start``
+    (default: ``days`` before now), in one transaction; raise ValueError on bad input before
+    anything is written."""
+    _check(messages, days, start)
+    began = time.perf_counter()
+    if start is None:
+        # whole seconds: a default start can be given again to repeat a run
+        start = datetime.now(UTC).replace(microsecond=0) - timedelta(days=days)
+    elif start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    first = int(start.timestamp() * 1000)
+    last = first + int(days * DAY)
+    if last - first < MINUTE:
+        raise ValueError(f"days must span at least a minute, got {days!r}")
+    end = datetime.fromtimestamp(last / 1000, UTC)
+    say = progress or (lambda _: None)
+    rows = dict.fromkeys(TABLES, 0)
+    with engine.begin() as conn:
+        conn.execute(text(f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE"))
+        nodes, rows["node"] = _ensure_nodes(conn, end)
+        rooms, added = _ensure_pubsub(conn)
+        rows.update(added)
+        ids = {
+            table: int(
+                conn.execute(
+                    text(
+                        f"SELECT greatest((SELECT coalesce(max({column}), 0) FROM {table}),"
+                        " coalesce(pg_sequence_last_value("
+                        f"CAST(pg_get_serial_sequence('{table}', '{column}') AS regclass)), 0))"
+                    )
+                ).scalar_one()
+            )
+            for table, column in _KEYED.items()
+        }
+        common: dict[str, Any] = {
+            "seed": seed,
+            "messages": messages,
+            "start": first,
+            "end": last,
+            "ids": ids,
+            "nodes": nodes,
+            "rooms": rooms,
+        }
+        # publish/subscribe has its own stream of randomness: its rows do not shift when the
+        # message mix changes
+        gen = _Generator(random.Random(seed), **common)
+        pubs = _Generator(random.Random(f"orderly-pubsub-{seed}"), **common)
+        fast = _skip_row_triggers(conn)
+        batches = _Ahead(itertools.chain(gen.message_batches(), pubs.pubsub_batches()))
+        keyed: list[bytes] = []
+        try:
+            for table, data, count in batches:
+                if table == KEYED_CALLS:
+                    keyed.append(data)
+                elif count:
+                    _copy(conn, table, data)
+                    rows[table] += count
+        finally:
+            batches.close()
+        rows["external_call"] += _upsert_keyed_calls(conn, b"".join(keyed))
+        say(f"copied {sum(rows.values())} rows in {time.perf_counter() - began:.1f} s")
+        if fast:
+            _verify_references(conn, ids)
+            say(f"references checked at {time.perf_counter() - began:.1f} s")
+        for table, column in _KEYED.items():
+            used = max(gen.ids[table], pubs.ids[table])
+            if used > ids[table]:
+                conn.execute(
+                    text(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), :v)"),
+                    {"v": used},
+                )
+    return GenerateReport(rows, time.perf_counter() - began, seed, start, end)

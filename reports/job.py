@@ -1,0 +1,312 @@
+"""The report job: read the store over JDBC, compute every aggregate in Spark, write Parquet,
+CSV and one HTML file per run (and, if asked, the aggregates back to PostgreSQL).
+
+Run by ``orderly report`` and by ``spark-submit reports/job.py`` (same options). Incremental
+runs read only rows after the stored watermark and move it forward when they succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
+from reports.data import AggregateRows, ReportData
+from reports.source import Jdbc, ReportError, Table, guarded, read, spark_session
+from worker.settings import Settings, get_settings
+
+# Spark jobs submitted at once from the driver (reads, aggregates, writes).
+PARALLEL_JOBS = 4
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    since: datetime | None = None
+    until: datetime | None = None
+    incremental: bool = False
+    watermark_name: str = "default"
+    lag: timedelta = timedelta(0)
+    output_dir: Path | None = None
+    to_postgres: bool = False
+    master: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    data: ReportData
+    folder: Path
+    html: Path
+    total_s: float
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _plain(value: Any) -> Any:
+    """Spark's values as the report keeps them (Decimal → float, datetime → ISO text)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _sort_key(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple((row[c] is not None, row[c]) for c in columns)
+
+
+def compute(
+    spark: Any, jdbc: Jdbc, since: datetime | None, until: datetime | None
+) -> tuple[list[AggregateRows], dict[str, int]]:
+    """Every aggregate's rows (sorted), and the rows read per table."""
+    lo, hi = _iso(since), _iso(until)
+
+    def load(table: Table) -> Any:
+        return read(spark, jdbc, table, lo, hi)
+
+    frames = Frames(load)
+    try:
+        # Each table is read once (in parallel), then the aggregates run as concurrent jobs:
+        # most of a small Spark job is scheduling latency, which overlaps well.
+        with ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
+            counts = list(pool.map(lambda t: int(guarded(frames[t].count)), TABLES))
+            read_rows = {t.name: n for t, n in zip(TABLES, counts, strict=True)}
+            results = list(pool.map(lambda a: _rows_of(a, frames), AGGREGATES))
+    finally:
+        frames.release()
+    return results, read_rows
+
+
+def _rows_of(aggregate: Aggregate, frames: Frames) -> AggregateRows:
+    frame = aggregate.spark(frames).select(*aggregate.columns)
+    rows = [{c: _plain(v) for c, v in r.asDict().items()} for r in guarded(frame.collect)]
+    columns = aggregate.columns
+    rows.sort(key=lambda r: _sort_key(r, columns))
+    types = {f.name: _kind(f.dataType.simpleString()) for f in frame.schema.fields}
+    return AggregateRows(aggregate.name, aggregate.title, columns, rows, types)
+
+
+def _kind(spark_type: str) -> str:
+    if spark_type in ("bigint", "int", "smallint", "tinyint"):
+        return "long"
+    if spark_type in ("double", "float") or spark_type.startswith("decimal"):
+        return "double"
+    return "string"  # text, and timestamps as ISO text
+
+
+def write_outputs(spark: Any, data: ReportData, folder: Path) -> None:
+    """CSV (with a header, also when empty) and Parquet per aggregate."""
+    for aggregate in data.aggregates:
+        csv_path = folder / "csv" / f"{aggregate.name}.csv"
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        with csv_path.open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=list(aggregate.columns))
+            writer.writeheader()
+            writer.writerows(aggregate.rows)
+    frames = _frames_of(spark, data)
+
+    def parquet(item: tuple[str, Any]) -> None:
+        name, frame = item
+        guarded(frame.coalesce(1).write.mode("overwrite").parquet, str(folder / "parquet" / name))
+
+    with ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
+        list(pool.map(parquet, frames.items()))
+
+
+def _frames_of(spark: Any, data: ReportData) -> dict[str, Any]:
+    """The aggregates as (small) Spark frames again, typed as Spark computed them."""
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    spark_types = {"long": LongType(), "double": DoubleType(), "string": StringType()}
+    frames = {}
+    for aggregate in data.aggregates:
+        pairs = [(c, aggregate.types.get(c, "string")) for c in aggregate.columns]
+        schema = StructType([StructField(c, spark_types[k], True) for c, k in pairs])
+        rows = [
+            tuple(
+                None if r[c] is None else float(r[c]) if k == "double" else r[c] for c, k in pairs
+            )
+            for r in aggregate.rows
+        ]
+        frames[aggregate.name] = spark.createDataFrame(rows, schema)
+    return frames
+
+
+def write_to_postgres(spark: Any, jdbc: Jdbc, data: ReportData) -> None:
+    """Append every aggregate to ``report_<name>`` with the run and its window."""
+    from pyspark.sql import functions as F
+
+    for name, frame in _frames_of(spark, data).items():
+        tagged = (
+            frame.withColumn("run_id", F.lit(data.run_id))
+            .withColumn("window_since", F.lit(_iso(data.since)).cast("timestamp"))
+            .withColumn("window_until", F.lit(_iso(data.until)).cast("timestamp"))
+        )
+        writer = tagged.write.format("jdbc").options(**jdbc.options())
+        guarded(writer.option("dbtable", f"report_{name}").mode("append").save)
+
+
+# --- the watermark --------------------------------------------------------------------------
+
+
+def read_watermark(engine: Engine, name: str) -> datetime | None:
+    with engine.connect() as conn:
+        value = conn.execute(
+            text("SELECT read_until FROM report_watermark WHERE name = :n"), {"n": name}
+        ).scalar()
+    return value if isinstance(value, datetime) else None
+
+
+def move_watermark(
+    engine: Engine, name: str, expected: datetime | None, until: datetime, run_id: str
+) -> None:
+    """Compare and set: only from the value this run started from (two runs never both
+    report the same rows as new)."""
+    with engine.begin() as conn:
+        if expected is None:
+            moved = conn.execute(
+                text(
+                    "INSERT INTO report_watermark (name, read_until, run_id)"
+                    " VALUES (:n, :u, :r) ON CONFLICT (name) DO NOTHING RETURNING name"
+                ),
+                {"n": name, "u": until, "r": run_id},
+            ).first()
+        else:
+            moved = conn.execute(
+                text(
+                    "UPDATE report_watermark SET read_until = :u, run_id = :r, updated_at = now()"
+                    " WHERE name = :n AND read_until = :e RETURNING name"
+                ),
+                {"n": name, "u": until, "r": run_id, "e": expected},
+            ).first()
+    if moved is None:
+        raise ReportError(
+            f"the watermark {name!r} moved while this report ran (another incremental run?): "
+            "its outputs are written, the watermark is left to the other run"
+        )
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def run_report(
+    options: ReportOptions,
+    settings: Settings | None = None,
+    engine: Engine | None = None,
+    spark: Any = None,
+) -> ReportResult:
+    """Run one report. A ``spark`` session given is used and left running (tests, the
+    benchmark); otherwise one is started and stopped."""
+    from reports.render import write_html
+
+    settings = settings or get_settings()
+    started = time.monotonic()
+    jdbc = Jdbc.from_settings(settings)
+    jdbc.check()
+    since, until = options.since, options.until
+    expected = None
+    if options.incremental:
+        if engine is None:
+            from worker.db import engine_for
+
+            engine = engine_for(settings.database_url)
+        expected = read_watermark(engine, options.watermark_name)
+        since = expected
+        until = datetime.now(UTC) - options.lag
+    if since is not None and until is not None and since >= until:
+        raise ReportError(f"the window is empty: since {_iso(since)} is not before {_iso(until)}")
+    master = options.master or settings.report_master
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    folder = Path(options.output_dir or settings.report_output_dir) / run_id
+    own = spark is None
+    if own:
+        spark = spark_session(jdbc, master, settings.report_driver_memory)
+    spark_started = time.monotonic()
+    try:
+        aggregates, read_rows = compute(spark, jdbc, since, until)
+        data = ReportData(
+            run_id=run_id,
+            generated_at=datetime.now(UTC),
+            since=since,
+            until=until,
+            aggregates=aggregates,
+            rows_read=read_rows,
+            seconds=time.monotonic() - spark_started,
+            master=master,
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        write_outputs(spark, data, folder)
+        if options.to_postgres:
+            write_to_postgres(spark, jdbc, data)
+    finally:
+        if own:
+            spark.stop()
+    html = write_html(data, folder / "report.html")
+    if options.incremental and engine is not None and until is not None:
+        move_watermark(engine, options.watermark_name, expected, until, run_id)
+    return ReportResult(data, folder, html, time.monotonic() - started)
+
+
+def _timestamp(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO timestamp") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reports/job.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--since", type=_timestamp, help="window start (ISO, UTC if no offset)")
+    p.add_argument("--until", type=_timestamp, help="window end, exclusive")
+    p.add_argument("--incremental", action="store_true", help="from the stored watermark")
+    p.add_argument("--watermark", default="default", help="the watermark's name")
+    p.add_argument("--lag-minutes", type=float, default=0.0, help="incremental: stop this early")
+    p.add_argument("--output-dir", type=Path, help="default: ORDERLY_REPORT_OUTPUT_DIR")
+    p.add_argument("--to-postgres", action="store_true", help="also append to report_* tables")
+    p.add_argument("--master", help="Spark master (default: ORDERLY_REPORT_MASTER)")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> ReportOptions:
+    if args.incremental and (args.since or args.until):
+        raise ReportError("--incremental takes its window from the watermark: drop --since/--until")
+    return ReportOptions(
+        since=args.since,
+        until=args.until,
+        incremental=args.incremental,
+        watermark_name=args.watermark,
+        lag=timedelta(minutes=args.lag_minutes),
+        output_dir=args.output_dir,
+        to_postgres=args.to_postgres,
+        master=args.master,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = run_report(options_from(args))
+    except ReportError as exc:
+        print(f"orderly report: {exc}", file=sys.stderr)
+        return 2
+    print(f"report {result.data.run_id}: {result.html} ({result.total_s:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Where the report reads: the JDBC connection, the Spark session, partitioned reads, and Java
+errors turned into messages a person can act on."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from sqlalchemy.engine import make_url
+
+from worker.errors import OrderlyError
+from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+LOG4J = Path(__file__).resolve().parent / "log4j2.properties"
+
+
+class ReportError(OrderlyError):
+    """The report cannot run: the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Jdbc:
+    url: str
+    user: str
+    password: str
+    jar: str
+    partitions: int
+    fetchsize: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Jdbc:
+        db = make_url(settings.database_url)
+        url = settings.report_jdbc_url or (
+            f"jdbc:postgresql://{db.host or '127.0.0.1'}:{db.port or 5432}/{db.database or ''}"
+        )
+        user = settings.report_jdbc_user or db.username or "postgres"
+        if settings.report_jdbc_password is not None:
+            password = settings.report_jdbc_password.get_secret_value()
+        else:
+            password = unquote(db.password) if isinstance(db.password, str) else ""
+        return cls(
+            url=url,
+            user=user,
+            password=password,
+            jar=settings.report_jdbc_jar,
+            partitions=settings.report_partitions,
+            fetchsize=settings.report_fetchsize,
+        )
+
+    def check(self) -> None:
+        """What can be known without Java: the jar is there, the URL is PostgreSQL's."""
+        if not self.url.startswith("jdbc:postgresql://"):
+            raise ReportError(
+                f"the JDBC URL must start with jdbc:postgresql://, got {self.url.split('?')[0]!r}"
+            )
+        if not Path(self.jar).is_file():
+            raise ReportError(
+                f"the PostgreSQL JDBC driver {self.jar} does not exist: install Debian's "
+                "libpostgresql-jdbc-java, or set ORDERLY_REPORT_JDBC_JAR to the jar's path"
+            )
+
+    def options(self) -> dict[str, str]:
+        return {
+            "url": self.url,
+            "user": self.user,
+            "password": self.password,
+            "driver": "org.postgresql.Driver",
+            "fetchsize": str(self.fetchsize),
+        }
+
+
+def spark_session(jdbc: Jdbc, master: str, driver_memory: str, app: str = "orderly-report") -> Any:
+    """A Spark session that can read PostgreSQL; local runs bind to 127.0.0.1 only."""
+    jdbc.check()
+    from pyspark.sql import SparkSession
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Under spark-submit the JVM runs already, configured by spark-submit's own options
+        # (--master, --jars, --driver-memory): only the session's settings apply here.
+        try:
+            session = (
+                SparkSession.builder.appName(app)
+                .config("spark.sql.session.timeZone", "UTC")
+                .getOrCreate()
+            )
+        except Exception as exc:
+            raise ReportError(f"Spark did not start: {_first_line(exc)}") from None
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    quiet = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.jars", jdbc.jar)
+        .config("spark.driver.extraClassPath", jdbc.jar)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.driver.extraJavaOptions", quiet)
+        .config("spark.executor.extraJavaOptions", quiet)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    if local:
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:
+        raise ReportError(f"Spark did not start: {_first_line(exc)}") from None
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@dataclass(frozen=True)
+class Table:
+    """What one read takes: only these columns, only rows in the window, split on ``key``."""
+
+    name: str
+    columns: tuple[str, ...]
+    key: str
+    window: str | None = None  # column compared with [since, until)
+    partitioned: bool = True
+
+
+def read(
+    spark: SparkSession,
+    jdbc: Jdbc,
+    table: Table,
+    since: str | None,
+    until: str | None,
+) -> DataFrame:
+    """Read ``table`` with its filter pushed down; large reads in ranges of ``key``."""
+    where = _window(table.window, since, until)
+    query = f"(SELECT {', '.join(table.columns)} FROM {table.name}{where}) AS t"
+    opts = jdbc.options()
+    reader = spark.read.format("jdbc").options(**opts).option("dbtable", query)
+    if table.partitioned and jdbc.partitions > 1:
+        lo, hi = bounds(spark, jdbc, table.name, table.key, where)
+        if lo is not None and hi is not None and hi > lo:
+            reader = (
+                reader.option("partitionColumn", table.key)
+                .option("lowerBound", str(lo))
+                .option("upperBound", str(hi + 1))
+                .option("numPartitions", str(jdbc.partitions))
+            )
+    frame: DataFrame = guarded(reader.load)
+    return frame
+
+
+def bounds(
+    spark: SparkSession, jdbc: Jdbc, name: str, key: str, where: str
+) -> tuple[int | None, int | None]:
+    """The smallest and largest ``key`` among the rows the read will take."""
+    query = f"(SELECT min({key}) AS lo, max({key}) AS hi FROM {name}{where}) AS b"
+    frame = guarded(
+        spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load
+    )
+    row = guarded(frame.first)
+    return (row["lo"], row["hi"]) if row is not None else (None, None)
+
+
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?$")
+
+
+def _window(column: str | None, since: str | None, until: str | None) -> str:
+    if column is None:
+        return ""
+    parts = []
+    for value, op in ((since, ">="), (until, "<")):
+        if value is None:
+            continue
+        if not _TS.match(value):
+            raise ReportError(f"{value!r} is not an ISO timestamp (e.g. 2026-11-23T00:00:00Z)")
+        parts.append(f"{column} {op} '{value}'::timestamptz")
+    return f" WHERE {' AND '.join(parts)}" if parts else ""
+
+
+def guarded(call: Any, *args: Any) -> Any:
+    """Run a Spark call; a Java failure becomes a ReportError naming its cause."""
+    try:
+        return call(*args)
+    except ReportError:
+        raise
+    except Exception as exc:
+        raise ReportError(explain(exc)) from None
+
+
+# SQLSTATEs of the PostgreSQL driver that a person can fix, and what to say.
+_SQLSTATE = {
+    "28P01": "PostgreSQL refused the password of the report's user "
+    "(ORDERLY_REPORT_JDBC_USER / ORDERLY_REPORT_JDBC_PASSWORD)",
+    "28000": "PostgreSQL refused the report's user (no pg_hba.conf entry or no such role)",
+    "3D000": "the database named in the JDBC URL does not exist",
+    "08001": "PostgreSQL cannot be reached at the JDBC URL's host and port",
+    "08004": "PostgreSQL refused the connection",
+    "42P01": "a table the report reads does not exist (run `orderly migrate`)",
+    "42703": "a column the report reads does not exist (run `orderly migrate`)",
+}
+
+
+def explain(exc: BaseException) -> str:
+    """One line for a failure that came through Py4J from the JVM (or any other)."""
+    text = str(exc)
+    # Py4J errors carry the Java exception as java_exception, Spark's captured ones as _origin.
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    sqlstate = None
+    if java is not None:
+        try:
+            cause = java
+            while cause is not None:
+                if cause.getClass().getName() == "org.postgresql.util.PSQLException":
+                    sqlstate = cause.getSQLState()
+                    text = cause.getMessage()
+                    break
+                text = cause.toString()
+                cause = cause.getCause()
+        except Exception:
+            pass
+    if sqlstate is None:
+        match = re.search(r"SQLState: ([0-9A-Z]{5})", text)
+        sqlstate = match.group(1) if match else None
+    first = _first_line(text)
+    if sqlstate in _SQLSTATE:
+        return f"{_SQLSTATE[sqlstate]}: {first}"
+    if "No suitable driver" in text or "ClassNotFoundException: org.postgresql" in text:
+        return (
+            "Spark has no PostgreSQL JDBC driver: check ORDERLY_REPORT_JDBC_JAR "
+            f"(libpostgresql-jdbc-java): {first}"
+        )
+    return f"the report failed: {first}"
+
+
+def _first_line(value: object) -> str:
+    text = str(value).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("at ", "Caused by", "---", "Traceback")):
+            return line[:500]
+    return text[:500]

@@ -1,0 +1,321 @@
+"""The Spark report against the real PostgreSQL over JDBC: every aggregate equals its SQL twin
+on a generated dataset (in a window and over everything), partitioned reads, empty tables,
+the incremental watermark, the write-back, and the errors a person can fix."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from api.processes import BIN
+from reports.aggregates import AGGREGATES, MESSAGE, Aggregate
+from reports.data import AggregateRows
+from reports.generate import generate
+from reports.job import ReportOptions, compute, run_report
+from reports.source import Jdbc, ReportError, read, spark_session
+from tests.conftest import PG_ADMIN_URL, _unavailable
+from tests.test_e2e import free_port
+from worker import schema
+from worker.settings import Settings
+
+START = datetime(2026, 3, 2, tzinfo=UTC)
+WINDOW = (START + timedelta(hours=7), START + timedelta(hours=31))
+JAR = Path("/usr/share/java/postgresql.jar")
+
+
+def _database() -> Iterator[tuple[str, Engine]]:
+    name = f"orderly_report_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    schema.upgrade(url)
+    engine = create_engine(url)
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[tuple[str, Engine]]:
+    """A migrated database with a generated dataset of two days."""
+    for url, engine in _database():
+        generate(engine, 4_000, seed=11, start=START, days=2)
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def empty_store() -> Iterator[tuple[str, Engine]]:
+    yield from _database()
+
+
+def settings_for(url: str, **extra: Any) -> Settings:
+    return Settings(database_url=url, report_partitions=3, **extra)
+
+
+@pytest.fixture(scope="module")
+def spark(store: tuple[str, Engine]) -> Iterator[Any]:
+    if not JAR.is_file():
+        _unavailable("the PostgreSQL JDBC driver", FileNotFoundError(str(JAR)))
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    session = spark_session(jdbc, "local[2]", "1g", app="orderly-report-tests")
+    yield session
+    session.stop()
+
+
+def _sql_rows(
+    engine: Engine, aggregate: Aggregate, window: tuple[Any, Any]
+) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        result = conn.execute(text(aggregate.sql), {"since": window[0], "until": window[1]})
+        return [dict(r._mapping) for r in result]
+
+
+def _same(spark_value: Any, sql_value: Any) -> bool:
+    if spark_value is None or sql_value is None:
+        return spark_value is None and sql_value is None
+    if isinstance(sql_value, str) or isinstance(spark_value, str):
+        return str(spark_value) == str(sql_value)
+    # Exact counts; doubles (durations, means, percentiles) to within float rounding.
+    return math.isclose(float(spark_value), float(sql_value), rel_tol=1e-9, abs_tol=1e-6)
+
+
+def _canon(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((row[c] is not None, str(row[c])) for c in columns)
+
+    return [tuple(r[c] for c in columns) for r in sorted(rows, key=key)]
+
+
+@pytest.fixture(scope="module")
+def computed(spark: Any, store: tuple[str, Engine]) -> dict[str, dict[str, AggregateRows]]:
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    out = {}
+    for label, window in (("window", WINDOW), ("all", (None, None))):
+        aggregates, _ = compute(spark, jdbc, *window)
+        out[label] = {a.name: a for a in aggregates}
+    return out
+
+
+@pytest.mark.parametrize("label", ["window", "all"])
+@pytest.mark.parametrize("aggregate", AGGREGATES, ids=[a.name for a in AGGREGATES])
+def test_every_aggregate_equals_its_sql(
+    aggregate: Aggregate,
+    label: str,
+    computed: dict[str, dict[str, AggregateRows]],
+    store: tuple[str, Engine],
+) -> None:
+    window = WINDOW if label == "window" else (None, None)
+    expected = _sql_rows(store[1], aggregate, window)
+    got = computed[label][aggregate.name]
+    assert got.columns == aggregate.columns
+    assert len(got.rows) == len(expected), f"{aggregate.name}: row counts differ"
+    for mine, theirs in zip(
+        _canon(got.rows, aggregate.columns), _canon(expected, aggregate.columns), strict=True
+    ):
+        for column, a, b in zip(aggregate.columns, mine, theirs, strict=True):
+            assert _same(a, b), f"{aggregate.name}.{column}: spark {a!r} != sql {b!r}"
+
+
+def test_the_dataset_exercises_every_aggregate(
+    computed: dict[str, dict[str, AggregateRows]],
+) -> None:
+    # An aggregate compared on no rows proves nothing: the generated data must reach each.
+    for name, aggregate in computed["all"].items():
+        assert aggregate.rows, f"{name} has no rows"
+    conversations = computed["all"]["conversations"].rows[0]
+    assert conversations["conversations"] > 0 and conversations["release_p95_ms"] is not None
+    assert computed["window"]["throughput_hourly"].rows != computed["all"]["throughput_hourly"].rows
+
+
+def test_a_read_is_partitioned_and_filtered_in_postgres(
+    spark: Any, store: tuple[str, Engine]
+) -> None:
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    since, until = (w.isoformat() for w in WINDOW)
+    frame = read(spark, jdbc, MESSAGE, since, until)
+    assert frame.rdd.getNumPartitions() == 3
+    assert frame.columns == [c.split(" AS ")[-1] for c in MESSAGE.columns]
+    with store[1].connect() as conn:
+        expected = conn.execute(
+            text(
+                "SELECT count(*) FROM message"
+                " WHERE receive_timestamp >= :s AND receive_timestamp < :u"
+            ),
+            {"s": WINDOW[0], "u": WINDOW[1]},
+        ).scalar()
+    assert frame.count() == expected
+    # The window is in the statement PostgreSQL runs, not a filter applied after reading.
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert "receive_timestamp >=" in plan
+
+
+def test_an_empty_store_gives_an_empty_but_valid_report(
+    spark: Any, empty_store: tuple[str, Engine], tmp_path: Path
+) -> None:
+    result = run_report(
+        ReportOptions(output_dir=tmp_path), settings_for(empty_store[0]), spark=spark
+    )
+    for aggregate in result.data.aggregates:
+        if aggregate.name in ("conversations", "exchanges"):  # one row of zeros and no data
+            assert len(aggregate.rows) == 1
+        else:
+            assert aggregate.rows == [], aggregate.name
+        header = (result.folder / "csv" / f"{aggregate.name}.csv").read_text().splitlines()
+        assert header[0].split(",") == list(aggregate.columns)
+        assert (result.folder / "parquet" / aggregate.name).is_dir()
+    html = result.html.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "</html>" in html
+    assert "no data" in html
+
+
+def test_incremental_runs_read_only_new_rows_and_write_back(
+    spark: Any, empty_store: tuple[str, Engine], tmp_path: Path
+) -> None:
+    url, engine = empty_store
+    settings = settings_for(url)
+    first_batch = generate(engine, 300, seed=3, start=START, days=1)
+    options = ReportOptions(incremental=True, output_dir=tmp_path, to_postgres=True)
+    # The first run leaves out the last two hours (its lag): rows received then are new to
+    # the second run, older ones are not read again.
+    first = run_report(
+        replace(options, lag=timedelta(hours=2)), settings, engine=engine, spark=spark
+    )
+    assert first.data.since is None and first.data.until is not None
+    assert first.data.rows_read["message"] == first_batch.rows["message"]
+    second_batch = generate(engine, 120, seed=4, start=first.data.until, days=1 / 24)
+    second = run_report(options, settings, engine=engine, spark=spark)
+    assert second.data.since == first.data.until
+    assert second.data.rows_read["message"] == second_batch.rows["message"]
+    with engine.connect() as conn:
+        mark = conn.execute(text("SELECT read_until, run_id FROM report_watermark")).one()
+        assert (mark.read_until, mark.run_id) == (second.data.until, second.data.run_id)
+        runs = conn.execute(
+            text("SELECT run_id, sum(messages) FROM report_failed_counts GROUP BY 1")
+        ).all()
+    # Each run's aggregates are in PostgreSQL, tagged with the run.
+    assert dict(runs) == {
+        first.data.run_id: first_batch.rows["message"],
+        second.data.run_id: second_batch.rows["message"],
+    }
+
+
+# --- errors a person can fix ------------------------------------------------------------------
+
+
+def test_a_missing_jar_is_named_before_spark_starts(store: tuple[str, Engine]) -> None:
+    jdbc = Jdbc.from_settings(settings_for(store[0], report_jdbc_jar="/nowhere/postgresql.jar"))
+    with pytest.raises(ReportError, match=r"/nowhere/postgresql.jar does not exist.*libpostgresql"):
+        spark_session(jdbc, "local[1]", "512m")
+
+
+def test_a_bad_jdbc_url_is_refused_by_the_settings() -> None:
+    with pytest.raises(ValueError, match="ORDERLY_REPORT_JDBC_URL must be a jdbc:postgresql"):
+        Settings(report_jdbc_url="jdbc:mysql://127.0.0.1/orderly")
+
+
+def test_an_unreachable_server_is_named(spark: Any, store: tuple[str, Engine]) -> None:
+    url = f"jdbc:postgresql://127.0.0.1:{free_port()}/orderly"
+    jdbc = Jdbc.from_settings(settings_for(store[0], report_jdbc_url=url))
+    with pytest.raises(ReportError) as caught:
+        read(spark, jdbc, MESSAGE, None, None)
+    message = str(caught.value)
+    assert message.startswith("PostgreSQL cannot be reached"), message
+    assert "\n" not in message and "at org." not in message
+
+
+@pytest.fixture(scope="module")
+def password_server() -> Iterator[int]:
+    """A throwaway PostgreSQL cluster that asks for a password (the machine's trusts all)."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not bins:
+        _unavailable("initdb", FileNotFoundError("/usr/lib/postgresql/*/bin/initdb"))
+    bindir = bins[-1].parent
+    home = Path(tempfile.mkdtemp(prefix="orderly-pw-"))
+    shutil.chown(home, "postgres", "postgres")
+    pwfile = home / "pw"
+    pwfile.write_text("right-password\n")
+    shutil.chown(pwfile, "postgres", "postgres")
+    port = free_port()
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data = home / "data"
+    subprocess.run(
+        [*as_postgres, str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+         "--auth=scram-sha-256", f"--pwfile={pwfile}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(home / "log"),
+         "-o", f"-p {port} -k {home} -c listen_addresses=127.0.0.1", "start"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        yield port
+    finally:
+        subprocess.run(
+            [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+        )  # fmt: skip
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_wrong_password_is_named(
+    spark: Any, store: tuple[str, Engine], password_server: int
+) -> None:
+    url = f"jdbc:postgresql://127.0.0.1:{password_server}/postgres"
+    right = Jdbc.from_settings(
+        settings_for(store[0], report_jdbc_url=url, report_jdbc_password="right-password")
+    )
+    assert (
+        spark.read.format("jdbc")
+        .options(**right.options())
+        .option("dbtable", "(SELECT 1 AS one) t")
+        .load()
+        .first()["one"]
+        == 1
+    )
+    wrong = Jdbc.from_settings(
+        settings_for(store[0], report_jdbc_url=url, report_jdbc_password="wrong")
+    )
+    with pytest.raises(ReportError) as caught:
+        read(spark, wrong, MESSAGE, None, None)
+    message = str(caught.value)
+    assert message.startswith("PostgreSQL refused the password"), message
+    assert "ORDERLY_REPORT_JDBC_PASSWORD" in message and "at org." not in message
+
+
+def test_the_command_prints_one_line_not_a_stack_trace(
+    store: tuple[str, Engine], password_server: int, tmp_path: Path
+) -> None:
+    env = dict(os.environ)
+    env.update(
+        {
+            "ORDERLY_DATABASE_URL": store[0],
+            "ORDERLY_REPORT_JDBC_URL": f"jdbc:postgresql://127.0.0.1:{password_server}/postgres",
+            "ORDERLY_REPORT_JDBC_PASSWORD": "wrong",
+            "ORDERLY_REPORT_OUTPUT_DIR": str(tmp_path),
+        }
+    )
+    done = subprocess.run(
+        [str(BIN / "orderly"), "report"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 2, done.stderr
+    assert "orderly report: PostgreSQL refused the password" in done.stderr
+    assert "Traceback" not in done.stderr and "\tat org." not in done.stderr
+    assert "Py4JJavaError" not in done.stderr
