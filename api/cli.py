@@ -155,8 +155,9 @@ def report(
     ] = False,
     watermark: Annotated[str, typer.Option(help="The watermark's name.")] = "default",
     lag_minutes: Annotated[
-        float, typer.Option(help="Incremental: leave out the last minutes (rows still moving).")
-    ] = 0.0,
+        float,
+        typer.Option(help="Incremental: leave out the last minutes (rows not yet committed)."),
+    ] = 1.0,
     output_dir: Annotated[
         str | None, typer.Option(help="Default: ORDERLY_REPORT_OUTPUT_DIR.")
     ] = None,

@@ -92,17 +92,20 @@ def timeout_monitor() -> dict[str, int]:
 
 @app.task(name="orderly.agents.nightly_report")
 def nightly_report() -> int:
-    """The incremental report (rows since the watermark), as its own process: Spark's
-    driver is a JVM that should not live inside a worker."""
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "orderly"), "report", "--incremental",
-         "--lag-minutes", "60"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )  # fmt: skip
-    if done.returncode:
-        log.error("nightly report failed: %s", done.stderr.strip().splitlines()[-1:])
-    else:
-        log.info("nightly report: %s", done.stdout.strip())
-    return done.returncode
+    """Start the incremental report (rows since the watermark) as a process of its own and
+    return at once: Spark's driver must neither live in a worker nor hold the agents' slot
+    (the timeout monitor shares it). Two overlapping runs are safe: the watermark moves by
+    compare-and-set, with the report tables, so only one of them counts."""
+    settings = get_runtime().settings
+    folder = Path(settings.report_output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "nightly.log").open("ab") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "orderly"), "report", "--incremental",
+             "--lag-minutes", "60"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    log.info("nightly report started (pid %s); its output goes to %s", proc.pid, out.name)
+    return proc.pid

@@ -94,8 +94,13 @@ QUEUE_LOG = Table(
     window="start_time",
 )
 REQUEST = Table("request", ("req_id", "req_timestamp"), key="req_id", window="req_timestamp")
+# Responses of the requests in the window, however late they came (as the SQL twin joins).
 RESPONSE = Table(
-    "response", ("res_id", "req_id", "res_timestamp", "failed"), key="res_id", partitioned=False
+    "response",
+    ("res_id", "req_id", "res_timestamp", "failed"),
+    key="res_id",
+    window="req_timestamp",
+    window_via="req_id IN (SELECT req_id FROM request WHERE {cond})",
 )
 
 TABLES = (
@@ -121,10 +126,11 @@ class Frames:
     def __init__(self, load: Callable[[Table], DataFrame]) -> None:
         self._load = load
         self._frames: dict[str, DataFrame] = {}
-        self._lock = threading.Lock()
+        self._locks = {t.name: threading.Lock() for t in TABLES}
 
     def __getitem__(self, table: Table) -> DataFrame:
-        with self._lock:
+        # One lock per table: tables load side by side, each only once.
+        with self._locks[table.name]:
             if table.name not in self._frames:
                 self._frames[table.name] = self._load(table).cache()
             return self._frames[table.name]
@@ -341,7 +347,7 @@ def _exchanges(f: Frames) -> DataFrame:
     out = r.agg(
         F.countDistinct("req_id").alias("requests"),
         F.count("res_id").alias("responses"),
-        F.sum(F.when(F.col("failed"), 1).otherwise(0)).alias("failed"),
+        F.count(F.when(F.col("failed"), 1)).alias("failed"),
         *_pcts("ms"),
     )
     return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))

@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
 from reports.data import AggregateRows, ReportData
@@ -146,18 +147,48 @@ def _frames_of(spark: Any, data: ReportData) -> dict[str, Any]:
     return frames
 
 
-def write_to_postgres(spark: Any, jdbc: Jdbc, data: ReportData) -> None:
-    """Append every aggregate to ``report_<name>`` with the run and its window."""
-    from pyspark.sql import functions as F
+_SQL_TYPES = {"long": "bigint", "double": "double precision", "string": "text"}
+_TAGS = {"run_id": "text", "window_since": "timestamp with time zone",
+         "window_until": "timestamp with time zone"}  # fmt: skip
 
-    for name, frame in _frames_of(spark, data).items():
-        tagged = (
-            frame.withColumn("run_id", F.lit(data.run_id))
-            .withColumn("window_since", F.lit(_iso(data.since)).cast("timestamp"))
-            .withColumn("window_until", F.lit(_iso(data.until)).cast("timestamp"))
+
+def _ensure_table(conn: Connection, aggregate: AggregateRows) -> str:
+    """``report_<name>``, created on first use; a table whose columns differ is refused."""
+    table = f"report_{aggregate.name}"
+    wanted = {c: _SQL_TYPES[aggregate.types.get(c, "string")] for c in aggregate.columns}
+    wanted.update(_TAGS)
+    columns = ", ".join(f"{c} {t}" for c, t in wanted.items())
+    conn.execute(text(f"CREATE TABLE IF NOT EXISTS {table} ({columns})"))
+    have: dict[str, str] = dict(
+        conn.execute(
+            text(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_schema = current_schema() AND table_name = :t"
+            ),
+            {"t": table},
+        ).all()
+    )
+    if have != wanted:
+        raise ReportError(
+            f"{table} has other columns than this report writes ({sorted(have)} instead of "
+            f"{sorted(wanted)}): rename or drop it to start a new series"
         )
-        writer = tagged.write.format("jdbc").options(**jdbc.options())
-        guarded(writer.option("dbtable", f"report_{name}").mode("append").save)
+    return table
+
+
+def write_to_postgres(conn: Connection, data: ReportData) -> None:
+    """Append every aggregate to ``report_<name>`` with the run and its window (in the
+    caller's transaction: with the watermark's move, or not at all)."""
+    tags = {"run_id": data.run_id, "window_since": data.since, "window_until": data.until}
+    for aggregate in data.aggregates:
+        table = _ensure_table(conn, aggregate)
+        if not aggregate.rows:
+            continue
+        names = [*aggregate.columns, *_TAGS]
+        statement = text(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})"
+        )
+        conn.execute(statement, [{**row, **tags} for row in aggregate.rows])
 
 
 # --- the watermark --------------------------------------------------------------------------
@@ -172,32 +203,39 @@ def read_watermark(engine: Engine, name: str) -> datetime | None:
 
 
 def move_watermark(
-    engine: Engine, name: str, expected: datetime | None, until: datetime, run_id: str
+    conn: Connection, name: str, expected: datetime | None, until: datetime, run_id: str
 ) -> None:
-    """Compare and set: only from the value this run started from (two runs never both
-    report the same rows as new)."""
-    with engine.begin() as conn:
-        if expected is None:
-            moved = conn.execute(
-                text(
-                    "INSERT INTO report_watermark (name, read_until, run_id)"
-                    " VALUES (:n, :u, :r) ON CONFLICT (name) DO NOTHING RETURNING name"
-                ),
-                {"n": name, "u": until, "r": run_id},
-            ).first()
-        else:
-            moved = conn.execute(
-                text(
-                    "UPDATE report_watermark SET read_until = :u, run_id = :r, updated_at = now()"
-                    " WHERE name = :n AND read_until = :e RETURNING name"
-                ),
-                {"n": name, "u": until, "r": run_id, "e": expected},
-            ).first()
+    """Compare and set, in the caller's transaction: only from the value this run started
+    from, so two runs never both report the same rows as new."""
+    if expected is None:
+        moved = conn.execute(
+            text(
+                "INSERT INTO report_watermark (name, read_until, run_id)"
+                " VALUES (:n, :u, :r) ON CONFLICT (name) DO NOTHING RETURNING name"
+            ),
+            {"n": name, "u": until, "r": run_id},
+        ).first()
+    else:
+        moved = conn.execute(
+            text(
+                "UPDATE report_watermark SET read_until = :u, run_id = :r, updated_at = now()"
+                " WHERE name = :n AND read_until = :e RETURNING name"
+            ),
+            {"n": name, "u": until, "r": run_id, "e": expected},
+        ).first()
     if moved is None:
         raise ReportError(
             f"the watermark {name!r} moved while this report ran (another incremental run?): "
-            "its outputs are written, the watermark is left to the other run"
+            "its files are written; the watermark and the report tables are left to the other run"
         )
+
+
+def _store_clock(engine: Engine) -> datetime:
+    """The store's now: the time its rows are stamped with, whatever this host's clock says."""
+    with engine.connect() as conn:
+        value = conn.execute(text("SELECT now()")).scalar_one()
+    assert isinstance(value, datetime)
+    return value
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -211,22 +249,42 @@ def run_report(
 ) -> ReportResult:
     """Run one report. A ``spark`` session given is used and left running (tests, the
     benchmark); otherwise one is started and stopped."""
-    from reports.render import write_html
 
     settings = settings or get_settings()
     started = time.monotonic()
     jdbc = Jdbc.from_settings(settings)
     jdbc.check()
+    if options.lag < timedelta(0):
+        raise ReportError("the lag must not be negative: rows not yet written would be skipped")
+    own_engine = engine is None and (options.incremental or options.to_postgres)
+    if engine is None and (options.incremental or options.to_postgres):
+        from worker.db import engine_for
+
+        engine = engine_for(settings.database_url)
+    try:
+        return _run(options, settings, jdbc, engine, spark, started)
+    finally:
+        if own_engine and engine is not None:
+            engine.dispose()
+
+
+def _run(
+    options: ReportOptions,
+    settings: Settings,
+    jdbc: Jdbc,
+    engine: Engine | None,
+    spark: Any,
+    started: float,
+) -> ReportResult:
+    from reports.render import write_html
+
     since, until = options.since, options.until
     expected = None
     if options.incremental:
-        if engine is None:
-            from worker.db import engine_for
-
-            engine = engine_for(settings.database_url)
+        assert engine is not None
         expected = read_watermark(engine, options.watermark_name)
         since = expected
-        until = datetime.now(UTC) - options.lag
+        until = _store_clock(engine) - options.lag
     if since is not None and until is not None and since >= until:
         raise ReportError(f"the window is empty: since {_iso(since)} is not before {_iso(until)}")
     master = options.master or settings.report_master
@@ -246,18 +304,21 @@ def run_report(
             aggregates=aggregates,
             rows_read=read_rows,
             seconds=time.monotonic() - spark_started,
-            master=master,
+            master=spark.sparkContext.master,
         )
         folder.mkdir(parents=True, exist_ok=True)
         write_outputs(spark, data, folder)
-        if options.to_postgres:
-            write_to_postgres(spark, jdbc, data)
     finally:
         if own:
             spark.stop()
     html = write_html(data, folder / "report.html")
-    if options.incremental and engine is not None and until is not None:
-        move_watermark(engine, options.watermark_name, expected, until, run_id)
+    if engine is not None and (options.incremental or options.to_postgres):
+        # The report tables and the watermark move together, or neither does.
+        with engine.begin() as conn:
+            if options.incremental and until is not None:
+                move_watermark(conn, options.watermark_name, expected, until, run_id)
+            if options.to_postgres:
+                write_to_postgres(conn, data)
     return ReportResult(data, folder, html, time.monotonic() - started)
 
 
@@ -270,12 +331,17 @@ def _timestamp(value: str) -> datetime:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reports/job.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="orderly report", description=__doc__.split("\n\n")[0])
     p.add_argument("--since", type=_timestamp, help="window start (ISO, UTC if no offset)")
     p.add_argument("--until", type=_timestamp, help="window end, exclusive")
     p.add_argument("--incremental", action="store_true", help="from the stored watermark")
     p.add_argument("--watermark", default="default", help="the watermark's name")
-    p.add_argument("--lag-minutes", type=float, default=0.0, help="incremental: stop this early")
+    p.add_argument(
+        "--lag-minutes",
+        type=float,
+        default=1.0,
+        help="incremental: leave out the last minutes (rows stamped but not yet committed)",
+    )
     p.add_argument("--output-dir", type=Path, help="default: ORDERLY_REPORT_OUTPUT_DIR")
     p.add_argument("--to-postgres", action="store_true", help="also append to report_* tables")
     p.add_argument("--master", help="Spark master (default: ORDERLY_REPORT_MASTER)")
@@ -303,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
         result = run_report(options_from(args))
     except ReportError as exc:
         print(f"orderly report: {exc}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"orderly report: the store could not be read or written: {first}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"orderly report: the output could not be written: {exc}", file=sys.stderr)
         return 2
     print(f"report {result.data.run_id}: {result.html} ({result.total_s:.1f}s)")
     return 0

@@ -13,7 +13,7 @@ import base64
 import io
 import math
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,7 +109,7 @@ def _label(column: str) -> str:
 
 
 def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "…"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "…"
 
 
 # --- charts ---------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import quote
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from worker.errors import OrderlyError
 from worker.settings import Settings
@@ -37,14 +37,12 @@ class Jdbc:
     @classmethod
     def from_settings(cls, settings: Settings) -> Jdbc:
         db = make_url(settings.database_url)
-        url = settings.report_jdbc_url or (
-            f"jdbc:postgresql://{db.host or '127.0.0.1'}:{db.port or 5432}/{db.database or ''}"
-        )
+        url = settings.report_jdbc_url or _jdbc_url(db)
         user = settings.report_jdbc_user or db.username or "postgres"
         if settings.report_jdbc_password is not None:
             password = settings.report_jdbc_password.get_secret_value()
         else:
-            password = unquote(db.password) if isinstance(db.password, str) else ""
+            password = db.password if isinstance(db.password, str) else ""  # already decoded
         return cls(
             url=url,
             user=user,
@@ -74,6 +72,27 @@ class Jdbc:
             "driver": "org.postgresql.Driver",
             "fetchsize": str(self.fetchsize),
         }
+
+
+# libpq parameters of the database URL that mean the same to the JDBC driver.
+_CARRIED = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "connect_timeout")
+
+
+def _jdbc_url(db: URL) -> str:
+    """``ORDERLY_DATABASE_URL`` as a JDBC URL (host, port, database and the SSL settings)."""
+    query = {k: (v if isinstance(v, str) else v[-1]) for k, v in db.query.items()}
+    if "host" in query or (db.host or "").startswith("/"):
+        raise ReportError(
+            "ORDERLY_DATABASE_URL connects through a unix socket, which JDBC cannot: set "
+            "ORDERLY_REPORT_JDBC_URL to a jdbc:postgresql://host:port/database URL"
+        )
+    host = db.host or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    carried = "&".join(f"{k}={quote(query[k], safe='/')}" for k in _CARRIED if k in query)
+    return f"jdbc:postgresql://{host}:{db.port or 5432}/{db.database or ''}" + (
+        f"?{carried}" if carried else ""
+    )
 
 
 def spark_session(jdbc: Jdbc, master: str, driver_memory: str, app: str = "orderly-report") -> Any:
@@ -134,6 +153,8 @@ class Table:
     key: str
     window: str | None = None  # column compared with [since, until)
     partitioned: bool = True
+    # The window's condition placed in this template's {cond} (e.g. through another table).
+    window_via: str = "{cond}"
 
 
 def read(
@@ -144,7 +165,7 @@ def read(
     until: str | None,
 ) -> DataFrame:
     """Read ``table`` with its filter pushed down; large reads in ranges of ``key``."""
-    where = _window(table.window, since, until)
+    where = _window(table.window, since, until, table.window_via)
     query = f"(SELECT {', '.join(table.columns)} FROM {table.name}{where}) AS t"
     opts = jdbc.options()
     reader = spark.read.format("jdbc").options(**opts).option("dbtable", query)
@@ -173,10 +194,10 @@ def bounds(
     return (row["lo"], row["hi"]) if row is not None else (None, None)
 
 
-_TS = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?$")
+_TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?\Z")
 
 
-def _window(column: str | None, since: str | None, until: str | None) -> str:
+def _window(column: str | None, since: str | None, until: str | None, via: str = "{cond}") -> str:
     if column is None:
         return ""
     parts = []
@@ -186,7 +207,7 @@ def _window(column: str | None, since: str | None, until: str | None) -> str:
         if not _TS.match(value):
             raise ReportError(f"{value!r} is not an ISO timestamp (e.g. 2026-11-23T00:00:00Z)")
         parts.append(f"{column} {op} '{value}'::timestamptz")
-    return f" WHERE {' AND '.join(parts)}" if parts else ""
+    return f" WHERE {via.format(cond=' AND '.join(parts))}" if parts else ""
 
 
 def guarded(call: Any, *args: Any) -> Any:

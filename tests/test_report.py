@@ -21,9 +21,15 @@ from sqlalchemy import Engine, create_engine, text
 
 from api.processes import BIN
 from reports.aggregates import AGGREGATES, MESSAGE, Aggregate
-from reports.data import AggregateRows
+from reports.data import AggregateRows, ReportData
 from reports.generate import generate
-from reports.job import ReportOptions, compute, run_report
+from reports.job import (
+    ReportOptions,
+    compute,
+    move_watermark,
+    run_report,
+    write_to_postgres,
+)
 from reports.source import Jdbc, ReportError, read, spark_session
 from tests.conftest import PG_ADMIN_URL, _unavailable
 from tests.test_e2e import free_port
@@ -103,6 +109,18 @@ def _canon(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> list[tuple[A
     return [tuple(r[c] for c in columns) for r in sorted(rows, key=key)]
 
 
+def assert_same_rows(
+    got: AggregateRows, expected: list[dict[str, Any]], aggregate: Aggregate
+) -> None:
+    assert got.columns == aggregate.columns
+    assert len(got.rows) == len(expected), f"{aggregate.name}: row counts differ"
+    for mine, theirs in zip(
+        _canon(got.rows, aggregate.columns), _canon(expected, aggregate.columns), strict=True
+    ):
+        for column, a, b in zip(aggregate.columns, mine, theirs, strict=True):
+            assert _same(a, b), f"{aggregate.name}.{column}: spark {a!r} != sql {b!r}"
+
+
 @pytest.fixture(scope="module")
 def computed(spark: Any, store: tuple[str, Engine]) -> dict[str, dict[str, AggregateRows]]:
     jdbc = Jdbc.from_settings(settings_for(store[0]))
@@ -123,14 +141,7 @@ def test_every_aggregate_equals_its_sql(
 ) -> None:
     window = WINDOW if label == "window" else (None, None)
     expected = _sql_rows(store[1], aggregate, window)
-    got = computed[label][aggregate.name]
-    assert got.columns == aggregate.columns
-    assert len(got.rows) == len(expected), f"{aggregate.name}: row counts differ"
-    for mine, theirs in zip(
-        _canon(got.rows, aggregate.columns), _canon(expected, aggregate.columns), strict=True
-    ):
-        for column, a, b in zip(aggregate.columns, mine, theirs, strict=True):
-            assert _same(a, b), f"{aggregate.name}.{column}: spark {a!r} != sql {b!r}"
+    assert_same_rows(computed[label][aggregate.name], expected, aggregate)
 
 
 def test_the_dataset_exercises_every_aggregate(
@@ -183,12 +194,21 @@ def test_an_empty_store_gives_an_empty_but_valid_report(
     html = result.html.read_text()
     assert html.startswith("<!DOCTYPE html>") and "</html>" in html
     assert "no data" in html
+    # Empty, and still what the SQL says (a sum over no rows is NULL in both, a count 0).
+    for twin in AGGREGATES:
+        expected = _sql_rows(empty_store[1], twin, (None, None))
+        assert_same_rows(result.data.get(twin.name), expected, twin)
+
+
+@pytest.fixture
+def fresh_store() -> Iterator[tuple[str, Engine]]:
+    yield from _database()
 
 
 def test_incremental_runs_read_only_new_rows_and_write_back(
-    spark: Any, empty_store: tuple[str, Engine], tmp_path: Path
+    spark: Any, fresh_store: tuple[str, Engine], tmp_path: Path
 ) -> None:
-    url, engine = empty_store
+    url, engine = fresh_store
     settings = settings_for(url)
     first_batch = generate(engine, 300, seed=3, start=START, days=1)
     options = ReportOptions(incremental=True, output_dir=tmp_path, to_postgres=True)
@@ -214,6 +234,55 @@ def test_incremental_runs_read_only_new_rows_and_write_back(
         first.data.run_id: first_batch.rows["message"],
         second.data.run_id: second_batch.rows["message"],
     }
+
+
+def test_the_watermark_and_the_report_tables_move_together(
+    fresh_store: tuple[str, Engine],
+) -> None:
+    _, engine = fresh_store
+    now = datetime.now(UTC)
+    rows = AggregateRows("failed_counts", "t", ("failed_count", "messages"),
+                         [{"failed_count": 0, "messages": 5}],
+                         {"failed_count": "long", "messages": "long"})  # fmt: skip
+    data = ReportData("run-1", now, None, now, [rows])
+    with engine.begin() as conn:
+        move_watermark(conn, "nightly", None, now, "run-1")
+        write_to_postgres(conn, data)
+    # A second run that started from the same (absent) watermark loses, and writes nothing.
+    with pytest.raises(ReportError, match="moved while this report ran"), engine.begin() as conn:
+        write_to_postgres(conn, replace(data, run_id="run-2"))
+        move_watermark(conn, "nightly", None, now + timedelta(hours=1), "run-2")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT run_id FROM report_failed_counts")).scalars().all() == [
+            "run-1"
+        ]
+        assert conn.execute(text("SELECT run_id FROM report_watermark")).scalar_one() == "run-1"
+    # A report table whose columns changed is refused, not appended to.
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE report_failed_counts ADD COLUMN extra int"))
+    with pytest.raises(ReportError, match="has other columns"), engine.begin() as conn:
+        write_to_postgres(conn, data)
+
+
+def test_jdbc_settings_follow_the_database_url() -> None:
+    jdbc = Jdbc.from_settings(
+        Settings(
+            database_url="postgresql+psycopg2://rep:p%2541ss@db.example:6543/store?sslmode=require"
+        )
+    )
+    assert jdbc.url == "jdbc:postgresql://db.example:6543/store?sslmode=require"
+    assert (jdbc.user, jdbc.password) == ("rep", "p%41ss")  # decoded once, not twice
+    v6 = Jdbc.from_settings(Settings(database_url="postgresql://u@[::1]:5432/orderly"))
+    assert v6.url == "jdbc:postgresql://[::1]:5432/orderly"
+    with pytest.raises(ReportError, match="unix socket"):
+        Jdbc.from_settings(Settings(database_url="postgresql://u@/orderly?host=/run/postgresql"))
+
+
+def test_a_negative_lag_is_refused(store: tuple[str, Engine]) -> None:
+    with pytest.raises(ReportError, match="lag must not be negative"):
+        run_report(
+            ReportOptions(incremental=True, lag=timedelta(minutes=-5)), settings_for(store[0])
+        )
 
 
 # --- errors a person can fix ------------------------------------------------------------------
