@@ -3,6 +3,7 @@ errors turned into messages a person can act on."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -99,6 +100,9 @@ def spark_session(jdbc: Jdbc, master: str, driver_memory: str, app: str = "order
     """A Spark session that can read PostgreSQL; local runs bind to 127.0.0.1 only."""
     jdbc.check()
     from pyspark.sql import SparkSession
+
+    # Py4J logs every gateway connection at INFO; a report's output is its own lines.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Under spark-submit the JVM runs already, configured by spark-submit's own options
