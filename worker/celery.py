@@ -133,8 +133,9 @@ class NodeLifecycle(bootsteps.StartStopStep):
     state.
 
     STOPPED: stop consuming the processing queue; RUN or HANDLES_EXISTING_MESSAGES: consume.
-    The service key gone (deleted by an operator, or expired because renewals stopped): warm
-    shutdown, as on SIGTERM: the tasks in hand finish, then the worker exits.
+    The service key deleted by an operator: warm shutdown, as on SIGTERM (the tasks in hand
+    finish, then the worker exits). A key lost to an outage or a Redis restart is restored
+    (``worker.tracking.ServiceLease``).
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
