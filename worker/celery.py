@@ -50,8 +50,6 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     worker_send_task_events=True,
-    # Flower then shows a task from the moment it is queued, not only once a worker takes it.
-    task_send_sent_event=True,
     broker_connection_retry_on_startup=True,
     # Waits never sit in the broker (no countdown/eta): a task is sent when it is due.
     broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
