@@ -353,6 +353,17 @@ def _exchanges(f: Frames) -> DataFrame:
     return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
 
 
+_CONVERSATION_COUNTS = (
+    "conversations",
+    "requests",
+    "responses",
+    "delivered",
+    "cancelled_groups",
+    "awaited",
+)
+_RELEASE_PCTS = ("release_p50_ms", "release_p95_ms", "release_p99_ms")
+
+
 def _conversations(f: Frames) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -375,9 +386,7 @@ def _conversations(f: Frames) -> DataFrame:
         F.sum(F.when(F.col("operation_name") == "response", 1).otherwise(0)).alias("responses"),
     )
     cancelled = F.sum(F.when(F.col("state") == "CANCEL", 1).otherwise(0))
-    release = _split_pcts(
-        released.agg(*_pcts("ms")), ("release_p50_ms", "release_p95_ms", "release_p99_ms")
-    )
+    release = _split_pcts(released.agg(*_pcts("ms")), _RELEASE_PCTS)
     other = (
         responses.agg(
             F.sum(F.when(F.col("state") == "OK", 1).otherwise(0)).alias("delivered"),
@@ -388,20 +397,8 @@ def _conversations(f: Frames) -> DataFrame:
     )
     out = counts.crossJoin(other)
     return out.select(
-        *(
-            F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c)
-            for c in (
-                "conversations",
-                "requests",
-                "responses",
-                "delivered",
-                "cancelled_groups",
-                "awaited",
-            )
-        ),
-        "release_p50_ms",
-        "release_p95_ms",
-        "release_p99_ms",
+        *(F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in _CONVERSATION_COUNTS),
+        *_RELEASE_PCTS,
     )
 
 
@@ -617,17 +614,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate(
         "conversations",
         "Conversations: delivery, cancelled groups, AWAITED, release latency (ms)",
-        (
-            "conversations",
-            "requests",
-            "responses",
-            "delivered",
-            "cancelled_groups",
-            "awaited",
-            "release_p50_ms",
-            "release_p95_ms",
-            "release_p99_ms",
-        ),
+        (*_CONVERSATION_COUNTS, *_RELEASE_PCTS),
         _conversations,
         f"""
         WITH m AS (SELECT * FROM ({_M}) x WHERE service_name = 'conversation'),

@@ -689,6 +689,21 @@ def _drain(tables: Sequence[tuple[str, list[str]]]) -> Iterator[Batch]:
             yield _batch(table, rows)
 
 
+def _chunked(
+    table: str, units: Iterator[list[str]], side: Sequence[tuple[str, list[str]]]
+) -> Iterator[Batch]:
+    """``table``'s rows in chunks of about CHUNK_ROWS (a unit is never split), each chunk
+    followed by the rows made meanwhile in ``side`` that reference it."""
+    buf: list[str] = []
+    for unit in units:
+        buf.extend(unit)
+        if len(buf) >= CHUNK_ROWS:
+            yield _batch(table, buf)
+            yield from _drain(side)
+    yield _batch(table, buf)
+    yield from _drain(side)
+
+
 @dataclass(slots=True)
 class _Outcome:
     """How a business message's processing went."""
@@ -780,19 +795,12 @@ class _Generator:
     # --- messages ------------------------------------------------------------------------
     def message_batches(self) -> Iterator[Batch]:
         """Messages in chunks, each followed by the rows made with it that reference it."""
-        buf: list[str] = []
         side = (
             ("external_call", self.calls),
             ("request", self.requests),
             ("response", self.responses),
         )
-        for unit in self.message_units():
-            buf.extend(unit)
-            if len(buf) >= CHUNK_ROWS:
-                yield _batch("message", buf)
-                yield from _drain(side)
-        yield _batch("message", buf)
-        yield from _drain(side)
+        yield from _chunked("message", self.message_units(), side)
         keyed = [f"{self.next_id('external_call')}\t{row}" for row in self.keyed_calls.values()]
         self.keyed_calls.clear()
         yield _batch(KEYED_CALLS, keyed)
@@ -1418,19 +1426,12 @@ class _Generator:
     # --- publish/subscribe ---------------------------------------------------------------
     def pubsub_batches(self) -> Iterator[Batch]:
         """Events in chunks, each followed by their deliveries, attempts and handler log."""
-        buf: list[str] = []
         side = (
             ("delivery", self.deliveries),
             ("published_messages", self.published),
             ("queue_message", self.queued),
         )
-        for row in self.event_rows():
-            buf.append(row)
-            if len(buf) >= CHUNK_ROWS:
-                yield _batch("event", buf)
-                yield from _drain(side)
-        yield _batch("event", buf)
-        yield from _drain(side)
+        yield from _chunked("event", ([row] for row in self.event_rows()), side)
 
     def event_rows(self) -> Iterator[str]:
         rng = self.rng
