@@ -74,7 +74,7 @@ case "$cmd" in
     ensure_services
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database
-    exec "$VENV/bin/orderly" demo "$@"
+    exec "$VENV/bin/orderly-tools" demo "$@"
     ;;
   test)
     ensure_apt pg_isready postgresql-client

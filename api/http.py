@@ -19,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from api import metrics
 from worker import channels as channel_defs
 from worker import confirmations, nodes, operations, pubsub
-from worker.errors import (
+from worker.core.errors import (
     InvalidMessage,
     MessageNotFound,
     NodeNotAccepting,
+    NotFound,
     OperationRefused,
     ResponseNotAwaited,
     UnknownAck,
@@ -159,8 +160,8 @@ def create_app() -> FastAPI:
         found = await run_in_threadpool(runtime.channels.all)
         return JSONResponse([c.as_dict() for c in found.values()])
 
-    @app.exception_handler(pubsub.NotFound)
-    async def _not_found(_: Request, exc: pubsub.NotFound) -> JSONResponse:
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
         return _problem(404, [{"field": exc.what, "problem": str(exc)}])
 
     @app.post("/rooms", status_code=201)

@@ -1,4 +1,8 @@
-"""Beat's periodic agents, as Celery tasks on the agents queue: thin calls into worker.pool."""
+"""Beat's agents: thin calls into the mechanisms, run by beat's ticker (beat/schedule.py).
+
+Each returns what it did, for the log. The nightly report is a Celery task on the agents
+queue (a cron entry of the beat schedule).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker import nodes, pool, timeouts
+from worker import nodes, pool, pubsub, timeouts
 from worker.celery import app, enqueue_drain, enqueue_processing
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
 
 
-@app.task(name="orderly.agents.requeue_due")
 def requeue_due() -> int:
+    """The re-processing pool, guaranteed order held back too long, response deadlines."""
     runtime = get_runtime()
     moved = pool.requeue_due(runtime.engine, runtime.config, enqueue_processing)
     if moved:
@@ -29,21 +33,14 @@ def requeue_due() -> int:
     return len(moved)
 
 
-@app.task(name="orderly.agents.repair")
-def repair() -> dict[str, int]:
+def repair() -> pool.RepairReport:
     runtime = get_runtime()
     report = pool.repair(runtime.engine, runtime.config, enqueue_processing)
     if report.messages or report.external_calls or report.parents:
         log.warning("repair: %s", report)
-    return {
-        "messages": report.messages,
-        "failed": report.failed,
-        "external_calls": report.external_calls,
-        "parents": report.parents,
-    }
+    return report
 
 
-@app.task(name="orderly.agents.node_watch")
 def node_watch() -> list[str]:
     """Log the nodes in RUN whose heartbeat stopped (their work is released by repair)."""
     runtime = get_runtime()
@@ -58,17 +55,14 @@ def node_watch() -> list[str]:
     return silent
 
 
-@app.task(name="orderly.agents.awaited")
-def awaited() -> dict[str, int]:
+def awaited() -> None:
     """The awaited agent: re-queues due AWAITED and stuck responses, expires old ones."""
     report = get_runtime().conversations.awaited_turn(enqueue_drain)
     if report.woken or report.expired or report.vanished:
         log.info("awaited agent: %s", report)
-    return {"woken": len(report.woken), "expired": report.expired, "vanished": report.vanished}
 
 
-@app.task(name="orderly.agents.timeout_monitor")
-def timeout_monitor() -> dict[str, int]:
+def timeout_monitor() -> timeouts.TimeoutReport:
     """The timeout monitor: done and timeout metrics, retries of timed-out messages."""
     runtime = get_runtime()
     report = timeouts.monitor(runtime.engine, runtime.tracker, enqueue_processing)
@@ -80,22 +74,18 @@ def timeout_monitor() -> dict[str, int]:
             report.failed,
             report.expired,
         )
-    return {
-        "done": report.done,
-        "expired": report.expired,
-        "timeouts": report.timeouts,
-        "retried": len(report.retried),
-        "failed": len(report.failed),
-        "requeued": len(report.requeued),
-    }
+    return report
+
+
+def pubsub_upkeep() -> None:
+    pubsub.upkeep(get_runtime().engine)
 
 
 @app.task(name="orderly.agents.nightly_report")
 def nightly_report() -> int:
     """Start the incremental report (rows since the watermark) as a process of its own and
-    return at once: Spark's driver must neither live in a worker nor hold the agents' slot
-    (the timeout monitor shares it). Two overlapping runs are safe: the watermark moves by
-    compare-and-set, with the report tables, so only one of them counts."""
+    return at once: Spark's driver must not live in a worker. Two overlapping runs are safe:
+    the watermark moves by compare-and-set, with the report tables, so only one counts."""
     settings = get_runtime().settings
     folder = Path(settings.report_output_dir)
     folder.mkdir(parents=True, exist_ok=True)

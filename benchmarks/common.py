@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import redis
 
-    from api.processes import Managed, ProcessGroup
-    from api.sink import Sink
+    from tooling.processes import Managed, ProcessGroup
+    from tooling.sink import Sink
 
 BENCH_DB = os.environ.get("ORDERLY_BENCH_DATABASE", "orderly_bench")
 BENCH_REDIS = os.environ.get("ORDERLY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -26,6 +26,7 @@ def use_bench_services() -> None:
     os.environ["ORDERLY_REDIS_URL"] = BENCH_REDIS
     os.environ.pop("ORDERLY_BROKER_URL", None)
     os.environ["ORDERLY_NODE_CODE"] = "bench"
+    os.environ.setdefault("ORDERLY_HANDLER_MODULES", "tooling.handlers")
 
 
 def worker_argv(name: str, queue: str, pool: str, concurrency: int) -> list[str]:
@@ -55,9 +56,9 @@ def prepare() -> tuple[redis.Redis, ProcessGroup]:
     """Create and migrate the bench database; a Redis client and a process group for the run."""
     import redis
 
-    from api.processes import ProcessGroup
-    from worker import schema
+    from tooling.processes import ProcessGroup
     from worker.runtime import get_runtime
+    from worker.store import schema
 
     runtime = get_runtime()
     schema.create_database(runtime.settings.database_url)

@@ -29,7 +29,7 @@ os.environ.setdefault("AURA_QUEUE_MANAGER_INTERVAL", "100")
 
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import Managed, ProcessGroup  # noqa: E402
+from tooling.processes import Managed, ProcessGroup  # noqa: E402
 from worker import pubsub  # noqa: E402
 from worker.celery import DELIVER_QUEUE, PROCESS_QUEUE, app  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402

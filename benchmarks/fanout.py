@@ -33,9 +33,9 @@ use_bench_services()  # before the app modules read their settings
 
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import ProcessGroup  # noqa: E402
-from api.sink import Sink  # noqa: E402
 from benchmarks.intake import drain_rate  # noqa: E402
+from tooling.processes import ProcessGroup  # noqa: E402
+from tooling.sink import Sink  # noqa: E402
 from worker import pubsub  # noqa: E402
 from worker.celery import DELIVER_QUEUE, app, enqueue_event_deliveries  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402

@@ -29,7 +29,7 @@ use_bench_services()  # before the app modules read their settings
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import ProcessGroup  # noqa: E402
+from tooling.processes import ProcessGroup  # noqa: E402
 from worker.celery import PROCESS_QUEUE, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 

@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import ProcessGroup  # noqa: E402
+from tooling.processes import ProcessGroup  # noqa: E402
 from worker.celery import PROCESS_QUEUE, app, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 

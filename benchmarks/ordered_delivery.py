@@ -43,10 +43,10 @@ os.environ.setdefault("AURA_QUEUE_MANAGER_MESSAGE_TTL", "600000")
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from api.processes import ProcessGroup, wait_http  # noqa: E402
-from api.sink import Sink  # noqa: E402
-from api.workload import Workload, check, generate  # noqa: E402
 from benchmarks.intake import drain_rate  # noqa: E402
+from tooling.processes import ProcessGroup, wait_http  # noqa: E402
+from tooling.sink import Sink  # noqa: E402
+from tooling.workload import Workload, check, generate  # noqa: E402
 from worker.celery import DELIVER_QUEUE, app, enqueue_drain  # noqa: E402
 from worker.channels import Channel, put_channel  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402

@@ -2,7 +2,7 @@
 
     python -m benchmarks.report [--quick] [--messages N] [--regenerate]
 
-Generates N messages (1,000,000; --quick: 100,000) with ``orderly generate``'s generator into
+Generates N messages (1,000,000; --quick: 100,000) with ``orderly-tools generate``'s generator into
 the database ``orderly_bench_report`` (kept between runs: the same N and seed are reused
 unless --regenerate), then measures:
 - ``spark_report_s``: the whole report as ``orderly report`` runs it: Spark's start, the
@@ -36,8 +36,8 @@ def _urls() -> tuple[str, str]:
 def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
     from sqlalchemy import create_engine, text
 
-    from reports.generate import generate
-    from worker import schema
+    from tooling.generate import generate
+    from worker.store import schema
 
     admin_url, url = _urls()
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")

@@ -18,7 +18,8 @@ import time
 
 from benchmarks.common import BENCH_REDIS
 from models.keys import TrackKeys
-from worker.tracking import Tracker, TrackingPolicy, now_ms
+from worker.core.clock import now_ms
+from worker.tracking import Tracker, TrackingPolicy
 
 KEYS = TrackKeys("orderly:bench:track")
 

@@ -45,3 +45,5 @@ class ExternalCall(Base):
     failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Not in the seed: when the next attempt of a confirmation is due (NULL: none scheduled).
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Not in the seed: the fencing token of the confirmation try in flight (worker.core.lease).
+    claim: Mapped[str | None] = mapped_column(String(32))

@@ -54,6 +54,11 @@ class BridgeKeys:
         """Conversations scored by when they are due again (a retry wait, an ACK deadline)."""
         return f"{self.prefix}:scheduled"
 
+    @property
+    def scheduled_leased(self) -> str:
+        """Wake-ups a scheduler took, scored by when its lease ends (then due again)."""
+        return f"{self.prefix}:scheduled:leased"
+
     # Prefixes for keys a script derives from values it read (see the module docstring).
     @property
     def request_prefix(self) -> str:
@@ -124,6 +129,11 @@ class TrackKeys:
     def retry(self) -> str:
         """Timed-out messages scored by when their retry is due (ms)."""
         return f"{self.namespace}:message:retry"
+
+    @property
+    def retry_leased(self) -> str:
+        """Retries taken by a scheduler, scored by when its lease ends (then due again)."""
+        return f"{self.namespace}:message:retry:leased"
 
     @property
     def services(self) -> str:

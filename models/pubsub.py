@@ -263,6 +263,8 @@ class PublishedMessage(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[Outcome] = mapped_column(str_enum(Outcome, "publish_outcome"))
     error: Mapped[str | None] = mapped_column(Text)
+    # The seed's "next calculated delivery delay" of a failed attempt: the retry's wait (ms).
+    next_delay_ms: Mapped[int | None] = mapped_column(Integer)
 
 
 class QueueMessage(Base):

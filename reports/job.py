@@ -258,7 +258,7 @@ def run_report(
         raise ReportError("the lag must not be negative: rows not yet written would be skipped")
     own_engine = engine is None and (options.incremental or options.to_postgres)
     if engine is None and (options.incremental or options.to_postgres):
-        from worker.db import engine_for
+        from worker.store.db import engine_for
 
         engine = engine_for(settings.database_url)
     try:

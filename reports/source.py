@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from sqlalchemy.engine import URL, make_url
 
-from worker.errors import OrderlyError
+from worker.core.errors import OrderlyError
 from worker.settings import Settings
 
 if TYPE_CHECKING:

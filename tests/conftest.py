@@ -26,7 +26,7 @@ os.environ.update(
     {
         "ORDERLY_DATABASE_URL": TEST_DB_URL,
         "ORDERLY_REDIS_URL": TEST_REDIS_URL,
-        "ORDERLY_HANDLER_MODULES": "worker.demo",
+        "ORDERLY_HANDLER_MODULES": "tooling.handlers",
         "ORDERLY_HEARTBEAT_INTERVAL": "300",
         "ORDERLY_NODE_CODE": f"pytest-{_RUN}",
     }
@@ -36,12 +36,13 @@ os.environ.pop("ORDERLY_BROKER_URL", None)
 import redis  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
-from api.processes import ProcessGroup  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
-from worker import configuration, schema  # noqa: E402
+from tooling.processes import ProcessGroup  # noqa: E402
+from worker import configuration  # noqa: E402
 from worker.intake import Intake  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 from worker.settings import get_settings  # noqa: E402
+from worker.store import schema  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TABLES = (

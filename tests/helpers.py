@@ -76,3 +76,24 @@ def set_config(engine: Engine, **values: str) -> None:
 
     for key, value in values.items():
         configuration.set_value(engine, key.replace("__", "."), value)
+
+
+class ManualClock:
+    """A clock a test moves itself (worker.core.clock.Clock): waits pass without sleeping."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+        self.mono = 1_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.mono += seconds
+
+    def ms(self) -> int:
+        return int(self.now * 1000)

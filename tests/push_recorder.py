@@ -16,7 +16,8 @@ class Recorder(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.lock = threading.Lock()
         self.arrivals: list[dict[str, Any]] = []
-        self.fail: dict[str, int] = {}  # path -> how many more POSTs answer 503
+        # path, or (path, routing key) -> how many more of those POSTs answer 503
+        self.fail: dict[str | tuple[str, str], int] = {}
 
     @property
     def base(self) -> str:
@@ -45,9 +46,12 @@ class _Handler(BaseHTTPRequestHandler):
                     "key": self.headers["Idempotency-Key"],
                 }
             )
-            left = self.server.fail.get(self.path, 0)
+            key: str | tuple[str, str] = (self.path, str(body.get("routing_key")))
+            if key not in self.server.fail:
+                key = self.path
+            left = self.server.fail.get(key, 0)
             if left:
-                self.server.fail[self.path] = left - 1
+                self.server.fail[key] = left - 1
         self.send_response(503 if left else 200)
         self.send_header("Content-Length", "0")
         self.end_headers()

@@ -7,7 +7,7 @@ from sqlalchemy import Engine, text
 
 from worker import configuration
 from worker.configuration import ConfigReader
-from worker.errors import ConfigurationError
+from worker.core.errors import ConfigurationError
 
 
 def test_defaults_are_seeded_and_read_typed(db: Engine) -> None:

@@ -13,10 +13,10 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from api.processes import ProcessGroup, wait_for_log
-from api.sink import Sink
-from api.workload import Verdict, check, generate, submit
 from tests.helpers import wait_until
+from tooling.processes import ProcessGroup, wait_for_log
+from tooling.sink import Sink
+from tooling.workload import Verdict, check, generate, submit
 
 from .test_e2e import free_port
 

@@ -18,7 +18,8 @@ from sqlalchemy import Engine, text
 from worker import nodes
 from worker.channels import Channel, ChannelDirectory, put_channel
 from worker.conversations import Conversations, Delivery, Head, Sender, SendResult
-from worker.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
+from worker.core.due import drain
+from worker.core.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
 from worker.settings import Settings
 
 from .conftest import TEST_DB_URL, TEST_REDIS_URL
@@ -60,6 +61,12 @@ class Harness:
             {"request_id": rid, "response_id": sid, "payload": {"text": sid}, "last": last},
             self.enqueue,
         )
+
+    def wake_due(self) -> list[str]:
+        """The ticker's turn over the conversations' wake-ups: those it woke."""
+        before = len(self.started)
+        drain(self.conv.wakes(self.enqueue), 500)
+        return [cid for cid, _ in self.started[before:]]
 
     def run(self, sender: Sender) -> list[str]:
         """Run every drain started so far (and those they start), like workers would."""
@@ -331,10 +338,10 @@ def test_no_ack_within_sent_ttl_counts_as_delivered(db: Engine, redis_client: re
     h.run(rec)
     # The wait is scheduled in Redis, not held in memory.
     assert h.redis.zscore("bridge:queue:scheduled", "c1") is not None
-    assert h.conv.wake_due(h.enqueue) == []  # not due yet
+    assert h.wake_due() == []  # not due yet
     time.sleep(0.35)
     assert h.redis.get("bridge:queue:asyncRequest:ack-1") is None  # the ACK key expired
-    assert h.conv.wake_due(h.enqueue) == ["c1"]
+    assert h.wake_due() == ["c1"]
     h.run(rec)
     assert rec.sent == ["s1", "s2"]
     assert h.state("s1") == "OK"
@@ -356,11 +363,11 @@ def test_recoverable_failure_retries_with_backoff_and_keeps_the_order(h: Harness
     delay = not_before - time.time() * 1000
     assert 0 < delay <= 10 * 2.0**1  # deliveryDelay * multiplier ^ 1
     time.sleep(0.03)
-    h.conv.wake_due(h.enqueue)
+    h.wake_due()
     assert h.run(rec) == ["WAIT_RETRY"]  # second failure: waits 10 * 2^2 ms
     assert rec.sent == ["s1", "s1"]  # s2 never overtakes
     time.sleep(0.05)
-    h.conv.wake_due(h.enqueue)
+    h.wake_due()
     h.run(rec)
     assert rec.sent == ["s1", "s1", "s1", "s2"]
     assert h.state("s1") == "OK" and h.state("s2") == "OK"
@@ -377,7 +384,7 @@ def test_retries_spent_make_the_group_awaited(h: Harness) -> None:
     for _ in range(3):
         h.run(rec)
         time.sleep(0.05)
-        h.conv.wake_due(h.enqueue)
+        h.wake_due()
     assert rec.sent == ["s1", "s1", "s1"]
     for sid in ("s1", "s2"):
         assert h.redis.hget(f"bridge:queue:res:{sid}", "status") == b"AWAITED"
@@ -416,12 +423,9 @@ def test_awaited_agent_takes_a_due_message_once_across_two_agents(
     db: Engine, redis_client: redis.Redis
 ) -> None:
     first = make(db, redis_client, max_retries=1, interval=1)  # blocked after 1 ms
+    ctx = first.conv.ctx
     second = Conversations(
-        db,
-        redis_client,
-        first.conv._s,
-        node_id=first.conv._node_id,
-        channels=first.conv._channels,
+        db, redis_client, ctx.settings, node_id=ctx.node_id, channels=ctx.channels
     )
     first.request("c1", "r1")
     first.request("c1", "r2")
@@ -536,15 +540,16 @@ def test_awaited_agent_takes_at_most_by_turn(db: Engine, redis_client: redis.Red
 
 
 def test_awaited_interval_sets_the_agent_schedule(db: Engine) -> None:
-    from beat.schedule import build_schedule
+    from beat.schedule import jobs
     from worker.configuration import ConfigReader
+    from worker.runtime import get_runtime
 
     settings = Settings(database_url=TEST_DB_URL, awaited_messages_interval=7000)
-    entry = build_schedule(ConfigReader(db), settings)["awaited-agent"]
-    assert entry["task"] == "orderly.agents.awaited"
-    assert entry["schedule"].run_every.total_seconds() == 7.0
+    job = {j.name: j for j in jobs(ConfigReader(db), settings, get_runtime())}["awaited-agent"]
+    assert job.run.__name__ == "awaited"
+    assert job.every_s == 7.0
     # The first run comes at a random moment within the first interval (under a minute).
-    assert 0 <= entry["schedule"].first_at - time.monotonic() <= 7.0
+    assert 0 <= job.first_after_s <= 7.0
 
 
 def test_partial_metrics_count_the_queue(h: Harness) -> None:

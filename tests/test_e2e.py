@@ -13,9 +13,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from api.processes import Managed, ProcessGroup, wait_for_log
 from models import MessageState, NodeState
 from tests.helpers import count_messages, message, row, set_config, wait_until
+from tooling.processes import Managed, ProcessGroup, wait_for_log
 from worker import nodes
 
 
@@ -34,7 +34,7 @@ class Stack:
             self.port,
             extra_env={
                 "ORDERLY_NODE_CODE": "api-node",
-                "ORDERLY_HANDLER_MODULES": "worker.demo,tests.handlers_extra",
+                "ORDERLY_HANDLER_MODULES": "tooling.handlers,tests.handlers_extra",
             },
         )
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
@@ -168,7 +168,7 @@ def test_stopped_worker_node_processes_nothing_until_it_runs_again(stack: Stack)
 def test_a_handler_missing_in_the_worker_fails_the_message_and_the_worker_goes_on(
     stack: Stack,
 ) -> None:
-    worker = stack.worker()  # ORDERLY_HANDLER_MODULES=worker.demo only
+    worker = stack.worker()  # ORDERLY_HANDLER_MODULES=tooling.handlers only
     missing = stack.submit(1, service="extra", operation="onlyInApi")
     stack.wait_state(missing, "FAILED")
     stored = row(stack.db, missing)

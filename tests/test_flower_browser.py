@@ -21,10 +21,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from sqlalchemy import Engine
 
-from api.processes import BIN, ROOT, ProcessGroup, wait_for_log, wait_http
 from tests.browser import chromium
 from tests.helpers import message, states, wait_until
 from tests.test_e2e import free_port
+from tooling.processes import BIN, ROOT, ProcessGroup, wait_for_log, wait_http
 
 ARTIFACTS = ROOT / "artifacts"
 USER = "orderly"

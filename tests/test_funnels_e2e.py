@@ -14,10 +14,10 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from api.processes import ProcessGroup, wait_for_log
 from tests.helpers import BASE_TS, message, set_config, wait_until
 from tests.push_recorder import Recorder
 from tests.test_e2e import free_port
+from tooling.processes import ProcessGroup, wait_for_log
 
 
 class Cluster:
@@ -282,7 +282,7 @@ def test_confirmations_are_retried_up_to_failed_end(
     assert put.status_code == 200, put.text
     recorder.fail["/confirm"] = 100
     msg_id = cluster.submit(message(1))
-    cluster.start(beat=False)
+    cluster.start()  # beat's ticker sends the due confirmations
     cluster.wait_state(msg_id, "OK")
 
     def confirmation() -> tuple[str, int]:

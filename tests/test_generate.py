@@ -1,4 +1,4 @@
-"""`orderly generate`: synthetic rows in every table, consistent, repeatable, all or nothing."""
+"""`orderly-tools generate`: synthetic rows in every table, consistent, repeatable, atomic."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-import reports.generate as generation
-from api.cli import app
-from reports.generate import TABLES, GenerateReport, generate
+import tooling.generate as generation
 from tests.conftest import TABLES as FIXTURE_TABLES
+from tooling.cli import app
+from tooling.generate import TABLES, GenerateReport, generate
 
 N = 5000
 # The window ends on a Wednesday afternoon: busy, so some messages are still on their way.

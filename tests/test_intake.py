@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from models import MessageState, NodeState
 from tests.helpers import count_messages, message, row
 from worker import nodes
-from worker.errors import InvalidMessage, NodeNotAccepting
+from worker.core.errors import InvalidMessage, NodeNotAccepting
 from worker.handlers import registry
 from worker.intake import Intake
 from worker.runtime import get_runtime

@@ -16,11 +16,19 @@ from tests.helpers import BASE_TS, message, processor, row, set_config, states
 from tests.push_recorder import Recorder
 from worker import confirmations, extcall, operations, pool
 from worker.configuration import ConfigReader
-from worker.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
-from worker.extcall import CallInProgress, CallKey, Skip
+from worker.core.due import drain as drain_due
+from worker.core.errors import (
+    CallInProgress,
+    InvalidMessage,
+    MessageNotFound,
+    OperationRefused,
+    ResponseNotAwaited,
+)
+from worker.core.http import OutboundHttp
+from worker.extcall import CallKey, Skip
 from worker.intake import Intake
-from worker.prepared import PreparedSet
 from worker.processing import Outcome
+from worker.store.prepared import prepared_connection
 
 
 def funnel_msg(n: int, funnel: str = "f1", **extra: Any) -> dict[str, Any]:
@@ -162,7 +170,7 @@ def test_external_call_rules_older_duplicate_newer_and_in_progress(
     key = CallKey.entity("customer", "42")
     ts = {i: BASE_TS + timedelta(seconds=n) for i, n in zip(ids, (1, 2, 3), strict=True)}
     calls: list[int] = []
-    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+    with prepared_connection(db) as conn:
 
         def run(msg_id: int) -> Any:
             return extcall.external_call(
@@ -202,7 +210,7 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
 ) -> None:
     first = intake.submit(message(1, operation="extcall", payload=json.dumps({"key": "k"})))
     second = intake.submit(message(2, operation="extcall", payload=json.dumps({"key": "k"})))
-    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+    with prepared_connection(db) as conn:
         extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
     assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
     assert row(db, second.msg_id).failed_count == 0  # a busy key is no failure
@@ -210,7 +218,7 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
     requeued: list[int] = []
     pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), requeued.append)
     assert requeued == [second.msg_id]
-    with PreparedSet(db, extcall.STATEMENTS).connection() as conn:
+    with prepared_connection(db) as conn:
         still_busy = processor(db).process(second.msg_id)
         assert still_busy.outcome is Outcome.POSTPONED
         call_id = extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
@@ -348,10 +356,13 @@ def test_confirmations_retry_up_to_failed_end(
     processor(db).process(msg_id)
     seen = []
     config = ConfigReader(db, ttl_seconds=0)
+    http = OutboundHttp()
+    due: list[int] = []
+    confirming = confirmations.due_confirmations(db, due.extend)  # the ticker's due work
     for _ in range(4):
-        due: list[int] = []
-        confirmations.dispatch_due(db, due.append)
-        seen += [confirmations.confirm(db, call_id, config) for call_id in due]
+        due.clear()
+        drain_due(confirming, 100)
+        seen += [confirmations.confirm(db, call_id, config, http) for call_id in due]
     assert seen == ["FAILED", "FAILED", "FAILED_END"]
     assert [a["body"]["state"] for a in recorder.arrivals] == ["OK"] * 3
     assert {a["key"] for a in recorder.arrivals} == {f"confirmation:{msg_id}"}

@@ -19,16 +19,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from api.metrics import FiguresCollector, make_registry
-from api.processes import ProcessGroup, wait_for_log
-from api.sink import Sink
 from models import MessageState, NodeState
 from models.keys import BridgeKeys, TrackKeys
 from models.pubsub import DeliveryState
 from tests.helpers import message, wait_until
+from tooling.processes import ProcessGroup, wait_for_log
+from tooling.sink import Sink
 from worker import nodes, pubsub
 from worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
 from worker.channels import Channel, put_channel
 from worker.conversations import Delivery, Head, SendResult
+from worker.core.clock import now_ms
 from worker.intake import Intake
 from worker.observe import (
     BROKER_PRIORITY_SEP,
@@ -40,7 +41,7 @@ from worker.observe import (
     gather,
     store_figures,
 )
-from worker.tracking import Services, Tracker, TrackingPolicy, now_ms, snapshot
+from worker.tracking import Services, Tracker, TrackingPolicy, snapshot
 
 from .push_recorder import Recorder as PushRecorder
 from .test_cli import ORDERLY, orderly

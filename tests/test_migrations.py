@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -12,7 +14,7 @@ from sqlalchemy import Engine, create_engine, inspect, text
 
 from models import Base
 from tests.conftest import PG_ADMIN_URL
-from worker import schema
+from worker.store import schema
 
 
 @pytest.fixture
@@ -51,3 +53,61 @@ def test_upgrade_matches_models_and_downgrade_empties(empty_db: str) -> None:
         assert left == set()
     finally:
         engine.dispose()
+
+
+_FUNCTIONS = text(
+    """
+    SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
+           pg_get_functiondef(p.oid)
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE n.nspname = 'public' AND p.proname LIKE 'orderly\\_%'
+    UNION ALL
+    SELECT 'trigger ' || t.tgname, pg_get_triggerdef(t.oid)
+      FROM pg_trigger t WHERE NOT t.tgisinternal AND t.tgname LIKE 'orderly\\_%'
+    """
+)
+
+
+def test_functions_installed_by_migrations_equal_the_canonical_file(empty_db: str) -> None:
+    """What `alembic upgrade head` installs is functions.sql, no more and no less: the file
+    is applied again in a transaction that is rolled back, and nothing may change."""
+    schema.upgrade(empty_db)
+    engine = create_engine(empty_db)
+    try:
+        with engine.connect() as conn:
+            installed = {str(k): str(v) for k, v in conn.execute(_FUNCTIONS)}
+            conn.commit()
+            trans = conn.begin()
+            try:
+                # Drop every orderly function and trigger, then install the file alone.
+                for name in installed:
+                    if name.startswith("trigger "):
+                        conn.execute(text(f"DROP TRIGGER {name.split()[1]} ON message"))
+                for name in installed:
+                    if not name.startswith("trigger "):
+                        conn.execute(text(f"DROP FUNCTION IF EXISTS {name} CASCADE"))
+                cursor = conn.connection.cursor()
+                schema.apply_functions(cursor.execute)
+                from_file = {str(k): str(v) for k, v in conn.execute(_FUNCTIONS)}
+            finally:
+                trans.rollback()
+        assert set(from_file) == set(installed)
+        for name, definition in from_file.items():
+            assert installed[name] == definition, name
+        assert {"orderly_finish", "trigger orderly_message_transition"} <= {
+            n.split("(")[0] for n in installed
+        }
+    finally:
+        engine.dispose()
+
+
+def test_the_newest_functions_migration_names_the_current_file() -> None:
+    """A change to functions.sql needs a migration that applies it and records its hash."""
+    versions = sorted(Path(schema.ROOT / "migrations" / "versions").glob("*.py"))
+    recorded = [
+        match.group(1)
+        for path in versions
+        if (match := re.search(r'^FUNCTIONS_SHA256 = "([0-9a-f]{64})"', path.read_text(), re.M))
+    ]
+    assert recorded, "no migration applies functions.sql"
+    assert recorded[-1] == schema.functions_sha256()

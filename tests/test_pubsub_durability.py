@@ -11,8 +11,8 @@ import httpx
 import redis
 from sqlalchemy import Engine
 
-from api.processes import Managed, ProcessGroup, wait_for_log
 from tests.helpers import wait_until
+from tooling.processes import Managed, ProcessGroup, wait_for_log
 
 from .push_recorder import Recorder
 from .test_e2e import free_port
@@ -23,6 +23,7 @@ def _stack(procs: ProcessGroup, recorder: Recorder, **env: str) -> httpx.Client:
     procs.env.update({"AURA_QUEUE_MANAGER_INTERVAL": "50", **env})
     port = free_port()
     procs.start_api(port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
+    procs.start_beat(extra_env={"ORDERLY_NODE_CODE": "beat-node"})  # the ticker
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
     assert http.post("/rooms", json=ROOM).status_code == 201
     body = {"name": "push", "kind": "PUSH", "push_url": f"{recorder.base}/push"}

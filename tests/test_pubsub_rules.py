@@ -11,6 +11,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from worker import pubsub, tokens
+from worker.core.errors import NotFound, Unauthorized
 from worker.pubsub import Attempt, Claimed
 
 SECRET = "test-secret-of-enough-length"
@@ -21,17 +22,17 @@ def test_token_round_trip_and_refusals() -> None:
     claims = tokens.Claims("alice", "bob", "corr-1", now + 60_000)
     token = tokens.sign(SECRET, claims)
     assert tokens.verify(SECRET, token, now_ms=now) == claims
-    with pytest.raises(tokens.Unauthorized, match="no token"):
+    with pytest.raises(Unauthorized, match="no token"):
         tokens.verify(SECRET, None, now_ms=now)
     payload, _, signature = token.partition(".")
     forged = tokens.sign("another-secret", tokens.Claims("mallory", None, "corr-1", now + 1))
-    with pytest.raises(tokens.Unauthorized, match="signature"):
+    with pytest.raises(Unauthorized, match="signature"):
         tokens.verify(SECRET, forged, now_ms=now)
-    with pytest.raises(tokens.Unauthorized, match="signature"):
+    with pytest.raises(Unauthorized, match="signature"):
         tokens.verify(SECRET, payload[:-2] + "xx." + signature, now_ms=now)
-    with pytest.raises(tokens.Unauthorized, match="expired"):
+    with pytest.raises(Unauthorized, match="expired"):
         tokens.verify(SECRET, token, now_ms=now + 60_000)
-    with pytest.raises(tokens.Unauthorized, match="SECRET"):
+    with pytest.raises(Unauthorized, match="SECRET"):
         tokens.verify("", token, now_ms=now)
 
 
@@ -73,10 +74,10 @@ def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
     assert [m["delivery_id"] for m in taken] == ids and taken[0]["payload"] == {"n": 1}
     assert pubsub.pull(room, sub, 10) == []  # invisible while pulled
     time.sleep(0.25)
-    pubsub.move_due(room, lambda batch: None)  # the scheduler's turn returns it
+    pubsub.upkeep(room)  # the upkeep job returns it
     again = pubsub.pull(room, sub, 10)
     assert [m["delivery_id"] for m in again] == ids and again[0]["attempt"] == 1
-    with pytest.raises(pubsub.NotFound):
+    with pytest.raises(NotFound):
         pubsub.ack_pulled(room, sub, ids[0], taken[0]["receipt"])  # the stale receipt
     pubsub.ack_pulled(room, sub, ids[0], again[0]["receipt"])
     assert state(room, ids[0]) == ("DELIVERED", 1)
@@ -97,7 +98,7 @@ def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Eng
     for _ in range(2):
         assert pubsub.pull(room, sub, 1)
         time.sleep(0.15)
-        pubsub.move_due(room, lambda batch: None)
+        pubsub.upkeep(room)
     assert state(room, ids[0]) == ("DEAD", 2)
 
 
@@ -142,7 +143,7 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
     pubsub.create_subscription(
         room, "r", {"name": "h", "kind": "HANDLER", "handler": "test.record"}
     )
-    import worker.demo  # noqa: F401 - registers the consumers
+    import tooling.handlers  # noqa: F401 - registers the consumers
 
     now = int(time.time() * 1000)
     other = tokens.sign("wrong-secret", tokens.Claims("u", None, "x", now + 60_000))
@@ -272,5 +273,5 @@ def test_tokens_for_another_message_or_malformed_are_refused() -> None:
     claims = tokens.verify(SECRET, token, now_ms=now)
     assert claims.correlation_id == "corr-1"  # the consumer compares it with its message
     for bad in ("é.é", "no-dot", token + "x", "." + token.partition(".")[2]):
-        with pytest.raises(tokens.Unauthorized):
+        with pytest.raises(Unauthorized):
             tokens.verify(SECRET, bad, now_ms=now)

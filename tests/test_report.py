@@ -19,10 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from api.processes import BIN
 from reports.aggregates import AGGREGATES, MESSAGE, Aggregate
 from reports.data import AggregateRows, ReportData
-from reports.generate import generate
 from reports.job import (
     ReportOptions,
     compute,
@@ -33,8 +31,10 @@ from reports.job import (
 from reports.source import Jdbc, ReportError, read, spark_session
 from tests.conftest import PG_ADMIN_URL, _unavailable
 from tests.test_e2e import free_port
-from worker import schema
+from tooling.generate import generate
+from tooling.processes import BIN
 from worker.settings import Settings
+from worker.store import schema
 
 START = datetime(2026, 3, 2, tzinfo=UTC)
 WINDOW = (START + timedelta(hours=7), START + timedelta(hours=31))

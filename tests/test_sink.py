@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.sink import BehaviourError, Sink
+from tooling.sink import BehaviourError, Sink
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -475,7 +475,7 @@ def test_cli_serves_until_sigterm(orderly: FakeOrderly) -> None:
     behaviour = {"rules": [{"match": {}, "status": 202}], "ack_delay_ms": [0, 0]}
     behaviour["orderly_url"] = orderly.url
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.sink", "--port", "0", "--behaviour", json.dumps(behaviour)],
+        [sys.executable, "-m", "tooling.sink", "--port", "0", "--behaviour", json.dumps(behaviour)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -506,7 +506,7 @@ def test_cli_serves_until_sigterm(orderly: FakeOrderly) -> None:
 
 def test_cli_refuses_bad_behaviour() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "api.sink", "--port", "0", "--behaviour", '{"p_async": 2}'],
+        [sys.executable, "-m", "tooling.sink", "--port", "0", "--behaviour", '{"p_async": 2}'],
         cwd=ROOT,
         capture_output=True,
         text=True,

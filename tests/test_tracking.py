@@ -13,18 +13,19 @@ import redis
 from sqlalchemy import Engine, text
 
 from models.keys import TrackKeys
-from tests.helpers import message, row
+from tests.helpers import ManualClock, message, row
 from worker import timeouts
+from worker.core.clock import SYSTEM, now_ms
+from worker.core.due import drain
+from worker.core.errors import TrackingError
 from worker.intake import Intake
 from worker.tracking import (
     BUCKETS_MS,
     ServiceLease,
     Services,
     Tracker,
-    TrackingError,
     TrackingPolicy,
     claim_of,
-    now_ms,
     snapshot,
     xid_of,
 )
@@ -33,8 +34,16 @@ KEYS = TrackKeys("demo:mpush")
 T0 = 1_459_166_173_000  # the seed's example timestamp, in ms
 
 
-def tracker(client: redis.Redis, **policy: int | float) -> Tracker:
-    return Tracker(client, KEYS, TrackingPolicy(**policy), service="1")  # type: ignore[arg-type]
+def tracker(
+    client: redis.Redis, clock: ManualClock | None = None, **policy: int | float
+) -> Tracker:
+    return Tracker(
+        client,
+        KEYS,
+        TrackingPolicy(**policy),  # type: ignore[arg-type]
+        service="1",
+        clock=clock or SYSTEM,
+    )
 
 
 def text_hash(client: redis.Redis, key: str) -> dict[str, str]:
@@ -98,7 +107,7 @@ def test_register_refuses_an_existing_message_key_and_writes_nothing(
     t = tracker(redis_client)
     redis_client.set(KEYS.message_id, 4)
     redis_client.hset(KEYS.message(5), "timestamp", "1")
-    with pytest.raises(TrackingError, match="existing message hash"):
+    with pytest.raises(TrackingError, match="counter was reset"):
         t.register({"meta": {"id": "m-1"}}, now=T0)
     assert redis_client.llen(KEYS.message_ids) == 0
     assert not redis_client.exists(KEYS.xid("m-1"))
@@ -209,8 +218,10 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
 ) -> None:
     msg_id = intake.submit(message(1)).msg_id
     other = intake.submit(message(2)).msg_id
+    clock = ManualClock(T0 / 1000)
     t = tracker(
         redis_client,
+        clock,
         timeout_ms=1_000,
         expire_ms=5_000,
         retry_attempts=2,
@@ -219,7 +230,8 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
     )
     enqueued: list[int] = []
     now = T0
-    expected_delays = [500, 1_500]
+    retries = t.retries(enqueued.extend)  # the ticker's due work
+    expected_delays = [1_500, 4_500]  # deliveryDelay * multiplier ^ n
     for attempt, delay in enumerate(expected_delays, start=1):
         t.register(msg_id, now=now, claim=_hang(db, msg_id))
         now += 1_001
@@ -233,11 +245,13 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
             "E_TIMEOUT",
         )
         assert got.processing_pid is None  # the hung worker's outcome will be dropped
-        # Not before its backoff: deliveryDelay * multiplier ^ (attempt - 1).
-        assert timeouts.monitor(db, t, enqueued.append, now=now + delay - 1).requeued == []
+        # Not before its backoff.
+        clock.now = (now + delay - 1) / 1000
+        assert drain(retries, 1000) == 0
         assert enqueued == [msg_id] * (attempt - 1)
         now += delay
-        assert timeouts.monitor(db, t, enqueued.append, now=now).requeued == [msg_id]
+        clock.now = now / 1000
+        assert drain(retries, 1000) == 1
         assert enqueued == [msg_id] * attempt
 
     t.register(msg_id, now=now, claim=_hang(db, msg_id))
@@ -253,8 +267,8 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
 
 
 def test_retry_delay_is_capped() -> None:
-    policy = TrackingPolicy(retry_delay_ms=1_000, retry_multiplier=10.0, retry_max_delay_ms=5_000)
-    assert [policy.retry_delay(n) for n in (1, 2, 3, 500)] == [1_000, 5_000, 5_000, 5_000]
+    policy = TrackingPolicy(retry_delay_ms=100, retry_multiplier=10.0, retry_max_delay_ms=5_000)
+    assert [policy.retry.delay(n) for n in (1, 2, 3, 500)] == [1_000, 5_000, 5_000, 5_000]
 
 
 def test_only_the_claim_that_timed_out_is_taken_back(
@@ -366,14 +380,6 @@ def test_a_failing_tracking_redis_never_stops_the_work() -> None:
     assert ran == [0]  # untracked, but the block ran and nothing was raised
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Restartable(Services):
     """The real Services, with a Redis run id the test can change (a restart of Redis)."""
 
@@ -386,46 +392,46 @@ class _Restartable(Services):
 def test_a_service_lease_stops_only_when_an_operator_removed_the_key(
     redis_client: redis.Redis,
 ) -> None:
-    clock = _Clock()
+    clock = ManualClock()
     services = _Restartable(redis_client, KEYS)
     lease = ServiceLease(services, {"node_code": "n1", "pid": 7}, expire_ms=5_000, clock=clock)
     service_id = lease.start()
-    clock.now += 1
+    clock.advance(1)
     assert lease.keep() == "renewed"
 
     # Expired because renewals could not get through (an outage longer than the expiry):
     # put back under the same id, not a reason to stop.
     redis_client.delete(KEYS.service(service_id))
-    clock.now += 6
+    clock.advance(6)
     assert lease.keep() == "restored"
     assert text_hash(redis_client, KEYS.service(service_id)) == {"node_code": "n1", "pid": "7"}
 
     # Redis restarted and lost the key (and the counter) a moment after a renewal.
     redis_client.delete(KEYS.service(service_id), KEYS.service_id)
     services.run_id = "second"
-    clock.now += 1
+    clock.advance(1)
     assert lease.keep() == "restored"
     assert int(redis_client.get(KEYS.service_id) or 0) == service_id  # never handed out again
     assert services.register({"node_code": "n2"}, expire_ms=5_000) == service_id + 1
 
     # Deleted by an operator while the lease is fresh and Redis the same: stop.
     redis_client.delete(KEYS.service(service_id))
-    clock.now += 1
+    clock.advance(1)
     assert lease.keep() == "stop"
 
 
 def test_beat_runs_the_monitor_and_optionally_the_nightly_report(db: Engine) -> None:
-    from beat.schedule import build_schedule
+    from beat.schedule import build_schedule, jobs
     from worker.configuration import ConfigReader
+    from worker.runtime import get_runtime
     from worker.settings import Settings
 
     settings = Settings(track_monitor_interval_ms=1500)
-    entries = build_schedule(ConfigReader(db), settings)
-    monitor = entries["timeout-monitor"]
-    assert (monitor["task"], monitor["schedule"]) == ("orderly.agents.timeout_monitor", 1.5)
-    assert monitor["options"] == {"expires": 3.0}
-    assert "nightly-report" not in entries  # off unless an hour is set
+    found = {j.name: j for j in jobs(ConfigReader(db), settings, get_runtime())}
+    assert found["timeout-monitor"].every_s == 1.5
+    assert found["timeout-monitor"].run.__name__ == "timeout_monitor"
+    assert "nightly-report" not in build_schedule(settings)  # off unless an hour is set
 
-    nightly = build_schedule(ConfigReader(db), Settings(report_nightly_hour=3))["nightly-report"]
+    nightly = build_schedule(Settings(report_nightly_hour=3))["nightly-report"]
     assert nightly["task"] == "orderly.agents.nightly_report"
     assert nightly["schedule"].hour == {3} and nightly["schedule"].minute == {0}

@@ -11,10 +11,10 @@ import httpx
 import redis
 from sqlalchemy import Engine
 
-from api.processes import BIN, ProcessGroup, wait_for_log
 from models.keys import TrackKeys
 from tests.helpers import message, row, set_config, wait_until
 from tests.test_e2e import free_port
+from tooling.processes import BIN, ProcessGroup, wait_for_log
 from worker.tracking import Services, snapshot
 
 KEYS = TrackKeys("orderly:track")

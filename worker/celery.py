@@ -6,17 +6,17 @@ import logging
 import os
 import signal
 import socket
-import time
 from typing import Any
 
 from celery import Celery, bootsteps, signals
 from kombu.entity import Exchange, Queue
 
 from models import NodeState
-from worker import confirmations, nodes, pubsub
+from worker import nodes
+from worker.core.clock import now_ms
 from worker.runtime import get_runtime
 from worker.settings import get_settings
-from worker.tracking import ServiceLease, now_ms
+from worker.tracking import ServiceLease
 
 log = logging.getLogger("orderly.worker")
 
@@ -51,7 +51,8 @@ app.conf.update(
     accept_content=["json"],
     worker_send_task_events=True,
     broker_connection_retry_on_startup=True,
-    # Waits never sit in the broker (no countdown/eta): a task is sent when it is due.
+    # Waits never sit in the broker (no countdown/eta): beat's ticker sends a task when it is
+    # due (worker.core.due).
     broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
     beat_scheduler="beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
@@ -60,6 +61,13 @@ app.conf.update(
 
 def enqueue_processing(msg_id: int) -> None:
     app.send_task("orderly.process.message", args=(msg_id,))
+
+
+def enqueue_processing_many(msg_ids: list[int]) -> None:
+    """One task per message, sent over one producer connection."""
+    with app.producer_or_acquire() as producer:
+        for msg_id in msg_ids:
+            app.send_task("orderly.process.message", args=(msg_id,), producer=producer)
 
 
 def enqueue_drain(conversation_id: str, token: str) -> None:
@@ -71,59 +79,8 @@ def enqueue_event_deliveries(delivery_ids: list[int]) -> None:
     app.send_task("orderly.deliver.events", args=(delivery_ids,))
 
 
-def enqueue_confirmation(call_id: int) -> None:
-    app.send_task("orderly.deliver.confirmation", args=(call_id,))
-
-
-class DueScheduler(bootsteps.StartStopStep):
-    """Every AURA_QUEUE_MANAGER_INTERVAL, wakes the conversations whose wait has run out and
-    moves due event deliveries ($delay, retry waits) and due confirmations to the queue.
-
-    The waits themselves live in Redis (``bridge:queue:scheduled``) and PostgreSQL (the
-    deliveries' due-time index), not in worker memory: any worker's scheduler may take what
-    is due, and taking it is atomic.
-    """
-
-    requires = {"celery.worker.consumer.tasks:Tasks"}
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.tref: Any = None
-
-    def start(self, c: Any) -> None:
-        settings = get_runtime().settings
-        self.tref = c.timer.call_repeatedly(settings.interval / 1000, self.tick, (), priority=20)
-        self.metrics_every = settings.metrics_partial_interval / 1000
-        self.metrics_on = settings.logging_extra_time_metrics
-        self.metrics_at = time.monotonic() + self.metrics_every
-        self.maintain_at = 0.0
-
-    def tick(self) -> None:
-        runtime = get_runtime()
-        conversations = runtime.conversations
-        try:
-            maintain = time.monotonic() >= self.maintain_at
-            if maintain:
-                self.maintain_at = time.monotonic() + 1.0
-            pubsub.move_due(runtime.engine, enqueue_event_deliveries, maintain=maintain)
-        except Exception:
-            log.exception("moving due deliveries failed")
-        try:
-            confirmations.dispatch_due(runtime.engine, enqueue_confirmation)
-        except Exception:
-            log.exception("moving due confirmations failed")
-        try:
-            conversations.wake_due(enqueue_drain)
-            if self.metrics_on and time.monotonic() >= self.metrics_at:
-                self.metrics_at = time.monotonic() + self.metrics_every
-                log.info("queue metrics: %s", conversations.partial_metrics())
-        except Exception:
-            log.exception("waking due conversations failed")
-
-    def stop(self, c: Any) -> None:
-        if self.tref is not None:
-            self.tref.cancel()
-            self.tref = None
+def enqueue_confirmations(call_ids: list[int]) -> None:
+    app.send_task("orderly.deliver.confirmations", args=(call_ids,))
 
 
 class NodeLifecycle(bootsteps.StartStopStep):
@@ -193,7 +150,6 @@ class NodeLifecycle(bootsteps.StartStopStep):
 
 
 app.steps["consumer"].add(NodeLifecycle)
-app.steps["consumer"].add(DueScheduler)
 
 
 @signals.worker_init.connect

@@ -7,7 +7,6 @@ fields a row leaves out come from the ``ORDERLY_CHANNEL_*`` defaults.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -17,7 +16,9 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from models import Channel as ChannelRow
-from worker.errors import InvalidMessage, UnknownChannel
+from worker.core.clock import SYSTEM, Clock
+from worker.core.errors import InvalidMessage, UnknownChannel
+from worker.core.retry import RetryPolicy, policy_problems
 from worker.settings import Settings
 
 CACHE_SECONDS = 5.0
@@ -32,9 +33,10 @@ class Channel:
     attempts: int
     timeout_ms: int
 
-    def retry_delay_ms(self, attempt: int) -> int:
-        """T = deliveryDelay * multiplier ^ attempt (the first retry is attempt 1)."""
-        return int(self.delivery_delay_ms * self.multiplier**attempt)
+    @property
+    def policy(self) -> RetryPolicy:
+        """The channel's retries: deliveryDelay * multiplier ^ attempt, ``attempts`` of them."""
+        return RetryPolicy(self.delivery_delay_ms, self.multiplier, self.attempts)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,21 +60,24 @@ def validate(
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append(("url", f"{url!r} is not an http:// or https:// URL"))
 
-    def number(name: str, default: float, minimum: float, integer: bool) -> float:
-        value = data.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            problems.append((name, f"must be a number, got {type(value).__name__}"))
-            return default
-        if integer and not float(value).is_integer():
-            problems.append((name, "must be a whole number"))
-        if value < minimum:
-            problems.append((name, f"must be at least {minimum}, got {value}"))
-        return value
+    def value(name: str, default: float) -> Any:
+        found = data.get(name, default)
+        # JSON has one number type: 1000.0 is the whole number 1000.
+        if isinstance(found, float) and found.is_integer() and name != "multiplier":
+            return int(found)
+        return found
 
-    delay = number("delivery_delay_ms", settings.channel_delivery_delay_ms, 1, True)
-    multiplier = number("multiplier", settings.channel_multiplier, 1.0, False)
-    attempts = number("attempts", settings.channel_attempts, 0, True)
-    timeout = number("timeout_ms", settings.channel_timeout_ms, 1, True)
+    delay = value("delivery_delay_ms", settings.channel_delivery_delay_ms)
+    multiplier = value("multiplier", settings.channel_multiplier)
+    attempts = value("attempts", settings.channel_attempts)
+    timeout = value("timeout_ms", settings.channel_timeout_ms)
+    for name, problem in policy_problems(delay, multiplier, attempts):
+        problems.append(({"delay_ms": "delivery_delay_ms"}.get(name, name), problem))
+    if isinstance(delay, int) and not isinstance(delay, bool) and delay < 1:
+        problems.append(("delivery_delay_ms", f"must be at least 1, got {delay}"))
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        problems.append(("timeout_ms", f"must be a whole number of at least 1, got {timeout!r}"))
+        timeout = settings.channel_timeout_ms
     # A send must end before its conversation's lease does (MAX_PENDING_TTL).
     if timeout >= settings.max_pending_ttl:
         problems.append(
@@ -83,7 +88,7 @@ def validate(
         )
     if problems:
         raise InvalidMessage(problems[0][0], problems[0][1], *problems[1:])
-    return Channel(origin, str(url), int(delay), float(multiplier), int(attempts), int(timeout))
+    return Channel(origin, str(url), delay, float(multiplier), attempts, timeout)
 
 
 def put_channel(engine: Engine, channel: Channel) -> None:
@@ -100,9 +105,10 @@ def put_channel(engine: Engine, channel: Channel) -> None:
 class ChannelDirectory:
     """Channels by origin, read through a short cache (a PUT shows within CACHE_SECONDS)."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: Settings, clock: Clock = SYSTEM) -> None:
         self._engine = engine
         self._settings = settings
+        self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[str, Channel] = {}
         self._loaded_at = float("-inf")
@@ -142,11 +148,11 @@ class ChannelDirectory:
                 row.timeout_ms,
             )
         self._cache = {o: self._capped(c) for o, c in channels.items()}
-        self._loaded_at = time.monotonic()
+        self._loaded_at = self._clock.monotonic()
 
     def all(self) -> dict[str, Channel]:
         with self._lock:
-            if time.monotonic() - self._loaded_at > CACHE_SECONDS:
+            if self._clock.monotonic() - self._loaded_at > CACHE_SECONDS:
                 self._reload()
             return dict(self._cache)
 

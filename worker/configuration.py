@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from models import ConfigDataType, Configuration
-from worker.errors import ConfigurationError
+from worker.core.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,18 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "60",
             ConfigDataType.INT,
-            "Seconds between two tries of a failed confirmation.",
+            "Seconds before the first retry of a failed confirmation (the retry policy's"
+            " deliveryDelay).",
             validation=_NON_NEGATIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.confirmation.multiplier",
+            "asynch",
+            "1.0",
+            ConfigDataType.FLOAT,
+            "Retry n of a failed confirmation waits intervalSec * multiplier ^ n (1 to 100;"
+            " 1: always intervalSec).",
+            validation=r"[1-9][0-9]?(\.[0-9]+)?|100(\.0+)?",
         ),
         ConfigItem(
             "asynch.repairRepeatTimeSec",
@@ -305,6 +315,12 @@ class ConfigReader:
         if value is None:
             raise ConfigurationError([f"{code}: has no value"])
         return int(value)
+
+    def get_float(self, code: str) -> float:
+        value = self.raw(code)
+        if value is None:
+            raise ConfigurationError([f"{code}: has no value"])
+        return float(value)
 
     def invalidate(self) -> None:
         with self._lock:

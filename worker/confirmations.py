@@ -7,8 +7,8 @@ due at once; every worker's scheduler moves due confirmations to the broker (SKI
 a lease), and a task POSTs ``{msg_id, correlation_id, source_system, state, failed_error_code,
 failed_desc}`` with ``Idempotency-Key: confirmation:<msg_id>``, logging the exchange in
 ``request``/``response``. A 2xx makes it OK; a failure FAILED, tried again after
-``asynch.confirmation.intervalSec``; the ``asynch.confirmation.failedLimit``-th failure
-FAILED_END (no further tries).
+``asynch.confirmation.intervalSec * asynch.confirmation.multiplier ^ n`` (the retry policy);
+the ``asynch.confirmation.failedLimit``-th failure FAILED_END (no further tries).
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
-from sqlalchemy import Engine, text
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from sqlalchemy import Engine
 
-from models import CONFIRMATION_OPERATION
 from worker import extcall
 from worker.configuration import ConfigReader
-from worker.errors import InvalidMessage
-from worker.extcall import ExchangeFailed
-from worker.intake import invalid_from
-from worker.prepared import PreparedSet
+from worker.core.due import PgDueIndex
+from worker.core.errors import ExchangeFailed, InvalidMessage
+from worker.core.http import OutboundHttp
+from worker.core.inputs import parse_input
+from worker.core.retry import RetryPolicy
+from worker.store.prepared import prepared_connection
+from worker.store.queries import sql
 
 # A dispatched confirmation is due again after this, should its task be lost.
 LEASE_S = 60
@@ -53,23 +55,10 @@ def set_source_system(engine: Engine, name: str, data: Any) -> dict[str, Any]:
     """Create or change a source system's confirmation target."""
     if not 1 <= len(name) <= 100:
         raise InvalidMessage("name", "must be 1 to 100 characters")
-    if not isinstance(data, dict):
-        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
-    try:
-        spec = SourceSystemIn.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_from(exc) from None
+    spec = parse_input(SourceSystemIn, data)
     with engine.begin() as conn:
         conn.execute(
-            text(
-                """
-                INSERT INTO source_system (name, confirmation_url, timeout_ms, updated_at)
-                VALUES (:name, :url, :timeout, now())
-                ON CONFLICT (name) DO UPDATE
-                   SET confirmation_url = EXCLUDED.confirmation_url,
-                       timeout_ms = EXCLUDED.timeout_ms, updated_at = now()
-                """
-            ),
+            sql("source_system_put"),
             {"name": name, "url": spec.confirmation_url, "timeout": spec.timeout_ms},
         )
     return {"name": name, "confirmation_url": spec.confirmation_url, "timeout_ms": spec.timeout_ms}
@@ -77,71 +66,37 @@ def set_source_system(engine: Engine, name: str, data: Any) -> dict[str, Any]:
 
 def list_source_systems(engine: Engine) -> list[dict[str, Any]]:
     with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT name, confirmation_url, timeout_ms FROM source_system ORDER BY name")
-        )
+        rows = conn.execute(sql("source_system_list"))
         return [dict(r._mapping) for r in rows]
 
 
-_DISPATCH = text(
-    f"""
-    UPDATE external_call
-       SET state = 'PROCESSING', last_update_timestamp = now(),
-           next_attempt_at = now() + make_interval(secs => {LEASE_S})
-     WHERE call_id IN (
-           SELECT call_id FROM external_call
-            WHERE next_attempt_at <= now() AND operation_name = '{CONFIRMATION_OPERATION}'
-              AND state IN ('PROCESSING', 'FAILED')
-            ORDER BY next_attempt_at
-            LIMIT :batch
-            FOR UPDATE SKIP LOCKED)
-    RETURNING call_id
-    """
-)
+def due_confirmations(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
+    """Confirmations as due work: each due call id goes to ``hand_off`` (a task per batch)."""
+    return PgDueIndex(
+        "confirmations",
+        engine,
+        "confirmation_take",
+        "confirmation_release",
+        hand_off,
+        batch=DISPATCH_BATCH,
+        lease_ms=LEASE_S * 1000,
+    )
 
 
-def dispatch_due(engine: Engine, enqueue: Callable[[int], None]) -> list[int]:
-    """Move due confirmations to the broker (their lease starts now)."""
-    with engine.begin() as conn:
-        ids = [r.call_id for r in conn.execute(_DISPATCH, {"batch": DISPATCH_BATCH})]
-    for call_id in ids:
-        enqueue(call_id)
-    return ids
+def retry_policy(config: ConfigReader) -> RetryPolicy:
+    """``failedLimit`` tries in all: the n-th failure is retried after intervalSec *
+    multiplier ^ n, the last one is FAILED_END."""
+    return RetryPolicy(
+        config.get_int("asynch.confirmation.intervalSec") * 1000,
+        config.get_float("asynch.confirmation.multiplier"),
+        config.get_int("asynch.confirmation.failedLimit") - 1,
+    )
 
 
-_LOAD = text(
-    """
-    SELECT c.msg_id, c.failed_count, c.last_update_timestamp, m.correlation_id,
-           m.source_system, m.state, m.failed_error_code, m.failed_desc,
-           s.confirmation_url, s.timeout_ms
-      FROM external_call c
-      JOIN message m ON m.msg_id = c.msg_id
-      LEFT JOIN source_system s ON s.name = m.source_system
-     WHERE c.call_id = :id AND c.state = 'PROCESSING'
-    """
-)
-
-_SETTLE = text(
-    """
-    UPDATE external_call
-       SET state = CASE WHEN :ok THEN 'OK'
-                        WHEN failed_count + 1 >= :limit THEN 'FAILED_END'
-                        ELSE 'FAILED' END,
-           failed_count = failed_count + CASE WHEN :ok THEN 0 ELSE 1 END,
-           next_attempt_at = CASE WHEN :ok OR failed_count + 1 >= :limit THEN NULL
-                                  ELSE now() + make_interval(secs => :interval_s) END,
-           last_update_timestamp = now()
-     -- the try this settles: a final state confirmed anew meanwhile is not settled by it
-     WHERE call_id = :id AND state = 'PROCESSING' AND last_update_timestamp = :dispatched
-    RETURNING state
-    """
-)
-
-
-def confirm(engine: Engine, call_id: int, config: ConfigReader) -> str:
+def confirm(engine: Engine, call_id: int, config: ConfigReader, http: OutboundHttp) -> str:
     """One try of a confirmation; its new state (or NOT_DUE if it is not PROCESSING)."""
     with engine.connect() as conn:
-        row = conn.execute(_LOAD, {"id": call_id}).first()
+        row = conn.execute(sql("confirmation_load"), {"id": call_id}).first()
     if row is None:
         return "NOT_DUE"
     ok = False
@@ -154,27 +109,30 @@ def confirm(engine: Engine, call_id: int, config: ConfigReader) -> str:
             "failed_error_code": row.failed_error_code,
             "failed_desc": row.failed_desc,
         }
-        with PreparedSet(engine, extcall.STATEMENTS).connection() as prepared:
+        with prepared_connection(engine) as prepared:
             try:
                 extcall.post_logged(
                     prepared,
+                    http,
                     row.msg_id,
                     row.confirmation_url,
                     body,
                     res_join_id=f"confirmation:{row.msg_id}:{row.failed_count + 1}",
-                    timeout_s=row.timeout_ms / 1000,
+                    timeout_ms=row.timeout_ms,
                     headers={"Idempotency-Key": f"confirmation:{row.msg_id}"},
                 )
                 ok = True
             except ExchangeFailed:
                 ok = False
-    params = {
-        "id": call_id,
-        "dispatched": row.last_update_timestamp,
-        "ok": ok,
-        "limit": config.get_int("asynch.confirmation.failedLimit"),
-        "interval_s": config.get_int("asynch.confirmation.intervalSec"),
-    }
+    policy = retry_policy(config)
+    failure = row.failed_count + 1
+    if ok:
+        state, wait = "OK", 0
+    elif policy.allows(failure):
+        state, wait = "FAILED", policy.delay(failure)
+    else:
+        state, wait = "FAILED_END", 0
+    params = {"id": call_id, "claim": row.claim, "state": state, "wait_ms": wait}
     with engine.begin() as conn:
-        state = conn.execute(_SETTLE, params).scalar()
-    return str(state or "NOT_DUE")
+        settled = conn.execute(sql("confirmation_settle"), params).scalar()
+    return str(settled or "NOT_DUE")

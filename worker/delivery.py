@@ -1,17 +1,14 @@
 """The sends: one HTTP POST of a conversation response to its channel, classified for the
-gate, or of an event to a PUSH subscription."""
+gate, or of an event to a PUSH subscription; both through the one outbound client."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import threading
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
 
 from worker.channels import Channel
 from worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
+from worker.core.http import OutboundHttp
 from worker.pubsub import Attempt, Claimed
 
 # Worth trying again: the client may accept the same response later.
@@ -45,47 +42,12 @@ def _async_id(body: bytes) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Reply:
-    status: int | None  # None: no answer (timeout, connection error)
-    content: bytes
-    error: str = ""
-
-
 class HttpSender:
-    """POSTs ``{conversation_id, request_id, response_id, payload}`` with an Idempotency-Key.
+    """POSTs ``{conversation_id, request_id, response_id, payload}`` to a channel, and events
+    to PUSH subscriptions, each with an Idempotency-Key (a resend is safe)."""
 
-    One keep-alive connection per channel host and thread, on the standard library's
-    http.client: a delivery is on the hot path, and a full-featured client costs several
-    times more CPU per request here. A connection the channel closed while idle is opened
-    again and the POST sent once more (the Idempotency-Key makes that safe).
-    """
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def _connection(self, url: SplitResult, timeout: float) -> http.client.HTTPConnection:
-        pool: dict[tuple[str, str], http.client.HTTPConnection] | None = getattr(
-            self._local, "pool", None
-        )
-        if pool is None:
-            pool = self._local.pool = {}
-        key = (url.scheme, url.netloc)
-        conn = pool.get(key)
-        if conn is None:
-            cls = (
-                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-            )
-            conn = pool[key] = cls(url.netloc, timeout=timeout)
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        return conn
-
-    def _drop(self, url: SplitResult) -> None:
-        conn = self._local.pool.pop((url.scheme, url.netloc), None)
-        if conn is not None:
-            conn.close()
+    def __init__(self, http: OutboundHttp) -> None:
+        self.http = http
 
     def __call__(self, channel: Channel, head: Head) -> SendResult:
         body = {
@@ -94,41 +56,15 @@ class HttpSender:
             "response_id": head.response_id,
             "payload": head.payload,
         }
-        reply = self.post(channel.url, body, head.response_id, channel.timeout_ms)
+        reply = self.http.post_json(
+            channel.url,
+            body,
+            timeout_ms=channel.timeout_ms,
+            headers={"Idempotency-Key": head.response_id},
+        )
         if reply.status is None:
             return SendResult(Delivery.RECOVERABLE, reason=reply.error)
         return classify(reply.status, reply.content)
-
-    def post(self, url_text: str, body: Any, idempotency_key: str, timeout_ms: int) -> Reply:
-        """POST JSON on a kept-alive connection; the status and body, or why there is none."""
-        data = json.dumps(body, separators=(",", ":")).encode()
-        url = urlsplit(url_text)
-        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-        headers = {
-            "Content-Type": "application/json",
-            "Idempotency-Key": idempotency_key,
-            "Content-Length": str(len(data)),
-        }
-        timeout = timeout_ms / 1000
-        for fresh in (False, True):
-            conn = self._connection(url, timeout)
-            reused = conn.sock is not None
-            try:
-                conn.request("POST", path, body=data, headers=headers)
-                answer = conn.getresponse()
-                content = answer.read()
-            except TimeoutError:
-                self._drop(url)
-                return Reply(None, b"", f"timeout after {timeout_ms} ms")
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop(url)
-                if reused and not fresh:
-                    continue  # the other side closed the idle connection: once more, anew
-                return Reply(None, b"", f"{type(exc).__name__}: {exc}")
-            if answer.will_close:
-                self._drop(url)
-            return Reply(answer.status, content)
-        raise AssertionError("unreachable")
 
     def push(self, claimed: Claimed) -> Attempt:
         """A PUSH subscription's delivery: any 2xx is success."""
@@ -142,10 +78,12 @@ class HttpSender:
             "impersonator": claimed.impersonator,
             "payload": claimed.payload,
         }
-        key = f"{claimed.correlation_id}:{claimed.subscription_id}"
-        reply = self.post(str(claimed.push_url), body, key, claimed.timeout_ms)
-        if reply.status is None:
-            return Attempt(False, reply.error)
-        if 200 <= reply.status < 300:
+        reply = self.http.post_json(
+            str(claimed.push_url),
+            body,
+            timeout_ms=claimed.timeout_ms,
+            headers={"Idempotency-Key": f"{claimed.correlation_id}:{claimed.subscription_id}"},
+        )
+        if reply.ok:
             return Attempt(True)
-        return Attempt(False, f"HTTP {reply.status}: {reply.content[:200]!r}")
+        return Attempt(False, reply.describe())

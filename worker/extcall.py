@@ -19,39 +19,16 @@ from __future__ import annotations
 
 import enum
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-import httpx
-
-from worker.errors import OrderlyError
-from worker.prepared import Prepared, PreparedConnection
+from worker.core.errors import CallInProgress, ExchangeFailed
+from worker.core.http import OutboundHttp
+from worker.store.prepared import PreparedConnection
 
 T = TypeVar("T")
-
-
-class CallInProgress(OrderlyError):
-    """Another message's call on the same key is running; the message is taken up later."""
-
-    def __init__(self, operation: str, entity_id: str, msg_id: int) -> None:
-        self.operation = operation
-        self.entity_id = entity_id
-        super().__init__(
-            f"external call {operation} on {entity_id!r} is in progress for message {msg_id}"
-        )
-
-
-class ExchangeFailed(OrderlyError):
-    """An HTTP exchange got no answer or a non-2xx answer (logged as a failed response)."""
-
-    def __init__(self, uri: str, reason: str, status: int | None = None) -> None:
-        self.uri = uri
-        self.reason = reason
-        self.status = status
-        super().__init__(f"{uri}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -91,68 +68,6 @@ class CallResult(Generic[T]):
     value: T | None = None
     skipped: Skip | None = None
     call_id: int | None = None
-
-
-STATEMENTS = (
-    Prepared(
-        "orderly_call_take",
-        ("bigint", "timestamptz", "text", "text"),
-        """
-        INSERT INTO external_call AS e (msg_id, operation_name, entity_id, state, msg_timestamp,
-                                        creation_timestamp, last_update_timestamp, failed_count)
-        VALUES ($1, $3, $4, 'PROCESSING', $2, now(), now(), 0)
-        ON CONFLICT (operation_name, entity_id) DO UPDATE
-           SET state = 'PROCESSING', msg_id = EXCLUDED.msg_id,
-               msg_timestamp = EXCLUDED.msg_timestamp, last_update_timestamp = now(),
-               failed_count = CASE WHEN e.msg_id = EXCLUDED.msg_id THEN e.failed_count ELSE 0 END
-         WHERE (e.state <> 'PROCESSING' OR e.msg_id = EXCLUDED.msg_id)
-           AND (EXCLUDED.msg_timestamp > e.msg_timestamp
-                OR (EXCLUDED.msg_timestamp = e.msg_timestamp AND e.state <> 'OK'))
-        RETURNING call_id
-        """,
-    ),
-    Prepared(
-        "orderly_call_row",
-        ("text", "text"),
-        """
-        SELECT msg_id, state, msg_timestamp FROM external_call
-         WHERE operation_name = $1 AND entity_id = $2
-        """,
-    ),
-    Prepared(
-        "orderly_call_done",
-        ("bigint", "bigint", "boolean"),
-        """
-        UPDATE external_call
-           SET state = CASE WHEN $3 THEN 'OK' ELSE 'FAILED' END,
-               failed_count = failed_count + CASE WHEN $3 THEN 0 ELSE 1 END,
-               last_update_timestamp = now()
-         WHERE call_id = $1 AND msg_id = $2 AND state = 'PROCESSING'
-        RETURNING state
-        """,
-    ),
-    Prepared(
-        "orderly_log_request",
-        ("bigint", "text", "text", "text"),
-        """
-        INSERT INTO request (msg_id, res_join_id, uri, req_envelope, req_timestamp)
-        VALUES ($1, $2, $3, $4, now())
-        ON CONFLICT (uri, res_join_id) DO UPDATE
-           SET msg_id = EXCLUDED.msg_id, req_envelope = EXCLUDED.req_envelope,
-               req_timestamp = now()
-        RETURNING req_id
-        """,
-    ),
-    Prepared(
-        "orderly_log_response",
-        ("bigint", "bigint", "text", "boolean", "text"),
-        """
-        INSERT INTO response (req_id, msg_id, res_envelope, failed, failed_reason, res_timestamp)
-        VALUES ($1, $2, $3, $4, $5, now())
-        RETURNING res_id
-        """,
-    ),
-)
 
 
 def take_call(
@@ -221,48 +136,32 @@ def log_response(
     return int(row[0])
 
 
-_clients = threading.local()
-
-
-def _client() -> httpx.Client:
-    client: httpx.Client | None = getattr(_clients, "client", None)
-    if client is None:
-        client = _clients.client = httpx.Client()
-    return client
-
-
 def post_logged(
     conn: PreparedConnection,
+    http: OutboundHttp,
     msg_id: int | None,
     uri: str,
     body: Any,
     *,
     res_join_id: str | None = None,
-    timeout_s: float = 10.0,
+    timeout_ms: int = 10_000,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """POST JSON to ``uri``, logging the request and the response; (status, body) of a 2xx.
 
     Anything else (no answer, a non-2xx status) is logged as a failed response and raised as
-    :class:`ExchangeFailed`.
+    :class:`~worker.core.errors.ExchangeFailed`.
     """
     envelope = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str)
     req_id = log_request(conn, msg_id, uri, res_join_id, envelope)
-    try:
-        answer = _client().post(
-            uri,
-            content=envelope.encode(),
-            headers={"Content-Type": "application/json", **(headers or {})},
-            timeout=timeout_s,
-        )
-    except httpx.HTTPError as exc:
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        log_response(conn, req_id, msg_id, None, failed=True, reason=reason)
-        raise ExchangeFailed(uri, reason) from None
-    text = answer.text
-    if not 200 <= answer.status_code < 300:
-        reason = f"HTTP {answer.status_code}: {text[:500]}"
+    reply = http.post(uri, envelope.encode(), timeout_ms=timeout_ms, headers=headers)
+    if reply.status is None:
+        log_response(conn, req_id, msg_id, None, failed=True, reason=reply.error)
+        raise ExchangeFailed(uri, reply.error)
+    text = reply.text
+    if not reply.ok:
+        reason = f"HTTP {reply.status}: {text[:500]}"
         log_response(conn, req_id, msg_id, text, failed=True, reason=reason)
-        raise ExchangeFailed(uri, reason, answer.status_code)
+        raise ExchangeFailed(uri, reason, reply.status)
     log_response(conn, req_id, msg_id, text)
-    return answer.status_code, text
+    return reply.status, text

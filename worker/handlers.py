@@ -151,7 +151,7 @@ class MessageContext:
 
     def external_call(self, operation: str, key: CallKey, call: Callable[[], T]) -> CallResult[T]:
         """Run ``call`` unless the key's last call makes it obsolete or a duplicate; raises
-        :class:`~worker.extcall.CallInProgress` (the message is POSTPONED and taken up again)
+        :class:`~worker.core.errors.CallInProgress` (the message is POSTPONED and taken up again)
         while another message's call on the key runs."""
         return self._backend().external_call(self, operation, key, call)
 

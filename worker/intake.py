@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -21,15 +21,15 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StringConstraints,
-    ValidationError,
     field_validator,
 )
 from sqlalchemy import Engine
 
 from models import MessageState
-from worker.errors import InvalidMessage, NodeNotAccepting
+from worker.core.errors import InvalidMessage, NodeNotAccepting
+from worker.core.inputs import parse_input, parse_timestamp
 from worker.handlers import HandlerRegistry
-from worker.prepared import Prepared, PreparedConnection, PreparedSet
+from worker.store.prepared import PreparedConnection, prepared_connection
 
 log = logging.getLogger(__name__)
 
@@ -37,36 +37,6 @@ Name = Annotated[
     str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
 ]
 LongName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)]
-
-
-def parse_timestamp(value: Any) -> datetime:
-    """An ISO 8601 timestamp (or a datetime); one without an offset is taken as UTC."""
-    if isinstance(value, datetime):
-        parsed = value
-    elif isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is not an ISO 8601 timestamp (e.g. 2026-01-31T12:00:00Z)"
-            ) from None
-    else:
-        raise ValueError(f"must be an ISO 8601 timestamp string, got {type(value).__name__}")
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
-def invalid_from(exc: ValidationError) -> InvalidMessage:
-    """A pydantic error as InvalidMessage: each bad field named once, with its problem."""
-    seen: dict[str, str] = {}
-    for err in exc.errors():
-        # union members add their type to the location; keep the field name only
-        field = _field_name(tuple(err["loc"])[:1])
-        problem = "missing" if err["type"] == "missing" else err["msg"]
-        if err["type"] == "extra_forbidden":
-            problem = "unknown field"
-        seen.setdefault(field, problem)
-    items = list(seen.items())
-    return InvalidMessage(items[0][0], items[0][1], *items[1:])
 
 
 class MessageIn(BaseModel):
@@ -109,18 +79,9 @@ class SubmitResult:
     created: bool
 
 
-def _field_name(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "body"
-
-
 def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistry) -> MessageIn:
     """Validate raw input; raise InvalidMessage naming every bad field."""
-    if not isinstance(data, Mapping):
-        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
-    try:
-        message = MessageIn.model_validate(dict(data))
-    except ValidationError as exc:
-        raise invalid_from(exc) from None
+    message = parse_input(MessageIn, data)
     size = len(message.payload_text.encode("utf-8"))
     if size > max_payload_bytes:
         raise InvalidMessage(
@@ -137,75 +98,9 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
-# The node check and the insert are one statement: a node that stops accepting input cannot
-# race an insert; a duplicate (correlation_id, source_system) inserts nothing. A message of a
-# funnel is stored POSTPONED (and not enqueued) when its funnel holds it back; it is sent
-# before that under the funnel's lock (FUNNEL_LOCK), so a release cannot miss it.
-_INSERT_COLUMNS = (
-    "msg_timestamp",
-    "service_name",
-    "operation_name",
-    "object_id",
-    "entity_type",
-    "correlation_id",
-    "process_id",
-    "payload",
-    "envelope",
-    "source_system",
-    "parent_msg_id",
-    "parent_binding_type",
-    "funnel_value",
-    "funnel_component_id",
-    "guaranteed_order",
-    "exclude_failed_state",
-    "node_id",
-)
+# A funnel message is stored under its funnel's advisory lock, sent in the same query as the
+# insert (orderly_insert_message in worker/store/sql/messages.sql), so a release cannot miss it.
 FUNNEL_LOCK = "SELECT pg_advisory_xact_lock(orderly_funnel_key(%s, %s)); "
-STATEMENTS = (
-    Prepared(
-        "orderly_insert_message",
-        (
-            "timestamptz",
-            "text",
-            "text",
-            "text",
-            "text",
-            "text",
-            "text",
-            "text",
-            "text",
-            "text",
-            "bigint",
-            "text",
-            "text",
-            "text",
-            "boolean",
-            "boolean",
-            "bigint",
-            "boolean",
-        ),
-        f"""
-        INSERT INTO message ({", ".join(_INSERT_COLUMNS)},
-                             receive_timestamp, last_process_timestamp, state, failed_count)
-        SELECT {", ".join(f"${i}" for i in range(1, len(_INSERT_COLUMNS) + 1))},
-               now(), now(),
-               CASE WHEN $13 IS NOT NULL
-                         AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
-                    THEN 'POSTPONED' ELSE 'NEW' END,
-               0
-        -- $18: new input needs the node in RUN (a child of existing work does not)
-        WHERE NOT $18 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
-        ON CONFLICT (correlation_id, source_system) DO NOTHING
-        RETURNING msg_id, state
-        """,
-    ),
-    Prepared(
-        "orderly_find_message",
-        ("text", "text"),
-        "SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2",
-    ),
-    Prepared("orderly_node_state", ("bigint",), "SELECT code, state FROM node WHERE node_id = $1"),
-)
 
 
 def insert_values(message: MessageIn, node_id: int, binding: str | None = None) -> tuple[Any, ...]:
@@ -260,7 +155,6 @@ class Intake:
         max_payload_bytes: int,
     ) -> None:
         self._engine = engine
-        self._statements = PreparedSet(engine, STATEMENTS)
         self._node_id = node_id
         self._enqueue = enqueue
         self._registry = registry
@@ -283,7 +177,7 @@ class Intake:
         return result
 
     def _store(self, message: MessageIn) -> SubmitResult:
-        with self._statements.connection() as conn:
+        with prepared_connection(self._engine) as conn:
             try:
                 inserted = insert_message(
                     conn, insert_values(message, self._node_id), require_run=True

@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from models import Node, NodeState
-from worker.errors import NodeNotFound
+from worker.core.errors import NodeNotFound
 
 
 def register_node(engine: Engine, code: str, description: str | None = None) -> int:

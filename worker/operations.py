@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints, Valid
 from sqlalchemy import Connection, Engine, text
 
 from models import MessageState
-from worker.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
-from worker.intake import PUBLIC_FIELDS, invalid_from
+from worker.core.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
+from worker.core.inputs import invalid_from
+from worker.intake import PUBLIC_FIELDS
 from worker.pool import released_in
 
 LIST_FIELDS = (

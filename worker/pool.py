@@ -19,159 +19,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from worker.configuration import ConfigReader
-from worker.processing import ORPHANED, parse_ids
-
-_REQUEUE = text(
-    """
-    UPDATE message m
-       SET state = 'IN_QUEUE', start_in_queue_timestamp = now(), last_process_timestamp = now()
-     WHERE m.msg_id IN (
-           SELECT msg_id FROM message
-            -- conversation messages are delivered by the ordering gate, not by handlers
-            WHERE service_name <> 'conversation'
-              AND ((state = 'PARTLY_FAILED'
-                   AND last_process_timestamp <= now() - make_interval(secs => :partly_s))
-               OR (state = 'POSTPONED'
-                   AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)
-                   AND NOT (funnel_value IS NOT NULL
-                            AND orderly_funnel_blocked(msg_id, funnel_value,
-                                                       funnel_component_id, msg_timestamp,
-                                                       guaranteed_order, exclude_failed_state))))
-            ORDER BY msg_timestamp
-            LIMIT :batch
-            FOR UPDATE SKIP LOCKED)
-    RETURNING m.msg_id, m.msg_timestamp
-    """
-)
+from worker.processing import parse_ids
+from worker.store.queries import sql
 
 REPAIR_CODE = "E_REPAIR"
 
-# Batched transitions lock rows, and the state trigger then takes funnel locks: a funnel's
-# lock comes first everywhere else, so here a row whose funnel is busy is left for next time.
-_FUNNEL_FIRST = (
-    "({m}.funnel_value IS NULL OR pg_try_advisory_xact_lock("
-    "orderly_funnel_key({m}.funnel_value, {m}.funnel_component_id)))"
-)
-
-_REPAIR_MESSAGES = text(
-    f"""
-    UPDATE message m
-       SET state = CASE WHEN m.failed_count >= :limit THEN 'FAILED' ELSE 'PARTLY_FAILED' END,
-           failed_count = m.failed_count + 1,
-           failed_error_code = '{REPAIR_CODE}',
-           failed_desc = CASE
-               WHEN m.state = 'PROCESSING' AND {ORPHANED}
-                 THEN 'worker connection lost while PROCESSING'
-               ELSE 'stuck in ' || m.state || ' since ' || m.last_process_timestamp::text END,
-           last_process_timestamp = now(), processing_pid = NULL
-     WHERE m.msg_id IN (
-           SELECT msg_id FROM message m
-            WHERE m.service_name <> 'conversation'
-              AND ((m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
-                   AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s))
-               OR (m.state = 'PROCESSING'
-                   AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
-                   AND {ORPHANED}))
-              AND {_FUNNEL_FIRST.format(m="m")}
-            LIMIT :batch
-            FOR UPDATE SKIP LOCKED)
-    RETURNING m.msg_id, m.state
-    """
-)
-
-_REPAIR_CALLS = text(
-    """
-    UPDATE external_call
-       SET state = 'FAILED', failed_count = failed_count + 1, last_update_timestamp = now()
-     WHERE call_id IN (
-           SELECT call_id FROM external_call
-            WHERE state = 'PROCESSING'
-              -- confirmations have their own lease (worker.confirmations)
-              AND operation_name <> 'orderly.confirmation'
-              AND last_update_timestamp <= now() - make_interval(secs => :stuck_s)
-            LIMIT :batch
-            FOR UPDATE SKIP LOCKED)
-    RETURNING call_id
-    """
-)
-
 POSTPONED_CODE = "E_POSTPONED_TOO_LONG"
 
-# Guaranteed order halts behind a FAILED message (unless exclude_failed_state): the messages
-# it holds back fail once both have stood still for postponedIntervalWhenFailedSec.
-_FAIL_POSTPONED = text(
-    f"""
-    UPDATE message m
-       SET state = 'FAILED', failed_count = m.failed_count + 1,
-           failed_error_code = '{POSTPONED_CODE}',
-           failed_desc = format('postponed for over %s s behind FAILED message %s of funnel %s',
-                                :failed_s, b.blocker, m.funnel_value),
-           last_process_timestamp = now()
-      FROM (SELECT c.msg_id,
-                   (SELECT o.msg_id FROM message o
-                     WHERE o.funnel_value = c.funnel_value
-                       AND o.state NOT IN ('OK', 'CANCEL')
-                       AND o.funnel_component_id IS NOT DISTINCT FROM c.funnel_component_id
-                       AND o.state = 'FAILED' AND o.guaranteed_order
-                       AND (o.msg_timestamp, o.msg_id) < (c.msg_timestamp, c.msg_id)
-                       AND o.last_process_timestamp <= now() - make_interval(secs => :failed_s)
-                     ORDER BY o.msg_timestamp, o.msg_id LIMIT 1) AS blocker
-              FROM message c
-             WHERE c.state = 'POSTPONED' AND c.guaranteed_order AND NOT c.exclude_failed_state
-               AND c.last_process_timestamp <= now() - make_interval(secs => :failed_s)
-               AND {_FUNNEL_FIRST.format(m="c")}
-             ORDER BY c.msg_timestamp
-             LIMIT :batch
-             FOR UPDATE OF c SKIP LOCKED) b
-     WHERE m.msg_id = b.msg_id AND b.blocker IS NOT NULL
-    RETURNING m.msg_id
-    """
-)
-
 TIMEOUT_CODE = "E_RESPONSE_TIMEOUT"
-
-_RESPONSE_TIMEOUTS = text(
-    f"""
-    UPDATE message m
-       SET state = 'FAILED', failed_count = m.failed_count + 1,
-           failed_error_code = '{TIMEOUT_CODE}',
-           failed_desc = format('no response for correlation id %s by %s',
-                                m.wait_correlation_id, m.response_deadline),
-           last_process_timestamp = now()
-     WHERE m.msg_id IN (
-           SELECT msg_id FROM message
-            WHERE state = 'WAITING_FOR_RES' AND response_deadline <= now()
-              AND service_name <> 'conversation'
-              AND {_FUNNEL_FIRST.format(m="message")}
-            ORDER BY response_deadline
-            LIMIT :batch
-            FOR UPDATE SKIP LOCKED)
-    RETURNING m.msg_id
-    """
-)
-
-# A parent is settled when its last child ends; this catches one whose settling was lost.
-_SETTLE_PARENTS = text(
-    """
-    SELECT p.msg_id, orderly_parent_check(p.msg_id) AS state
-      FROM message p
-     WHERE p.state = 'WAITING' AND p.service_name <> 'conversation'
-       AND p.last_process_timestamp <= now() - make_interval(secs => :stuck_s)
-       AND NOT EXISTS (SELECT 1 FROM message c
-                        WHERE c.parent_msg_id = p.msg_id AND c.parent_binding_type = 'HARD'
-                          AND c.state NOT IN ('OK', 'FAILED', 'CANCEL'))
-     LIMIT :batch
-    """
-)
 
 
 def released_in(conn: Connection) -> list[int]:
     """The funnel messages the current transaction released (enqueue them after commit)."""
-    value = conn.execute(text("SELECT current_setting('orderly.released', true)")).scalar()
-    return parse_ids(value)
+    return parse_ids(conn.execute(sql("released_in_transaction")).scalar())
 
 
 # A claim commits its backend pid atomically, so an orphan is certain once pg_stat_activity
@@ -198,7 +61,7 @@ def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], N
     moved: list[int] = []
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
-            rows = conn.execute(_REQUEUE, params).all()
+            rows = conn.execute(sql("pool_requeue"), params).all()
         # Enqueue after commit; a message whose enqueue fails stays IN_QUEUE for repair.
         for row in sorted(rows, key=lambda r: r.msg_timestamp):
             enqueue(row.msg_id)
@@ -209,13 +72,13 @@ def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], N
 
 
 def _batches(
-    engine: Engine, stmt: Any, params: dict[str, Any], enqueue: Callable[[int], None]
+    engine: Engine, query: str, params: dict[str, Any], enqueue: Callable[[int], None]
 ) -> int:
     """Run a batched transition until it changes fewer rows than a batch; enqueue releases."""
     done = 0
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
-            changed = len(conn.execute(stmt, params).all())
+            changed = len(conn.execute(sql(query), params).all())
             released = released_in(conn)
         for msg_id in released:
             enqueue(msg_id)
@@ -231,13 +94,13 @@ def fail_postponed(engine: Engine, config: ConfigReader, enqueue: Callable[[int]
         "failed_s": config.get_int("asynch.postponedIntervalWhenFailedSec"),
         "batch": config.get_int("asynch.pool.batchSize"),
     }
-    return _batches(engine, _FAIL_POSTPONED, params, enqueue)
+    return _batches(engine, "fail_postponed", params, enqueue)
 
 
 def expire_waits(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> int:
     """Messages whose wait for an external response ran out become FAILED."""
     return _batches(
-        engine, _RESPONSE_TIMEOUTS, {"batch": config.get_int("asynch.pool.batchSize")}, enqueue
+        engine, "expire_waits", {"batch": config.get_int("asynch.pool.batchSize")}, enqueue
     )
 
 
@@ -252,7 +115,7 @@ def repair(
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
             rows = conn.execute(
-                _REPAIR_MESSAGES,
+                sql("repair_messages"),
                 {"stuck_s": stuck_s, "grace_s": ORPHAN_GRACE_S, "batch": batch, "limit": limit},
             ).all()
             released += released_in(conn)
@@ -262,12 +125,12 @@ def repair(
             break
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
-            n = len(conn.execute(_REPAIR_CALLS, {"stuck_s": stuck_s, "batch": batch}).all())
+            n = len(conn.execute(sql("repair_calls"), {"stuck_s": stuck_s, "batch": batch}).all())
         calls += n
         if n < batch:
             break
     with engine.begin() as conn:
-        rows = conn.execute(_SETTLE_PARENTS, {"stuck_s": stuck_s, "batch": batch}).all()
+        rows = conn.execute(sql("settle_parents"), {"stuck_s": stuck_s, "batch": batch}).all()
         parents = sum(1 for r in rows if r.state != "WAITING")
         released += released_in(conn)
     for msg_id in released:

@@ -28,24 +28,17 @@ from sqlalchemy import Engine
 from models import BindingType, MessageState
 from worker import extcall
 from worker.configuration import ConfigReader
-from worker.errors import HandlerError, InvalidMessage
-from worker.extcall import CallInProgress, CallKey, CallResult
+from worker.core.errors import CallInProgress, HandlerError, InvalidMessage
+from worker.core.http import OutboundHttp
+from worker.extcall import CallKey, CallResult
 from worker.handlers import ExternalResponse, HandlerRegistry, MessageContext
-from worker.intake import STATEMENTS as INTAKE_STATEMENTS
 from worker.intake import insert_message, insert_values, parse_message
-from worker.prepared import Prepared, PreparedConnection, PreparedSet
+from worker.store.prepared import PreparedConnection, prepared_connection
 from worker.tracking import Tracker, claim_of
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# A claimer whose backend no longer exists is dead (pg_stat_get_activity(pid) plans far
-# cheaper than the pg_stat_activity view, and this runs on every claim).
-ORPHANED = (
-    "m.processing_pid IS NOT NULL"
-    " AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(m.processing_pid))"
-)
 
 # Released funnel messages one worker goes on with in a row before handing the next to the
 # broker (fair to the messages waiting there).
@@ -69,79 +62,6 @@ _CLAIM_COLUMNS = (
     # the claim's identity, for the timeout monitor
     "processing_pid",
     "last_process_timestamp",
-)
-
-# The newest processed (OK) message of the same object, newer than this one: this one is
-# obsolete. The object is (object_id, entity_type), or (object_id, operation) without a type.
-_NEWER_PROCESSED = """
-    (SELECT o.msg_id FROM message o
-      WHERE m.object_id IS NOT NULL AND o.object_id = m.object_id
-        AND o.entity_type IS NOT DISTINCT FROM m.entity_type
-        AND (m.entity_type IS NOT NULL OR o.operation_name = m.operation_name)
-        AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
-      ORDER BY o.msg_timestamp DESC, o.msg_id DESC
-      LIMIT 1)
-"""
-
-# A claimer holds its claim through its backend pid; only that connection may finish it.
-_HOLDS_CLAIM = "m.msg_id = $1 AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()"
-
-STATEMENTS = (
-    Prepared(
-        "orderly_claim",
-        ("bigint", "bigint"),
-        f"""
-        UPDATE message m
-           SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
-               node_id = $2, last_process_timestamp = now(),
-               processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
-          FROM (SELECT x.funnel_value IS NOT NULL
-                       AND orderly_funnel_blocked(x.msg_id, x.funnel_value,
-                                                  x.funnel_component_id, x.msg_timestamp,
-                                                  x.guaranteed_order, x.exclude_failed_state)
-                       AS blocked
-                  FROM message x WHERE x.msg_id = $1) b
-         WHERE m.msg_id = $1
-           AND (m.state IN ('NEW', 'IN_QUEUE') OR (m.state = 'PROCESSING' AND {ORPHANED}))
-           AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $2 AND n.state = 'STOPPED')
-        RETURNING m.state, {", ".join("m." + c for c in _CLAIM_COLUMNS)}, {_NEWER_PROCESSED}
-        """,
-        # The claim's commit need not wait for the disk: if a server crash loses it, the
-        # message is back in NEW/IN_QUEUE, the finish finds no claim, and repair brings the
-        # message back. The funnel lock (a no-op without a funnel) comes first, so the check
-        # of the funnel sees every transition committed before it.
-        prefix="SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s); ",
-    ),
-    Prepared(
-        "orderly_why_not_claimed",
-        ("bigint", "bigint"),
-        """
-        SELECT (SELECT state FROM message WHERE msg_id = $1),
-               (SELECT state FROM node WHERE node_id = $2)
-        """,
-    ),
-    Prepared(
-        "orderly_finish",
-        ("bigint", "text", "integer", "text", "text", "text", "bigint"),
-        "SELECT new_state, released FROM orderly_finish($1, $2, $3, $4, $5, $6, $7)",
-    ),
-    Prepared(
-        "orderly_register_wait",
-        ("bigint", "text", "integer"),
-        f"""
-        UPDATE message m
-           SET wait_correlation_id = $2, wait_res_id = NULL,
-               response_deadline = now() + make_interval(secs => $3)
-         WHERE {_HOLDS_CLAIM}
-        RETURNING m.msg_id
-        """,
-    ),
-    Prepared(
-        "orderly_load_response",
-        ("bigint",),
-        "SELECT res_id, res_envelope, failed, failed_reason, res_timestamp"
-        " FROM response WHERE res_id = $1",
-    ),
 )
 
 
@@ -186,10 +106,13 @@ def parse_ids(text: str | None) -> list[int]:
 class _Backend:
     """What a running handler may ask of orderly, on the connection holding its claim."""
 
-    def __init__(self, conn: PreparedConnection, config: ConfigReader, integrity: Any) -> None:
+    def __init__(
+        self, conn: PreparedConnection, config: ConfigReader, integrity: Any, http: OutboundHttp
+    ) -> None:
         self._conn = conn
         self._config = config
         self._integrity = integrity
+        self._http = http
 
     def register_wait(self, ctx: MessageContext, correlation_id: str, timeout_s: int) -> None:
         if not correlation_id or len(correlation_id) > 255:
@@ -216,7 +139,13 @@ class _Backend:
         self, ctx: MessageContext, uri: str, body: Any, res_join_id: str | None, timeout_s: float
     ) -> tuple[int, str]:
         return extcall.post_logged(
-            self._conn, ctx.msg_id, uri, body, res_join_id=res_join_id, timeout_s=timeout_s
+            self._conn,
+            self._http,
+            ctx.msg_id,
+            uri,
+            body,
+            res_join_id=res_join_id,
+            timeout_ms=max(1, round(timeout_s * 1000)),
         )
 
 
@@ -230,9 +159,11 @@ class Processor:
         config: ConfigReader,
         max_payload_bytes: int = 1_048_576,
         tracker: Tracker | None = None,
+        http: OutboundHttp | None = None,
     ) -> None:
         self._tracker = tracker
-        self._statements = PreparedSet(engine, STATEMENTS + INTAKE_STATEMENTS + extcall.STATEMENTS)
+        self._http = http or OutboundHttp()
+        self._engine = engine
         self._integrity = engine.dialect.loaded_dbapi.IntegrityError
         self._node_id = node_id
         self._registry = registry
@@ -244,7 +175,7 @@ class Processor:
         CHAIN_LIMIT); what is left, and children, go to ``enqueue``. Without ``enqueue`` the
         first result's ``ready`` lists them and nothing else runs."""
         # One connection for claim and outcome: the claim is tied to its backend pid.
-        with self._statements.connection() as conn:
+        with prepared_connection(self._engine) as conn:
             first = self._process_one(conn, msg_id)
             if enqueue is None:
                 return first
@@ -300,7 +231,7 @@ class Processor:
             funnel_value=row["funnel_value"],
             failed_count=row["failed_count"],
             custom_data=row["custom_data"],
-            backend=_Backend(conn, self._config, self._integrity),
+            backend=_Backend(conn, self._config, self._integrity, self._http),
         )
         if newer is not None:
             return self._finish(

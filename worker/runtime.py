@@ -19,17 +19,21 @@ from worker import configuration, nodes
 from worker.channels import ChannelDirectory
 from worker.configuration import ConfigReader
 from worker.conversations import Conversations
-from worker.db import engine_for
+from worker.core.clock import SYSTEM, Clock
+from worker.core.http import HttpOptions, OutboundHttp
+from worker.delivery import HttpSender
 from worker.handlers import HandlerRegistry, load_handler_modules, registry
 from worker.intake import Intake
 from worker.processing import Processor
 from worker.settings import Settings, get_settings
+from worker.store.db import engine_for
 from worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock = SYSTEM) -> None:
         self.settings = settings
+        self.clock = clock
         self._node_lock = threading.Lock()
         self._node_id: int | None = None
         # This worker's id in the service lifecycle keys, and its lease (set by a worker).
@@ -61,6 +65,23 @@ class Runtime:
             return self._node_id
 
     @cached_property
+    def http(self) -> OutboundHttp:
+        """The one outbound HTTP client of this process."""
+        s = self.settings
+        return OutboundHttp(
+            HttpOptions(
+                connect_timeout_s=s.http_connect_timeout_ms / 1000,
+                proxy=s.http_proxy,
+                ca_bundle=s.http_ca_bundle,
+                max_response_bytes=s.http_max_response_bytes,
+            )
+        )
+
+    @cached_property
+    def sender(self) -> HttpSender:
+        return HttpSender(self.http)
+
+    @cached_property
     def processor(self) -> Processor:
         return Processor(
             self.engine,
@@ -69,6 +90,7 @@ class Runtime:
             config=self.config,
             max_payload_bytes=self.settings.max_payload_bytes,
             tracker=self.tracker,
+            http=self.http,
         )
 
     @cached_property
@@ -102,7 +124,11 @@ class Runtime:
     @cached_property
     def tracker(self) -> Tracker:
         return Tracker(
-            self.tracking_redis, self.track_keys, self.tracking_policy, str(self.service_id or "")
+            self.tracking_redis,
+            self.track_keys,
+            self.tracking_policy,
+            str(self.service_id or ""),
+            clock=self.clock,
         )
 
     @cached_property
@@ -111,7 +137,7 @@ class Runtime:
 
     @cached_property
     def channels(self) -> ChannelDirectory:
-        return ChannelDirectory(self.engine, self.settings)
+        return ChannelDirectory(self.engine, self.settings, self.clock)
 
     @cached_property
     def conversations(self) -> Conversations:
@@ -121,6 +147,7 @@ class Runtime:
             self.settings,
             node_id=self.node_id,
             channels=self.channels,
+            clock=self.clock,
         )
 
     def intake(self, enqueue: Callable[[int], None]) -> Intake:

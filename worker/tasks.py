@@ -1,4 +1,4 @@
-"""Celery tasks of the processing queue: thin, they take ids and call the processor."""
+"""Celery tasks: thin, they take ids and call the mechanisms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from celery.exceptions import Reject
 
 from worker import confirmations, pubsub
 from worker.celery import PROCESS_QUEUE, app, enqueue_drain, enqueue_processing
-from worker.delivery import HttpSender
 from worker.processing import Outcome
 from worker.runtime import get_runtime
 
@@ -30,16 +29,13 @@ def process_message(self: Any, msg_id: int) -> str:
     return result.outcome.value
 
 
-_sender = HttpSender()
-
-
 @app.task(name="orderly.deliver.conversation")
 def deliver_conversation(conversation_id: str, token: str) -> str:
     """Deliver a conversation's responses in order while holding its lease (``token``)."""
     runtime = get_runtime()
     # Tracked by the conversation (the xid is meta.id); the lease token is no part of it.
     with runtime.tracker.tracking({"meta": {"id": f"conversation:{conversation_id}"}}, "drain"):
-        report = runtime.conversations.drain(conversation_id, token, _sender)
+        report = runtime.conversations.drain(conversation_id, token, runtime.sender)
     if report.end == "YIELD":
         # Fair to other conversations: the rest goes on in a new task, the lease kept.
         enqueue_drain(conversation_id, token)
@@ -56,12 +52,18 @@ def deliver_events(delivery_ids: list[int]) -> list[str]:
     secret = runtime.settings.token_secret
     # Tracked by the batch itself (no intrinsic id: the xid is its SHA1).
     with runtime.tracker.tracking({"deliveries": delivery_ids}, "events"):
-        return pubsub.deliver_batch(runtime.engine, delivery_ids, _sender.push, secret)
+        return pubsub.deliver_batch(runtime.engine, delivery_ids, runtime.sender.push, secret)
 
 
-@app.task(name="orderly.deliver.confirmation")
-def confirm(call_id: int) -> str:
-    """Tell a source system the final state of its message (one try)."""
+@app.task(name="orderly.deliver.confirmations")
+def confirm(call_ids: list[int]) -> list[str]:
+    """Tell source systems the final states of their messages (one try each)."""
     runtime = get_runtime()
-    with runtime.tracker.tracking({"meta": {"id": f"confirmation:{call_id}"}}, "confirmation"):
-        return confirmations.confirm(runtime.engine, call_id, runtime.config)
+    states = []
+    for call_id in call_ids:
+        xid = {"meta": {"id": f"confirmation:{call_id}"}}
+        with runtime.tracker.tracking(xid, "confirmation"):
+            states.append(
+                confirmations.confirm(runtime.engine, call_id, runtime.config, runtime.http)
+            )
+    return states

@@ -1,11 +1,12 @@
 """The timeout monitor's turn: tracking figures in Redis, then the retry or the failure of each
-timed-out message in the message store, then the retries that are due.
+timed-out message in the message store.
 
 A message is tracked from its claim (PROCESSING) to its outcome. One that is not done within
 messageTimeout is taken back from its worker (``processing_pid`` cleared, so a late outcome is
-dropped as LOST_CLAIM) and retried after ``delay * multiplier^(n-1)``, up to the retry
-attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of timeouts lives on
-the row (``timeout_count``) and the retry-or-fail decision is part of the take-back statement.
+dropped as LOST_CLAIM) and retried after ``delay * multiplier^n`` (the retry policy), up to
+the retry attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of
+timeouts lives on the row (``timeout_count``) and the retry-or-fail decision is part of the
+take-back statement.
 The store is the authority: only the claim that timed out is taken back, so a message that
 reached its outcome meanwhile, or was claimed again since, is left alone.
 """
@@ -16,10 +17,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
+from worker.core.clock import now_ms
 from worker.pool import released_in
-from worker.tracking import Tracker, now_ms
+from worker.store.queries import sql
+from worker.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +31,6 @@ TIMEOUT_CODE = "E_TIMEOUT"
 # Only tracked message processing is retried here; conversation drains and event deliveries
 # are counted, and their own leases give them back (worker.conversations, worker.pubsub).
 RETRIED_KIND = "message"
-
-_TAKE_BACK = text(
-    f"""
-    UPDATE message m
-       SET state = CASE WHEN m.timeout_count >= :attempts THEN 'FAILED' ELSE 'IN_QUEUE' END,
-           timeout_count = m.timeout_count + 1,
-           failed_count = m.failed_count + 1,
-           failed_error_code = '{TIMEOUT_CODE}',
-           failed_desc = format('no worker finished it within %s ms (timeout %s of %s); %s',
-                                :timeout_ms, m.timeout_count + 1, :attempts + 1,
-                                CASE WHEN m.timeout_count >= :attempts THEN 'no retries left'
-                                     ELSE 'retried' END),
-           processing_pid = NULL, last_process_timestamp = now()
-     WHERE m.msg_id = :msg_id AND m.state = 'PROCESSING'
-       -- the very claim that timed out, not a later one of the same message
-       AND m.processing_pid = :pid AND m.last_process_timestamp = CAST(:claimed_at AS timestamptz)
-       -- a plain funnel counts only started messages: taking one back would let its
-       -- successor run beside the hung handler (funnelIdleIntervalSec and repair apply)
-       AND (m.funnel_value IS NULL OR m.guaranteed_order)
-    RETURNING m.state, m.timeout_count
-    """
-)
 
 
 @dataclass
@@ -62,7 +43,6 @@ class TimeoutReport:
     # Timed out, but the store shows that claim already settled (or the message is in a plain
     # funnel): nothing to take back.
     settled: list[int] = field(default_factory=list)
-    requeued: list[int] = field(default_factory=list)
     errors: int = 0
 
 
@@ -79,9 +59,9 @@ def _take_back(
     policy = tracker.policy
     with engine.begin() as conn:
         # The funnel lock before the row lock, as everywhere (a no-op without a funnel).
-        conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
+        conn.execute(sql("lock_funnel_of"), {"id": msg_id})
         row = conn.execute(
-            _TAKE_BACK,
+            sql("timeout_take_back"),
             {
                 "msg_id": msg_id,
                 "pid": int(pid),
@@ -104,8 +84,9 @@ def monitor(
     enqueue: Callable[[int], None],
     now: int | None = None,
 ) -> TimeoutReport:
-    """One turn: count done and expired ids, retry or fail timeouts, enqueue due retries."""
-    now = now_ms() if now is None else now
+    """One turn: count done and expired ids, retry or fail timeouts. The retries themselves
+    are due work (``Tracker.retries``): the ticker hands them to the broker when due."""
+    now = now_ms(tracker.clock) if now is None else now
     turn = tracker.monitor_turn(now)
     report = TimeoutReport(done=turn.done, expired=turn.expired, timeouts=len(turn.timed_out))
     for t in turn.timed_out:
@@ -129,10 +110,4 @@ def monitor(
             report.settled.append(msg_id)
     tracker.count("retry", len(report.retried))
     tracker.count("gaveup", len(report.failed))
-    due = tracker.due_retries(now)
-    for xid in due:
-        if xid.isdigit():
-            enqueue(int(xid))
-            report.requeued.append(int(xid))
-    tracker.forget(due)
     return report

@@ -13,11 +13,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from worker.errors import OrderlyError
-
-
-class Unauthorized(OrderlyError):
-    """A message whose token is missing, forged, expired or for someone else."""
+from worker.core.errors import Unauthorized
 
 
 @dataclass(frozen=True)

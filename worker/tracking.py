@@ -12,8 +12,7 @@ import hashlib
 import json
 import logging
 import re
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,8 +21,11 @@ from typing import Any
 import redis
 
 from models.keys import TrackKeys
-from worker.errors import OrderlyError
-from worker.scripts import Scripts
+from worker.core.clock import SYSTEM, Clock, now_ms
+from worker.core.due import RedisDueSet
+from worker.core.errors import TrackingError
+from worker.core.retry import RetryPolicy
+from worker.core.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +33,6 @@ log = logging.getLogger(__name__)
 BUCKETS_MS: tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
 _NUMBER = re.compile(r"^[0-9]+$")
-
-
-class TrackingError(OrderlyError):
-    """A tracking key that must not exist does (e.g. the id counter was reset)."""
 
 
 def _decoded(raw: Any) -> dict[str, str]:
@@ -51,10 +49,6 @@ def claim_of(pid: int | None, claimed_at: datetime | None) -> str:
     if pid is None or claimed_at is None:
         return ""
     return f"{pid} {claimed_at.isoformat()}"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def xid_of(message: Any) -> tuple[str, str]:
@@ -103,13 +97,17 @@ class TrackingPolicy:
                 f"messageExpire ({self.expire_ms} ms) must be longer than messageTimeout "
                 f"({self.timeout_ms} ms), or the monitor cannot see timeouts"
             )
+        self.retry  # noqa: B018 - validates the retry numbers now
 
-    def retry_delay(self, attempt: int) -> int:
-        """Wait before retry number ``attempt`` (1-based): deliveryDelay * multiplier^(n-1),
-        at most the maximum delay (as Artemis's max-redelivery-delay)."""
-        exponent = min(max(attempt - 1, 0), 64)
-        delay = self.retry_delay_ms * self.retry_multiplier**exponent
-        return int(min(delay, self.retry_max_delay_ms))
+    @property
+    def retry(self) -> RetryPolicy:
+        """Retry n after the n-th timeout waits retry_delay_ms * multiplier ^ n (capped)."""
+        return RetryPolicy(
+            self.retry_delay_ms,
+            self.retry_multiplier,
+            self.retry_attempts,
+            max_delay_ms=self.retry_max_delay_ms,
+        )
 
 
 @dataclass(frozen=True)
@@ -179,7 +177,8 @@ def snapshot(client: redis.Redis, keys: TrackKeys) -> TrackingSnapshot:
     pipe.llen(keys.message_ids)
     pipe.llen(keys.done)
     pipe.zcard(keys.retry)
-    done, timeout, overflow, expired, retried, gave_up, listed, waiting, retries = pipe.execute()
+    pipe.zcard(keys.retry_leased)
+    done, timeout, overflow, expired, retried, gave_up, listed, waiting, due, taken = pipe.execute()
     return TrackingSnapshot(
         done=Histogram.from_hash(done),
         timeout=Histogram.from_hash(timeout),
@@ -189,7 +188,7 @@ def snapshot(client: redis.Redis, keys: TrackKeys) -> TrackingSnapshot:
         gave_up=_count(gave_up),
         listed=int(listed),
         done_waiting=int(waiting),
-        retries_waiting=int(retries),
+        retries_waiting=int(due) + int(taken),
     )
 
 
@@ -202,11 +201,13 @@ class Tracker:
         keys: TrackKeys,
         policy: TrackingPolicy,
         service: str = "",
+        clock: Clock = SYSTEM,
     ) -> None:
         self.client = client
         self.keys = keys
         self.policy = policy
         self.service = service
+        self.clock = clock
         self._scripts = Scripts(client)
 
     def register(
@@ -223,7 +224,7 @@ class Tracker:
                     k.message_prefix,
                     k.xid_prefix,
                     self.policy.capacity,
-                    now_ms() if now is None else now,
+                    now_ms(self.clock) if now is None else now,
                     self.policy.timeout_ms,
                     self.policy.expire_ms,
                     xid,
@@ -234,11 +235,6 @@ class Tracker:
                 ],
             )
         )
-        if track_id < 0:
-            raise TrackingError(
-                f"tracking key {k.message_id} points at an existing message hash: "
-                "the counter was reset while its messages live; refusing to overwrite"
-            )
         return track_id
 
     def done(self, track_id: int, now: int | None = None) -> bool:
@@ -249,7 +245,7 @@ class Tracker:
         pushed = self._scripts.run(
             "track_done",
             [k.message(track_id), k.done],
-            [track_id, now_ms() if now is None else now],
+            [track_id, now_ms(self.clock) if now is None else now],
         )
         return bool(pushed)
 
@@ -284,7 +280,7 @@ class Tracker:
             [k.done, k.message_ids, k.metrics("done"), k.metrics("timeout"), k.metrics("expired")],
             [
                 k.message_prefix,
-                now_ms() if now is None else now,
+                now_ms(self.clock) if now is None else now,
                 max(self.policy.batch, self.policy.capacity),
                 *BUCKETS_MS,
             ],
@@ -303,29 +299,29 @@ class Tracker:
 
     def schedule_retry(self, xid: str, attempt: int, now: int | None = None) -> int:
         """Schedule the retry after timeout number ``attempt``; returns when it is due (ms)."""
-        due = (now_ms() if now is None else now) + self.policy.retry_delay(attempt)
+        due = (now_ms(self.clock) if now is None else now) + self.policy.retry.delay(attempt)
         self.client.zadd(self.keys.retry, {xid: due})
         return due
-
-    def unschedule(self, xid: str) -> None:
-        self.client.zrem(self.keys.retry, xid)
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to the ``count`` of ``:metrics:$name`` (retry, gaveup)."""
         if n:
             self.client.hincrby(self.keys.metrics(name), "count", n)
 
-    def due_retries(self, now: int | None = None, limit: int = 1000) -> list[str]:
-        """The retries that are due. The caller enqueues them, then ``forget``s them: a crash
-        in between sends a retry twice (the claim lets one through), never loses one."""
-        due = self.client.zrangebyscore(
-            self.keys.retry, "-inf", now_ms() if now is None else now, start=0, num=limit
-        )
-        return [_text(x) for x in due]
+    def retries(self, hand_off: Callable[[list[int]], None]) -> RedisDueSet:
+        """The scheduled retries as due work: each due msg_id goes to ``hand_off``."""
 
-    def forget(self, xids: list[str]) -> None:
-        if xids:
-            self.client.zrem(self.keys.retry, *xids)
+        def enqueue(xids: list[str]) -> None:
+            hand_off([int(x) for x in xids if x.isdigit()])
+
+        return RedisDueSet(
+            "tracking-retries",
+            self._scripts,
+            self.keys.retry,
+            self.keys.retry_leased,
+            enqueue,
+            clock=self.clock,
+        )
 
 
 class ServiceLease:
@@ -342,7 +338,7 @@ class ServiceLease:
         services: Services,
         fields: Mapping[str, str | int],
         expire_ms: int,
-        clock: Any = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.services = services
         self.fields = dict(fields)
@@ -354,7 +350,7 @@ class ServiceLease:
 
     def start(self) -> int:
         self.service_id = self.services.register(self.fields, self.expire_ms)
-        self._renewed_at = self._clock()
+        self._renewed_at = self._clock.monotonic()
         self._server = self.services.server_id()
         return self.service_id
 
@@ -367,13 +363,13 @@ class ServiceLease:
             self.start()
             return "started"
         if self.services.renew(self.service_id, self.expire_ms):
-            self._renewed_at = self._clock()
+            self._renewed_at = self._clock.monotonic()
             return "renewed"
-        lapsed = (self._clock() - self._renewed_at) * 1000 >= self.expire_ms
+        lapsed = (self._clock.monotonic() - self._renewed_at) * 1000 >= self.expire_ms
         server = self.services.server_id()
         if lapsed or server != self._server:
             self.services.restore(self.service_id, self.fields, self.expire_ms)
-            self._renewed_at = self._clock()
+            self._renewed_at = self._clock.monotonic()
             self._server = server
             return "restored"
         return "stop"
@@ -412,11 +408,6 @@ class Services:
                 [k.service(""), expire_ms, *pairs],
             )
         )
-        if service_id < 0:
-            raise TrackingError(
-                f"{k.service_id} points at an existing service key: the counter was reset "
-                "while services live; refusing to overwrite"
-            )
         return service_id
 
     def renew(self, service_id: int, expire_ms: int, now: int | None = None) -> bool:

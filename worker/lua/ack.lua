@@ -5,9 +5,11 @@
 -- KEYS[7] drain lease
 -- ARGV[1] member the caller read from KEYS[1]  ARGV[2] request key prefix
 -- ARGV[3] asyncRequest key prefix  ARGV[4] drain lease token  ARGV[5] drain lease (ms)
--- Returns {'ACKED', msgId, completedRequestMsgId or '', leaseTaken} or {'NOT_FOUND'}.
+-- ARGV[6] the async response id (named in the refusal)
+-- Returns {'ACKED', msgId, completedRequestMsgId or '', leaseTaken}; refuses with
+-- ORDERLY_UNKNOWN_ACK when the ACK key no longer holds the member or the response is gone.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[2]) == 0 then
-  return {'NOT_FOUND'}
+  return redis.error_reply('ORDERLY_UNKNOWN_ACK ' .. ARGV[6])
 end
 local done = settle_delivered(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2],
                               ARGV[3])

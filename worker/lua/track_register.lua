@@ -6,8 +6,9 @@
 -- ARGV[7] xid  ARGV[8] xid type ('number' | 'meta' | 'sha1')  ARGV[9] service id
 -- ARGV[10] kind (what was tracked: 'message', 'drain', 'events', 'confirmation')
 -- ARGV[11] claim: which claim of the message this is ('' when not a message)
--- Returns the new id; 0 when at capacity (only the overflow is counted); -1 when the
--- :message:$id hash already exists (a counter reset under live keys: refused, nothing kept).
+-- Returns the new id; 0 when at capacity (only the overflow is counted). Refuses with
+-- ORDERLY_KEY_EXISTS when the :message:$id hash already exists (a counter reset under live
+-- keys): nothing is kept.
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[3]) then
   redis.call('HINCRBY', KEYS[3], 'count', 1)
   return 0
@@ -15,7 +16,7 @@ end
 local id = redis.call('INCR', KEYS[1])
 local key = ARGV[1] .. id
 if redis.call('EXISTS', key) == 1 then
-  return -1
+  return redis.error_reply('ORDERLY_KEY_EXISTS ' .. key)
 end
 local now, timeout, expire = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 redis.call('HSET', key, 'timestamp', ARGV[4], 'xid', ARGV[7], 'deadline', now + timeout,

@@ -42,10 +42,11 @@ from worker.conversations import (
     RESPONSE_SOURCE,
 )
 from worker.conversations import SERVICE as CONVERSATION_SERVICE
+from worker.core.retry import RetryPolicy
 from worker.pool import POSTPONED_CODE, REPAIR_CODE
 from worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
 from worker.processing import ERROR_HANDLER, ERROR_NO_HANDLER
-from worker.pubsub import QUEUED_LEASE_S, backoff_ms, topic_matches
+from worker.pubsub import QUEUED_LEASE_S, topic_matches
 from worker.timeouts import TIMEOUT_CODE
 
 T = TypeVar("T")
@@ -1529,7 +1530,11 @@ class _Generator:
                 exception_id = f"{rng.getrandbits(128):032x}"
                 error = f"{error} [{exception_id}]"
             nxt = attempt + 1
-            wait = 30 * SECOND if pull else backoff_ms(sub.delay_ms, sub.multiplier, nxt)
+            wait = (
+                30 * SECOND
+                if pull
+                else RetryPolicy(sub.delay_ms, sub.multiplier, sub.attempts).delay(nxt)
+            )
             if attempts == 0 or nxt > attempts:
                 state = "DEAD"
                 last_error = f"{error} (attempts spent: {attempts})"

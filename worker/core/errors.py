@@ -1,6 +1,14 @@
-"""orderly's exceptions: one base class; driver errors are translated at the edge."""
+"""orderly's exceptions: one base class, every error orderly raises on purpose below it.
+
+Driver errors are translated at the edge (``raise ... from None``). Lua scripts report a
+refusal as an error reply whose first word is a code (``ORDERLY_KEY_EXISTS <key>``);
+:func:`from_script_error` is the one place those codes become exceptions. The faces map the
+classes to HTTP statuses and exit codes (``api/errors.py``, the CLI).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 class OrderlyError(Exception):
@@ -15,6 +23,15 @@ class InvalidMessage(OrderlyError):
         self.field = field
         self.problem = problem
         super().__init__("; ".join(f"{f}: {p}" for f, p in self.problems))
+
+
+class NotFound(OrderlyError):
+    """A named thing (room, subscription, pulled message, ...) does not exist."""
+
+    def __init__(self, what: str, name: object, *, field: str | None = None) -> None:
+        self.what = what
+        self.field = field or what
+        super().__init__(f"no {what} {name!r}")
 
 
 class MessageNotFound(OrderlyError):
@@ -95,3 +112,51 @@ class ResponseNotAwaited(OrderlyError):
     def __init__(self, correlation_id: str) -> None:
         self.correlation_id = correlation_id
         super().__init__(f"no message waits for a response with correlation id {correlation_id!r}")
+
+
+class CallInProgress(OrderlyError):
+    """Another message's call on the same key is running; the message is taken up later."""
+
+    def __init__(self, operation: str, entity_id: str, msg_id: int) -> None:
+        self.operation = operation
+        self.entity_id = entity_id
+        super().__init__(
+            f"external call {operation} on {entity_id!r} is in progress for message {msg_id}"
+        )
+
+
+class ExchangeFailed(OrderlyError):
+    """An HTTP exchange got no answer or a non-2xx answer (logged as a failed response)."""
+
+    def __init__(self, uri: str, reason: str, status: int | None = None) -> None:
+        self.uri = uri
+        self.reason = reason
+        self.status = status
+        super().__init__(f"{uri}: {reason}")
+
+
+class Unauthorized(OrderlyError):
+    """A message whose token is missing, forged, expired or for someone else."""
+
+
+class TrackingError(OrderlyError):
+    """A tracking or service key that must not exist does (e.g. its id counter was reset)."""
+
+
+# --- Lua error replies -----------------------------------------------------------------------
+
+SCRIPT_ERRORS: dict[str, Callable[[str], OrderlyError]] = {
+    # A counter handed out an id whose key still lives: the counter was reset under live keys.
+    "ORDERLY_KEY_EXISTS": lambda key: TrackingError(
+        f"{key} exists: its id counter was reset while its keys live; refusing to overwrite"
+    ),
+    # An ACK whose asyncRequest key or response is gone (or was never recorded).
+    "ORDERLY_UNKNOWN_ACK": UnknownAck,
+}
+
+
+def from_script_error(message: str) -> OrderlyError | None:
+    """The exception an orderly script meant by its error reply (None: not one of ours)."""
+    code, _, detail = message.strip().partition(" ")
+    make = SCRIPT_ERRORS.get(code)
+    return None if make is None else make(detail)

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 
-from worker.errors import HandlerError
+from worker.core.errors import HandlerError
 from worker.handlers import Handler, MessageContext, registry
 from worker.pubsub import Claimed, consumers
 

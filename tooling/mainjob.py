@@ -25,13 +25,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from api.metrics import runtime_figures
-from api.processes import ProcessGroup, wait_for_log
-from api.sink import Sink
 from api.status import print_status
-from api.workload import check, generate, submit
 from models import FINAL_STATES, Message
-from worker import configuration, schema
+from tooling.processes import ProcessGroup, wait_for_log
+from tooling.sink import Sink
+from tooling.workload import check, generate, submit
+from worker import configuration
 from worker.runtime import get_runtime
+from worker.store import schema
 
 ROUTES = [
     ("customer", "createCustomer"),
@@ -42,6 +43,7 @@ ROUTES = [
 # Conversation timings for a demo: an ACK that never comes, and an AWAITED group, are taken
 # up again within seconds rather than the production defaults.
 DEMO_ENV = {
+    "ORDERLY_HANDLER_MODULES": "tooling.handlers",
     "AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL": "1000",
     "AURA_QUEUE_MANAGER_AWAITED_TIME_WHEN_RETRIES_END": "1000",
     "AURA_QUEUE_MANAGER_AWAITED_MESSAGES_INTERVAL": "2000",

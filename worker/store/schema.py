@@ -1,14 +1,19 @@
-"""Database schema management: run Alembic migrations programmatically."""
+"""Database schema management: Alembic migrations run programmatically, and the canonical
+functions and triggers (``sql/functions.sql``) that migrations apply."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, make_url, text
 
-ROOT = Path(__file__).resolve().parent.parent
+from worker.store.queries import FUNCTIONS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def alembic_config(url: str) -> Config:
@@ -44,3 +49,20 @@ def create_database(url: str) -> bool:
             return True
     finally:
         admin.dispose()
+
+
+def functions_sha256() -> str:
+    """The hash a migration that applies ``functions.sql`` records (see ``apply_functions``)."""
+    return hashlib.sha256(FUNCTIONS_FILE.read_bytes()).hexdigest()
+
+
+def apply_functions(execute: Callable[[str], object]) -> None:
+    """Install ``functions.sql`` (CREATE OR REPLACE) from a migration.
+
+    Every migration that changes the functions applies the file as it stands and records its
+    hash (``FUNCTIONS_SHA256``); a test holds the newest such migration to the file, so a
+    changed file needs a new migration. Bodies are not checked against the tables here: an
+    older migration may apply text written for columns a later one adds.
+    """
+    execute("SET LOCAL check_function_bodies = off")
+    execute(FUNCTIONS_FILE.read_text())

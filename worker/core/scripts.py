@@ -1,4 +1,9 @@
-"""orderly's Lua scripts, loaded once by name (each with the shared library first)."""
+"""orderly's Lua scripts (``worker/lua``), registered once per Redis client and run by name.
+
+Each script is one atomic check-and-act; the shared library (``_lib.lua``) is prepended to
+every one. A script refuses with an error reply whose first word is a code; :meth:`run`
+turns it into the exception ``worker.core.errors`` maps it to.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import Any
 
 import redis
 
-LUA_DIR = Path(__file__).resolve().parent / "lua"
+from worker.core.errors import from_script_error
+
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 SCRIPT_NAMES = (
     # conversations
     "register_request",
@@ -16,8 +23,14 @@ SCRIPT_NAMES = (
     "advance",
     "ack",
     "expire",
-    "due",
     "awaited",
+    # due sets and leases
+    "due_take",
+    "due_settle",
+    "due_release",
+    "lease_take",
+    "lease_keep",
+    "lease_give_up",
     # message tracking and service lifecycle
     "track_register",
     "track_done",
@@ -40,7 +53,14 @@ class Scripts:
     """Registered scripts of one Redis client: ``scripts.run("advance", keys, args)``."""
 
     def __init__(self, client: redis.Redis) -> None:
+        self.client = client
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        return self._scripts[name](keys=keys, args=args)
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except redis.ResponseError as exc:
+            mapped = from_script_error(str(exc))
+            if mapped is None:
+                raise
+            raise mapped from None

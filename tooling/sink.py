@@ -913,7 +913,7 @@ async def _serve_until_signalled(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m api.sink", description="Run the client sink in the foreground."
+        prog="python -m tooling.sink", description="Run the client sink in the foreground."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8500)

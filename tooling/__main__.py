@@ -1,0 +1,3 @@
+from tooling.cli import main
+
+main()

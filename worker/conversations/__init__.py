@@ -1,0 +1,139 @@
+"""Ordered conversation delivery: requests, responses, the ordering gate, sends and ACKs.
+
+PostgreSQL holds every request and response as a ``message`` row (the durable truth); Redis
+holds the seed's ordering structures, changed only by the Lua scripts in ``worker/lua``. A
+conversation is delivered by one drain at a time (its lease): the drain settles the previous
+send and claims the next head in one script call, so a successor leaves the moment its
+predecessor is delivered or ACKed, without polling.
+
+``intake`` takes requests and responses in, ``gate`` delivers them, ``agent`` wakes waiting
+conversations and runs the awaited agent; :class:`Conversations` is the one object the faces
+use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from sqlalchemy import Engine
+
+from models.keys import BridgeKeys
+from worker.channels import ChannelDirectory
+from worker.conversations import agent, gate, intake
+from worker.conversations.context import Context
+from worker.conversations.model import (
+    ERROR_CANCELLED,
+    ERROR_EXPIRED,
+    ERROR_RETRIES_SPENT,
+    ID_PATTERN,
+    MAX_ASYNC_ID,
+    REQUEST_SOURCE,
+    RESPONSE_SOURCE,
+    SERVICE,
+    AgentReport,
+    Delivery,
+    DrainReport,
+    Enqueue,
+    Gate,
+    Head,
+    Registered,
+    RequestIn,
+    ResponseIn,
+    Sender,
+    SendResult,
+)
+from worker.core.clock import SYSTEM, Clock
+from worker.core.due import RedisDueSet
+from worker.settings import Settings
+
+__all__ = [
+    "ERROR_CANCELLED",
+    "ERROR_EXPIRED",
+    "ERROR_RETRIES_SPENT",
+    "ID_PATTERN",
+    "MAX_ASYNC_ID",
+    "REQUEST_SOURCE",
+    "RESPONSE_SOURCE",
+    "SERVICE",
+    "AgentReport",
+    "Conversations",
+    "Delivery",
+    "DrainReport",
+    "Enqueue",
+    "Gate",
+    "Head",
+    "Registered",
+    "RequestIn",
+    "ResponseIn",
+    "SendResult",
+    "Sender",
+]
+
+
+class Conversations:
+    """The mechanism; faces pass ``enqueue`` (start a drain) and ``send`` (one HTTP POST)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        client: redis.Redis,
+        settings: Settings,
+        *,
+        node_id: int,
+        channels: ChannelDirectory,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.ctx = Context(engine, client, settings, node_id, channels, clock)
+
+    @property
+    def keys(self) -> BridgeKeys:
+        return self.ctx.keys
+
+    @property
+    def lease_ms(self) -> int:
+        return self.ctx.lease_ms
+
+    @property
+    def blocked_ms(self) -> int:
+        return self.ctx.blocked_ms
+
+    def register_request(self, conversation_id: str, data: Any) -> Registered:
+        """createConversationRegister: the request waits (WAITING) for its responses."""
+        return intake.register_request(self.ctx, conversation_id, data)
+
+    def add_response(self, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
+        """markPendingConversationRegister: the response joins its conversation's order."""
+        return intake.add_response(self.ctx, conversation_id, data, enqueue)
+
+    def can_send(self, conversation_id: str, response_id: str) -> Gate:
+        """canSendConversationMessage: may this response go out now, by the order alone?"""
+        return gate.can_send(self.ctx, conversation_id, response_id)
+
+    def drain(self, conversation_id: str, token: str, send: Sender) -> DrainReport:
+        """Deliver the conversation's sendable heads in order while holding its lease."""
+        return gate.drain(self.ctx, conversation_id, token, send)
+
+    def ack(self, async_response_id: str, enqueue: Enqueue) -> int:
+        """The client's ACK: the response is delivered and its successor released at once."""
+        return gate.ack(self.ctx, async_response_id, enqueue)
+
+    def describe(self, conversation_id: str) -> dict[str, Any]:
+        return agent.describe(self.ctx, conversation_id)
+
+    def partial_metrics(self) -> dict[str, int]:
+        return agent.partial_metrics(self.ctx)
+
+    def wake(self, conversation_id: str, enqueue: Enqueue) -> bool:
+        return agent.wake(self.ctx, conversation_id, enqueue)
+
+    def wakes(self, enqueue: Enqueue) -> RedisDueSet:
+        """Conversations whose wait has run out, as due work for the ticker."""
+        return agent.wakes(self.ctx, enqueue)
+
+    def awaited_turn(self, enqueue: Enqueue) -> AgentReport:
+        return agent.awaited_turn(self.ctx, enqueue)
+
+    def log_partial_metrics(self) -> None:
+        """AURA_LOGGING_EXTRA_TIME_METRICS: the queue's figures, logged."""
+        agent.log.info("queue metrics: %s", agent.partial_metrics(self.ctx))

@@ -1,0 +1,145 @@
+"""Waking conversations and the awaited agent (the seed's Awaited Messages Agent).
+
+A drain that must wait (a retry's backoff, an ACK deadline, an expiring head request) leaves
+a wake-up time in the ``scheduled`` due set; :func:`wakes` is that set as due work, handed to
+the ticker. The awaited agent takes up responses whose attempts ran out (AWAITED), or whose
+sender died, from ``pendingMessages``, and expires those past AWAITED_MESSAGE_TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from worker.conversations.context import Context
+from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list, text
+from worker.core.due import RedisDueSet
+from worker.core.lease import RedisLease, new_token
+
+log = logging.getLogger(__name__)
+
+
+def wake(ctx: Context, conversation_id: str, enqueue: Enqueue) -> bool:
+    """Start a drain unless one holds the conversation (it will see what is due)."""
+    lease = RedisLease(ctx.scripts, ctx.keys.drain_lease(conversation_id))
+    token = new_token()
+    if not lease.take(token, ctx.lease_ms):
+        return False
+    try:
+        enqueue(conversation_id, token)
+    except BaseException:
+        lease.give_up(token)  # nobody will drain under it: let the next wake take it
+        raise
+    return True
+
+
+def wakes(ctx: Context, enqueue: Enqueue) -> RedisDueSet:
+    """The conversations whose wait has run out, as due work: each one is woken."""
+
+    def hand_off(conversation_ids: list[str]) -> None:
+        for cid in conversation_ids:
+            wake(ctx, cid, enqueue)
+
+    return RedisDueSet(
+        "conversation-wakes",
+        ctx.scripts,
+        ctx.keys.scheduled,
+        ctx.keys.scheduled_leased,
+        hand_off,
+        batch=100,
+        clock=ctx.clock,
+    )
+
+
+def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
+    """What Redis holds for a conversation now: its requests and responses in order."""
+    k = ctx.keys
+    requests = []
+    for key in ctx.redis.lrange(k.request_list(conversation_id), 0, -1):
+        fields = ctx.redis.hgetall(key)
+        requests.append({text(f): text(v) for f, v in fields.items()} or {"key": text(key)})
+    responses = []
+    for member in ctx.redis.zrange(k.response_list(conversation_id), 0, -1):
+        info = json.loads(text(member))
+        fields = ctx.redis.hgetall(k.response(info["rsId"]))
+        view = {text(f): text(v) for f, v in fields.items() if f != b"taskItem"}
+        responses.append(view or {"responseId": info["rsId"], "status": "GONE"})
+    return {
+        "conversation_id": conversation_id,
+        "requests": requests,
+        "responses": responses,
+        "draining": bool(ctx.redis.exists(k.drain_lease(conversation_id))),
+    }
+
+
+def partial_metrics(ctx: Context) -> dict[str, int]:
+    """The queue's figures now (AURA_LOGGING_EXTRA_TIME_METRICS logs them periodically)."""
+    k = ctx.keys
+    pipe = ctx.redis.pipeline(transaction=False)
+    pipe.zcard(k.pending_messages)
+    pipe.zcount(k.pending_messages, "-inf", ctx.now_ms())
+    pipe.zcard(k.scheduled)
+    pending, due, scheduled = pipe.execute()
+    return {"pending_messages": pending, "awaited_due": due, "scheduled": scheduled}
+
+
+def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
+    """The awaited agent's turn: re-queue due AWAITED and stuck messages, expire old ones."""
+    k = ctx.keys
+    raw = ctx.scripts.run(
+        "awaited",
+        [k.pending_messages],
+        [
+            ctx.now_ms(),
+            ctx.settings.awaited_messages_by_turn,
+            k.response_prefix,
+            ctx.awaited_step_ms,
+        ],
+    )
+    taken = json.loads(raw)
+    report = AgentReport(taken=int(taken.get("taken", 0)))
+    vanished = json_list(taken.get("vanished"))
+    expired = json_list(taken.get("expired"))
+    if vanished:
+        with ctx.pg() as conn:
+            conn.run(
+                "conv_failed_by_response",
+                vanished,
+                ERROR_EXPIRED,
+                "AWAITED_MESSAGE_TTL spent before delivery",
+            )
+        report.vanished = len(vanished)
+    for member, cid, status in expired:
+        rid = json.loads(member)["rsId"]
+        done = ctx.scripts.run(
+            "expire",
+            [
+                k.response(rid),
+                k.response_list(cid),
+                k.pending_messages,
+                k.request_list(cid),
+                k.request_seq(cid),
+            ],
+            [member, k.request_prefix, k.async_request("")],
+        )
+        ids = [int(i) for i in done if i]
+        if ids and status == "SENT":
+            # The client took it (202); only its ACK never came.
+            with ctx.pg() as conn:
+                conn.run("conv_ok", ids, "delivered: no ACK within AWAITED_MESSAGE_TTL")
+        elif ids:
+            with ctx.pg() as conn:
+                conn.run(
+                    "conv_failed", ids, ERROR_EXPIRED, "AWAITED_MESSAGE_TTL spent before delivery"
+                )
+        report.expired += 1
+    for cid in json_list(taken.get("wake")):
+        if wake(ctx, cid, enqueue):
+            report.woken.append(cid)
+    ttl_s = ctx.settings.awaited_message_ttl / 1000
+    with ctx.pg() as conn:
+        conn.run("conv_expire_responses", ttl_s)
+        report.swept = conn.rowcount()
+        conn.run("conv_close_requests", ttl_s)
+    return report

@@ -1,0 +1,60 @@
+"""What every part of conversation delivery shares: the stores, the keys, the clock, the
+seed's timings in milliseconds."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import redis
+from sqlalchemy import Engine
+
+from models.keys import BridgeKeys
+from worker.channels import ChannelDirectory
+from worker.core.clock import Clock, now_ms
+from worker.core.scripts import Scripts
+from worker.settings import Settings
+from worker.store.prepared import PreparedConnection, prepared_connection
+
+
+@dataclass
+class Context:
+    engine: Engine
+    redis: redis.Redis
+    settings: Settings
+    node_id: int
+    channels: ChannelDirectory
+    clock: Clock
+    scripts: Scripts = field(init=False)
+    keys: BridgeKeys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scripts = Scripts(self.redis)
+        self.keys = BridgeKeys(self.settings.bridge_prefix)
+
+    @contextlib.contextmanager
+    def pg(self) -> Iterator[PreparedConnection]:
+        with prepared_connection(self.engine) as conn:
+            yield conn
+
+    def now_ms(self) -> int:
+        return now_ms(self.clock)
+
+    @property
+    def lease_ms(self) -> int:
+        """A drain holds its conversation this long (MAX_PENDING_TTL), renewed every step."""
+        return self.settings.max_pending_ttl
+
+    @property
+    def inflight_ms(self) -> int:
+        return self.settings.max_pending_ttl + self.settings.max_pending_ttl_margin
+
+    @property
+    def blocked_ms(self) -> int:
+        """A response still blocked after the seed's validation budget becomes AWAITED."""
+        return max(1, self.settings.max_retries * self.settings.interval)
+
+    @property
+    def awaited_step_ms(self) -> float:
+        return self.settings.max_pending_ttl * self.settings.awaited_retries_factor

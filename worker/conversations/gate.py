@@ -1,0 +1,248 @@
+"""The ordering gate and the sends: one drain at a time delivers a conversation's heads in order.
+
+Each step is one call of advance.lua: it settles the previous send's outcome and validates
+(and, holding the drain's lease, claims) the next head, so a successor leaves the moment its
+predecessor is delivered or ACKed, without polling. PostgreSQL records each outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from worker.channels import Channel
+from worker.conversations.context import Context
+from worker.conversations.model import (
+    ERROR_CANCELLED,
+    ERROR_RETRIES_SPENT,
+    MAX_ASYNC_ID,
+    Delivery,
+    DrainReport,
+    Enqueue,
+    Gate,
+    Head,
+    Sender,
+    SendResult,
+    json_list,
+    text,
+)
+from worker.core.errors import UnknownAck
+from worker.core.lease import new_token
+
+log = logging.getLogger(__name__)
+
+# How long an ACK for an id not (yet) known waits for the 202 to be recorded: ~130 ms.
+ACK_GRACE_S = (0.001, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
+
+
+def _advance(
+    ctx: Context,
+    mode: str,
+    conversation_id: str,
+    token: str,
+    outcome: tuple[str, str, str],
+    check_response: str = "",
+) -> dict[str, Any]:
+    k = ctx.keys
+    raw = ctx.scripts.run(
+        "advance",
+        [
+            k.request_list(conversation_id),
+            k.response_list(conversation_id),
+            k.pending_messages,
+            k.drain_lease(conversation_id),
+            k.scheduled,
+            k.request_seq(conversation_id),
+        ],
+        [
+            mode,
+            token,
+            ctx.now_ms(),
+            ctx.lease_ms,
+            ctx.inflight_ms,
+            ctx.settings.sent_message_ttl,
+            k.request_prefix,
+            k.response_prefix,
+            k.async_request(""),
+            check_response,
+            *outcome,
+            ctx.settings.message_ttl,
+            ctx.settings.awaited_time_when_retries_end,
+            ctx.awaited_step_ms,
+            conversation_id,
+        ],
+    )
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def can_send(ctx: Context, conversation_id: str, response_id: str) -> Gate:
+    """canSendConversationMessage: may this response go out now, by the order alone?"""
+    result = _advance(ctx, "check", conversation_id, "", ("", "", ""), response_id)
+    return Gate(result["code"], result.get("first"))
+
+
+def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> DrainReport:
+    """Deliver the conversation's sendable heads, one after another, while holding its lease.
+
+    Returns with ``end`` YIELD after ``ORDERLY_DRAIN_BATCH`` deliveries: the caller starts
+    a new drain with the same token (the lease stays held).
+    """
+    report = DrainReport(conversation_id)
+    outcome: tuple[str, str, str] = ("", "", "")
+    after: Callable[[], None] | None = None
+    sends = 0
+    while True:
+        mode = "yield" if sends >= ctx.settings.drain_batch else "claim"
+        step = _advance(ctx, mode, conversation_id, token, outcome)
+        if after is not None:
+            after()
+            after = None
+        if step.get("ack_clash"):
+            log.warning(
+                "ACK id %r is already in use: the response waits out SENT_MESSAGE_TTL",
+                step["ack_clash"],
+            )
+        _settled_by_timeout(ctx, step, report)
+        if step["code"] != "SEND":
+            report.end = step["code"]
+            return report
+        h = step["head"]
+        head = Head(
+            conversation_id=h["conversationId"],
+            origin=h["origin"],
+            request_id=h["requestId"],
+            response_id=h["responseId"],
+            payload=json.loads(h["taskItem"]),
+            msg_id=int(h["msgId"]),
+            request_msg_id=int(h["requestMsgId"]),
+            last=h["last"] == "1",
+            attempt=int(h["attempt"]),
+            awaited_retries=int(h["awaitedRetries"]),
+        )
+        if head.awaited_retries:
+            with ctx.pg() as conn:
+                conn.run("conv_back_in_queue", head.msg_id)
+        channel = ctx.channels.get(head.origin)
+        try:
+            result = send(channel, head)
+        except Exception as exc:  # a sender's bug must not leave the head in flight
+            log.exception("sending response %s failed", head.response_id)
+            result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
+        sends += 1
+        outcome, after = _apply(ctx, channel, head, result, report)
+
+
+def _apply(
+    ctx: Context, channel: Channel, head: Head, result: SendResult, report: DrainReport
+) -> tuple[tuple[str, str, str], Callable[[], None] | None]:
+    """What PostgreSQL records now, and the outcome the next gate step settles in Redis.
+
+    PostgreSQL goes first where the send is final (a crash in between resends, with the
+    same Idempotency-Key, rather than losing); a 202 is recorded after Redis knows its
+    ACK id, so that an ACK arriving at once finds it.
+    """
+    rid = head.response_id
+    if result.kind is Delivery.DELIVERED:
+        ids = [head.msg_id, head.request_msg_id] if head.last else [head.msg_id]
+        with ctx.pg() as conn:
+            conn.run("conv_ok", ids, None)
+        report.delivered += 1
+        return ("delivered", rid, ""), None
+    if result.kind is Delivery.ASYNC:
+        async_id = str(result.async_response_id)
+        report.sent_async += 1
+
+        def record_sent() -> None:  # after Redis recorded the ACK id
+            with ctx.pg() as conn:
+                conn.run("conv_sent", head.msg_id, async_id)
+
+        return ("sent", rid, async_id), record_sent
+    if result.kind is Delivery.RECOVERABLE:
+        attempt = head.attempt + 1
+        policy = channel.policy
+        if policy.allows(attempt):
+            report.retried += 1
+            wait = policy.delay(attempt)
+            log.info("response %s: %s; retry %d in %d ms", rid, result.reason, attempt, wait)
+            return ("retry", rid, str(wait)), None
+        with ctx.pg() as conn:
+            conn.run(
+                "conv_group_awaited",
+                head.request_msg_id,
+                ERROR_RETRIES_SPENT,
+                f"{result.reason} ({channel.attempts} retries spent)",
+            )
+        report.awaited += 1
+        log.warning("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
+        return ("awaited", rid, ""), None
+    with ctx.pg() as conn:
+        conn.run(
+            "conv_group_cancel",
+            head.request_msg_id,
+            ERROR_CANCELLED,
+            f"response {rid}: {result.reason}",
+        )
+    report.cancelled += 1
+    log.warning("response %s: %s; its group is cancelled", rid, result.reason)
+    return ("cancel", rid, ""), None
+
+
+def _settled_by_timeout(ctx: Context, step: dict[str, Any], report: DrainReport) -> None:
+    settled = json_list(step.get("settled"))
+    if not settled:
+        return
+    ids = [int(i) for pair in settled for i in pair if i]
+    with ctx.pg() as conn:
+        conn.run("conv_ok", ids, "delivered: no ACK within SENT_MESSAGE_TTL")
+    report.ack_timeouts += len(settled)
+
+
+def ack(ctx: Context, async_response_id: str, enqueue: Enqueue) -> int:
+    """The client's ACK: the response is delivered and its successor released at once."""
+    if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
+        raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
+    k = ctx.keys
+    raw = ctx.redis.get(k.async_request(async_response_id))
+    for pause in ACK_GRACE_S:
+        if raw is not None:
+            break
+        # A client may ACK before the worker has recorded its 202: wait a moment.
+        time.sleep(pause)
+        raw = ctx.redis.get(k.async_request(async_response_id))
+    if raw is None:
+        raise UnknownAck(async_response_id)
+    member = text(raw)
+    info = json.loads(member)
+    cid = info["cnId"]
+    token = new_token()
+    result = ctx.scripts.run(
+        "ack",
+        [
+            k.async_request(async_response_id),
+            k.response(info["rsId"]),
+            k.response_list(cid),
+            k.pending_messages,
+            k.request_list(cid),
+            k.request_seq(cid),
+            k.drain_lease(cid),
+        ],
+        [
+            member,
+            k.request_prefix,
+            k.async_request(""),
+            token,
+            ctx.lease_ms,
+            async_response_id,
+        ],
+    )
+    msg_id, completed, taken = int(result[1]), result[2], int(result[3])
+    ids = [msg_id, int(completed)] if completed else [msg_id]
+    with ctx.pg() as conn:
+        conn.run("conv_ok", ids, f"ACK {async_response_id}")
+    if taken:
+        enqueue(cid, token)
+    return msg_id

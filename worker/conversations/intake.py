@@ -1,0 +1,187 @@
+"""Requests and responses entering a conversation: the row in PostgreSQL first (the durable
+truth), then the seed's structures in Redis (register_request.lua, add_response.lua)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from models import MessageState
+from models.keys import min_message_info
+from worker.conversations.context import Context
+from worker.conversations.model import (
+    ERROR_CANCELLED,
+    REQUEST_SOURCE,
+    RESPONSE_SOURCE,
+    Enqueue,
+    Registered,
+    RequestIn,
+    ResponseIn,
+    check_conversation_id,
+    payload_text,
+    text,
+)
+from worker.core.errors import InvalidMessage, UnknownRequest
+from worker.core.inputs import parse_input
+from worker.core.lease import new_token
+
+log = logging.getLogger(__name__)
+
+
+def _ms(ctx: Context, moment: datetime | None) -> int:
+    return int(moment.timestamp() * 1000) if moment else ctx.now_ms()
+
+
+def register_request(ctx: Context, conversation_id: str, data: Any) -> Registered:
+    """createConversationRegister: the request waits (WAITING) for its responses."""
+    check_conversation_id(conversation_id)
+    req = parse_input(RequestIn, data)
+    ctx.channels.get(req.origin)  # UnknownChannel before anything is written
+    payload = payload_text(req.payload, ctx.settings.max_payload_bytes)
+    timestamp_ms = _ms(ctx, req.timestamp)
+    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    with ctx.pg() as conn:
+        row = conn.run(
+            "conv_insert_request",
+            req.request_id,
+            conversation_id,
+            req.origin,
+            moment,
+            payload,
+            ctx.node_id,
+        )
+        if row is None:
+            found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
+            assert found is not None
+            msg_id, state, owner, origin, moment, _, age_ms = found
+            if owner != conversation_id:
+                raise InvalidMessage(
+                    "request_id", f"{req.request_id!r} belongs to conversation {owner!r}"
+                )
+            if state == MessageState.WAITING_FOR_RES and age_ms < ctx.settings.message_ttl:
+                # A repeat after a failure between the row and Redis: register it there
+                # now (the script does nothing if it is registered already).
+                _register_in_redis(
+                    ctx, conversation_id, origin, req.request_id, _ms(ctx, moment), int(msg_id)
+                )
+            return Registered(int(msg_id), MessageState(state), created=False)
+    _register_in_redis(ctx, conversation_id, req.origin, req.request_id, timestamp_ms, int(row[0]))
+    return Registered(int(row[0]), MessageState.WAITING_FOR_RES, created=True)
+
+
+def _register_in_redis(
+    ctx: Context, conversation_id: str, origin: str, request_id: str, timestamp_ms: int, msg_id: int
+) -> None:
+    k = ctx.keys
+    ctx.scripts.run(
+        "register_request",
+        [
+            k.request(request_id),
+            k.request_list(conversation_id),
+            k.request_seq(conversation_id),
+        ],
+        [
+            conversation_id,
+            origin,
+            request_id,
+            timestamp_ms,
+            msg_id,
+            ctx.now_ms(),
+            ctx.settings.message_ttl,
+            ctx.settings.awaited_message_ttl,
+        ],
+    )
+
+
+def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
+    """markPendingConversationRegister: the response joins its conversation's order."""
+    check_conversation_id(conversation_id)
+    res = parse_input(ResponseIn, data)
+    payload = payload_text(res.payload, ctx.settings.max_payload_bytes)
+    now_ms = ctx.now_ms()
+    timestamp_ms = _ms(ctx, res.timestamp) if res.timestamp else now_ms
+    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    with ctx.pg() as conn:
+        row = conn.run(
+            "conv_insert_response",
+            res.response_id,
+            res.request_id,
+            conversation_id,
+            moment,
+            payload,
+            ctx.node_id,
+        )
+        if row is None:
+            raise UnknownRequest(res.request_id, conversation_id)
+        msg_id, state, request_msg_id, request_state, origin, request_ts = row
+        created = msg_id is not None
+        if not created:
+            found = conn.run("conv_find", res.response_id, RESPONSE_SOURCE)
+            assert found is not None
+            if found[5] != request_msg_id:
+                raise InvalidMessage(
+                    "response_id",
+                    f"{res.response_id!r} already belongs to another request",
+                )
+            msg_id, state, age_ms = found[0], found[1], found[6]
+            if state != MessageState.IN_QUEUE or age_ms >= ctx.settings.awaited_message_ttl:
+                return Registered(int(msg_id), MessageState(state), created=False)
+            # Still queued: a repeat after a failure between the row and Redis puts it
+            # there now (the script answers DUPLICATE if it is there already).
+    if state == MessageState.CANCEL:
+        return Registered(int(msg_id), MessageState.CANCEL, created=True)
+    token = new_token()
+    k = ctx.keys
+    code, taken = ctx.scripts.run(
+        "add_response",
+        [
+            k.request(res.request_id),
+            k.response(res.response_id),
+            k.response_list(conversation_id),
+            k.pending_messages,
+            k.request_list(conversation_id),
+            k.request_seq(conversation_id),
+            k.drain_lease(conversation_id),
+        ],
+        [
+            conversation_id,
+            origin,
+            res.request_id,
+            res.response_id,
+            min_message_info(res.request_id, res.response_id, conversation_id),
+            timestamp_ms,
+            payload,
+            msg_id,
+            request_msg_id,
+            1 if res.last else 0,
+            now_ms,
+            ctx.settings.message_ttl,
+            ctx.settings.awaited_message_ttl,
+            ctx.blocked_ms,
+            int(request_ts.timestamp() * 1000),
+            token,
+            ctx.lease_ms,
+        ],
+    )
+    code = text(code)
+    if code == "CANCELLED":
+        # The group was cancelled between the insert and now.
+        with ctx.pg() as conn:
+            conn.run(
+                "conv_group_cancel",
+                request_msg_id,
+                ERROR_CANCELLED,
+                "its request was cancelled",
+            )
+        return Registered(int(msg_id), MessageState.CANCEL, created=True)
+    if request_state != MessageState.WAITING_FOR_RES:
+        log.info(
+            "response %s is a callback for request %s (%s)",
+            res.response_id,
+            res.request_id,
+            request_state,
+        )
+    if int(taken):
+        enqueue(conversation_id, token)
+    return Registered(int(msg_id), MessageState.IN_QUEUE, created=created)

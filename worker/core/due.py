@@ -1,0 +1,180 @@
+"""Due work: items that become due at a time, taken atomically and handed to the broker.
+
+A :class:`DueSource` keeps items under a due time: a PostgreSQL table's partial index on its
+due-time column (:class:`PgDueIndex`), or a Redis sorted set scored by the due time in ms
+(:class:`RedisDueSet`). Taking is one atomic step that returns the due items and moves their
+due time forward by a lease, so no other scheduler takes them meanwhile. The :class:`Ticker`
+then hands them to the broker in batches (after the taking committed) and settles each batch
+the broker accepted; a batch the broker refused is released (due again at once), and items
+of a scheduler that died in between come back when their lease runs out. Nothing is lost
+between "taken" and "on the broker", and nothing waits in worker memory or in the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
+
+from worker.core.clock import SYSTEM, Clock, now_ms
+from worker.core.lease import new_token
+from worker.core.scripts import Scripts
+from worker.store.queries import sql
+
+log = logging.getLogger(__name__)
+
+# How long a taken item stays out of every scheduler's sight: a hand-off lost with its
+# scheduler, or a task lost with its worker, is due again after this.
+DEFAULT_LEASE_MS = 60_000
+
+
+class DueSource(Protocol):
+    name: str
+    batch: int  # items per hand-off
+
+    def take(self, limit: int) -> list[Any]:
+        """The due items, leased to the caller (one atomic step)."""
+        ...
+
+    def hand_off(self, items: list[Any]) -> None:
+        """Give one batch to the broker (raises when it did not take it)."""
+        ...
+
+    def settle(self, items: list[Any]) -> None:
+        """The broker has these: forget what the lease no longer needs."""
+        ...
+
+    def release(self, items: list[Any]) -> None:
+        """The broker did not take these: due again at once."""
+        ...
+
+
+@dataclass
+class PgDueIndex:
+    """Rows due by a time column. ``take_query`` leases up to ``:limit`` due rows
+    (``FOR UPDATE SKIP LOCKED``, the lease as ``:lease_s``, a fencing token as ``:token`` for
+    a query that records one) and returns their ids;
+    ``release_query`` makes ``:ids`` due at once. The commit of the take comes before the
+    hand-off; the claim that follows checks the row is still due (the lease is no claim)."""
+
+    name: str
+    engine: Engine
+    take_query: str
+    release_query: str
+    hand_off: Callable[[list[Any]], None]
+    batch: int = 50
+    lease_ms: int = DEFAULT_LEASE_MS
+
+    def take(self, limit: int) -> list[Any]:
+        with self.engine.begin() as conn:
+            params = {"limit": limit, "lease_s": self.lease_ms / 1000, "token": new_token()}
+            rows = conn.execute(sql(self.take_query), params)
+            return [r[0] for r in rows]
+
+    def settle(self, items: list[Any]) -> None:
+        """Nothing to do: the row's claim or its lease's end decides what happens next."""
+
+    def release(self, items: list[Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sql(self.release_query), {"ids": list(items)})
+
+
+@dataclass
+class RedisDueSet:
+    """Members of a sorted set scored by their due time (ms). Taking moves them to a leased
+    set scored by when the lease ends (``leased_key``); settling removes them from it;
+    releasing, or a lease that ended unsettled, makes them due again."""
+
+    name: str
+    scripts: Scripts
+    key: str
+    leased_key: str
+    hand_off: Callable[[list[Any]], None]
+    batch: int = 100
+    lease_ms: int = DEFAULT_LEASE_MS
+    clock: Clock = SYSTEM
+
+    def take(self, limit: int) -> list[Any]:
+        taken = self.scripts.run(
+            "due_take", [self.key, self.leased_key], [now_ms(self.clock), limit, self.lease_ms]
+        )
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in taken]
+
+    def settle(self, items: list[Any]) -> None:
+        if items:
+            self.scripts.run("due_settle", [self.key, self.leased_key], list(items))
+
+    def release(self, items: list[Any]) -> None:
+        if items:
+            self.scripts.run(
+                "due_release", [self.key, self.leased_key], [now_ms(self.clock), *items]
+            )
+
+
+@dataclass(frozen=True)
+class Job:
+    """Periodic work that is not a due set (an agent's turn): run every ``every_s``, the first
+    time ``first_after_s`` after the ticker starts."""
+
+    name: str
+    every_s: float
+    run: Callable[[], Any]
+    first_after_s: float = 0.0
+
+
+class Ticker:
+    """The one loop over every due source and periodic job; ``tick`` runs what is due now.
+
+    One failing source or job is logged and does not stop the others.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[DueSource],
+        jobs: Sequence[Job] = (),
+        *,
+        limit: int = 1000,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.sources = list(sources)
+        self.jobs = list(jobs)
+        self.limit = limit
+        self.clock = clock
+        started = clock.monotonic()
+        self._next: dict[str, float] = {j.name: started + j.first_after_s for j in self.jobs}
+
+    def tick(self) -> dict[str, int]:
+        """Hand every due item to the broker; run the jobs whose time has come."""
+        moved: dict[str, int] = {}
+        for source in self.sources:
+            try:
+                moved[source.name] = drain(source, self.limit)
+            except Exception:
+                log.exception("due work %s failed (its items stay due)", source.name)
+        now = self.clock.monotonic()
+        for job in self.jobs:
+            if now < self._next[job.name]:
+                continue
+            self._next[job.name] = now + job.every_s
+            try:
+                job.run()
+            except Exception:
+                log.exception("periodic job %s failed", job.name)
+        return moved
+
+
+def drain(source: DueSource, limit: int) -> int:
+    """Take what is due and hand it off in batches; what the broker refuses is released."""
+    items = source.take(limit)
+    for start in range(0, len(items), source.batch):
+        batch = items[start : start + source.batch]
+        try:
+            source.hand_off(batch)
+        except BaseException:
+            source.release(items[start:])
+            raise
+        source.settle(batch)
+    return len(items)

@@ -1,0 +1,42 @@
+"""Leases and claims: who holds something, until when, proven by a fencing token.
+
+Every claim orderly makes (a conversation's drain, a delivery batch, a pulled message, a
+confirmation try, a due item handed to the broker) is identified the same way: a fresh
+:func:`new_token` that the holder presents with every later change. A change whose token no
+longer matches is refused (the claim was taken over), so a holder that was too slow cannot
+overwrite its successor's work. In Redis a lease is a key holding the token with an expiry
+(:class:`RedisLease`); in PostgreSQL a claim is a ``claim`` column checked in the WHERE of
+every statement that settles it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from worker.core.scripts import Scripts
+
+
+def new_token() -> str:
+    """A fencing token: unique, unguessable, 32 hex characters."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class RedisLease:
+    """One lease key: taken if free, kept and given up only by its holder (one script each)."""
+
+    scripts: Scripts
+    key: str
+
+    def take(self, token: str, ttl_ms: int) -> bool:
+        """Hold the lease for ``ttl_ms`` if nobody does."""
+        return bool(self.scripts.run("lease_take", [self.key], [token, ttl_ms]))
+
+    def keep(self, token: str, ttl_ms: int) -> bool:
+        """Extend the lease if ``token`` still holds it."""
+        return bool(self.scripts.run("lease_keep", [self.key], [token, ttl_ms]))
+
+    def give_up(self, token: str) -> bool:
+        """Release the lease if ``token`` holds it."""
+        return bool(self.scripts.run("lease_give_up", [self.key], [token]))

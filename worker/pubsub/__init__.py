@@ -1,0 +1,92 @@
+"""Publish/subscribe: rooms (exchanges), subscriptions (bindings), publish and delivery.
+
+One routing model speaks both seeds: a room has subscriptions that select events by event
+type and/or routing-key pattern (topic rules: ``*`` one word, ``#`` zero or more), and each
+names a destination: a PUSH url, a PULL queue of its own, or a consumer handler chosen by
+name. PostgreSQL holds every event and delivery; the partial index on
+``delivery.scheduled_at`` of PENDING rows is the due-time index the ticker moves to the
+broker when due (worker.core.due), so a ``$delay`` or a retry wait is never held in worker
+memory nor in the broker.
+
+``admin`` defines rooms, event types, publishers and subscriptions; ``publish`` stores
+events; ``delivery`` sends them and records every attempt; ``pull`` serves PULL subscribers
+and dead letters; ``routing`` matches routing keys.
+"""
+
+from worker.pubsub.admin import (
+    EventTypeIn,
+    RoomIn,
+    SubscriptionIn,
+    add_event_type,
+    add_publisher,
+    create_room,
+    create_subscription,
+    list_event_types,
+    list_rooms,
+    list_subscriptions,
+    room_view,
+    set_subscription_status,
+    update_room,
+    update_subscription,
+)
+from worker.pubsub.delivery import (
+    Attempt,
+    Claimed,
+    Consumers,
+    Push,
+    consumers,
+    deliver,
+    deliver_batch,
+    due_deliveries,
+    upkeep,
+)
+from worker.pubsub.publish import (
+    BATCH,
+    QUEUED_LEASE_S,
+    Published,
+    PublishIn,
+    publish,
+    publish_many,
+    publish_message,
+)
+from worker.pubsub.pull import ack_pulled, dead_letters, pull, redrive
+from worker.pubsub.routing import order_value, topic_matches
+
+__all__ = [
+    "BATCH",
+    "QUEUED_LEASE_S",
+    "Attempt",
+    "Claimed",
+    "Consumers",
+    "EventTypeIn",
+    "PublishIn",
+    "Published",
+    "Push",
+    "RoomIn",
+    "SubscriptionIn",
+    "ack_pulled",
+    "add_event_type",
+    "add_publisher",
+    "consumers",
+    "create_room",
+    "create_subscription",
+    "dead_letters",
+    "deliver",
+    "deliver_batch",
+    "due_deliveries",
+    "list_event_types",
+    "list_rooms",
+    "list_subscriptions",
+    "order_value",
+    "publish",
+    "publish_many",
+    "publish_message",
+    "pull",
+    "redrive",
+    "room_view",
+    "set_subscription_status",
+    "topic_matches",
+    "update_room",
+    "update_subscription",
+    "upkeep",
+]

@@ -1,0 +1,287 @@
+"""Rooms (exchanges), event types and their versions, publishers and subscriptions (bindings).
+
+Each definition is validated whole (every bad field named) before one transaction writes it.
+A room's retry policy is the one retry policy (worker.core.retry): deliveryDelay,
+multiplier and attempts, which a subscription may override; message expiration is the
+room's alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from sqlalchemy import Connection, Engine
+
+from models import Status, SubscriptionKind
+from worker.core.errors import InvalidMessage, NotFound
+from worker.core.inputs import parse_input
+from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
+from worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
+from worker.store.queries import sql
+
+# A room's deliveryDelay is at most a day (a retry's wait can grow to MAX_DELAY_MS).
+MAX_DELIVERY_DELAY_MS = 86_400_000
+Delay = Annotated[StrictInt, Field(ge=1, le=MAX_DELIVERY_DELAY_MS)]
+# The public schema's floor: a multiplier of 1 would be a constant delay, not a backoff.
+Multiplier = Annotated[float, Field(ge=1.01, le=MAX_MULTIPLIER, allow_inf_nan=False)]
+Attempts = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)]
+
+
+class RoomIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    message_expiration_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] | None = None
+    delivery_delay_ms: Delay = 1000
+    delivery_delay_multiplier: Multiplier = 1.5
+    delivery_attempts: Attempts = 3
+
+
+class SubscriptionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    kind: SubscriptionKind
+    push_url: (
+        Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=1000)] | None
+    ) = None
+    handler: Name | None = None
+    event_type: Name | None = None
+    routing_key_pattern: Annotated[str, StringConstraints(max_length=255)] | None = None
+    delivery_delay_ms: Delay | None = None
+    delivery_delay_multiplier: Multiplier | None = None
+    delivery_attempts: Attempts | None = None
+    timeout_ms: Annotated[StrictInt, Field(ge=1, le=600_000)] = 5000
+    visibility_timeout_ms: Annotated[StrictInt, Field(ge=100, le=43_200_000)] = 30000
+    order_key: (
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] | None
+    ) = None
+
+
+class EventTypeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    version: Annotated[StrictInt, Field(ge=1)]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+_POLICY = ("delivery_delay_ms", "delivery_delay_multiplier", "delivery_attempts")
+
+
+def room_view(row: Any) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "message_expiration_ms": row.message_expiration_ms,
+        "delivery_delay_ms": row.delivery_delay_ms,
+        "delivery_delay_multiplier": row.delivery_delay_multiplier,
+        "delivery_attempts": row.delivery_attempts,
+        "status": Status(row.status).value,
+    }
+
+
+def room_row(conn: Connection, name: str, *, lock: bool = False) -> Any:
+    row = conn.execute(sql("room_lock" if lock else "room_by_name"), {"name": name}).first()
+    if row is None:
+        raise NotFound("room", name)
+    return row
+
+
+def create_room(engine: Engine, data: Any) -> dict[str, Any]:
+    room_in = parse_input(RoomIn, data)
+    with engine.begin() as conn:
+        row = conn.execute(sql("room_insert"), room_in.model_dump()).first()
+    if row is None:
+        raise InvalidMessage("name", f"room {room_in.name!r} exists")
+    return room_view(row)
+
+
+def update_room(engine: Engine, name: str, data: Any) -> dict[str, Any]:
+    """Change a room's policy or status (``{"status": "PAUSED"}``)."""
+    if not isinstance(data, Mapping):
+        raise InvalidMessage("body", "must be a JSON object")
+    for key in data:
+        if key not in RoomIn.model_fields and key != "status":
+            raise InvalidMessage(key, "unknown field" if key != "name" else "cannot be changed")
+    with engine.begin() as conn:
+        room = room_row(conn, name, lock=True)
+        current = room_view(room)
+        status = data.get("status", current["status"])
+        if status not in ("ACTIVE", "PAUSED"):
+            raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+        merged = {k: v for k, v in {**current, **data}.items() if k in RoomIn.model_fields}
+        checked = parse_input(RoomIn, {**merged, "name": name})
+        values = {**checked.model_dump(), "status": status, "room_id": room.room_id}
+        return room_view(conn.execute(sql("room_update"), values).one())
+
+
+def list_rooms(engine: Engine) -> list[dict[str, Any]]:
+    """The rooms, each with how many of its events matched no subscription (unroutable)."""
+    with engine.connect() as conn:
+        return [
+            {**room_view(r), "unroutable": int(r.unroutable)}
+            for r in conn.execute(sql("room_list"))
+        ]
+
+
+def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
+    """An event type's version with its JSON schema (the type is created with its first)."""
+    if isinstance(data, Mapping) and "schema" in data and not isinstance(data["schema"], dict):
+        raise InvalidMessage("schema", "must be a JSON object (a JSON schema)")
+    type_in = parse_input(EventTypeIn, data)
+    try:
+        cls = jsonschema.validators.validator_for(type_in.json_schema)
+        cls.check_schema(type_in.json_schema)
+        # References are resolved while validating: one that leads nowhere shows here.
+        samples: tuple[Any, ...] = ({}, [], "", 0, None)
+        for instance in samples:
+            list(cls(type_in.json_schema).iter_errors(instance))
+    except jsonschema.SchemaError as exc:
+        raise InvalidMessage("schema", f"not a valid JSON schema: {exc.message}") from None
+    except Exception as exc:
+        raise InvalidMessage("schema", f"cannot be used: {type(exc).__name__}: {exc}") from None
+    with engine.begin() as conn:
+        room = room_row(conn, room_name)
+        type_id = conn.execute(
+            sql("event_type_insert"), {"room_id": room.room_id, "name": type_in.name}
+        ).scalar_one()
+        added = conn.execute(
+            sql("event_type_version_insert"),
+            {
+                "event_type_id": type_id,
+                "version": type_in.version,
+                "json_schema": json.dumps(type_in.json_schema),
+            },
+        ).first()
+        if added is None:
+            raise InvalidMessage("version", f"{type_in.name} v{type_in.version} exists")
+    return {"room": room_name, "name": type_in.name, "version": type_in.version}
+
+
+def list_event_types(engine: Engine, room_name: str) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        room = room_row(conn, room_name)
+        rows = conn.execute(sql("event_type_list"), {"room_id": room.room_id})
+        return [dict(r._mapping) for r in rows]
+
+
+def add_publisher(engine: Engine, room_name: str, name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9._~-]{1,100}", name):
+        raise InvalidMessage("name", "must be 1 to 100 of A-Z a-z 0-9 . _ ~ -")
+    with engine.begin() as conn:
+        room = room_row(conn, room_name)
+        added = conn.execute(
+            sql("publisher_insert"), {"room_id": room.room_id, "name": name}
+        ).first()
+    if added is None:
+        raise InvalidMessage("name", f"publisher {name!r} exists in {room_name}")
+
+
+def _destination_problems(sub: SubscriptionIn) -> None:
+    if sub.kind is SubscriptionKind.PUSH and sub.push_url is None:
+        raise InvalidMessage("push_url", "a PUSH subscription needs a push_url")
+    if sub.kind is not SubscriptionKind.PUSH and sub.push_url is not None:
+        raise InvalidMessage("push_url", f"only a PUSH subscription has one, not {sub.kind}")
+    if sub.routing_key_pattern is not None and not PATTERN.fullmatch(sub.routing_key_pattern):
+        raise InvalidMessage("routing_key_pattern", PATTERN_RULE)
+
+
+def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
+    sub_in = parse_input(SubscriptionIn, data)
+    if sub_in.kind is SubscriptionKind.HANDLER and sub_in.handler is None:
+        raise InvalidMessage("handler", "a HANDLER subscription names its handler")
+    if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
+        raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
+    _destination_problems(sub_in)
+    values = sub_in.model_dump(exclude={"event_type"})
+    with engine.begin() as conn:
+        room = room_row(conn, room_name)
+        event_type_id = None
+        if sub_in.event_type is not None:
+            event_type_id = conn.execute(
+                sql("event_type_find"), {"room_id": room.room_id, "name": sub_in.event_type}
+            ).scalar()
+            if event_type_id is None:
+                raise InvalidMessage("event_type", f"no event type {sub_in.event_type!r}")
+        row = conn.execute(
+            sql("subscription_insert"),
+            {
+                **values,
+                "kind": sub_in.kind.value,
+                "room_id": room.room_id,
+                "event_type_id": event_type_id,
+            },
+        ).first()
+    if row is None:
+        raise InvalidMessage("name", f"subscription {sub_in.name!r} exists")
+    return {"subscription_id": int(row[0]), "room": room_name, **values}
+
+
+_CHANGEABLE = (
+    "push_url",
+    "routing_key_pattern",
+    "delivery_delay_ms",
+    "delivery_delay_multiplier",
+    "delivery_attempts",
+    "timeout_ms",
+    "visibility_timeout_ms",
+)
+
+
+def update_subscription(engine: Engine, subscription_id: int, data: Any) -> dict[str, Any]:
+    """Change a subscription's destination, pattern, policy overrides or status."""
+    if not isinstance(data, Mapping):
+        raise InvalidMessage("body", "must be a JSON object")
+    allowed = {*_CHANGEABLE, "status"}
+    for name in data:
+        if name not in allowed:
+            raise InvalidMessage(name, f"cannot be changed (only {', '.join(sorted(allowed))})")
+    if "status" in data and data["status"] not in ("ACTIVE", "PAUSED"):
+        raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+    with engine.begin() as conn:
+        sub = conn.execute(sql("subscription_lock"), {"id": subscription_id}).first()
+        if sub is None:
+            raise NotFound("subscription", subscription_id)
+        current = {
+            "name": sub.name,
+            "kind": SubscriptionKind(sub.kind).value,
+            "handler": sub.handler,
+            "order_key": sub.order_key,
+            **{k: getattr(sub, k) for k in _CHANGEABLE},
+        }
+        merged = {**current, **{k: v for k, v in data.items() if k != "status"}}
+        checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
+        _destination_problems(checked)
+        values = {k: getattr(checked, k) if k in data else current[k] for k in _CHANGEABLE}
+        status = data.get("status", Status(sub.status).value)
+        conn.execute(
+            sql("subscription_update"), {**values, "status": status, "id": subscription_id}
+        )
+    return {"subscription_id": subscription_id, "status": status, **values}
+
+
+def set_subscription_status(engine: Engine, subscription_id: int, status: str) -> None:
+    if status not in ("ACTIVE", "PAUSED"):
+        raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+    with engine.begin() as conn:
+        found = conn.execute(
+            sql("subscription_set_status"), {"id": subscription_id, "status": status}
+        ).first()
+    if found is None:
+        raise NotFound("subscription", subscription_id)
+
+
+def list_subscriptions(engine: Engine, room_name: str) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        room = room_row(conn, room_name)
+        rows = conn.execute(sql("subscription_list"), {"room_id": room.room_id})
+        return [
+            {**dict(r._mapping), "kind": SubscriptionKind(r.kind).value,
+             "status": Status(r.status).value}
+            for r in rows
+        ]  # fmt: skip

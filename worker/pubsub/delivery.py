@@ -1,0 +1,348 @@
+"""Delivery of events: claim a batch of due deliveries, send each (push, or the consumer
+chosen by routing key), record every attempt and what comes next; and the due work and
+upkeep around it.
+
+A failed attempt is retried after ``deliveryDelay * multiplier ^ attempt`` (the retry
+policy, the room's or the subscription's override); when the attempts are spent the delivery
+is dead-lettered, and one whose next try would come after its room's expiration expires. An
+ordered subscription's next delivery of a key is released at once when its head is final.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from models import DeliveryState, SubscriptionKind
+from worker import tokens
+from worker.core.clock import SYSTEM, Clock, now_ms, utcnow
+from worker.core.due import PgDueIndex
+from worker.core.errors import Unauthorized
+from worker.core.lease import new_token
+from worker.core.retry import RetryPolicy
+from worker.pubsub.publish import BATCH, QUEUED_LEASE_S
+from worker.store.queries import sql
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    delivery_id: int
+    attempt: int
+    event_id: int
+    correlation_id: str
+    routing_key: str
+    payload: Any
+    user: str | None
+    impersonator: str | None
+    deliver_at: datetime
+    expires_at: datetime | None
+    version: int | None
+    subscription_id: int
+    kind: str
+    push_url: str | None
+    handler: str | None
+    timeout_ms: int
+    delay_ms: int
+    multiplier: float
+    attempts: int
+    room: str
+    token: str | None
+    order_value: str | None
+    delayed: bool
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.delay_ms, self.multiplier, self.attempts)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    ok: bool
+    error: str = ""
+
+
+Push = Callable[[Claimed], Attempt]
+ConsumerHandler = Callable[[Claimed], None]
+
+
+class Consumers:
+    """Handlers chosen by routing key (the broker seed's consumer classes)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, ConsumerHandler] = {}
+
+    def register(self, name: str) -> Callable[[ConsumerHandler], ConsumerHandler]:
+        def add(fn: ConsumerHandler) -> ConsumerHandler:
+            self._handlers[name] = fn
+            return fn
+
+        return add
+
+    def get(self, name: str) -> ConsumerHandler | None:
+        return self._handlers.get(name)
+
+
+consumers = Consumers()
+
+
+# --- due work and upkeep -------------------------------------------------------------------------
+
+
+def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
+    """Due push deliveries (delays, retry waits, lost hand-offs) as due work: batches of
+    ``BATCH`` go to ``hand_off`` (one task each)."""
+    return PgDueIndex(
+        "deliveries",
+        engine,
+        "deliveries_take_due",
+        "deliveries_release",
+        hand_off,
+        batch=BATCH,
+        lease_ms=int(QUEUED_LEASE_S * 1000),
+    )
+
+
+def upkeep(engine: Engine) -> None:
+    """Release dead workers' claims, expire untaken pull messages, return pulled ones not
+    ACKed in time (a periodic job of the ticker, once a second)."""
+    with engine.begin() as conn:
+        conn.execute(sql("deliveries_release_stuck"), {"grace": QUEUED_LEASE_S, "batch": BATCH})
+        conn.execute(sql("pulled_expire"))
+        conn.execute(sql("pulled_return_unacked"))
+
+
+# --- delivery ------------------------------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except OSError:
+        return 0
+
+
+@dataclass
+class _Done:
+    """What happened to one claimed delivery, for the settling transaction."""
+
+    claimed: Claimed
+    started: datetime
+    attempt: Attempt | None = None  # None: not sent (expired or refused)
+    refused: str | None = None
+    handler_ran: bool = False
+    exception_id: str | None = None
+
+
+def deliver_batch(
+    engine: Engine, delivery_ids: list[int], push: Push, secret: str = "", clock: Clock = SYSTEM
+) -> list[str]:
+    """Claim deliveries, send each, record every attempt and what comes next; new states.
+
+    Each batch is two transactions: the claims, and the outcomes. Neither waits for the disk:
+    a database crash in that instant can only make a delivery come again, never lose it.
+    """
+    claim = new_token()
+    with engine.begin() as conn:
+        rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim}).all()
+        claimed = [Claimed(*row) for row in rows]
+    done = [_attempt(c, push, secret, clock) for c in claimed]
+    states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
+    # The common case, plain pushes delivered, is recorded for the whole batch at once.
+    plain = [
+        d
+        for d in done
+        if d.attempt is not None
+        and d.attempt.ok
+        and not d.handler_ran
+        and d.claimed.order_value is None
+    ]
+    if plain:
+        ids = [d.claimed.delivery_id for d in plain]
+        started = min(d.started for d in plain)
+        with engine.begin() as conn:
+            held = {
+                int(r[0])
+                for r in conn.execute(
+                    sql("deliveries_delivered"), {"ids": ids, "claim": claim, "started": started}
+                )
+            }
+        for delivery_id in ids:
+            states[delivery_id] = "DELIVERED" if delivery_id in held else "LOST_CLAIM"
+        recorded = set(ids)
+        done = [d for d in done if d.claimed.delivery_id not in recorded]
+    if not done:
+        return [states[i] for i in delivery_ids]
+    try:
+        with engine.begin() as conn:
+            conn.execute(sql("async_commit"))
+            for d in done:
+                states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
+    except Exception:
+        # One bad delivery must not hold back the batch: again, one savepoint each, and the
+        # one that cannot be recorded is dead-lettered with the reason.
+        log.exception("recording a batch of deliveries failed; recording one by one")
+        with engine.begin() as conn:
+            conn.execute(sql("async_commit"))
+            for d in done:
+                try:
+                    with conn.begin_nested():
+                        states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
+                except Exception as exc:
+                    log.exception("recording delivery %s failed", d.claimed.delivery_id)
+                    states[d.claimed.delivery_id] = _dead_letter(conn, d.claimed, claim, exc)
+    return [states[i] for i in delivery_ids]
+
+
+def deliver(
+    engine: Engine, delivery_id: int, push: Push, secret: str = "", clock: Clock = SYSTEM
+) -> str:
+    return deliver_batch(engine, [delivery_id], push, secret, clock)[0]
+
+
+def _dead_letter(conn: Connection, c: Claimed, claim: str, exc: Exception) -> str:
+    why = f"cannot be recorded: {type(exc).__name__}: {exc}"
+    conn.execute(sql("delivery_dead_letter"), {"why": why, "id": c.delivery_id, "claim": claim})
+    return DeliveryState.DEAD.value
+
+
+def _attempt(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
+    started = utcnow(clock)
+    if c.expires_at is not None and c.expires_at <= started:
+        return _Done(c, started)
+    if c.kind != SubscriptionKind.HANDLER.value:
+        try:
+            return _Done(c, started, push(c))
+        except Exception as exc:  # a sender's bug must not leave the delivery claimed
+            log.exception("pushing delivery %s failed", c.delivery_id)
+            return _Done(c, started, Attempt(False, f"{type(exc).__name__}: {exc}"))
+    try:
+        claims = tokens.verify(secret, c.token, now_ms=now_ms(clock))
+        if (claims.user, claims.impersonator, claims.correlation_id) != (
+            c.user,
+            c.impersonator,
+            c.correlation_id,
+        ):
+            raise Unauthorized("the token was signed for another message or user")
+    except Unauthorized as exc:
+        log.warning("delivery %s refused: %s", c.delivery_id, exc)
+        return _Done(c, started, refused=f"unauthorized: {exc}")
+    handler = consumers.get(c.handler or "")
+    try:
+        if handler is None:
+            raise LookupError(f"no consumer registered for {c.handler!r}")
+        handler(c)
+        return _Done(c, started, Attempt(True), handler_ran=True)
+    except Exception as exc:
+        exception_id = uuid.uuid4().hex
+        log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
+        failed = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
+        return _Done(c, started, failed, handler_ran=True, exception_id=exception_id)
+
+
+def _log_queue(
+    conn: Connection, c: Claimed, started: datetime, *, ok: bool, exception_id: str | None
+) -> None:
+    conn.execute(
+        sql("queue_message_log"),
+        {
+            "d": c.delivery_id,
+            "m": json.dumps(c.payload),
+            "rk": c.routing_key,
+            "sched": c.deliver_at if c.delayed else None,  # a $delay's due time
+            "start": started,
+            "state": "Completed" if ok else "Error",
+            "exc": exception_id,
+            "mem": _rss_bytes(),
+        },
+    )
+
+
+def _set_state(
+    conn: Connection,
+    d: _Done,
+    claim: str,
+    state: str,
+    next_attempt: int,
+    wait_ms: int | None,
+    why: str | None,
+    outcome: str,
+    clock: Clock,
+) -> bool:
+    """Record the outcome and its published_messages row in one statement, only while this
+    claim still holds the delivery."""
+    c = d.claimed
+    at = None if wait_ms is None else utcnow(clock) + timedelta(milliseconds=wait_ms)
+    done = conn.execute(
+        sql("delivery_settle"),
+        {
+            "state": state,
+            "next_attempt": next_attempt,
+            "at": at,
+            "why": why,
+            "id": c.delivery_id,
+            "claim": claim,
+            "c": c.correlation_id,
+            "e": c.event_id,
+            "s": c.subscription_id,
+            "a": c.attempt,
+            "started": d.started,
+            "o": outcome,
+            "next_delay_ms": wait_ms if state == "PENDING" else None,
+        },
+    )
+    return bool(done.rowcount)
+
+
+def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
+    c = d.claimed
+    if d.refused is not None:
+        # Consumer authorization failed: never processed, dead-lettered with the reason.
+        state = "DEAD"
+        held = _set_state(conn, d, claim, state, c.attempt, None, d.refused, "DEAD", clock)
+        if held:
+            _log_queue(conn, c, d.started, ok=False, exception_id=None)
+    elif d.attempt is None:
+        state, why = "EXPIRED", "past the room's message expiration"
+        held = _set_state(conn, d, claim, state, c.attempt, None, why, "EXPIRED", clock)
+    elif d.attempt.ok:
+        state = "DELIVERED"
+        held = _set_state(conn, d, claim, state, c.attempt, None, None, "DELIVERED", clock)
+    else:
+        policy = c.policy
+        next_attempt = c.attempt + 1
+        wait = policy.delay(next_attempt)
+        at = utcnow(clock) + timedelta(milliseconds=wait)
+        if not policy.allows(next_attempt):
+            state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts})"
+        elif c.expires_at is not None and at >= c.expires_at:
+            state, why = "EXPIRED", f"{d.attempt.error} (the next try would come after expiry)"
+        else:
+            state, why = "PENDING", d.attempt.error
+        outcome = "FAILED" if state == "PENDING" else state
+        held = _set_state(conn, d, claim, state, next_attempt, wait, why, outcome, clock)
+    if not held:
+        # The claim was released meanwhile (too slow) and the delivery taken over: its
+        # outcome now belongs to the new holder.
+        log.warning("delivery %s was taken over; this outcome is dropped", c.delivery_id)
+        return "LOST_CLAIM"
+    if d.handler_ran:
+        _log_queue(conn, c, d.started, ok=state == "DELIVERED", exception_id=d.exception_id)
+    if state != "PENDING" and c.order_value is not None:
+        # An ordered key's head is final: its successor is due at once (a retry waiting at
+        # the head keeps holding its key).
+        conn.execute(
+            sql("delivery_release_next"),
+            {"s": c.subscription_id, "v": c.order_value, "d": c.delivery_id},
+        )
+    return state

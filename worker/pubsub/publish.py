@@ -1,0 +1,296 @@
+"""Publish: store an event and one delivery per active matching subscription, in one
+transaction; the deliveries due now are returned for the caller to hand to the broker after
+the commit, delayed ones wait in the due-time index (``delivery.scheduled_at``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from sqlalchemy import Connection, Engine
+
+from worker import tokens
+from worker.core.clock import SYSTEM, Clock, utcnow
+from worker.core.due import DEFAULT_LEASE_MS
+from worker.core.errors import InvalidMessage, NotFound
+from worker.core.inputs import parse_input
+from worker.core.lease import new_token
+from worker.core.retry import MAX_DELAY_MS
+from worker.pubsub.routing import ROUTING_KEY, Name, Route, order_value, routes
+from worker.store.queries import sql
+
+log = logging.getLogger(__name__)
+
+# Deliveries one task carries: a publish that fans out to N subscriptions is one task.
+BATCH = 50
+# A delivery handed to the broker right after the commit is out of the ticker's sight this
+# long; if that hand-off is lost, the ticker brings it back (worker.core.due).
+QUEUED_LEASE_S = DEFAULT_LEASE_MS / 1000
+
+
+class PublishIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    payload: Any
+    event_type: Name | None = None
+    version: Annotated[StrictInt, Field(ge=1)] | None = None
+    routing_key: Annotated[str, StringConstraints(max_length=255)] | None = None
+    publisher: Name | None = None
+    user: Name | None = None
+    impersonator: Name | None = None
+    delay_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] = Field(0, alias="$delay")
+
+
+@dataclass(frozen=True)
+class Published:
+    correlation_id: str
+    event_id: int
+    deliveries: list[int]
+    unroutable: bool
+
+
+def _schema_path(error: jsonschema.ValidationError) -> str:
+    return "payload" + "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+    )
+
+
+def _context(conn: Connection, room_name: str) -> tuple[Any, dict[str, int], list[Route]]:
+    room = conn.execute(sql("publish_context"), {"name": room_name}).first()
+    if room is None:
+        raise NotFound("room", room_name)
+    return room, dict(room.publishers), routes(room.subscriptions)
+
+
+def _store(
+    conn: Connection,
+    room: Any,
+    now: datetime,
+    events: Sequence[dict[str, Any]],
+    subscriptions: list[Route],
+    *,
+    event_type_id: int | None = None,
+    version: int | None = None,
+    publisher_id: int | None = None,
+    user: str | None = None,
+    impersonator: str | None = None,
+) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
+    """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
+    their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
+    where due means handed to the broker after the commit (not delayed, not pulled)."""
+    expires_at = (
+        now + timedelta(milliseconds=room.message_expiration_ms)
+        if room.message_expiration_ms
+        else None
+    )
+    matched = [
+        [s for s in subscriptions if s.selects(event_type_id, e["routing_key"])] for e in events
+    ]
+    inserted = conn.execute(
+        sql("events_insert"),
+        {
+            "room_id": room.room_id,
+            "event_type_id": event_type_id,
+            "version": version,
+            "publisher_id": publisher_id,
+            "user_id": user,
+            "impersonator_id": impersonator,
+            "published_at": now,
+            "expires_at": expires_at,
+            "correlation_ids": [e["correlation_id"] for e in events],
+            "tokens": [e["token"] for e in events],
+            "routing_keys": [e["routing_key"] for e in events],
+            "payloads": [e["payload_text"] for e in events],
+            "deliver_ats": [e["deliver_at"] for e in events],
+            "unroutables": [not m for m in matched],
+        },
+    ).all()
+    ids = {correlation_id: int(event_id) for event_id, correlation_id in inserted}
+    lease = now + timedelta(seconds=QUEUED_LEASE_S)
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("event_ids", "subscription_ids", "pulls", "order_values")
+    }
+    rows["next_attempt_ats"], rows["scheduled_ats"] = [], []
+    due: dict[tuple[int, int], bool] = {}
+    for event, subs in zip(events, matched, strict=True):
+        event_id = ids[event["correlation_id"]]
+        for sub in subs:
+            now_due = event["deliver_at"] <= now and not sub.pull
+            rows["event_ids"].append(event_id)
+            rows["subscription_ids"].append(sub.subscription_id)
+            rows["pulls"].append(sub.pull)
+            rows["order_values"].append(
+                order_value(event["payload"], sub.order_key) if sub.order_key else None
+            )
+            rows["next_attempt_ats"].append(event["deliver_at"])
+            rows["scheduled_ats"].append(lease if now_due else event["deliver_at"])
+            due[(event_id, sub.subscription_id)] = now_due
+    if not due:
+        return [(int(e), c) for e, c in inserted], []
+    made = conn.execute(sql("deliveries_insert"), rows).all()
+    deliveries = sorted((int(d), int(e), due[(int(e), int(s))]) for d, e, s in made)
+    return [(int(e), c) for e, c in inserted], deliveries
+
+
+def _payload_text(payload: Any) -> str:
+    try:
+        return json.dumps(payload, allow_nan=False)
+    except ValueError:
+        raise InvalidMessage("payload", "NaN and Infinity are not JSON") from None
+
+
+def publish(
+    engine: Engine,
+    room_name: str,
+    data: Any,
+    *,
+    secret: str = "",
+    token_ttl_ms: int = 86_400_000,
+    clock: Clock = SYSTEM,
+) -> tuple[Published, list[int]]:
+    """Store an event and one delivery per active matching subscription.
+
+    Returns the result and the deliveries due now, for the caller to enqueue after the
+    commit (delayed ones are left to the ticker).
+    """
+    pub = parse_input(PublishIn, data)
+    payload_text = _payload_text(pub.payload)
+    now = utcnow(clock)
+    with engine.begin() as conn:
+        room, publishers, subscriptions = _context(conn, room_name)
+        if room.status == "PAUSED":
+            raise InvalidMessage("room", f"room {room_name!r} is paused")
+        publisher_id = None
+        if publishers:
+            if pub.publisher is None:
+                raise InvalidMessage("publisher", f"room {room_name!r} names its publishers")
+            if pub.publisher not in publishers:
+                raise InvalidMessage("publisher", f"{pub.publisher!r} may not publish here")
+            publisher_id = publishers[pub.publisher]
+        event_type_id = version = None
+        if pub.event_type is not None:
+            found = conn.execute(
+                sql("publish_event_type"),
+                {"room_id": room.room_id, "name": pub.event_type, "version": pub.version},
+            ).first()
+            if found is None:
+                known = conn.execute(
+                    sql("event_type_exists"), {"room_id": room.room_id, "name": pub.event_type}
+                ).first()
+                if known is None:
+                    raise InvalidMessage("event_type", f"no event type {pub.event_type!r} here")
+                raise InvalidMessage("version", f"{pub.event_type} has no version {pub.version}")
+            event_type_id, version, schema = found
+            validator = jsonschema.validators.validator_for(schema)(schema)
+            error = jsonschema.exceptions.best_match(validator.iter_errors(pub.payload))
+            if error is not None:
+                raise InvalidMessage(_schema_path(error), error.message)
+        routing_key = pub.routing_key or pub.event_type
+        if routing_key is None:
+            raise InvalidMessage("routing_key", "missing (or give an event_type)")
+        if not ROUTING_KEY.fullmatch(routing_key):
+            raise InvalidMessage("routing_key", "dot-separated words of A-Z a-z 0-9 _ -")
+        deliver_at = now + timedelta(milliseconds=pub.delay_ms)
+        correlation_id = new_token()
+        token = None
+        if secret:
+            expires_ms = int(deliver_at.timestamp() * 1000) + token_ttl_ms
+            claims = tokens.Claims(pub.user, pub.impersonator, correlation_id, expires_ms)
+            token = tokens.sign(secret, claims)
+        event = {
+            "correlation_id": correlation_id,
+            "token": token,
+            "routing_key": routing_key,
+            "payload": pub.payload,
+            "payload_text": payload_text,
+            "deliver_at": deliver_at,
+        }
+        inserted, deliveries = _store(
+            conn,
+            room,
+            now,
+            [event],
+            subscriptions,
+            event_type_id=event_type_id,
+            version=version,
+            publisher_id=publisher_id,
+            user=pub.user,
+            impersonator=pub.impersonator,
+        )
+    event_id = inserted[0][0]
+    if not deliveries:
+        log.info("event %s in %s matched no subscription: unroutable", event_id, room_name)
+    result = Published(correlation_id, event_id, [d for d, _, _ in deliveries], not deliveries)
+    return result, [d for d, _, due in deliveries if due]
+
+
+def publish_message(
+    engine: Engine,
+    room_name: str,
+    message: Any,
+    routing_key: str,
+    *,
+    enqueue: Callable[[list[int]], None],
+    delay_ms: int = 0,
+    secret: str = "",
+    clock: Clock = SYSTEM,
+    **fields: Any,
+) -> Published:
+    """The broker seed's ``publish($message, $routingKey)`` with ``$delay``, for Python code."""
+    data = {"payload": message, "routing_key": routing_key, "$delay": delay_ms, **fields}
+    result, due = publish(engine, room_name, data, secret=secret, clock=clock)
+    for i in range(0, len(due), BATCH):
+        enqueue(due[i : i + BATCH])
+    return result
+
+
+def publish_many(
+    engine: Engine,
+    room_name: str,
+    messages: list[tuple[Any, str, int]],
+    *,
+    secret: str = "",
+    token_ttl_ms: int = 86_400_000,
+    user: str | None = None,
+    clock: Clock = SYSTEM,
+) -> list[int]:
+    """Many ``(payload, routing_key, delay_ms)`` at once, in one transaction (no event types).
+
+    Every message is routed like a single publish; the deliveries due now are returned for
+    the caller to enqueue, the delayed ones wait in the due-time index.
+    """
+    now = utcnow(clock)
+    events = []
+    for i, (payload, routing_key, delay_ms) in enumerate(messages):
+        if not ROUTING_KEY.fullmatch(routing_key):
+            raise InvalidMessage(f"messages[{i}].routing_key", "dot-separated words")
+        if not 0 <= delay_ms <= MAX_DELAY_MS:
+            raise InvalidMessage(f"messages[{i}].delay_ms", "0 to one year")
+        correlation_id = new_token()
+        deliver_at = now + timedelta(milliseconds=delay_ms)
+        token = None
+        if secret:
+            exp = int(deliver_at.timestamp() * 1000) + token_ttl_ms
+            token = tokens.sign(secret, tokens.Claims(user, None, correlation_id, exp))
+        events.append(
+            {
+                "correlation_id": correlation_id,
+                "token": token,
+                "routing_key": routing_key,
+                "payload": payload,
+                "payload_text": _payload_text(payload),
+                "deliver_at": deliver_at,
+            }
+        )
+    with engine.begin() as conn:
+        room, _, subscriptions = _context(conn, room_name)
+        typeless = [s for s in subscriptions if s.event_type_id is None]
+        _, deliveries = _store(conn, room, now, events, typeless, user=user)
+    return [d for d, _, due in deliveries if due]

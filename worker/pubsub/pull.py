@@ -1,0 +1,63 @@
+"""PULL subscriptions (each its own queue) and dead letters: what subscribers and operators do
+with deliveries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+from models import Status, SubscriptionKind
+from worker.core.errors import InvalidMessage, NotFound
+from worker.core.lease import new_token
+from worker.store.queries import sql
+
+
+def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
+    """A PULL subscriber takes due messages; each must be ACKed within the visibility timeout
+    with the receipt it came with."""
+    if not 1 <= max_messages <= 1000:
+        raise InvalidMessage("max", "must be 1 to 1000")
+    with engine.begin() as conn:
+        found = conn.execute(sql("pull_subscription"), {"s": subscription_id}).first()
+        if found is None:
+            raise NotFound("subscription", subscription_id)
+        kind, status = found
+        if status != Status.ACTIVE.value:
+            return []
+        if kind != SubscriptionKind.PULL.value:
+            raise InvalidMessage("subscription_id", f"subscription {subscription_id} is {kind}")
+        receipt = new_token()
+        taken = conn.execute(
+            sql("pull_take"), {"sub": subscription_id, "max": max_messages, "receipt": receipt}
+        )
+        return [{**dict(r._mapping), "receipt": receipt} for r in taken]
+
+
+def ack_pulled(engine: Engine, subscription_id: int, delivery_id: int, receipt: str) -> None:
+    """The subscriber processed a pulled message: delivered (only with the current receipt)."""
+    with engine.begin() as conn:
+        settled = conn.execute(
+            sql("pull_ack"), {"d": delivery_id, "s": subscription_id, "r": receipt}
+        ).scalar_one()
+    if not settled:
+        raise NotFound("pulled message (or its visibility timeout passed)", delivery_id)
+
+
+def redrive(
+    engine: Engine, delivery_ids: list[int] | None = None, subscription_id: int | None = None
+) -> list[int]:
+    """An operator sends dead-lettered deliveries again: attempts start over, due now."""
+    if not delivery_ids and subscription_id is None:
+        raise InvalidMessage("delivery_ids", "name the deliveries, or a subscription_id")
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sql("dead_letters_redrive"), {"ids": delivery_ids, "sub": subscription_id}
+        )
+        return [int(r[0]) for r in rows]
+
+
+def dead_letters(engine: Engine, room_name: str | None = None) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sql("dead_letters_list"), {"room": room_name})
+        return [dict(r._mapping) for r in rows]

@@ -1,0 +1,66 @@
+"""The one validated settings object, read from the environment (and an optional ``.env``).
+
+Names, units and defaults of the ``AURA_QUEUE_MANAGER_*`` variables are those of the
+ordered-response seed; orderly's own variables start with ``ORDERLY_``. Each section is a
+module of its own; :class:`Settings` is all of them, checked together.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import model_validator
+
+from worker.settings._base import CONFIG
+from worker.settings.conversations import ConversationSettings
+from worker.settings.dashboard import DashboardSettings
+from worker.settings.http import HttpSettings
+from worker.settings.pubsub import PubSubSettings
+from worker.settings.reports import ReportSettings
+from worker.settings.services import ServiceSettings
+from worker.settings.tracking import TrackingSettings
+
+SECTIONS = (
+    ServiceSettings,
+    HttpSettings,
+    ConversationSettings,
+    PubSubSettings,
+    TrackingSettings,
+    DashboardSettings,
+    ReportSettings,
+)
+
+
+class Settings(
+    ServiceSettings,
+    HttpSettings,
+    ConversationSettings,
+    PubSubSettings,
+    TrackingSettings,
+    DashboardSettings,
+    ReportSettings,
+):
+    model_config = CONFIG
+
+    @model_validator(mode="after")
+    def _tracking_times(self) -> Settings:
+        if self.track_message_expire_ms <= self.track_message_timeout_ms:
+            raise ValueError(
+                "ORDERLY_TRACK_MESSAGE_EXPIRE_MS must be longer than "
+                "ORDERLY_TRACK_MESSAGE_TIMEOUT_MS, or the monitor cannot see timeouts"
+            )
+        if self.service_expire_ms < 2 * self.heartbeat_interval_ms:
+            raise ValueError(
+                "ORDERLY_SERVICE_EXPIRE_MS must be at least twice ORDERLY_HEARTBEAT_INTERVAL, "
+                "or a worker's key expires between two renewals"
+            )
+        return self
+
+    @property
+    def effective_track_redis_url(self) -> str:
+        return self.track_redis_url or self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

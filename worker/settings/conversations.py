@@ -1,0 +1,123 @@
+"""Conversation delivery: channels and their retry policy, the bridge keys, and the
+``AURA_QUEUE_MANAGER_*`` variables of the ordered-response seed (milliseconds unless said
+otherwise), with the seed's names, units and defaults."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+
+from worker.settings._base import Section, queue_var
+
+
+class ConversationSettings(Section):
+    channels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        validation_alias="ORDERLY_CHANNELS",
+        description='JSON object: origin -> delivery URL, e.g. {"whatsapp": "http://..."}.',
+    )
+    channel_delivery_delay_ms: int = Field(
+        1_000,
+        ge=1,
+        validation_alias="ORDERLY_CHANNEL_DELIVERY_DELAY_MS",
+        description="Default deliveryDelay of a channel: first retry waits delay * multiplier.",
+    )
+    channel_multiplier: float = Field(
+        1.5, ge=1.0, le=100.0, validation_alias="ORDERLY_CHANNEL_MULTIPLIER"
+    )
+    channel_attempts: int = Field(
+        3,
+        ge=0,
+        le=100,
+        validation_alias="ORDERLY_CHANNEL_ATTEMPTS",
+        description="Retries after a recoverable failure before the group becomes AWAITED.",
+    )
+    channel_timeout_ms: int = Field(5_000, ge=1, validation_alias="ORDERLY_CHANNEL_TIMEOUT_MS")
+    bridge_prefix: str = Field(
+        "bridge:queue",
+        min_length=1,
+        validation_alias="ORDERLY_BRIDGE_PREFIX",
+        description="Prefix of every conversation key in Redis (the seed's bridge:queue).",
+    )
+    drain_batch: int = Field(
+        100,
+        ge=1,
+        validation_alias="ORDERLY_DRAIN_BATCH",
+        description="Deliveries one task makes before handing the conversation to a new task.",
+    )
+
+    awaited_message_ttl: int = Field(
+        900_000, ge=1, validation_alias=queue_var("AWAITED_MESSAGE_TTL")
+    )
+    awaited_messages_by_turn: int = Field(
+        15, ge=1, validation_alias=queue_var("AWAITED_MESSAGES_BY_TURN")
+    )
+    awaited_messages_interval: int = Field(
+        20_000, ge=1, validation_alias=queue_var("AWAITED_MESSAGES_INTERVAL")
+    )
+    awaited_retries_factor: float = Field(
+        1, gt=0, validation_alias=queue_var("AWAITED_RETRIES_FACTOR")
+    )
+    awaited_time_when_retries_end: int = Field(
+        5_000, ge=0, validation_alias=queue_var("AWAITED_TIME_WHEN_RETRIES_END")
+    )
+    check_queue_interval: int = Field(
+        1_000, ge=1, validation_alias=queue_var("CHECK_QUEUE_INTERVAL")
+    )
+    concurrent: int = Field(25, ge=1, validation_alias=queue_var("CONCURRENT"))
+    concurrent_factor: int = Field(2, ge=1, validation_alias=queue_var("CONCURRENT_FACTOR"))
+    interval: int = Field(200, ge=1, validation_alias=queue_var("INTERVAL"))
+    max_pending_ttl: int = Field(30_000, ge=1, validation_alias=queue_var("MAX_PENDING_TTL"))
+    max_pending_ttl_margin: int = Field(
+        5_000, ge=0, validation_alias=queue_var("MAX_PENDING_TTL_MARGIN")
+    )
+    max_retries: int = Field(100, ge=0, validation_alias=queue_var("MAX_RETRIES"))
+    message_ttl: int = Field(10_000, ge=1, validation_alias=queue_var("MESSAGE_TTL"))
+    sent_message_ttl: int = Field(5_000, ge=1, validation_alias=queue_var("SENT_MESSAGE_TTL"))
+    queue_database: str = Field("REDIS", validation_alias=queue_var("DATABASE"))
+    metrics_partial_interval: int = Field(
+        30_000, ge=1, validation_alias=queue_var("METRICS_PARTIAL_INTERVAL")
+    )
+    logging_extra_time_metrics: bool = Field(
+        False, validation_alias="AURA_LOGGING_EXTRA_TIME_METRICS"
+    )
+
+    @field_validator("queue_database")
+    @classmethod
+    def _only_redis(cls, value: str) -> str:
+        upper = value.strip().upper()
+        if upper == "MONGODB":
+            raise ValueError(
+                "MONGODB is not supported by orderly: the queue structures live in Redis; "
+                "set AURA_QUEUE_MANAGER_DATABASE=REDIS or leave it unset"
+            )
+        if upper != "REDIS":
+            raise ValueError(f"unknown queue database {value!r}; the only value is REDIS")
+        return upper
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'ORDERLY_CHANNELS must be a JSON object like {{"origin": "http://..."}}: {exc}'
+                ) from None
+        return value
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for origin, url in value.items():
+            if not origin.strip():
+                raise ValueError("an origin name is empty")
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"the URL of origin {origin!r} must start with http:// or https://"
+                )
+        return value

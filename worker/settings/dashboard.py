@@ -1,0 +1,28 @@
+"""The dashboard (Flower): its login and address."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from worker.settings._base import Section
+
+
+class DashboardSettings(Section):
+    flower_user: str = Field(
+        "orderly",
+        min_length=1,
+        pattern=r"^[^:\s]+$",
+        validation_alias="ORDERLY_FLOWER_USER",
+        description="User of Flower's HTTP basic auth (no colon or blank).",
+    )
+    flower_password: SecretStr = Field(
+        SecretStr(""),
+        validation_alias="ORDERLY_FLOWER_PASSWORD",
+        description="Password of Flower's HTTP basic auth; Flower refuses to start without one.",
+    )
+    flower_address: str = Field(
+        "127.0.0.1",
+        validation_alias="ORDERLY_FLOWER_ADDRESS",
+        description="Address Flower listens on (0.0.0.0 inside a container).",
+    )
+    flower_port: int = Field(5555, ge=1, le=65535, validation_alias="ORDERLY_FLOWER_PORT")

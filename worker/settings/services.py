@@ -1,0 +1,90 @@
+"""Where orderly's services are and how this process takes part: PostgreSQL, Redis, the
+broker, the node, handlers, the API's address, heartbeats and logging."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from worker.settings._base import Section
+
+
+class ServiceSettings(Section):
+    database_url: str = Field(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/orderly",
+        validation_alias="ORDERLY_DATABASE_URL",
+        description="SQLAlchemy URL of the PostgreSQL message store.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias="ORDERLY_REDIS_URL",
+        description="Redis for ordering structures; also the broker unless ORDERLY_BROKER_URL.",
+    )
+    broker_url: str | None = Field(
+        None,
+        validation_alias="ORDERLY_BROKER_URL",
+        description="Celery broker URL (defaults to ORDERLY_REDIS_URL).",
+    )
+
+    node_code: str = Field(
+        default_factory=socket.gethostname,
+        validation_alias="ORDERLY_NODE_CODE",
+        description="This process's node code in the node table (default: the hostname).",
+    )
+    handler_modules: str = Field(
+        "",
+        validation_alias="ORDERLY_HANDLER_MODULES",
+        description="Comma-separated modules that register message handlers (none by default).",
+    )
+    max_payload_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        validation_alias="ORDERLY_MAX_PAYLOAD_BYTES",
+        description="Largest payload accepted at intake, in bytes (UTF-8).",
+    )
+    api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
+    api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
+    heartbeat_interval_ms: int = Field(
+        5_000,
+        ge=100,
+        validation_alias="ORDERLY_HEARTBEAT_INTERVAL",
+        description="In milliseconds, how often a worker renews its node row and checks its state.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO",
+        validation_alias="ORDERLY_LOG_LEVEL",
+        description="Log level of the API and the CLI (Celery processes take --loglevel).",
+    )
+
+    broker_visibility_timeout_s: int = Field(
+        3600,
+        ge=1,
+        validation_alias="ORDERLY_BROKER_VISIBILITY_TIMEOUT",
+        description="Seconds before the Redis broker redelivers a task taken but not acknowledged.",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, value: str) -> str:
+        if not value.startswith("postgresql"):
+            raise ValueError(
+                f"ORDERLY_DATABASE_URL must be a postgresql:// URL, got {value.split(':', 1)[0]!r}"
+            )
+        return value
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis:// URL")
+        return value
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def handler_module_list(self) -> list[str]:
+        return [m.strip() for m in self.handler_modules.split(",") if m.strip()]

@@ -1,0 +1,96 @@
+"""Server-side prepared statements on pooled DB-API connections, for the hot path.
+
+psycopg2 does not prepare statements, and planning plus SQLAlchemy's per-execute work cost
+about as much as the statements themselves. A :class:`PreparedConnection` prepares a named
+query (``-- prepare:`` in ``worker/store/sql``) the first time it runs on a physical
+connection (remembered in the pool's ``connection.info``) and runs it with
+``EXECUTE name(...)`` in autocommit: one round trip per statement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Engine
+
+from worker.store.queries import Query, query
+
+
+class PreparedConnection:
+    def __init__(self, cursor: Any, prepared: set[str]) -> None:
+        self._cursor = cursor
+        self._prepared = prepared
+
+    def _statement(self, name: str) -> Query:
+        stmt = query(name)
+        if stmt.arg_types is None:
+            raise ValueError(f"query {name!r} is not a prepared statement (no '-- prepare:')")
+        if name not in self._prepared:
+            types = ", ".join(stmt.arg_types)
+            self._cursor.execute(f"PREPARE {name}({types}) AS {stmt.sql}")
+            self._prepared.add(name)
+        return stmt
+
+    def run(
+        self, name: str, *args: Any, before: str = "", before_args: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        """Execute a prepared statement; the first row it returns, if any.
+
+        The statement's own prefix may use the leading arguments (``%s``, in order); ``before``
+        is more SQL sent first in the same query, with ``before_args``. Statements sent in one
+        query run in one transaction (unless one is already open), each with its own snapshot.
+        """
+        self._send(name, args, before, before_args)
+        if self._cursor.description is None:
+            return None
+        row = self._cursor.fetchone()
+        return None if row is None else tuple(row)
+
+    def rows(self, name: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Execute a prepared statement; every row it returns."""
+        self._send(name, args, "", ())
+        return [tuple(r) for r in self._cursor.fetchall()]
+
+    def _send(
+        self, name: str, args: Sequence[Any], before: str, before_args: Sequence[Any]
+    ) -> None:
+        stmt = self._statement(name)
+        placeholders = ", ".join(["%s"] * len(args))
+        params = (*before_args, *args[: stmt.prefix.count("%s")], *args)
+        self._cursor.execute(f"{before}{stmt.prefix}EXECUTE {name}({placeholders})", params)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Plain SQL on the same connection (BEGIN / COMMIT / ROLLBACK around statements)."""
+        self._cursor.execute(sql, params)
+
+    def rowcount(self) -> int:
+        """Rows the last statement changed."""
+        return int(self._cursor.rowcount)
+
+
+@contextlib.contextmanager
+def prepared_connection(engine: Engine) -> Iterator[PreparedConnection]:
+    """A pooled connection in autocommit on which named queries run prepared; the same one
+    throughout (a claim tied to the backend pid needs that)."""
+    pooled = engine.raw_connection()
+    try:
+        dbapi = pooled.dbapi_connection
+        assert dbapi is not None
+        dbapi.autocommit = True
+        cursor = dbapi.cursor()
+        # Statement names are global to the physical connection.
+        prepared: set[str] = pooled.info.setdefault("orderly.prepared", set())
+        try:
+            yield PreparedConnection(cursor, prepared)
+        finally:
+            cursor.close()
+            dbapi.autocommit = False  # the pool hands it to others in transaction mode
+    except engine.dialect.loaded_dbapi.Error as exc:
+        # Without pre-ping, a dead connection shows itself here: drop it from the pool.
+        if engine.dialect.is_disconnect(exc, pooled.dbapi_connection, None):
+            pooled.invalidate(exc)
+        raise
+    finally:
+        pooled.close()

@@ -1,0 +1,108 @@
+-- Conversation rows in the message store: requests, responses and their outcomes.
+-- Redis holds the order (worker/lua); PostgreSQL the durable truth.
+
+-- name: conv_insert_request
+-- prepare: text, text, text, timestamptz, text, bigint
+INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
+                     service_name, operation_name, object_id, entity_type,
+                     correlation_id, process_id, payload, source_system, state, node_id)
+VALUES ($4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
+        'bridge.request', 'WAITING_FOR_RES', $6)
+ON CONFLICT (correlation_id, source_system) DO NOTHING
+RETURNING msg_id;
+
+-- name: conv_find
+-- prepare: text, text
+SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
+       extract(epoch FROM now() - receive_timestamp) * 1000
+  FROM message WHERE correlation_id = $1 AND source_system = $2;
+
+-- name: conv_insert_response
+-- prepare: text, text, text, timestamptz, text, bigint
+WITH r AS (
+    SELECT msg_id, state, process_id, entity_type, msg_timestamp FROM message
+     WHERE correlation_id = $2 AND source_system = 'bridge.request'
+       AND process_id = $3),
+ins AS (
+    INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
+                         service_name, operation_name, object_id, entity_type,
+                         correlation_id, process_id, payload, source_system, state,
+                         failed_error_code, failed_desc, node_id,
+                         parent_msg_id, parent_binding_type)
+    SELECT $4, now(), now(), 'conversation', 'response', $2, r.entity_type, $1, $3, $5,
+           'bridge.response',
+           CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
+           CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
+           CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
+           $6, r.msg_id, 'HARD'
+      FROM r
+    ON CONFLICT (correlation_id, source_system) DO NOTHING
+    RETURNING msg_id, state)
+SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp
+  FROM r LEFT JOIN ins ON true;
+
+-- name: conv_ok
+-- prepare: bigint[], text
+-- prefix: SET LOCAL synchronous_commit TO OFF;
+UPDATE message SET state = 'OK', last_process_timestamp = now(),
+                   custom_data = COALESCE($2, custom_data)
+ WHERE msg_id = ANY($1) AND state NOT IN ('OK', 'FAILED', 'CANCEL');
+
+-- name: conv_sent
+-- prepare: bigint, text
+UPDATE message SET state = 'WAITING_FOR_RES', last_process_timestamp = now(),
+                   custom_data = 'asyncResponseId=' || $2
+ WHERE msg_id = $1 AND state = 'IN_QUEUE';
+
+-- name: conv_group_awaited
+-- prepare: bigint, text, text
+UPDATE message SET state = 'PARTLY_FAILED', failed_count = failed_count + 1,
+                   failed_error_code = $2, failed_desc = $3,
+                   last_process_timestamp = now()
+ WHERE parent_msg_id = $1 AND state IN ('IN_QUEUE', 'PARTLY_FAILED');
+
+-- name: conv_back_in_queue
+-- prepare: bigint
+UPDATE message SET state = 'IN_QUEUE', last_process_timestamp = now()
+ WHERE msg_id = $1 AND state = 'PARTLY_FAILED';
+
+-- name: conv_group_cancel
+-- prepare: bigint, text, text
+UPDATE message SET state = 'CANCEL', failed_error_code = $2, failed_desc = $3,
+                   last_process_timestamp = now()
+ WHERE (parent_msg_id = $1 OR msg_id = $1) AND state NOT IN ('OK', 'FAILED', 'CANCEL');
+
+-- name: conv_failed
+-- prepare: bigint[], text, text
+UPDATE message SET state = 'FAILED', failed_error_code = $2, failed_desc = $3,
+                   last_process_timestamp = now()
+ WHERE msg_id = ANY($1) AND state NOT IN ('OK', 'FAILED', 'CANCEL');
+
+-- name: conv_failed_by_response
+-- prepare: text[], text, text
+UPDATE message SET state = 'FAILED', failed_error_code = $2, failed_desc = $3,
+                   last_process_timestamp = now()
+ WHERE correlation_id = ANY($1) AND source_system = 'bridge.response' AND state NOT IN ('OK', 'FAILED', 'CANCEL');
+
+-- name: conv_expire_responses
+-- prepare: double precision
+UPDATE message
+   SET state = CASE WHEN state = 'WAITING_FOR_RES' THEN 'OK' ELSE 'FAILED' END,
+       failed_error_code = CASE WHEN state = 'WAITING_FOR_RES' THEN failed_error_code
+                                ELSE 'E_AWAITED_TTL' END,
+       failed_desc = CASE WHEN state = 'WAITING_FOR_RES' THEN failed_desc
+                          ELSE 'AWAITED_MESSAGE_TTL spent before delivery' END,
+       last_process_timestamp = now()
+ WHERE state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')
+   AND last_process_timestamp < now() - make_interval(secs => $1)
+   AND service_name = 'conversation' AND operation_name = 'response';
+
+-- name: conv_close_requests
+-- prepare: double precision
+UPDATE message SET state = 'OK', last_process_timestamp = now(),
+                   custom_data = 'closed without a final response'
+ WHERE service_name = 'conversation' AND operation_name = 'request'
+   AND state = 'WAITING_FOR_RES'
+   AND last_process_timestamp < now() - make_interval(secs => $1)
+   AND NOT EXISTS (SELECT 1 FROM message c
+                    WHERE c.parent_msg_id = message.msg_id AND c.state NOT IN ('OK', 'FAILED', 'CANCEL'));

@@ -1,0 +1,93 @@
+-- External calls (obsolete/duplicate rules) and the request/response log of HTTP exchanges.
+
+-- name: orderly_call_take
+-- prepare: bigint, timestamptz, text, text
+INSERT INTO external_call AS e (msg_id, operation_name, entity_id, state, msg_timestamp,
+                                creation_timestamp, last_update_timestamp, failed_count)
+VALUES ($1, $3, $4, 'PROCESSING', $2, now(), now(), 0)
+ON CONFLICT (operation_name, entity_id) DO UPDATE
+   SET state = 'PROCESSING', msg_id = EXCLUDED.msg_id,
+       msg_timestamp = EXCLUDED.msg_timestamp, last_update_timestamp = now(),
+       failed_count = CASE WHEN e.msg_id = EXCLUDED.msg_id THEN e.failed_count ELSE 0 END
+ WHERE (e.state <> 'PROCESSING' OR e.msg_id = EXCLUDED.msg_id)
+   AND (EXCLUDED.msg_timestamp > e.msg_timestamp
+        OR (EXCLUDED.msg_timestamp = e.msg_timestamp AND e.state <> 'OK'))
+RETURNING call_id;
+
+-- name: orderly_call_row
+-- prepare: text, text
+SELECT msg_id, state, msg_timestamp FROM external_call
+ WHERE operation_name = $1 AND entity_id = $2;
+
+-- name: orderly_call_done
+-- prepare: bigint, bigint, boolean
+UPDATE external_call
+   SET state = CASE WHEN $3 THEN 'OK' ELSE 'FAILED' END,
+       failed_count = failed_count + CASE WHEN $3 THEN 0 ELSE 1 END,
+       last_update_timestamp = now()
+ WHERE call_id = $1 AND msg_id = $2 AND state = 'PROCESSING'
+RETURNING state;
+
+-- name: orderly_log_request
+-- prepare: bigint, text, text, text
+INSERT INTO request (msg_id, res_join_id, uri, req_envelope, req_timestamp)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (uri, res_join_id) DO UPDATE
+   SET msg_id = EXCLUDED.msg_id, req_envelope = EXCLUDED.req_envelope,
+       req_timestamp = now()
+RETURNING req_id;
+
+-- name: orderly_log_response
+-- prepare: bigint, bigint, text, boolean, text
+INSERT INTO response (req_id, msg_id, res_envelope, failed, failed_reason, res_timestamp)
+VALUES ($1, $2, $3, $4, $5, now())
+RETURNING res_id;
+-- name: source_system_put
+INSERT INTO source_system (name, confirmation_url, timeout_ms, updated_at)
+VALUES (:name, :url, :timeout, now())
+ON CONFLICT (name) DO UPDATE
+   SET confirmation_url = EXCLUDED.confirmation_url,
+       timeout_ms = EXCLUDED.timeout_ms, updated_at = now();
+
+-- name: source_system_list
+SELECT name, confirmation_url, timeout_ms FROM source_system ORDER BY name;
+
+-- name: confirmation_take
+-- Due confirmations, leased (worker.core.due): due again after :lease_s should their task be
+-- lost; each try is fenced by the claim token it was taken with.
+UPDATE external_call
+   SET state = 'PROCESSING', last_update_timestamp = now(), claim = :token,
+       next_attempt_at = now() + make_interval(secs => :lease_s)
+ WHERE call_id IN (
+       SELECT call_id FROM external_call
+        WHERE next_attempt_at <= now() AND operation_name = 'orderly.confirmation'
+          AND state IN ('PROCESSING', 'FAILED')
+        ORDER BY next_attempt_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED)
+RETURNING call_id;
+
+-- name: confirmation_release
+UPDATE external_call SET next_attempt_at = now()
+ WHERE call_id = ANY(:ids) AND state = 'PROCESSING';
+
+-- name: confirmation_load
+SELECT c.msg_id, c.failed_count, c.claim, m.correlation_id,
+       m.source_system, m.state, m.failed_error_code, m.failed_desc,
+       s.confirmation_url, s.timeout_ms
+  FROM external_call c
+  JOIN message m ON m.msg_id = c.msg_id
+  LEFT JOIN source_system s ON s.name = m.source_system
+ WHERE c.call_id = :id AND c.state = 'PROCESSING' AND c.claim IS NOT NULL;
+
+-- name: confirmation_settle
+-- The try this claim made: OK, FAILED (tried again after :wait_ms) or FAILED_END. A final
+-- state confirmed anew meanwhile (a new claim) is not settled by it.
+UPDATE external_call
+   SET state = :state,
+       failed_count = failed_count + CASE WHEN :state = 'OK' THEN 0 ELSE 1 END,
+       next_attempt_at = CASE WHEN :state = 'FAILED'
+                              THEN now() + make_interval(secs => :wait_ms / 1000.0) END,
+       last_update_timestamp = now(), claim = NULL
+ WHERE call_id = :id AND state = 'PROCESSING' AND claim = :claim
+RETURNING state;

@@ -1,0 +1,93 @@
+-- The message store's hot path: intake, the claim and the outcome of processing.
+-- Prepared statements ($1, $2, ...): see worker/store/queries.py.
+
+-- name: orderly_insert_message
+-- One message, NEW (or POSTPONED when its funnel holds it back). The node check and the
+-- insert are one statement: a node that stops accepting input cannot race an insert; a
+-- duplicate (correlation_id, source_system) inserts nothing. A funnel message is sent after
+-- its funnel's advisory lock (worker.intake.FUNNEL_LOCK), so a release cannot miss it.
+-- $18: new input needs the node in RUN (a child of existing work does not).
+-- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, boolean
+INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
+                     correlation_id, process_id, payload, envelope, source_system,
+                     parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
+                     guaranteed_order, exclude_failed_state, node_id,
+                     receive_timestamp, last_process_timestamp, state, failed_count)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+       now(), now(),
+       CASE WHEN $13 IS NOT NULL
+                 AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
+            THEN 'POSTPONED' ELSE 'NEW' END,
+       0
+ WHERE NOT $18 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
+ON CONFLICT (correlation_id, source_system) DO NOTHING
+RETURNING msg_id, state;
+
+-- name: orderly_find_message
+-- prepare: text, text
+SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2;
+
+-- name: orderly_node_state
+-- prepare: bigint
+SELECT code, state FROM node WHERE node_id = $1;
+
+-- name: orderly_claim
+-- NEW or IN_QUEUE (or PROCESSING by a dead worker: its backend pid is gone) -> PROCESSING,
+-- or POSTPONED when its funnel holds it back; never on a STOPPED node. The claim records the
+-- claiming connection's backend pid: only that connection may finish it. Returns the claim
+-- (worker.processing.CLAIM_COLUMNS) and the newer processed message of the same object, if
+-- any (this one is then obsolete). The claim's commit need not wait for the disk: a server
+-- crash that loses it leaves the message where it was. The funnel lock (a no-op without a
+-- funnel) comes first, so the funnel check sees every transition committed before it.
+-- prepare: bigint, bigint
+-- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s);
+UPDATE message m
+   SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
+       node_id = $2, last_process_timestamp = now(),
+       processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
+  FROM (SELECT x.funnel_value IS NOT NULL
+               AND orderly_funnel_blocked(x.msg_id, x.funnel_value,
+                                          x.funnel_component_id, x.msg_timestamp,
+                                          x.guaranteed_order, x.exclude_failed_state)
+               AS blocked
+          FROM message x WHERE x.msg_id = $1) b
+ WHERE m.msg_id = $1
+   AND (m.state IN ('NEW', 'IN_QUEUE')
+        OR (m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid)))
+   AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $2 AND n.state = 'STOPPED')
+RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
+          m.source_system, m.msg_timestamp, m.payload, m.object_id, m.entity_type,
+          m.process_id, m.funnel_value, m.failed_count, m.custom_data, m.wait_res_id,
+          m.processing_pid, m.last_process_timestamp,
+          -- the newest processed (OK) message of the same object, newer than this one; the
+          -- object is (object_id, entity_type), or (object_id, operation) without a type
+          (SELECT o.msg_id FROM message o
+            WHERE m.object_id IS NOT NULL AND o.object_id = m.object_id
+              AND o.entity_type IS NOT DISTINCT FROM m.entity_type
+              AND (m.entity_type IS NOT NULL OR o.operation_name = m.operation_name)
+              AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
+            ORDER BY o.msg_timestamp DESC, o.msg_id DESC
+            LIMIT 1);
+
+-- name: orderly_why_not_claimed
+-- prepare: bigint, bigint
+SELECT (SELECT state FROM message WHERE msg_id = $1),
+       (SELECT state FROM node WHERE node_id = $2);
+
+-- name: orderly_finish
+-- The outcome, only while this connection holds the claim (functions.sql: orderly_finish).
+-- prepare: bigint, text, integer, text, text, text, bigint
+SELECT new_state, released FROM orderly_finish($1, $2, $3, $4, $5, $6, $7);
+
+-- name: orderly_register_wait
+-- A running handler parks its message until a response names this correlation id.
+-- prepare: bigint, text, integer
+UPDATE message m
+   SET wait_correlation_id = $2, wait_res_id = NULL,
+       response_deadline = now() + make_interval(secs => $3)
+ WHERE m.msg_id = $1 AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()
+RETURNING m.msg_id;
+
+-- name: orderly_load_response
+-- prepare: bigint
+SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response WHERE res_id = $1;

@@ -1,0 +1,350 @@
+-- Publish/subscribe (worker.pubsub): rooms, event types, publishers and subscriptions; the
+-- events and one delivery per matching subscription; the due-time index the ticker moves to
+-- the broker; the claim, the outcome and its published_messages row; pull subscriptions.
+
+-- --- administration --------------------------------------------------------------------------
+
+-- name: room_by_name
+SELECT room_id, name, message_expiration_ms, delivery_delay_ms, delivery_delay_multiplier,
+       delivery_attempts, status
+  FROM room WHERE name = :name;
+
+-- name: room_insert
+INSERT INTO room (name, message_expiration_ms, delivery_delay_ms, delivery_delay_multiplier,
+                  delivery_attempts, status, created_at)
+VALUES (:name, :message_expiration_ms, :delivery_delay_ms, :delivery_delay_multiplier,
+        :delivery_attempts, 'ACTIVE', now())
+ON CONFLICT (name) DO NOTHING
+RETURNING room_id, name, message_expiration_ms, delivery_delay_ms, delivery_delay_multiplier,
+          delivery_attempts, status;
+
+-- name: room_update
+UPDATE room
+   SET message_expiration_ms = :message_expiration_ms, delivery_delay_ms = :delivery_delay_ms,
+       delivery_delay_multiplier = :delivery_delay_multiplier,
+       delivery_attempts = :delivery_attempts, status = :status
+ WHERE room_id = :room_id
+RETURNING room_id, name, message_expiration_ms, delivery_delay_ms, delivery_delay_multiplier,
+          delivery_attempts, status;
+
+-- name: room_lock
+SELECT room_id, name, message_expiration_ms, delivery_delay_ms, delivery_delay_multiplier,
+       delivery_attempts, status
+  FROM room WHERE name = :name FOR UPDATE;
+
+-- name: room_list
+-- Each room with how many of its events matched no subscription (unroutable).
+SELECT r.room_id, r.name, r.message_expiration_ms, r.delivery_delay_ms,
+       r.delivery_delay_multiplier, r.delivery_attempts, r.status,
+       (SELECT count(*) FROM event e WHERE e.room_id = r.room_id AND e.unroutable) AS unroutable
+  FROM room r ORDER BY r.name;
+
+-- name: event_type_find
+SELECT event_type_id FROM event_type WHERE room_id = :room_id AND name = :name;
+
+-- name: event_type_insert
+-- The type is created with its first version (a concurrent creation finds the other one).
+INSERT INTO event_type (room_id, name, created_at) VALUES (:room_id, :name, now())
+ON CONFLICT (room_id, name) DO UPDATE SET name = EXCLUDED.name
+RETURNING event_type_id;
+
+-- name: event_type_version_insert
+INSERT INTO event_type_version (event_type_id, version, json_schema, created_at)
+VALUES (:event_type_id, :version, CAST(:json_schema AS jsonb), now())
+ON CONFLICT (event_type_id, version) DO NOTHING
+RETURNING version;
+
+-- name: event_type_list
+SELECT t.name, v.version, v.json_schema AS schema
+  FROM event_type t JOIN event_type_version v USING (event_type_id)
+ WHERE t.room_id = :room_id
+ ORDER BY t.name, v.version;
+
+-- name: publisher_insert
+INSERT INTO publisher (room_id, name) VALUES (:room_id, :name)
+ON CONFLICT (room_id, name) DO NOTHING
+RETURNING publisher_id;
+
+-- name: subscription_insert
+INSERT INTO subscription (room_id, name, kind, push_url, handler, event_type_id,
+                          routing_key_pattern, delivery_delay_ms, delivery_delay_multiplier,
+                          delivery_attempts, timeout_ms, visibility_timeout_ms, order_key,
+                          status, created_at)
+VALUES (:room_id, :name, :kind, :push_url, :handler, :event_type_id, :routing_key_pattern,
+        :delivery_delay_ms, :delivery_delay_multiplier, :delivery_attempts, :timeout_ms,
+        :visibility_timeout_ms, :order_key, 'ACTIVE', now())
+ON CONFLICT (room_id, name) DO NOTHING
+RETURNING subscription_id;
+
+-- name: subscription_lock
+SELECT subscription_id, name, kind, push_url, handler, routing_key_pattern, delivery_delay_ms,
+       delivery_delay_multiplier, delivery_attempts, timeout_ms, visibility_timeout_ms,
+       order_key, status
+  FROM subscription WHERE subscription_id = :id FOR UPDATE;
+
+-- name: subscription_update
+UPDATE subscription
+   SET push_url = :push_url, routing_key_pattern = :routing_key_pattern,
+       delivery_delay_ms = :delivery_delay_ms,
+       delivery_delay_multiplier = :delivery_delay_multiplier,
+       delivery_attempts = :delivery_attempts, timeout_ms = :timeout_ms,
+       visibility_timeout_ms = :visibility_timeout_ms, status = :status
+ WHERE subscription_id = :id;
+
+-- name: subscription_set_status
+UPDATE subscription SET status = :status WHERE subscription_id = :id RETURNING subscription_id;
+
+-- name: subscription_list
+SELECT subscription_id, name, kind, push_url, handler, routing_key_pattern, delivery_delay_ms,
+       delivery_delay_multiplier, delivery_attempts, status
+  FROM subscription WHERE room_id = :room_id ORDER BY subscription_id;
+
+-- --- publish -----------------------------------------------------------------------------------
+
+-- name: publish_context
+-- Everything a publish needs of its room in one round trip: the room, its publishers and its
+-- active subscriptions.
+SELECT r.room_id, r.status, r.message_expiration_ms,
+       COALESCE((SELECT json_object_agg(p.name, p.publisher_id)
+                   FROM publisher p WHERE p.room_id = r.room_id), '{}') AS publishers,
+       COALESCE((SELECT json_agg(json_build_array(s.subscription_id, s.kind, s.event_type_id,
+                                                  s.routing_key_pattern, s.order_key)
+                                 ORDER BY s.subscription_id)
+                   FROM subscription s
+                  WHERE s.room_id = r.room_id AND s.status = 'ACTIVE'), '[]') AS subscriptions
+  FROM room r WHERE r.name = :name;
+
+-- name: publish_event_type
+-- An event type's version (:version, or its latest when NULL) and its JSON schema.
+SELECT t.event_type_id, v.version, v.json_schema
+  FROM event_type t JOIN event_type_version v USING (event_type_id)
+ WHERE t.room_id = :room_id AND t.name = :name
+   AND v.version = COALESCE(CAST(:version AS integer),
+                            (SELECT max(version) FROM event_type_version
+                              WHERE event_type_id = t.event_type_id));
+
+-- name: event_type_exists
+SELECT 1 FROM event_type WHERE room_id = :room_id AND name = :name;
+
+-- name: events_insert
+-- Events from parallel arrays (one row per index), returning their ids by correlation id.
+INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
+                   payload, publisher_id, user_id, impersonator_id, published_at, deliver_at,
+                   expires_at, unroutable)
+SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer), k,
+       CAST(p AS jsonb), CAST(:publisher_id AS bigint), CAST(:user_id AS text),
+       CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u
+  FROM unnest(CAST(:correlation_ids AS text[]), CAST(:tokens AS text[]),
+              CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
+              CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
+       AS x(c, t, k, p, d, u)
+RETURNING event_id, correlation_id;
+
+-- name: deliveries_insert
+-- Deliveries from parallel arrays; scheduled_at is the due-time index: a PULL delivery's due
+-- time, a push delivery's lease (due now: handed to the broker after the commit) or due time.
+INSERT INTO delivery (event_id, subscription_id, state, pull, order_value, attempt,
+                      next_attempt_at, scheduled_at)
+SELECT e, s, 'PENDING', pl, ov, 0, n, sc
+  FROM unnest(CAST(:event_ids AS bigint[]), CAST(:subscription_ids AS bigint[]),
+              CAST(:pulls AS boolean[]), CAST(:order_values AS text[]),
+              CAST(:next_attempt_ats AS timestamptz[]), CAST(:scheduled_ats AS timestamptz[]))
+       AS x(e, s, pl, ov, n, sc)
+RETURNING delivery_id, event_id, subscription_id;
+
+-- --- due work and upkeep -----------------------------------------------------------------------
+
+-- name: deliveries_take_due
+-- Due push deliveries (a $delay, a retry wait, or a lease that ran out), leased for :lease_s
+-- (worker.core.due): a task lost with its worker brings them back after it.
+UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
+ WHERE d.delivery_id IN (
+       SELECT delivery_id FROM delivery
+        WHERE state = 'PENDING' AND NOT pull AND scheduled_at <= now()
+        ORDER BY scheduled_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED)
+RETURNING d.delivery_id;
+
+-- name: deliveries_release
+UPDATE delivery SET scheduled_at = now()
+ WHERE delivery_id = ANY(:ids) AND state = 'PENDING';
+
+-- name: deliveries_release_stuck
+-- A claim whose worker died: back to PENDING, due at once (delivered at least once).
+UPDATE delivery d SET state = 'PENDING', scheduled_at = now(), claimed_at = NULL, claim = NULL
+  FROM subscription s
+ WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS' AND NOT d.pull
+   AND d.claimed_at < now() - make_interval(secs => s.timeout_ms * :batch / 1000.0 + :grace)
+RETURNING d.delivery_id;
+
+-- name: pulled_return_unacked
+-- A pulled delivery not ACKed within its subscription's visibility timeout comes back (or,
+-- its attempts spent, is dead-lettered); its pull's log row records that attempt's end.
+WITH back AS (
+    UPDATE delivery d
+       SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
+                        THEN 'DEAD' ELSE 'PENDING' END,
+           attempt = d.attempt + 1, next_attempt_at = now(), claimed_at = NULL,
+           receipt = NULL, last_error = 'not ACKed within the visibility timeout'
+      FROM subscription s, room r
+     WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
+       AND d.pull AND d.state = 'IN_PROCESS'
+       AND d.claimed_at < now() - make_interval(secs => s.visibility_timeout_ms / 1000.0)
+    RETURNING d.delivery_id, d.state)
+UPDATE published_messages p
+   SET outcome = CASE WHEN back.state = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END,
+       error = 'not ACKed in time'
+  FROM back
+ WHERE p.id = (SELECT max(id) FROM published_messages WHERE delivery_id = back.delivery_id);
+
+-- name: pulled_expire
+-- Pull deliveries nobody took before their room's expiration.
+UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message expiration'
+  FROM event e
+ WHERE e.event_id = d.event_id AND d.pull AND d.state = 'PENDING'
+   AND e.expires_at IS NOT NULL AND e.expires_at <= now();
+
+-- --- delivery ------------------------------------------------------------------------------------
+
+-- name: deliveries_claim
+-- Claim due push deliveries for one batch under the claim token :claim; an ordered
+-- subscription's delivery only when no earlier one of its key is still open. The claim
+-- commits without waiting for the disk: a crash can only make a delivery come again.
+SET LOCAL synchronous_commit TO OFF;
+UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim
+  FROM event e, subscription s, room r
+ WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
+   AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
+   AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
+   AND r.room_id = e.room_id
+   AND (d.order_value IS NULL OR NOT EXISTS (
+         SELECT 1 FROM delivery o
+          WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
+            AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))
+RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
+          e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
+          s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
+          COALESCE(s.delivery_delay_ms, r.delivery_delay_ms),
+          COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier),
+          COALESCE(s.delivery_attempts, r.delivery_attempts), r.name, e.token,
+          d.order_value, e.deliver_at > e.published_at;
+
+-- name: deliveries_delivered
+-- Plain push deliveries delivered, and their published_messages rows, in one statement, only
+-- while this claim holds them (committed without waiting for the disk, like the claim).
+SET LOCAL synchronous_commit TO OFF;
+WITH held AS (
+    UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), claimed_at = NULL,
+           claim = NULL, last_error = NULL
+     WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
+    RETURNING delivery_id, event_id, subscription_id, attempt)
+INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                attempt, published_at, delivered_at, outcome)
+SELECT e.correlation_id, held.delivery_id, held.event_id, held.subscription_id,
+       held.attempt, :started, now(), 'DELIVERED'
+  FROM held JOIN event e USING (event_id)
+RETURNING delivery_id;
+
+-- name: delivery_settle
+-- One delivery's outcome and its published_messages row, only while this claim holds it.
+WITH held AS (
+    UPDATE delivery SET state = :state, attempt = :next_attempt,
+           next_attempt_at = COALESCE(:at, next_attempt_at),
+           scheduled_at = COALESCE(:at, scheduled_at),
+           claimed_at = NULL, claim = NULL,
+           delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why
+     WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim
+    RETURNING delivery_id)
+INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                attempt, published_at, delivered_at, outcome, error,
+                                next_delay_ms)
+SELECT :c, held.delivery_id, :e, :s, :a, :started,
+       CASE WHEN :state = 'DELIVERED' THEN now() END, :o, :why, :next_delay_ms
+  FROM held;
+
+-- name: async_commit
+-- This transaction commits without waiting for the disk: a database crash in that instant can
+-- only make a delivery come again (at least once, same Idempotency-Key), never lose it.
+SET LOCAL synchronous_commit TO OFF;
+
+-- name: delivery_dead_letter
+UPDATE delivery SET state = 'DEAD', claimed_at = NULL, claim = NULL, last_error = :why
+ WHERE delivery_id = :id AND claim = :claim;
+
+-- name: delivery_release_next
+-- An ordered key's head reached a final state: its successor is due at once.
+UPDATE delivery SET next_attempt_at = now(), scheduled_at = now()
+ WHERE delivery_id = (
+       SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s
+          AND order_value = :v AND state = 'PENDING' AND delivery_id > :d);
+
+-- name: queue_message_log
+INSERT INTO queue_message (delivery_id, message, routing_key, scheduled_start_time,
+                           start_time, end_time, state, exception_id, memory_used)
+VALUES (:d, :m, :rk, :sched, :start, now(), :state, :exc, :mem);
+
+-- name: dead_letters_redrive
+-- An operator sends dead-lettered deliveries again: attempts start over, due now.
+UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),
+       scheduled_at = now(), last_error = 'redriven: ' || COALESCE(last_error, '')
+ WHERE state = 'DEAD'
+   AND (CAST(:ids AS bigint[]) IS NULL OR delivery_id = ANY(:ids))
+   AND (CAST(:sub AS bigint) IS NULL OR subscription_id = :sub)
+RETURNING delivery_id;
+
+-- name: dead_letters_list
+SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
+       e.correlation_id, e.routing_key, r.name AS room
+  FROM delivery d JOIN event e USING (event_id) JOIN room r USING (room_id)
+ WHERE d.state = 'DEAD' AND (CAST(:room AS text) IS NULL OR r.name = :room)
+ ORDER BY d.delivery_id;
+
+-- --- pull ----------------------------------------------------------------------------------------
+
+-- name: pull_subscription
+SELECT kind, status FROM subscription WHERE subscription_id = :s;
+
+-- name: pull_take
+-- A PULL subscriber takes up to :max due messages under the receipt :receipt (its fencing
+-- token), each logged as a PENDING publish; an ordered key's next only when none is open.
+WITH taken AS (
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), receipt = :receipt
+     WHERE d.delivery_id IN (
+           SELECT o.delivery_id FROM delivery o JOIN event e USING (event_id)
+            WHERE o.subscription_id = :sub AND o.pull AND o.state = 'PENDING'
+              AND o.next_attempt_at <= now()
+              AND (e.expires_at IS NULL OR e.expires_at > now())
+              AND (o.order_value IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM delivery p
+                     WHERE p.subscription_id = o.subscription_id
+                       AND p.order_value = o.order_value
+                       AND p.delivery_id < o.delivery_id
+                       AND p.state IN ('PENDING', 'IN_PROCESS')))
+            ORDER BY o.delivery_id
+            LIMIT :max
+            FOR UPDATE OF o SKIP LOCKED)
+    RETURNING d.delivery_id, d.attempt, d.event_id),
+logged AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, outcome)
+    SELECT e.correlation_id, t.delivery_id, t.event_id, :sub, t.attempt, now(), 'PENDING'
+      FROM taken t JOIN event e USING (event_id))
+SELECT t.delivery_id, t.attempt, e.correlation_id, e.routing_key, e.payload,
+       e.user_id AS "user", e.impersonator_id AS impersonator
+  FROM taken t JOIN event e USING (event_id)
+ ORDER BY t.delivery_id;
+
+-- name: pull_ack
+-- The subscriber processed a pulled message: delivered, only with its current receipt; the
+-- pull's log row with it. Returns how many deliveries it settled (0 or 1).
+WITH done AS (
+    UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), receipt = NULL
+     WHERE delivery_id = :d AND subscription_id = :s AND pull
+       AND state = 'IN_PROCESS' AND receipt = :r
+    RETURNING delivery_id),
+logged AS (
+    UPDATE published_messages SET outcome = 'DELIVERED', delivered_at = now()
+     WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)
+       AND EXISTS (SELECT 1 FROM done))
+SELECT count(*) FROM done;

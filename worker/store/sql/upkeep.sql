@@ -1,0 +1,154 @@
+-- The message store's periodic work (worker.pool, worker.timeouts): the re-processing pool,
+-- repair, guaranteed order held back by a FAILED message, response deadlines, timeouts.
+-- Rows are taken with SKIP LOCKED, so two runners never act on the same row. A batched
+-- transition locks rows first and the state trigger then takes funnel locks, while a funnel's
+-- lock comes first everywhere else: here a row whose funnel lock is busy is left for the next
+-- run (pg_try_advisory_xact_lock).
+
+-- name: pool_requeue
+-- PARTLY_FAILED idle >= :partly_s, and POSTPONED idle >= :postponed_s whose funnel lets it go,
+-- back to IN_QUEUE, oldest msg_timestamp first. Conversation rows are delivered by the
+-- ordering gate, not by handlers.
+UPDATE message m
+   SET state = 'IN_QUEUE', start_in_queue_timestamp = now(), last_process_timestamp = now()
+ WHERE m.msg_id IN (
+       SELECT msg_id FROM message
+        WHERE service_name <> 'conversation'
+          AND ((state = 'PARTLY_FAILED'
+               AND last_process_timestamp <= now() - make_interval(secs => :partly_s))
+           OR (state = 'POSTPONED'
+               AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)
+               AND NOT (funnel_value IS NOT NULL
+                        AND orderly_funnel_blocked(msg_id, funnel_value,
+                                                   funnel_component_id, msg_timestamp,
+                                                   guaranteed_order, exclude_failed_state))))
+        ORDER BY msg_timestamp
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
+RETURNING m.msg_id, m.msg_timestamp;
+
+-- name: repair_messages
+-- NEW/IN_QUEUE/PROCESSING idle >= :stuck_s, and PROCESSING messages whose worker connection
+-- is gone (after :grace_s), become PARTLY_FAILED (FAILED once failed_count reached :limit).
+UPDATE message m
+   SET state = CASE WHEN m.failed_count >= :limit THEN 'FAILED' ELSE 'PARTLY_FAILED' END,
+       failed_count = m.failed_count + 1,
+       failed_error_code = 'E_REPAIR',
+       failed_desc = CASE
+           WHEN m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid)
+             THEN 'worker connection lost while PROCESSING'
+           ELSE 'stuck in ' || m.state || ' since ' || m.last_process_timestamp::text END,
+       last_process_timestamp = now(), processing_pid = NULL
+ WHERE m.msg_id IN (
+       SELECT msg_id FROM message m
+        WHERE m.service_name <> 'conversation'
+          AND ((m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
+               AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s))
+           OR (m.state = 'PROCESSING'
+               AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
+               AND orderly_orphaned(m.processing_pid)))
+          AND (m.funnel_value IS NULL OR pg_try_advisory_xact_lock(
+                   orderly_funnel_key(m.funnel_value, m.funnel_component_id)))
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
+RETURNING m.msg_id, m.state;
+
+-- name: repair_calls
+-- External calls stuck in PROCESSING become FAILED (confirmations have their own lease).
+UPDATE external_call
+   SET state = 'FAILED', failed_count = failed_count + 1, last_update_timestamp = now()
+ WHERE call_id IN (
+       SELECT call_id FROM external_call
+        WHERE state = 'PROCESSING'
+          AND operation_name <> 'orderly.confirmation'
+          AND last_update_timestamp <= now() - make_interval(secs => :stuck_s)
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
+RETURNING call_id;
+
+-- name: fail_postponed
+-- Guaranteed order halts behind a FAILED message (unless exclude_failed_state): the messages
+-- it holds back fail once both have stood still for :failed_s.
+UPDATE message m
+   SET state = 'FAILED', failed_count = m.failed_count + 1,
+       failed_error_code = 'E_POSTPONED_TOO_LONG',
+       failed_desc = format('postponed for over %s s behind FAILED message %s of funnel %s',
+                            :failed_s, b.blocker, m.funnel_value),
+       last_process_timestamp = now()
+  FROM (SELECT c.msg_id,
+               (SELECT o.msg_id FROM message o
+                 WHERE o.funnel_value = c.funnel_value
+                   AND o.state NOT IN ('OK', 'CANCEL')
+                   AND o.funnel_component_id IS NOT DISTINCT FROM c.funnel_component_id
+                   AND o.state = 'FAILED' AND o.guaranteed_order
+                   AND (o.msg_timestamp, o.msg_id) < (c.msg_timestamp, c.msg_id)
+                   AND o.last_process_timestamp <= now() - make_interval(secs => :failed_s)
+                 ORDER BY o.msg_timestamp, o.msg_id LIMIT 1) AS blocker
+          FROM message c
+         WHERE c.state = 'POSTPONED' AND c.guaranteed_order AND NOT c.exclude_failed_state
+           AND c.last_process_timestamp <= now() - make_interval(secs => :failed_s)
+           AND (c.funnel_value IS NULL OR pg_try_advisory_xact_lock(
+                    orderly_funnel_key(c.funnel_value, c.funnel_component_id)))
+         ORDER BY c.msg_timestamp
+         LIMIT :batch
+         FOR UPDATE OF c SKIP LOCKED) b
+ WHERE m.msg_id = b.msg_id AND b.blocker IS NOT NULL
+RETURNING m.msg_id;
+
+-- name: expire_waits
+-- Messages whose wait for an external response ran out become FAILED.
+UPDATE message m
+   SET state = 'FAILED', failed_count = m.failed_count + 1,
+       failed_error_code = 'E_RESPONSE_TIMEOUT',
+       failed_desc = format('no response for correlation id %s by %s',
+                            m.wait_correlation_id, m.response_deadline),
+       last_process_timestamp = now()
+ WHERE m.msg_id IN (
+       SELECT msg_id FROM message
+        WHERE state = 'WAITING_FOR_RES' AND response_deadline <= now()
+          AND service_name <> 'conversation'
+          AND (message.funnel_value IS NULL OR pg_try_advisory_xact_lock(
+                   orderly_funnel_key(message.funnel_value, message.funnel_component_id)))
+        ORDER BY response_deadline
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
+RETURNING m.msg_id;
+
+-- name: settle_parents
+-- A parent is settled when its last child ends; this catches one whose settling was lost.
+SELECT p.msg_id, orderly_parent_check(p.msg_id) AS state
+  FROM message p
+ WHERE p.state = 'WAITING' AND p.service_name <> 'conversation'
+   AND p.last_process_timestamp <= now() - make_interval(secs => :stuck_s)
+   AND NOT EXISTS (SELECT 1 FROM message c
+                    WHERE c.parent_msg_id = p.msg_id AND c.parent_binding_type = 'HARD'
+                      AND c.state NOT IN ('OK', 'FAILED', 'CANCEL'))
+ LIMIT :batch;
+
+-- name: released_in_transaction
+-- The funnel messages the current transaction released (enqueued after its commit).
+SELECT current_setting('orderly.released', true);
+
+-- name: lock_funnel_of
+-- A message's funnel lock (a no-op without a funnel), before any row lock of the funnel.
+SELECT orderly_lock_funnel_of(:id);
+
+-- name: timeout_take_back
+-- A timed-out claim taken back: IN_QUEUE with timeout_count + 1 (FAILED at the last
+-- attempt), only the very claim that timed out (pid and claim time), never a message of a
+-- plain funnel (that counts only started messages: taking one back would let its successor
+-- run beside the hung handler; funnelIdleIntervalSec and repair apply).
+UPDATE message m
+   SET state = CASE WHEN m.timeout_count >= :attempts THEN 'FAILED' ELSE 'IN_QUEUE' END,
+       timeout_count = m.timeout_count + 1,
+       failed_count = m.failed_count + 1,
+       failed_error_code = 'E_TIMEOUT',
+       failed_desc = format('no worker finished it within %s ms (timeout %s of %s); %s',
+                            :timeout_ms, m.timeout_count + 1, :attempts + 1,
+                            CASE WHEN m.timeout_count >= :attempts THEN 'no retries left'
+                                 ELSE 'retried' END),
+       processing_pid = NULL, last_process_timestamp = now()
+ WHERE m.msg_id = :msg_id AND m.state = 'PROCESSING'
+   AND m.processing_pid = :pid AND m.last_process_timestamp = CAST(:claimed_at AS timestamptz)
+   AND (m.funnel_value IS NULL OR m.guaranteed_order)
+RETURNING m.state, m.timeout_count;
