@@ -19,150 +19,17 @@ Conventions, the same on both sides:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reports.source import Table
+from reports import spark_aggregates as spark
+from reports.tables import MESSAGE, TABLES, Frames
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
-FINAL = ("OK", "FAILED", "CANCEL")
-PCTS = (0.5, 0.95, 0.99)
-
-# --- what is read ---------------------------------------------------------------------------
-
-MESSAGE = Table(
-    "message",
-    (
-        "msg_id",
-        "receive_timestamp",
-        "last_process_timestamp",
-        "service_name",
-        "operation_name",
-        "state::text AS state",
-        "failed_count",
-        "failed_error_code",
-        "source_system",
-        "funnel_value",
-        "guaranteed_order",
-        "node_id",
-        "process_id",
-    ),
-    key="msg_id",
-    window="receive_timestamp",
-)
-EXTERNAL_CALL = Table(
-    "external_call",
-    (
-        "call_id",
-        "operation_name",
-        "state::text AS state",
-        "failed_count",
-        "creation_timestamp",
-        "last_update_timestamp",
-    ),
-    key="call_id",
-    window="creation_timestamp",
-)
-NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
-ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
-SUBSCRIPTION = Table(
-    "subscription",
-    ("subscription_id", "room_id", "name AS subscription"),
-    key="subscription_id",
-    partitioned=False,
-)
-DELIVERY = Table(
-    "delivery",
-    ("delivery_id", "subscription_id", "state::text AS state", "attempt", "scheduled_at"),
-    key="delivery_id",
-    window="scheduled_at",
-)
-PUBLISHED = Table(
-    "published_messages",
-    ("id", "subscription_id", "outcome::text AS outcome", "published_at"),
-    key="id",
-    window="published_at",
-)
-QUEUE_LOG = Table(
-    "queue_message",
-    ("id", "routing_key", "state::text AS state", "start_time", "end_time"),
-    key="id",
-    window="start_time",
-)
-REQUEST = Table("request", ("req_id", "req_timestamp"), key="req_id", window="req_timestamp")
-# Responses of the requests in the window, however late they came (as the SQL twin joins).
-RESPONSE = Table(
-    "response",
-    ("res_id", "req_id", "res_timestamp", "failed"),
-    key="res_id",
-    window="req_timestamp",
-    window_via="req_id IN (SELECT req_id FROM request WHERE {cond})",
-)
-
-TABLES = (
-    MESSAGE,
-    EXTERNAL_CALL,
-    NODE,
-    ROOM,
-    SUBSCRIPTION,
-    DELIVERY,
-    PUBLISHED,
-    QUEUE_LOG,
-    REQUEST,
-    RESPONSE,
-)
-
-
-class Frames:
-    """The tables of one report, read once each and kept in memory while the report runs.
-
-    Safe to share between the threads that submit jobs: a table is loaded once.
-    """
-
-    def __init__(self, load: Callable[[Table], DataFrame]) -> None:
-        self._load = load
-        self._frames: dict[str, DataFrame] = {}
-        self._locks = {t.name: threading.Lock() for t in TABLES}
-
-    def __getitem__(self, table: Table) -> DataFrame:
-        # One lock per table: tables load side by side, each only once.
-        with self._locks[table.name]:
-            if table.name not in self._frames:
-                self._frames[table.name] = self._load(table).cache()
-            return self._frames[table.name]
-
-    def release(self) -> None:
-        for frame in self._frames.values():
-            frame.unpersist()
-        self._frames.clear()
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def _ms(later: str, earlier: str) -> Column:
-    from pyspark.sql import functions as F
-
-    return (F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))) / F.lit(1000.0)
-
-
-def _pcts(column: str) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    exprs = F.expr(f"percentile({column}, array({', '.join(str(p) for p in PCTS)}))")
-    return [exprs.alias("_pcts")]
-
-
-def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    for i, name in enumerate(names):
-        frame = frame.withColumn(name, F.col("_pcts")[i])
-    return frame.drop("_pcts")
+__all__ = ["AGGREGATES", "BY_NAME", "MESSAGE", "TABLES", "Aggregate", "Frames", "rows_key"]
 
 
 def _sql_ms(later: str, earlier: str) -> str:
@@ -176,9 +43,6 @@ def _sql_window(column: str) -> str:
     )
 
 
-# --- the aggregates -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Aggregate:
     name: str
@@ -186,220 +50,6 @@ class Aggregate:
     columns: tuple[str, ...]  # the output's columns, in order (also the sort order)
     spark: Callable[[Frames], DataFrame]
     sql: str
-
-
-def _throughput(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    m = f[MESSAGE]
-    return m.groupBy(
-        F.date_format("receive_timestamp", "yyyy-MM-dd HH:00").alias("hour"),
-        "service_name",
-        "operation_name",
-        "state",
-    ).agg(F.count("*").alias("messages"))
-
-
-def _latency(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    m = (
-        f[MESSAGE]
-        .where(F.col("state").isin(*FINAL) & F.col("last_process_timestamp").isNotNull())
-        .withColumn("ms", _ms("last_process_timestamp", "receive_timestamp"))
-    )
-    out = m.groupBy("service_name", "operation_name").agg(
-        F.count("*").alias("messages"),
-        F.avg("ms").alias("mean_ms"),
-        *_pcts("ms"),
-        F.max("ms").alias("max_ms"),
-    )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
-
-
-def _failures(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    m = f[MESSAGE].where(F.col("failed_error_code").isNotNull())
-    return m.groupBy("failed_error_code", "source_system").agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("final_failed"),
-    )
-
-
-def _failed_counts(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return f[MESSAGE].groupBy("failed_count").agg(F.count("*").alias("messages"))
-
-
-def _funnels(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    m = f[MESSAGE].where(F.col("funnel_value").isNotNull())
-    m = m.withColumn(
-        "kind", F.when(F.col("guaranteed_order"), "guaranteed order").otherwise("funnel")
-    ).withColumn(
-        "ms",
-        F.when(
-            F.col("state").isin(*FINAL) & F.col("last_process_timestamp").isNotNull(),
-            _ms("last_process_timestamp", "receive_timestamp"),
-        ),
-    )
-    out = m.groupBy("kind").agg(
-        F.countDistinct("funnel_value").alias("funnels"),
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "POSTPONED", 1).otherwise(0)).alias("postponed_now"),
-        F.sum(F.when(F.col("failed_error_code") == "E_POSTPONED_TOO_LONG", 1).otherwise(0)).alias(
-            "failed_postponed_too_long"
-        ),
-        *_pcts("ms"),
-    )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
-
-
-def _external_calls(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    c = f[EXTERNAL_CALL].withColumn("ms", _ms("last_update_timestamp", "creation_timestamp"))
-    return c.groupBy("operation_name", "state").agg(
-        F.count("*").alias("calls"),
-        F.sum("failed_count").cast("long").alias("failures"),
-        F.avg("ms").alias("mean_ms"),
-    )
-
-
-def _nodes(f: Frames) -> DataFrame:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    m = f[MESSAGE].where(F.col("state").isin(*FINAL))
-    per = m.groupBy("node_id").agg(F.count("*").alias("messages"))
-    per = per.join(f[NODE], "node_id", "left")
-    total = F.sum("messages").over(Window.partitionBy())
-    return per.select(
-        "node_id",
-        F.coalesce(F.col("code"), F.lit("?")).alias("code"),
-        "messages",
-        (F.col("messages") / total).alias("share"),
-    )
-
-
-def _subs(f: Frames) -> DataFrame:
-    return (
-        f[SUBSCRIPTION]
-        .join(f[ROOM], "room_id", "left")
-        .select("subscription_id", "room", "subscription")
-    )
-
-
-def _deliveries(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    d = f[DELIVERY].join(_subs(f), "subscription_id", "left")
-
-    def state(name: str) -> Column:
-        return F.sum(F.when(F.col("state") == name, 1).otherwise(0)).alias(name.lower())
-
-    return d.groupBy("room", "subscription").agg(
-        F.count("*").alias("deliveries"),
-        state("DELIVERED"),
-        state("DEAD"),
-        state("EXPIRED"),
-        state("PENDING"),
-        F.avg("attempt").alias("mean_attempts"),
-        F.max("attempt").alias("max_attempts"),
-    )
-
-
-def _delivery_attempts(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    d = f[DELIVERY].join(_subs(f), "subscription_id", "left")
-    return d.groupBy("room", "subscription", "attempt").agg(F.count("*").alias("deliveries"))
-
-
-def _publish_log(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    p = f[PUBLISHED].join(_subs(f), "subscription_id", "left")
-    return p.groupBy("room", "subscription", "outcome").agg(F.count("*").alias("attempts"))
-
-
-def _consumer_log(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    q = f[QUEUE_LOG].withColumn(
-        "ms", F.when(F.col("end_time").isNotNull(), _ms("end_time", "start_time"))
-    )
-    return q.groupBy("routing_key", "state").agg(
-        F.count("*").alias("messages"), F.avg("ms").alias("mean_ms"), F.max("ms").alias("max_ms")
-    )
-
-
-def _exchanges(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    r = f[REQUEST].join(f[RESPONSE], "req_id", "left")
-    r = r.withColumn(
-        "ms", F.when(F.col("res_id").isNotNull(), _ms("res_timestamp", "req_timestamp"))
-    )
-    out = r.agg(
-        F.countDistinct("req_id").alias("requests"),
-        F.count("res_id").alias("responses"),
-        F.count(F.when(F.col("failed"), 1)).alias("failed"),
-        *_pcts("ms"),
-    )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
-
-
-_CONVERSATION_COUNTS = (
-    "conversations",
-    "requests",
-    "responses",
-    "delivered",
-    "cancelled_groups",
-    "awaited",
-)
-_RELEASE_PCTS = ("release_p50_ms", "release_p95_ms", "release_p99_ms")
-
-
-def _conversations(f: Frames) -> DataFrame:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    m = f[MESSAGE].where(F.col("service_name") == "conversation")
-    requests = m.where(F.col("operation_name") == "request")
-    responses = m.where(F.col("operation_name") == "response")
-    delivered = responses.where(
-        (F.col("state") == "OK") & F.col("last_process_timestamp").isNotNull()
-    )
-    order = Window.partitionBy("process_id").orderBy("last_process_timestamp", "msg_id")
-    prev = F.lag("last_process_timestamp").over(order)
-    released = delivered.withColumn("prev", prev).where(F.col("prev").isNotNull())
-    released = released.withColumn(
-        "ready", F.greatest(F.col("prev"), F.col("receive_timestamp"))
-    ).withColumn("ms", _ms("last_process_timestamp", "ready"))
-    counts = m.agg(
-        F.countDistinct("process_id").alias("conversations"),
-        F.sum(F.when(F.col("operation_name") == "request", 1).otherwise(0)).alias("requests"),
-        F.sum(F.when(F.col("operation_name") == "response", 1).otherwise(0)).alias("responses"),
-    )
-    cancelled = F.sum(F.when(F.col("state") == "CANCEL", 1).otherwise(0))
-    release = _split_pcts(released.agg(*_pcts("ms")), _RELEASE_PCTS)
-    other = (
-        responses.agg(
-            F.sum(F.when(F.col("state") == "OK", 1).otherwise(0)).alias("delivered"),
-            F.sum(F.when(F.col("failed_count") > 0, 1).otherwise(0)).alias("awaited"),
-        )
-        .crossJoin(requests.agg(cancelled.alias("cancelled_groups")))
-        .crossJoin(release)
-    )
-    out = counts.crossJoin(other)
-    return out.select(
-        *(F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in _CONVERSATION_COUNTS),
-        *_RELEASE_PCTS,
-    )
 
 
 _PCT_SQL = "percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms)"
@@ -410,7 +60,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "throughput_hourly",
         "Messages per hour by service, operation and state",
         ("hour", "service_name", "operation_name", "state", "messages"),
-        _throughput,
+        spark.throughput,
         f"""
         SELECT to_char(receive_timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00') AS hour,
                service_name, operation_name, state::text AS state, count(*) AS messages
@@ -431,7 +81,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
             "p99_ms",
             "max_ms",
         ),
-        _latency,
+        spark.latency,
         f"""
         SELECT service_name, operation_name, messages, mean_ms,
                p[1] AS p50_ms, p[2] AS p95_ms, p[3] AS p99_ms, max_ms
@@ -449,7 +99,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "failures",
         "Failures by error code and source system",
         ("failed_error_code", "source_system", "messages", "final_failed"),
-        _failures,
+        spark.failures,
         f"""
         SELECT failed_error_code, source_system, count(*) AS messages,
                count(*) FILTER (WHERE state = 'FAILED') AS final_failed
@@ -462,7 +112,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "failed_counts",
         "Messages by failed_count",
         ("failed_count", "messages"),
-        _failed_counts,
+        spark.failed_counts,
         f"SELECT failed_count, count(*) AS messages FROM ({_M}) m GROUP BY 1",
     ),
     Aggregate(
@@ -478,7 +128,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
             "p95_ms",
             "p99_ms",
         ),
-        _funnels,
+        spark.funnels,
         f"""
         SELECT kind, funnels, messages, postponed_now, failed_postponed_too_long,
                p[1] AS p50_ms, p[2] AS p95_ms, p[3] AS p99_ms
@@ -501,7 +151,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "external_calls",
         "External calls by operation and outcome",
         ("operation_name", "state", "calls", "failures", "mean_ms"),
-        _external_calls,
+        spark.external_calls,
         f"""
         SELECT operation_name, state::text AS state, count(*) AS calls,
                sum(failed_count) AS failures,
@@ -514,7 +164,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "nodes",
         "Messages finished per node, and its share",
         ("node_id", "code", "messages", "share"),
-        _nodes,
+        spark.nodes,
         f"""
         SELECT m.node_id, coalesce(n.code, '?') AS code, m.messages,
                m.messages::float8 / sum(m.messages) OVER () AS share
@@ -537,7 +187,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
             "mean_attempts",
             "max_attempts",
         ),
-        _deliveries,
+        spark.deliveries,
         f"""
         SELECT r.name AS room, s.name AS subscription, count(*) AS deliveries,
                count(*) FILTER (WHERE d.state = 'DELIVERED') AS delivered,
@@ -556,7 +206,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "delivery_attempts",
         "Attempts distribution per subscription",
         ("room", "subscription", "attempt", "deliveries"),
-        _delivery_attempts,
+        spark.delivery_attempts,
         f"""
         SELECT r.name AS room, s.name AS subscription, d.attempt, count(*) AS deliveries
           FROM delivery d
@@ -570,7 +220,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "publish_log",
         "Publish attempts by outcome (published_messages)",
         ("room", "subscription", "outcome", "attempts"),
-        _publish_log,
+        spark.publish_log,
         f"""
         SELECT r.name AS room, s.name AS subscription, p.outcome::text AS outcome,
                count(*) AS attempts
@@ -585,7 +235,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "consumer_log",
         "Consumers by routing key (queue message log)",
         ("routing_key", "state", "messages", "mean_ms", "max_ms"),
-        _consumer_log,
+        spark.consumer_log,
         f"""
         SELECT routing_key, state::text AS state, count(*) AS messages,
                avg(ms) AS mean_ms, max(ms) AS max_ms
@@ -599,7 +249,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         "exchanges",
         "Requests and responses of external exchanges (ms)",
         ("requests", "responses", "failed", "p50_ms", "p95_ms", "p99_ms"),
-        _exchanges,
+        spark.exchanges,
         f"""
         SELECT requests, responses, failed, p[1] AS p50_ms, p[2] AS p95_ms, p[3] AS p99_ms
           FROM (SELECT count(DISTINCT q.req_id) AS requests, count(s.res_id) AS responses,
@@ -614,8 +264,8 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate(
         "conversations",
         "Conversations: delivery, cancelled groups, AWAITED, release latency (ms)",
-        (*_CONVERSATION_COUNTS, *_RELEASE_PCTS),
-        _conversations,
+        (*spark.CONVERSATION_COUNTS, *spark.RELEASE_PCTS),
+        spark.conversations,
         f"""
         WITH m AS (SELECT * FROM ({_M}) x WHERE service_name = 'conversation'),
         d AS (SELECT process_id, msg_id, receive_timestamp, last_process_timestamp,

@@ -20,7 +20,6 @@ SERVICES = {
     "migrate",
     "api",
     "worker",
-    "agents",
     "beat",
     "flower",
     "prometheus",
@@ -65,8 +64,8 @@ def test_compose_file_is_valid_and_has_every_service() -> None:
 def test_services_wait_for_healthy_stores_and_the_migration() -> None:
     done = compose(ROOT / "docker-compose.yml", "config")
     assert done.returncode == 0, done.stderr
-    # api, worker, agents, beat and flower wait for redis and postgres; migrate for postgres
-    assert done.stdout.count("condition: service_healthy") == 5 * 2 + 1
+    # api, worker, beat and flower wait for redis and postgres; migrate for postgres
+    assert done.stdout.count("condition: service_healthy") == 4 * 2 + 1
     assert "condition: service_completed_successfully" in done.stdout
 
 

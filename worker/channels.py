@@ -11,15 +11,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
 
-from sqlalchemy import Engine, select
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
 
-from models import Channel as ChannelRow
 from worker.core.clock import SYSTEM, Clock
 from worker.core.errors import InvalidMessage, UnknownChannel
 from worker.core.retry import RetryPolicy, policy_problems
 from worker.settings import Settings
+from worker.store.queries import sql
 
 CACHE_SECONDS = 5.0
 
@@ -92,14 +90,8 @@ def validate(
 
 
 def put_channel(engine: Engine, channel: Channel) -> None:
-    values = channel.as_dict()
-    stmt = insert(ChannelRow).values(**values)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[ChannelRow.origin],
-        set_={k: stmt.excluded[k] for k in values if k != "origin"},
-    )
-    with Session(engine) as session, session.begin():
-        session.execute(stmt)
+    with engine.begin() as conn:
+        conn.execute(sql("channel_put"), channel.as_dict())
 
 
 class ChannelDirectory:
@@ -135,18 +127,11 @@ class ChannelDirectory:
         return replace(channel, timeout_ms=cap)
 
     def _reload(self) -> None:
-        with Session(self._engine) as session:
-            rows = session.scalars(select(ChannelRow)).all()
+        with self._engine.connect() as conn:
+            rows = conn.execute(sql("channel_list")).all()
         channels = {o: c for o in self._settings.channels if (c := self._from_settings(o))}
         for row in rows:
-            channels[row.origin] = Channel(
-                row.origin,
-                row.url,
-                row.delivery_delay_ms,
-                row.multiplier,
-                row.attempts,
-                row.timeout_ms,
-            )
+            channels[row.origin] = Channel(*row)
         self._cache = {o: self._capped(c) for o, c in channels.items()}
         self._loaded_at = self._clock.monotonic()
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import re
 import threading
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from sqlalchemy import Engine, select
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
 
-from models import ConfigDataType, Configuration
+from models import ConfigDataType
+from worker.core.clock import SYSTEM, Clock
 from worker.core.errors import ConfigurationError
+from worker.store.queries import sql
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,25 @@ def value_problems(
     return problems
 
 
-def check_row(row: Configuration) -> list[str]:
+@dataclass(frozen=True)
+class ConfigRow:
+    """One row of the configuration table."""
+
+    code: str
+    category_code: str
+    current_value: str | None
+    default_value: str | None
+    data_type: ConfigDataType
+    mandatory: bool
+    validation: str | None
+    description: str | None
+
+    @classmethod
+    def of(cls, row: Any) -> ConfigRow:
+        return cls(**{**row._mapping, "data_type": ConfigDataType(row.data_type)})
+
+
+def check_row(row: ConfigRow) -> list[str]:
     problems = []
     effective = row.current_value if row.current_value is not None else row.default_value
     if row.current_value is not None:
@@ -220,25 +238,27 @@ def ensure_defaults(engine: Engine) -> None:
     rows = [
         {
             "code": item.code,
-            "category_code": item.category,
-            "current_value": None,
-            "default_value": item.default,
-            "data_type": item.data_type,
+            "category": item.category,
+            "default": item.default,
+            "data_type": item.data_type.value,
             "mandatory": item.mandatory,
             "validation": item.validation,
             "description": item.description,
         }
         for item in KNOWN_ITEMS.values()
     ]
-    with Session(engine) as session, session.begin():
-        session.execute(insert(Configuration).values(rows).on_conflict_do_nothing())
+    with engine.begin() as conn:
+        conn.execute(sql("config_ensure_defaults"), rows)
+
+
+def list_items(engine: Engine) -> list[ConfigRow]:
+    with engine.connect() as conn:
+        return [ConfigRow.of(r) for r in conn.execute(sql("config_list"))]
 
 
 def check_consistency(engine: Engine) -> None:
     """Raise ConfigurationError naming every inconsistent row (used at start-up)."""
-    with Session(engine) as session:
-        rows = session.scalars(select(Configuration).order_by(Configuration.code)).all()
-    problems = [p for row in rows for p in check_row(row)]
+    problems = [p for row in list_items(engine) for p in check_row(row)]
     if problems:
         raise ConfigurationError(problems)
 
@@ -248,25 +268,21 @@ def startup_check(engine: Engine) -> None:
     check_consistency(engine)
 
 
-def list_items(engine: Engine) -> list[Configuration]:
-    with Session(engine) as session:
-        return list(session.scalars(select(Configuration).order_by(Configuration.code)).all())
-
-
-def get_item(engine: Engine, code: str) -> Configuration:
-    with Session(engine) as session:
-        row = session.get(Configuration, code)
+def get_item(engine: Engine, code: str) -> ConfigRow:
+    with engine.connect() as conn:
+        row = conn.execute(sql("config_get"), {"code": code}).first()
     if row is None:
         raise ConfigurationError([f"{code}: no such configuration item"])
-    return row
+    return ConfigRow.of(row)
 
 
-def set_value(engine: Engine, code: str, value: str | None) -> Configuration:
+def set_value(engine: Engine, code: str, value: str | None) -> ConfigRow:
     """Set (or with None, clear) the current value, refusing one that does not validate."""
-    with Session(engine) as session, session.begin():
-        row = session.get(Configuration, code, with_for_update=True)
-        if row is None:
+    with engine.begin() as conn:
+        found = conn.execute(sql("config_lock"), {"code": code}).first()
+        if found is None:
             raise ConfigurationError([f"{code}: no such configuration item"])
+        row = ConfigRow.of(found)
         if value is not None:
             problems = value_problems(
                 code, value, row.data_type, row.validation, mandatory=row.mandatory
@@ -275,33 +291,29 @@ def set_value(engine: Engine, code: str, value: str | None) -> Configuration:
                 raise ConfigurationError(problems)
         elif row.mandatory and row.default_value is None:
             raise ConfigurationError([f"{code}: mandatory and has no default; cannot clear it"])
-        row.current_value = value
-    return row
+        conn.execute(sql("config_set"), {"code": code, "value": value})
+    return replace(row, current_value=value)
 
 
 class ConfigReader:
     """Typed reads with a short cache, so hot paths do not query the table per message."""
 
-    def __init__(self, engine: Engine, ttl_seconds: float = 5.0) -> None:
+    def __init__(self, engine: Engine, ttl_seconds: float = 5.0, clock: Clock = SYSTEM) -> None:
         self._engine = engine
+        self._clock = clock
         self._ttl = ttl_seconds
         self._values: dict[str, str | None] = {}
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
-        with Session(self._engine) as session:
-            rows = session.execute(
-                select(Configuration.code, Configuration.current_value, Configuration.default_value)
-            ).all()
-        self._values = {
-            code: current if current is not None else default for code, current, default in rows
-        }
-        self._loaded_at = time.monotonic()
+        with self._engine.connect() as conn:
+            self._values = {str(code): value for code, value in conn.execute(sql("config_values"))}
+        self._loaded_at = self._clock.monotonic()
 
     def raw(self, code: str) -> str | None:
         with self._lock:
-            if time.monotonic() - self._loaded_at > self._ttl:
+            if self._clock.monotonic() - self._loaded_at > self._ttl:
                 self._refresh()
             if code in self._values:
                 return self._values[code]

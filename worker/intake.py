@@ -98,9 +98,6 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
-# A funnel message is stored under its funnel's advisory lock, sent in the same query as the
-# insert (orderly_insert_message in worker/store/sql/messages.sql), so a release cannot miss it.
-FUNNEL_LOCK = "SELECT pg_advisory_xact_lock(orderly_funnel_key(%s, %s)); "
 
 
 def insert_values(message: MessageIn, node_id: int, binding: str | None = None) -> tuple[Any, ...]:
@@ -136,8 +133,9 @@ def insert_message(
         "orderly_insert_message",
         *values,
         require_run,
-        before=FUNNEL_LOCK if funnel is not None else "",
-        before_args=(funnel, component) if funnel is not None else (),
+        # A funnel message is stored under its funnel's lock, taken in the same query, so a
+        # release cannot miss it.
+        before=("lock_funnel", (funnel, component)) if funnel is not None else None,
     )
     return None if row is None else (int(row[0]), MessageState(row[1]))
 
@@ -198,37 +196,3 @@ class Intake:
             node = conn.run("orderly_node_state", self._node_id)
             assert node is not None, f"node {self._node_id} is not registered"
             raise NodeNotAccepting(node[0], node[1])
-
-
-PUBLIC_FIELDS = (
-    "msg_id",
-    "state",
-    "service_name",
-    "operation_name",
-    "correlation_id",
-    "source_system",
-    "msg_timestamp",
-    "receive_timestamp",
-    "last_process_timestamp",
-    "start_in_queue_timestamp",
-    "object_id",
-    "entity_type",
-    "process_id",
-    "funnel_value",
-    "funnel_component_id",
-    "guaranteed_order",
-    "exclude_failed_state",
-    "parent_msg_id",
-    "parent_binding_type",
-    "failed_count",
-    "failed_error_code",
-    "failed_desc",
-    "custom_data",
-    "node_id",
-    "obsolete_by",
-    "wait_correlation_id",
-    "response_deadline",
-    "wait_res_id",
-    "audit",
-    "payload",
-)

@@ -19,12 +19,13 @@ from typing import Any
 
 import redis
 from redis.exceptions import RedisError
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from models.enums import MessageState
 from models.keys import BridgeKeys, TrackKeys
 from models.pubsub import DeliveryState
+from worker.store.queries import sql
 from worker.tracking import Services, TrackingSnapshot, snapshot
 
 # kombu's Redis transport (kombu/transport/redis.py, Channel): a queue is a list under its own
@@ -116,24 +117,6 @@ class Figures:
 
 # --- PostgreSQL -------------------------------------------------------------------------------
 
-# One statement, one round trip: states of messages and deliveries, the delayed deliveries and
-# the age of the given messages' oldest receive_timestamp.
-_STORE = text(
-    """
-    SELECT 'message' AS part, state AS key, count(*)::float8 AS value
-      FROM message GROUP BY state
-    UNION ALL
-    SELECT 'delivery', state, count(*)::float8 FROM delivery GROUP BY state
-    UNION ALL
-    SELECT 'delayed', '', count(*)::float8
-      FROM delivery WHERE state = 'PENDING' AND next_attempt_at > now()
-    UNION ALL
-    SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
-      FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]))
-    """
-)
-
-
 def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigures:
     """Messages and deliveries by state, delayed deliveries, and the age (seconds) of the
     oldest of ``head_msg_ids`` (the blocked conversation heads), in one round trip."""
@@ -141,7 +124,7 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
     deliveries = dict.fromkeys(DeliveryState, 0)
     delayed, age = 0, 0.0
     with engine.connect() as conn:
-        rows = conn.execute(_STORE, {"ids": list(head_msg_ids)}).all()
+        rows = conn.execute(sql("store_figures"), {"ids": list(head_msg_ids)}).all()
     for part, key, value in rows:
         if part == "message":
             messages[MessageState(key)] = int(value)

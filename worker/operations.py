@@ -16,30 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints, ValidationError
-from sqlalchemy import Connection, Engine, text
+from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints
+from sqlalchemy import Connection, Engine
 
 from models import MessageState
 from worker.core.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
-from worker.core.inputs import invalid_from
-from worker.intake import PUBLIC_FIELDS
+from worker.core.inputs import parse_input
 from worker.pool import released_in
+from worker.store.queries import sql
 
-LIST_FIELDS = (
-    "msg_id",
-    "state",
-    "service_name",
-    "operation_name",
-    "correlation_id",
-    "source_system",
-    "msg_timestamp",
-    "funnel_value",
-    "guaranteed_order",
-    "parent_msg_id",
-    "failed_count",
-    "failed_error_code",
-    "last_process_timestamp",
-)
 MAX_LIST = 1000
 
 
@@ -65,63 +50,23 @@ def list_messages(
     if not 1 <= limit <= MAX_LIST:
         raise InvalidMessage("limit", f"must be 1 to {MAX_LIST}")
     params = {"state": _state(state), "funnel": funnel, "service": service, "limit": limit}
-    query = text(
-        f"""
-        SELECT {", ".join(LIST_FIELDS)} FROM message
-         WHERE (CAST(:state AS text) IS NULL OR state = :state)
-           AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
-           AND (CAST(:service AS text) IS NULL OR service_name = :service)
-         ORDER BY msg_timestamp, msg_id
-         LIMIT :limit
-        """
-    )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query, params)]
+        return [dict(r._mapping) for r in conn.execute(sql("messages_list"), params)]
 
 
 def inspect_message(engine: Engine, msg_id: int) -> dict[str, Any]:
     """One message with its children, external calls and logged exchanges."""
     with engine.connect() as conn:
-        row = conn.execute(
-            text(f"SELECT {', '.join(PUBLIC_FIELDS)} FROM message WHERE msg_id = :id"),
-            {"id": msg_id},
-        ).first()
+        row = conn.execute(sql("message_show"), {"id": msg_id}).first()
         if row is None:
             raise MessageNotFound(msg_id)
         found = dict(row._mapping)
-        found["children"] = [
-            dict(r._mapping)
-            for r in conn.execute(
-                text(
-                    "SELECT msg_id, state, parent_binding_type, service_name, operation_name"
-                    " FROM message WHERE parent_msg_id = :id ORDER BY msg_id"
-                ),
-                {"id": msg_id},
-            )
-        ]
-        found["external_calls"] = [
-            dict(r._mapping)
-            for r in conn.execute(
-                text(
-                    "SELECT call_id, operation_name, entity_id, state, failed_count,"
-                    " msg_timestamp, last_update_timestamp, next_attempt_at"
-                    " FROM external_call WHERE msg_id = :id ORDER BY call_id"
-                ),
-                {"id": msg_id},
-            )
-        ]
-        found["exchanges"] = [
-            dict(r._mapping)
-            for r in conn.execute(
-                text(
-                    "SELECT q.req_id, q.uri, q.res_join_id, q.req_timestamp, s.res_id,"
-                    " s.res_timestamp, s.failed, s.failed_reason"
-                    " FROM request q LEFT JOIN response s ON s.req_id = q.req_id"
-                    " WHERE q.msg_id = :id ORDER BY q.req_id, s.res_id"
-                ),
-                {"id": msg_id},
-            )
-        ]
+        for part, query in (
+            ("children", "message_children"),
+            ("external_calls", "message_external_calls"),
+            ("exchanges", "message_exchanges"),
+        ):
+            found[part] = [dict(r._mapping) for r in conn.execute(sql(query), {"id": msg_id})]
     return found
 
 
@@ -138,24 +83,11 @@ class CommandIn(BaseModel):
 def _command(data: Any) -> CommandIn:
     if not isinstance(data, dict):
         raise InvalidMessage("body", "must be a JSON object with a note")
-    try:
-        return CommandIn.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_from(exc) from None
-
-
-def _audit(action: str) -> str:
-    return (
-        "audit = audit || jsonb_build_array(jsonb_build_object('at', now(), 'action', "
-        f"'{action}', 'by', CAST(:by AS text), 'note', CAST(:note AS text), 'from', state, "
-        "'error', failed_error_code))"
-    )
+    return parse_input(CommandIn, data)
 
 
 def _refusal(conn: Connection, msg_id: int, wanted: str) -> OperationRefused | MessageNotFound:
-    row = conn.execute(
-        text("SELECT state, service_name FROM message WHERE msg_id = :id"), {"id": msg_id}
-    ).first()
+    row = conn.execute(sql("message_state_of"), {"id": msg_id}).first()
     if row is None:
         return MessageNotFound(msg_id)
     if row.service_name == "conversation":
@@ -174,18 +106,9 @@ def cancel(engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None
     """CANCEL a message that is not final yet, with the operator's note."""
     command = _command(data)
     with engine.begin() as conn:
-        conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
+        conn.execute(sql("lock_funnel_of"), {"id": msg_id})
         done = conn.execute(
-            text(
-                f"""
-                UPDATE message SET state = 'CANCEL', processing_pid = NULL,
-                       last_process_timestamp = now(), {_audit("CANCEL")}
-                 WHERE msg_id = :id AND state NOT IN ('OK', 'FAILED', 'CANCEL')
-                   AND service_name <> 'conversation'
-                RETURNING msg_id
-                """
-            ),
-            {"id": msg_id, "by": command.by, "note": command.note},
+            sql("message_cancel"), {"id": msg_id, "by": command.by, "note": command.note}
         ).first()
         if done is None:
             raise _refusal(conn, msg_id, "only a message not yet final can be cancelled")
@@ -204,37 +127,15 @@ def redrive(
     params = {"by": command.by, "note": command.note}
     reopened: list[int] = []
     with engine.begin() as conn:
-        conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": msg_id})
-        done = conn.execute(
-            text(
-                f"""
-                UPDATE message SET state = 'IN_QUEUE', failed_count = 0,
-                       start_in_queue_timestamp = now(), last_process_timestamp = now(),
-                       wait_correlation_id = NULL, wait_res_id = NULL,
-                       response_deadline = NULL,
-                       {_audit("REDRIVE")}
-                 WHERE msg_id = :id AND state IN ('FAILED', 'CANCEL')
-                   AND service_name <> 'conversation'
-                RETURNING parent_msg_id
-                """
-            ),
-            {"id": msg_id, **params},
-        ).first()
+        conn.execute(sql("lock_funnel_of"), {"id": msg_id})
+        done = conn.execute(sql("message_redrive"), {"id": msg_id, **params}).first()
         if done is None:
             raise _refusal(conn, msg_id, "only a FAILED or CANCEL message can be re-driven")
         child, parent = msg_id, done.parent_msg_id
         while parent is not None:
-            conn.execute(text("SELECT orderly_lock_funnel_of(:id)"), {"id": parent})
+            conn.execute(sql("lock_funnel_of"), {"id": parent})
             up = conn.execute(
-                text(
-                    f"""
-                    UPDATE message SET state = 'WAITING', last_process_timestamp = now(),
-                           {_audit("REOPEN")}
-                     WHERE msg_id = :id AND state = 'FAILED'
-                       AND failed_desc LIKE :because
-                    RETURNING parent_msg_id
-                    """
-                ),
+                sql("message_reopen_parent"),
                 {
                     "id": parent,
                     "because": f"child message {child} %",
@@ -277,12 +178,7 @@ class ResponseResult:
 def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) -> ResponseResult:
     """Store the response, end the wait and take the message up again (IN_QUEUE). A response
     that comes before the handler has returned is kept: the message goes on when it does."""
-    if not isinstance(data, dict):
-        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
-    try:
-        response = ResponseIn.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_from(exc) from None
+    response = parse_input(ResponseIn, data)
     if response.failed and not response.reason:
         raise InvalidMessage("reason", "required when failed is true")
     envelope = (
@@ -292,14 +188,7 @@ def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) 
     )
     with engine.begin() as conn:
         waiting = conn.execute(
-            text(
-                """
-                SELECT msg_id, state, wait_res_id FROM message
-                 WHERE wait_correlation_id = :cid AND state NOT IN ('OK', 'FAILED', 'CANCEL')
-                   FOR UPDATE
-                """
-            ),
-            {"cid": response.correlation_id},
+            sql("response_waiting_message"), {"cid": response.correlation_id}
         ).first()
         if waiting is None:
             raise ResponseNotAwaited(response.correlation_id)
@@ -308,17 +197,7 @@ def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) 
                 waiting.msg_id, MessageState(waiting.state), waiting.wait_res_id, created=False
             )
         res_id = conn.execute(
-            text(
-                """
-                INSERT INTO response (req_id, msg_id, res_envelope, failed, failed_reason,
-                                      res_timestamp)
-                VALUES ((SELECT req_id FROM request
-                          WHERE msg_id = :msg AND res_join_id = :cid
-                          ORDER BY req_timestamp DESC LIMIT 1),
-                        :msg, :envelope, :failed, :reason, now())
-                RETURNING res_id
-                """
-            ),
+            sql("response_insert"),
             {
                 "msg": waiting.msg_id,
                 "cid": response.correlation_id,
@@ -328,19 +207,7 @@ def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) 
             },
         ).scalar_one()
         state = conn.execute(
-            text(
-                """
-                UPDATE message
-                   SET wait_res_id = :res,
-                       state = CASE WHEN state = 'WAITING_FOR_RES' THEN 'IN_QUEUE' ELSE state END,
-                       start_in_queue_timestamp = CASE WHEN state = 'WAITING_FOR_RES' THEN now()
-                                                       ELSE start_in_queue_timestamp END,
-                       last_process_timestamp = now()
-                 WHERE msg_id = :msg
-                RETURNING state
-                """
-            ),
-            {"res": res_id, "msg": waiting.msg_id},
+            sql("response_resume"), {"res": res_id, "msg": waiting.msg_id}
         ).scalar_one()
     if state == MessageState.IN_QUEUE:
         enqueue(waiting.msg_id)

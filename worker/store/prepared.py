@@ -34,15 +34,22 @@ class PreparedConnection:
         return stmt
 
     def run(
-        self, name: str, *args: Any, before: str = "", before_args: Sequence[Any] = ()
+        self, name: str, *args: Any, before: tuple[str, Sequence[Any]] | None = None
     ) -> tuple[Any, ...] | None:
         """Execute a prepared statement; the first row it returns, if any.
 
         The statement's own prefix may use the leading arguments (``%s``, in order); ``before``
-        is more SQL sent first in the same query, with ``before_args``. Statements sent in one
-        query run in one transaction (unless one is already open), each with its own snapshot.
+        is another prepared statement and its arguments, sent first in the same query.
+        Statements sent in one query run in one transaction (unless one is already open), each
+        with its own snapshot: a lock taken by the first is held when the second reads.
         """
-        self._send(name, args, before, before_args)
+        first = ""
+        first_args: Sequence[Any] = ()
+        if before is not None:
+            self._statement(before[0])
+            first_args = before[1]
+            first = f"EXECUTE {before[0]}({', '.join(['%s'] * len(first_args))}); "
+        self._send(name, args, first, first_args)
         if self._cursor.description is None:
             return None
         row = self._cursor.fetchone()

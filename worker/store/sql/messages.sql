@@ -91,3 +91,8 @@ RETURNING m.msg_id;
 -- name: orderly_load_response
 -- prepare: bigint
 SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response WHERE res_id = $1;
+
+-- name: lock_funnel
+-- A funnel's advisory lock, held until the transaction ends (before any row of the funnel).
+-- prepare: text, text
+SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));

@@ -1,0 +1,114 @@
+-- Operator commands on the message store (worker.operations): list and inspect messages,
+-- cancel and re-drive with an audit note, and external responses that resume a waiting one.
+
+-- name: messages_list
+-- Messages by state, funnel value and service, oldest msg_timestamp first.
+SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
+       msg_timestamp, funnel_value, guaranteed_order, parent_msg_id, failed_count,
+       failed_error_code, last_process_timestamp
+  FROM message
+ WHERE (CAST(:state AS text) IS NULL OR state = :state)
+   AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
+   AND (CAST(:service AS text) IS NULL OR service_name = :service)
+ ORDER BY msg_timestamp, msg_id
+ LIMIT :limit;
+
+-- name: message_show
+SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
+       msg_timestamp, receive_timestamp, last_process_timestamp, start_in_queue_timestamp,
+       object_id, entity_type, process_id, funnel_value, funnel_component_id, guaranteed_order,
+       exclude_failed_state, parent_msg_id, parent_binding_type, failed_count,
+       failed_error_code, failed_desc, custom_data, node_id, obsolete_by, wait_correlation_id,
+       response_deadline, wait_res_id, audit, payload
+  FROM message WHERE msg_id = :id;
+
+-- name: message_children
+SELECT msg_id, state, parent_binding_type, service_name, operation_name
+  FROM message WHERE parent_msg_id = :id ORDER BY msg_id;
+
+-- name: message_external_calls
+SELECT call_id, operation_name, entity_id, state, failed_count, msg_timestamp,
+       last_update_timestamp, next_attempt_at
+  FROM external_call WHERE msg_id = :id ORDER BY call_id;
+
+-- name: message_exchanges
+SELECT q.req_id, q.uri, q.res_join_id, q.req_timestamp, s.res_id, s.res_timestamp, s.failed,
+       s.failed_reason
+  FROM request q LEFT JOIN response s ON s.req_id = q.req_id
+ WHERE q.msg_id = :id ORDER BY q.req_id, s.res_id;
+
+-- name: message_state_of
+SELECT state, service_name FROM message WHERE msg_id = :id;
+
+-- name: message_cancel
+-- CANCEL a message not final yet, with the operator's audit entry. Conversation rows are
+-- settled by their ordering gate, never by an operator.
+UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timestamp = now(),
+       audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', 'CANCEL', 'by', CAST(:by AS text),
+           'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
+ WHERE msg_id = :id AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+   AND service_name <> 'conversation'
+RETURNING msg_id;
+
+-- name: message_redrive
+-- A FAILED or CANCEL message IN_QUEUE again: failures counted anew, an earlier wait for a
+-- response forgotten, the operator's audit entry.
+UPDATE message SET state = 'IN_QUEUE', failed_count = 0, start_in_queue_timestamp = now(),
+       last_process_timestamp = now(), wait_correlation_id = NULL, wait_res_id = NULL,
+       response_deadline = NULL,
+       audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', 'REDRIVE', 'by', CAST(:by AS text),
+           'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
+ WHERE msg_id = :id AND state IN ('FAILED', 'CANCEL')
+   AND service_name <> 'conversation'
+RETURNING parent_msg_id;
+
+-- name: message_reopen_parent
+-- A HARD parent its re-driven child had failed waits for it again.
+UPDATE message SET state = 'WAITING', last_process_timestamp = now(),
+       audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', 'REOPEN', 'by', CAST(:by AS text),
+           'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
+ WHERE msg_id = :id AND state = 'FAILED' AND failed_desc LIKE :because
+RETURNING parent_msg_id;
+
+-- name: response_waiting_message
+-- The message waiting for a response under this correlation id, locked.
+SELECT msg_id, state, wait_res_id FROM message
+ WHERE wait_correlation_id = :cid AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+   FOR UPDATE;
+
+-- name: response_insert
+INSERT INTO response (req_id, msg_id, res_envelope, failed, failed_reason, res_timestamp)
+VALUES ((SELECT req_id FROM request
+          WHERE msg_id = :msg AND res_join_id = :cid
+          ORDER BY req_timestamp DESC LIMIT 1),
+        :msg, :envelope, :failed, :reason, now())
+RETURNING res_id;
+
+-- name: response_resume
+-- The wait ends: the message goes on (IN_QUEUE), or keeps the response until its handler
+-- returns (it registered the wait while running).
+UPDATE message
+   SET wait_res_id = :res,
+       state = CASE WHEN state = 'WAITING_FOR_RES' THEN 'IN_QUEUE' ELSE state END,
+       start_in_queue_timestamp = CASE WHEN state = 'WAITING_FOR_RES' THEN now()
+                                       ELSE start_in_queue_timestamp END,
+       last_process_timestamp = now()
+ WHERE msg_id = :msg
+RETURNING state;
+
+-- name: store_figures
+-- The figures behind GET /metrics, in one round trip: states of messages and deliveries, the
+-- delayed deliveries and the age of the given messages' oldest receive_timestamp.
+SELECT 'message' AS part, state AS key, count(*)::float8 AS value
+  FROM message GROUP BY state
+UNION ALL
+SELECT 'delivery', state, count(*)::float8 FROM delivery GROUP BY state
+UNION ALL
+SELECT 'delayed', '', count(*)::float8
+  FROM delivery WHERE state = 'PENDING' AND next_attempt_at > now()
+UNION ALL
+SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
+  FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]));
