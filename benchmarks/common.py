@@ -80,6 +80,15 @@ def start_workers(group: ProcessGroup, tag: str, queue: str, count: int = 2) -> 
     ]
 
 
+def start_beat(group: ProcessGroup, tag: str) -> Managed:
+    """Beat, whose ticker hands due work (delays, retries, wake-ups) to the broker; waited for."""
+    from tooling.processes import wait_for_log
+
+    beat = group.start_beat(f"{tag}-beat", {"ORDERLY_NODE_CODE": f"bench-{tag}-beat"})
+    wait_for_log(beat, "ticker every", timeout=120)
+    return beat
+
+
 def sink_arrivals(
     group: ProcessGroup, workers: list[Managed], sink: Sink, expected: int
 ) -> list[dict[str, Any]]:

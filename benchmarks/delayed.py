@@ -21,7 +21,13 @@ import random
 import time
 from pathlib import Path
 
-from benchmarks.common import prepare, reset_pubsub, start_workers, use_bench_services
+from benchmarks.common import (
+    prepare,
+    reset_pubsub,
+    start_beat,
+    start_workers,
+    use_bench_services,
+)
 
 use_bench_services()  # before the app modules read their settings
 os.environ.setdefault("ORDERLY_TOKEN_SECRET", "bench-secret-not-for-production")
@@ -94,6 +100,7 @@ def main() -> None:
         pubsub.create_subscription(
             runtime.engine, "later", {"name": "echo", "kind": "HANDLER", "handler": "echo"}
         )
+        beat = start_beat(group, "delayed")
         workers = started_workers(group, "delayed", DELIVER_QUEUE)
         before = rss_mb(workers)
         t0 = time.monotonic()
@@ -127,7 +134,7 @@ def main() -> None:
                 ),
                 {"s": ON_TIME_MS / 1000},
             ).scalar_one()
-        for w in workers:
+        for w in [*workers, beat]:
             group.stop(w)
         print(f"delivered {done} of {n}, {on_time} within {ON_TIME_MS} ms of due", flush=True)
 

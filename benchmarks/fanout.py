@@ -25,6 +25,7 @@ from benchmarks.common import (
     prepare,
     reset_pubsub,
     sink_arrivals,
+    start_beat,
     start_workers,
     use_bench_services,
 )
@@ -71,6 +72,7 @@ def publish_all(events: int) -> float:
 
 
 def push_rate(group: ProcessGroup, sink: Sink, expected: int, tag: str) -> float:
+    beat = start_beat(group, tag)
     workers = start_workers(group, tag, DELIVER_QUEUE, WORKERS)
     arrivals = sink_arrivals(group, workers, sink, expected)
     # The sink saw every POST; the last outcomes commit a moment later: let them, before
@@ -84,7 +86,7 @@ def push_rate(group: ProcessGroup, sink: Sink, expected: int, tag: str) -> float
         if done >= expected:
             break
         time.sleep(0.05)
-    for w in workers:
+    for w in [*workers, beat]:
         group.stop(w)
     first, last = float(arrivals[0]["t_arrival"]), float(arrivals[-1]["t_arrival"])
     return (expected - 1) / (last - first)  # intervals between the first and last POST

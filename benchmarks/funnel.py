@@ -22,7 +22,14 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from benchmarks.common import pct, prepare, reset_messages, start_workers, use_bench_services
+from benchmarks.common import (
+    pct,
+    prepare,
+    reset_messages,
+    start_beat,
+    start_workers,
+    use_bench_services,
+)
 
 use_bench_services()  # before the app modules read their settings
 
@@ -67,6 +74,7 @@ def ok_count() -> int:
 def run_workers(group: ProcessGroup, r: redis.Redis, n: int, tag: str) -> float:
     """Messages/s from the first task taken to the last message OK."""
     queued = r.llen(PROCESS_QUEUE)
+    beat = start_beat(group, tag)
     workers = start_workers(group, tag, PROCESS_QUEUE)
     deadline = time.monotonic() + 600
     while r.llen(PROCESS_QUEUE) == queued:
@@ -79,7 +87,7 @@ def run_workers(group: ProcessGroup, r: redis.Redis, n: int, tag: str) -> float:
             raise RuntimeError(f"stalled at {ok_count()} of {n}; see {group.log_dir}")
         time.sleep(0.01)
     elapsed = time.perf_counter() - t0
-    for w in workers:
+    for w in [*workers, beat]:
         group.stop(w)
     return n / elapsed
 

@@ -29,6 +29,7 @@ from benchmarks.common import (
     prepare,
     reset_messages,
     sink_arrivals,
+    start_beat,
     start_workers,
     use_bench_services,
 )
@@ -115,9 +116,10 @@ def deliver(
     group: ProcessGroup, r: redis.Redis, sink: Sink, workload: Workload, tag: str
 ) -> tuple[float, list[dict[str, Any]]]:
     """Start the workers on the preloaded conversations; deliveries/s, first POST to last."""
+    beat = start_beat(group, tag)
     workers = start_workers(group, tag, DELIVER_QUEUE, WORKERS)
     arrivals = sink_arrivals(group, workers, sink, workload.responses)
-    for w in workers:
+    for w in [*workers, beat]:
         group.stop(w)
     elapsed = arrivals[-1]["t_arrival"] - arrivals[0]["t_arrival"]
     return workload.responses / elapsed, arrivals

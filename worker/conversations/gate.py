@@ -31,6 +31,7 @@ from worker.conversations.model import (
 )
 from worker.core.errors import UnknownAck
 from worker.core.lease import new_token
+from worker.store.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
 
@@ -92,52 +93,53 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
     a new drain with the same token (the lease stays held).
     """
     report = DrainReport(conversation_id)
-    outcome: tuple[str, str, str] = ("", "", "")
-    after: Callable[[], None] | None = None
-    sends = 0
-    while True:
-        mode = "yield" if sends >= ctx.settings.drain_batch else "claim"
-        step = _advance(ctx, mode, conversation_id, token, outcome)
-        if after is not None:
-            after()
-            after = None
-        if step.get("ack_clash"):
-            log.warning(
-                "ACK id %r is already in use: the response waits out SENT_MESSAGE_TTL",
-                step["ack_clash"],
+    # One connection for the whole drain: its outcomes go one after another.
+    with ctx.pg() as conn:
+        outcome: tuple[str, str, str] = ("", "", "")
+        after: Callable[[], None] | None = None
+        sends = 0
+        while True:
+            mode = "yield" if sends >= ctx.settings.drain_batch else "claim"
+            step = _advance(ctx, mode, conversation_id, token, outcome)
+            if after is not None:
+                after()
+                after = None
+            if step.get("ack_clash"):
+                log.warning(
+                    "ACK id %r is already in use: the response waits out SENT_MESSAGE_TTL",
+                    step["ack_clash"],
+                )
+            _settled_by_timeout(conn, step, report)
+            if step["code"] != "SEND":
+                report.end = step["code"]
+                return report
+            h = step["head"]
+            head = Head(
+                conversation_id=h["conversationId"],
+                origin=h["origin"],
+                request_id=h["requestId"],
+                response_id=h["responseId"],
+                payload=json.loads(h["taskItem"]),
+                msg_id=int(h["msgId"]),
+                request_msg_id=int(h["requestMsgId"]),
+                last=h["last"] == "1",
+                attempt=int(h["attempt"]),
+                awaited_retries=int(h["awaitedRetries"]),
             )
-        _settled_by_timeout(ctx, step, report)
-        if step["code"] != "SEND":
-            report.end = step["code"]
-            return report
-        h = step["head"]
-        head = Head(
-            conversation_id=h["conversationId"],
-            origin=h["origin"],
-            request_id=h["requestId"],
-            response_id=h["responseId"],
-            payload=json.loads(h["taskItem"]),
-            msg_id=int(h["msgId"]),
-            request_msg_id=int(h["requestMsgId"]),
-            last=h["last"] == "1",
-            attempt=int(h["attempt"]),
-            awaited_retries=int(h["awaitedRetries"]),
-        )
-        if head.awaited_retries:
-            with ctx.pg() as conn:
+            if head.awaited_retries:
                 conn.run("conv_back_in_queue", head.msg_id)
-        channel = ctx.channels.get(head.origin)
-        try:
-            result = send(channel, head)
-        except Exception as exc:  # a sender's bug must not leave the head in flight
-            log.exception("sending response %s failed", head.response_id)
-            result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
-        sends += 1
-        outcome, after = _apply(ctx, channel, head, result, report)
+            channel = ctx.channels.get(head.origin)
+            try:
+                result = send(channel, head)
+            except Exception as exc:  # a sender's bug must not leave the head in flight
+                log.exception("sending response %s failed", head.response_id)
+                result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
+            sends += 1
+            outcome, after = _apply(conn, channel, head, result, report)
 
 
 def _apply(
-    ctx: Context, channel: Channel, head: Head, result: SendResult, report: DrainReport
+    conn: PreparedConnection, channel: Channel, head: Head, result: SendResult, report: DrainReport
 ) -> tuple[tuple[str, str, str], Callable[[], None] | None]:
     """What PostgreSQL records now, and the outcome the next gate step settles in Redis.
 
@@ -148,8 +150,7 @@ def _apply(
     rid = head.response_id
     if result.kind is Delivery.DELIVERED:
         ids = [head.msg_id, head.request_msg_id] if head.last else [head.msg_id]
-        with ctx.pg() as conn:
-            conn.run("conv_ok", ids, None)
+        conn.run("conv_ok", ids, None)
         report.delivered += 1
         return ("delivered", rid, ""), None
     if result.kind is Delivery.ASYNC:
@@ -157,8 +158,7 @@ def _apply(
         report.sent_async += 1
 
         def record_sent() -> None:  # after Redis recorded the ACK id
-            with ctx.pg() as conn:
-                conn.run("conv_sent", head.msg_id, async_id)
+            conn.run("conv_sent", head.msg_id, async_id)
 
         return ("sent", rid, async_id), record_sent
     if result.kind is Delivery.RECOVERABLE:
@@ -169,35 +169,34 @@ def _apply(
             wait = policy.delay(attempt)
             log.info("response %s: %s; retry %d in %d ms", rid, result.reason, attempt, wait)
             return ("retry", rid, str(wait)), None
-        with ctx.pg() as conn:
-            conn.run(
-                "conv_group_awaited",
-                head.request_msg_id,
-                ERROR_RETRIES_SPENT,
-                f"{result.reason} ({channel.attempts} retries spent)",
-            )
+        conn.run(
+            "conv_group_awaited",
+            head.request_msg_id,
+            ERROR_RETRIES_SPENT,
+            f"{result.reason} ({channel.attempts} retries spent)",
+        )
         report.awaited += 1
         log.warning("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
         return ("awaited", rid, ""), None
-    with ctx.pg() as conn:
-        conn.run(
-            "conv_group_cancel",
-            head.request_msg_id,
-            ERROR_CANCELLED,
-            f"response {rid}: {result.reason}",
-        )
+    conn.run(
+        "conv_group_cancel",
+        head.request_msg_id,
+        ERROR_CANCELLED,
+        f"response {rid}: {result.reason}",
+    )
     report.cancelled += 1
     log.warning("response %s: %s; its group is cancelled", rid, result.reason)
     return ("cancel", rid, ""), None
 
 
-def _settled_by_timeout(ctx: Context, step: dict[str, Any], report: DrainReport) -> None:
+def _settled_by_timeout(
+    conn: PreparedConnection, step: dict[str, Any], report: DrainReport
+) -> None:
     settled = json_list(step.get("settled"))
     if not settled:
         return
     ids = [int(i) for pair in settled for i in pair if i]
-    with ctx.pg() as conn:
-        conn.run("conv_ok", ids, "delivered: no ACK within SENT_MESSAGE_TTL")
+    conn.run("conv_ok", ids, "delivered: no ACK within SENT_MESSAGE_TTL")
     report.ack_timeouts += len(settled)
 
 

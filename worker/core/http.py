@@ -1,10 +1,12 @@
 """The one outbound HTTP client: conversation deliveries, pushes, external calls, confirmations.
 
-httpx with keep-alive connections (one pool per process, made again after a fork), a connect
-timeout, a read timeout and a total deadline per request, at most ``max_response_bytes`` of
-an answer read, and the proxy and CA bundle of the settings (the environment's proxy
-variables are not read: set ``ORDERLY_HTTP_PROXY``). A connection the other side closed while
-idle is retried once by httpx's transport; nothing else is retried here: the callers' retry
+httpx's HTTP transport with keep-alive connections (one pool per process, made again after a
+fork), a connect timeout, a total deadline per request (the answer is read against it), at
+most ``max_response_bytes`` of an answer, and the proxy and CA bundle of the settings (the
+environment's proxy variables are not read: set ``ORDERLY_HTTP_PROXY``). Requests go to the
+transport directly: orderly needs no cookies, redirects or auth flows, and the client layer
+above the transport costs more CPU per request than the rest of a delivery. A connection
+that fails to open is tried once more; nothing else is retried here: the callers' retry
 policies decide.
 """
 
@@ -29,7 +31,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 class HttpOptions:
     connect_timeout_s: float = 3.0
     proxy: str | None = None
-    ca_bundle: str | None = None  # a CA file; None: the system's (certifi's) bundle
+    ca_bundle: str | None = None  # a CA file; None: the default bundle
     max_connections: int = 100
     max_response_bytes: int = 1_048_576
 
@@ -62,19 +64,19 @@ class OutboundHttp:
     def __init__(self, options: HttpOptions | None = None) -> None:
         self.options = options or HttpOptions()
         self._lock = threading.Lock()
-        self._client: httpx.Client | None = None
+        self._transport: httpx.HTTPTransport | None = None
         self._pid = 0
 
-    def _http(self) -> httpx.Client:
-        # A client made before a fork must not be used by the child (shared sockets).
-        if self._client is None or self._pid != os.getpid():
+    def _connections(self) -> httpx.HTTPTransport:
+        # A pool made before a fork must not be used by the child (shared sockets).
+        if self._transport is None or self._pid != os.getpid():
             with self._lock:
-                if self._client is None or self._pid != os.getpid():
-                    self._client = self._make()
+                if self._transport is None or self._pid != os.getpid():
+                    self._transport = self._make()
                     self._pid = os.getpid()
-        return self._client
+        return self._transport
 
-    def _make(self) -> httpx.Client:
+    def _make(self) -> httpx.HTTPTransport:
         o = self.options
         verify: ssl.SSLContext | bool = True
         if o.ca_bundle:
@@ -82,9 +84,8 @@ class OutboundHttp:
         limits = httpx.Limits(
             max_connections=o.max_connections, max_keepalive_connections=o.max_connections
         )
-        # retries=1: a connection the other side closed while idle is opened again once.
-        transport = httpx.HTTPTransport(verify=verify, limits=limits, retries=1, proxy=o.proxy)
-        return httpx.Client(transport=transport, trust_env=False)
+        proxy = httpx.Proxy(o.proxy) if o.proxy else None
+        return httpx.HTTPTransport(verify=verify, limits=limits, retries=1, proxy=proxy)
 
     def post_json(
         self,
@@ -106,30 +107,44 @@ class OutboundHttp:
         timeout_ms: int,
         headers: dict[str, str] | None = None,
     ) -> Reply:
+        """POST ``content`` (JSON); the answer within ``timeout_ms`` in all, or why not."""
         deadline = time.monotonic() + timeout_ms / 1000
         total = timeout_ms / 1000
-        timeout = httpx.Timeout(
-            total, connect=min(self.options.connect_timeout_s, total), pool=total
-        )
-        sent = {"Content-Type": "application/json", **(headers or {})}
-        limit = self.options.max_response_bytes
+        connect = min(self.options.connect_timeout_s, total)
         try:
-            with self._http().stream(
-                "POST", url, content=content, headers=sent, timeout=timeout
-            ) as answer:
-                chunks, size, truncated = [], 0, False
-                for chunk in answer.iter_bytes():
-                    if time.monotonic() > deadline:
-                        return Reply(None, b"", f"timeout after {timeout_ms} ms (total)")
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > limit:
-                        truncated = True
-                        break
-                content_read = b"".join(chunks)[:limit]
-                return Reply(answer.status_code, content_read, truncated=truncated)
+            request = httpx.Request(
+                "POST",
+                url,
+                content=content,
+                headers={"Content-Type": "application/json", **(headers or {})},
+                extensions={
+                    "timeout": {"connect": connect, "read": total, "write": total, "pool": total}
+                },
+            )
+            answer = self._connections().handle_request(request)
+        except httpx.TimeoutException:
+            return Reply(None, b"", f"timeout after {timeout_ms} ms")
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            return Reply(
+                None, b"", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+        try:
+            chunks, size, truncated = [], 0, False
+            for chunk in answer.iter_raw():
+                if time.monotonic() > deadline:
+                    return Reply(None, b"", f"timeout after {timeout_ms} ms (total)")
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.options.max_response_bytes:
+                    truncated = True
+                    break
+            read = b"".join(chunks)[: self.options.max_response_bytes]
+            return Reply(answer.status_code, read, truncated=truncated)
         except httpx.TimeoutException:
             return Reply(None, b"", f"timeout after {timeout_ms} ms")
         except httpx.HTTPError as exc:
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return Reply(None, b"", reason)
+            return Reply(
+                None, b"", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+        finally:
+            answer.close()

@@ -24,7 +24,8 @@ def new_token() -> str:
 
 @dataclass(frozen=True)
 class RedisLease:
-    """One lease key: taken if free, kept and given up only by its holder (one script each)."""
+    """One lease key: taken if free, given up only by its holder (one script each). A holder
+    that goes on renews it in the same script that checks it (e.g. advance.lua)."""
 
     scripts: Scripts
     key: str
@@ -32,10 +33,6 @@ class RedisLease:
     def take(self, token: str, ttl_ms: int) -> bool:
         """Hold the lease for ``ttl_ms`` if nobody does."""
         return bool(self.scripts.run("lease_take", [self.key], [token, ttl_ms]))
-
-    def keep(self, token: str, ttl_ms: int) -> bool:
-        """Extend the lease if ``token`` still holds it."""
-        return bool(self.scripts.run("lease_keep", [self.key], [token, ttl_ms]))
 
     def give_up(self, token: str) -> bool:
         """Release the lease if ``token`` holds it."""

@@ -29,7 +29,6 @@ SCRIPT_NAMES = (
     "due_settle",
     "due_release",
     "lease_take",
-    "lease_keep",
     "lease_give_up",
     # message tracking and service lifecycle
     "track_register",

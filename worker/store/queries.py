@@ -9,7 +9,7 @@ Every statement orderly runs lives in ``worker/store/sql/*.sql`` under a name::
     UPDATE delivery ...
 
 A query with ``prepare`` takes ``$1, $2, ...`` and runs through a
-:class:`~worker.store.prepared.PreparedSet` (the hot path: one round trip, planned once per
+:func:`~worker.store.prepared.prepared_connection` (the hot path: one round trip, planned once per
 connection); any other takes ``:name`` parameters and runs through SQLAlchemy (:func:`sql`).
 Names are unique across files; a duplicate or an unknown name is an error at once.
 """
@@ -95,7 +95,7 @@ def sql(name: str) -> TextClause:
     """A ``:name``-parameter query as a SQLAlchemy text clause (compiled once)."""
     found = query(name)
     if found.arg_types is not None:
-        raise ValueError(f"query {name!r} is a prepared statement: run it on a PreparedSet")
+        raise ValueError(f"query {name!r} is a prepared statement: run it on prepared_connection")
     return text(found.sql)
 
 

@@ -1,0 +1,143 @@
+"""Due work: the Redis due set and the PostgreSQL due index behind one interface, the ticker,
+and leases with fencing tokens; on the real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from tests.helpers import ManualClock
+from worker import pubsub
+from worker.core.due import Job, RedisDueSet, Ticker, drain
+from worker.core.lease import RedisLease, new_token
+from worker.core.scripts import Scripts
+
+SET, LEASED = "t:due", "t:due:leased"
+
+
+def due_set(client: redis.Redis, clock: ManualClock, sink: list[Any]) -> RedisDueSet:
+    return RedisDueSet("test", Scripts(client), SET, LEASED, sink.extend, batch=2, clock=clock)
+
+
+def test_a_due_set_hands_off_what_is_due_in_batches_and_forgets_it(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock(1_000.0)
+    handed: list[str] = []
+    source = due_set(redis_client, clock, handed)
+    redis_client.zadd(SET, {"a": 999_000, "b": 1_000_000, "c": 1_000_500})
+    assert drain(source, 10) == 2  # a and b are due, c is not yet
+    assert handed == ["a", "b"]
+    assert redis_client.zrange(SET, 0, -1) == [b"c"]
+    assert redis_client.zcard(LEASED) == 0  # on the broker: forgotten
+    clock.advance(0.5)
+    assert drain(source, 10) == 1 and handed == ["a", "b", "c"]
+
+
+def test_a_refused_hand_off_is_due_again_at_once(redis_client: redis.Redis) -> None:
+    clock = ManualClock(1_000.0)
+
+    def broker_down(items: list[str]) -> None:
+        raise ConnectionError("broker down")
+
+    source = RedisDueSet("test", Scripts(redis_client), SET, LEASED, broker_down, clock=clock)
+    redis_client.zadd(SET, {"a": 1, "b": 2})
+    with pytest.raises(ConnectionError):
+        drain(source, 10)
+    assert redis_client.zrange(SET, 0, -1, withscores=True) == [
+        (b"a", 1_000_000.0),
+        (b"b", 1_000_000.0),
+    ]
+    assert redis_client.zcard(LEASED) == 0
+
+
+def test_items_of_a_taker_that_died_come_back_when_the_lease_ends(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock(1_000.0)
+    handed: list[str] = []
+    source = due_set(redis_client, clock, handed)
+    redis_client.zadd(SET, {"a": 1})
+    assert source.take(10) == ["a"]  # taken, then the taker dies before the hand-off
+    assert drain(source, 10) == 0  # leased: nobody else takes it meanwhile
+    clock.advance(source.lease_ms / 1000 - 0.001)
+    assert drain(source, 10) == 0
+    clock.advance(0.001)
+    assert drain(source, 10) == 1 and handed == ["a"]
+
+
+def test_two_takers_never_take_the_same_item(redis_client: redis.Redis) -> None:
+    clock = ManualClock(1_000.0)
+    redis_client.zadd(SET, {f"m{i}": i for i in range(50)})
+    first = due_set(redis_client, clock, [])
+    second = due_set(redis_client, clock, [])
+    taken = first.take(30) + second.take(30)
+    assert sorted(taken) == sorted(f"m{i}" for i in range(50))
+
+
+def test_a_due_index_leases_and_releases_deliveries(db: Engine, redis_client: redis.Redis) -> None:
+    pubsub.create_room(db, {"name": "r", "delivery_delay_ms": 10})
+    pubsub.create_subscription(db, "r", {"name": "s", "kind": "PUSH", "push_url": "http://x/i"})
+    pubsub.publish(db, "r", {"routing_key": "k", "payload": {}, "$delay": 0})
+    with db.begin() as conn:
+        conn.execute(text("UPDATE delivery SET scheduled_at = now() - interval '1 second'"))
+    handed: list[list[int]] = []
+    source = pubsub.due_deliveries(db, handed.append)
+    assert drain(source, 10) == 1 and len(handed) == 1
+    assert drain(source, 10) == 0  # leased for a minute: not handed twice
+    source.release(handed[0])  # as when the broker refuses it
+    assert drain(source, 10) == 1
+
+
+def test_the_ticker_runs_every_source_and_each_job_at_its_period() -> None:
+    clock = ManualClock(1_000.0)
+    runs: list[str] = []
+
+    class Source:
+        name, batch = "s", 10
+
+        def take(self, limit: int) -> list[Any]:
+            runs.append("take")
+            return []
+
+        def hand_off(self, items: list[Any]) -> None: ...
+
+        def settle(self, items: list[Any]) -> None: ...
+
+        def release(self, items: list[Any]) -> None: ...
+
+    def broken() -> None:
+        raise RuntimeError("one failing job")
+
+    ticker = Ticker(
+        [Source()],
+        [
+            Job("every-2s", 2.0, lambda: runs.append("job")),
+            Job("late", 1.0, lambda: runs.append("late"), first_after_s=5.0),
+            Job("broken", 1.0, broken),
+        ],
+        clock=clock,
+    )
+    ticker.tick()
+    assert runs == ["take", "job"]  # a failing job does not stop the others
+    clock.advance(1)
+    ticker.tick()
+    assert runs == ["take", "job", "take"]
+    clock.advance(4)
+    ticker.tick()
+    assert runs == ["take", "job", "take", "take", "job", "late"]
+
+
+def test_a_lease_is_given_up_only_by_its_holder(redis_client: redis.Redis) -> None:
+    lease = RedisLease(Scripts(redis_client), "t:lease")
+    mine, theirs = new_token(), new_token()
+    assert len(mine) == 32 and mine != theirs
+    assert lease.take(mine, 10_000)
+    assert not lease.take(theirs, 10_000)
+    assert not lease.give_up(theirs)  # a stale holder cannot free it
+    assert 0 < redis_client.pttl("t:lease") <= 10_000
+    assert lease.give_up(mine)
+    assert lease.take(theirs, 10_000)
