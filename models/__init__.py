@@ -4,10 +4,7 @@ from models.base import Base
 from models.channel import Channel
 from models.configuration import Configuration
 from models.enums import (
-    ACTIVE_STATES,
     FINAL_STATES,
-    PROCESSABLE_STATES,
-    RUNNING_STATES,
     BindingType,
     ConfigDataType,
     ExternalCallState,
@@ -38,11 +35,8 @@ from models.request_response import Request, Response
 from models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
 __all__ = [
-    "ACTIVE_STATES",
     "CONFIRMATION_OPERATION",
     "FINAL_STATES",
-    "PROCESSABLE_STATES",
-    "RUNNING_STATES",
     "Base",
     "BindingType",
     "Channel",

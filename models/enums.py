@@ -20,29 +20,6 @@ class MessageState(enum.StrEnum):
 
 # No further processing happens from these states.
 FINAL_STATES = frozenset({MessageState.OK, MessageState.FAILED, MessageState.CANCEL})
-# A message in one of these states is "running" for funnels and repair.
-RUNNING_STATES = frozenset(
-    {
-        MessageState.NEW,
-        MessageState.IN_QUEUE,
-        MessageState.PROCESSING,
-        MessageState.WAITING,
-        MessageState.WAITING_FOR_RES,
-    }
-)
-# Started and not finished: one of these holds its funnel (one at a time per funnel value).
-ACTIVE_STATES = frozenset(
-    {MessageState.PROCESSING, MessageState.WAITING, MessageState.WAITING_FOR_RES}
-)
-# A worker may claim a message (move it to PROCESSING) only from these states.
-PROCESSABLE_STATES = frozenset(
-    {
-        MessageState.NEW,
-        MessageState.IN_QUEUE,
-        MessageState.PARTLY_FAILED,
-        MessageState.POSTPONED,
-    }
-)
 
 
 class BindingType(enum.StrEnum):

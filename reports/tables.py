@@ -7,12 +7,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from models.enums import FINAL_STATES
 from reports.source import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-FINAL = ("OK", "FAILED", "CANCEL")
+FINAL = tuple(sorted(FINAL_STATES))
 PCTS = (0.5, 0.95, 0.99)
 
 MESSAGE = Table(

@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, text
 
-from models import CONFIRMATION_OPERATION
+from models import CONFIRMATION_OPERATION, FINAL_STATES
 from worker.conversations import (
     ERROR_CANCELLED,
     ERROR_EXPIRED,
@@ -1224,7 +1224,7 @@ class _Generator:
 
     def confirm(self, msg_id: int, sent: int, source: str, correlation: str, o: _Outcome) -> None:
         """The confirmation the state trigger records for a final state of a told source."""
-        if source not in _CONFIRMED_SOURCES or o.state not in ("OK", "FAILED", "CANCEL"):
+        if source not in _CONFIRMED_SOURCES or o.state not in FINAL_STATES:
             return
         rng = self.rng
         ts = self.ts
