@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
-from worker.core.errors import OrderlyError
+from api.cli.common import console, fail, run
 from worker.runtime import get_runtime
-from worker.settings import get_settings
 
 app = typer.Typer(
     help="orderly's demo and data tooling (not needed to run orderly).", no_args_is_help=True
 )
-console = Console()
-err = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(2)
 
 
 @app.command()
@@ -67,11 +56,11 @@ def generate(
         try:
             moment = datetime.fromisoformat(start.strip().replace("Z", "+00:00"))
         except ValueError:
-            raise _fail(ValueError(f"--start {start!r} is not an ISO 8601 timestamp")) from None
+            raise fail(ValueError(f"--start {start!r} is not an ISO 8601 timestamp")) from None
     try:
         done = run_generate(get_runtime().engine, messages, seed=seed, start=moment, days=days)
     except ValueError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     table = Table("table", "new rows")
     for name, count in done.rows.items():
         table.add_row(name, f"{count:,}")
@@ -84,18 +73,7 @@ def generate(
 
 
 def main() -> None:
-    try:
-        logging.basicConfig(
-            level=get_settings().log_level, format="%(levelname)s %(name)s: %(message)s"
-        )
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        app()
-    except OrderlyError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise SystemExit(2) from None
-    except ValidationError as exc:
-        err.print(f"[bold red]invalid settings:[/] {exc}")
-        raise SystemExit(2) from None
+    run(app)
 
 
 if __name__ == "__main__":

@@ -98,8 +98,6 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
-
-
 def insert_values(message: MessageIn, node_id: int, binding: str | None = None) -> tuple[Any, ...]:
     """The arguments of ``orderly_insert_message`` but the last (whether RUN is needed)."""
     return (

@@ -3,7 +3,7 @@
 Driver errors are translated at the edge (``raise ... from None``). Lua scripts report a
 refusal as an error reply whose first word is a code (``ORDERLY_KEY_EXISTS <key>``);
 :func:`from_script_error` is the one place those codes become exceptions. The faces map the
-classes to HTTP statuses and exit codes (``api/errors.py``, the CLI).
+classes to HTTP statuses and exit codes (``api/http/errors.py``, the CLI).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ class InvalidMessage(OrderlyError):
 class NotFound(OrderlyError):
     """A named thing (room, subscription, pulled message, ...) does not exist."""
 
-    def __init__(self, what: str, name: object, *, field: str | None = None) -> None:
+    def __init__(self, what: str, name: object) -> None:
         self.what = what
-        self.field = field or what
         super().__init__(f"no {what} {name!r}")
 
 

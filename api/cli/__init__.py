@@ -1,0 +1,50 @@
+"""The ``orderly`` command line: the root app and one module per noun. Thin: every rule
+lives in worker.*."""
+
+from __future__ import annotations
+
+import typer
+
+from api.cli import (
+    channels,
+    config,
+    conversations,
+    dead_letters,
+    messages,
+    migrate,
+    nodes,
+    report,
+    rooms,
+    sources,
+    status,
+    subscriptions,
+)
+from api.cli.common import run
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="orderly: ordered delivery over Celery, Redis and PostgreSQL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+# Registered here, in this order: it is the order ``orderly --help`` lists them in.
+app.command()(migrate.migrate)
+app.command()(messages.submit)
+app.command()(messages.show)
+app.command()(status.status)
+app.command()(report.report)
+app.command()(rooms.publish)
+app.add_typer(messages.message_app, name="message")
+app.add_typer(sources.source_app, name="source")
+app.add_typer(rooms.room_app, name="room")
+app.add_typer(subscriptions.subscription_app, name="subscription")
+app.add_typer(dead_letters.dead_app, name="dead-letter")
+app.add_typer(conversations.conversation_app, name="conversation")
+app.add_typer(channels.channel_app, name="channel")
+app.add_typer(config.config_app, name="config")
+app.add_typer(nodes.node_app, name="node")
+
+
+def main() -> None:
+    run(app)

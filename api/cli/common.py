@@ -1,0 +1,76 @@
+"""What the command lines share: their consoles, how results and errors are printed, how JSON
+options are read, and :func:`run`, which turns orderly's errors into exit code 2."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from worker.core.errors import OrderlyError
+from worker.settings import get_settings
+
+console = Console()
+err = Console(stderr=True)
+
+T = TypeVar("T")
+
+
+def show_result(msg_id: int, state: str, verb: str) -> None:
+    console.print_json(json.dumps({"msg_id": msg_id, "state": state, "result": verb}))
+
+
+def fail(exc: Exception) -> typer.Exit:
+    """Print the error; the caller raises what this returns (exit code 2)."""
+    err.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=2)
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``; an orderly error is printed and the command exits 2."""
+    try:
+        return fn(*args, **kwargs)
+    except OrderlyError as exc:
+        raise fail(exc) from None
+
+
+def parse_payload(text: str | None) -> Any:
+    """A payload option: JSON if it parses, else the text itself."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # plain text is a string payload
+
+
+def json_option(value: str, field: str) -> Any:
+    """An option that must hold JSON (``-`` reads stdin); malformed JSON fails naming ``field``."""
+    text = sys.stdin.read() if value == "-" else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(ValueError(f"{field}: malformed JSON: {exc}")) from None
+
+
+def run(app: typer.Typer) -> None:
+    """Run a command line with logging from the settings. An orderly error that escapes a
+    command, or settings that do not validate, end it with a red message and exit code 2."""
+    try:
+        logging.basicConfig(
+            level=get_settings().log_level, format="%(levelname)s %(name)s: %(message)s"
+        )
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+        app()
+    except OrderlyError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+    except ValidationError as exc:
+        err.print(f"[bold red]invalid settings:[/] {exc}")
+        raise SystemExit(2) from None

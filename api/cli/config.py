@@ -1,0 +1,48 @@
+"""``orderly config ...``: read and change the configuration table."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from api.cli.common import call, console
+from worker import configuration
+from worker.runtime import get_runtime
+
+config_app = typer.Typer(help="Read and change the configuration table.", no_args_is_help=True)
+
+
+@config_app.command("list")
+def config_list() -> None:
+    table = Table("code", "value", "default", "type", "mandatory", "validation")
+    for row in configuration.list_items(get_runtime().engine):
+        table.add_row(
+            row.code,
+            row.current_value or "",
+            row.default_value or "",
+            row.data_type.value,
+            str(row.mandatory),
+            row.validation or "",
+        )
+    console.print(table)
+
+
+@config_app.command("get")
+def config_get(code: str) -> None:
+    row = call(configuration.get_item, get_runtime().engine, code)
+    value = row.current_value if row.current_value is not None else row.default_value
+    console.print(value if value is not None else "")
+
+
+@config_app.command("set")
+def config_set(code: str, value: str) -> None:
+    """Set a current value (validated against the item's type and regex)."""
+    call(configuration.set_value, get_runtime().engine, code, value)
+    console.print(f"{code} = {value}")
+
+
+@config_app.command("unset")
+def config_unset(code: str) -> None:
+    """Clear the current value so the default applies."""
+    call(configuration.set_value, get_runtime().engine, code, None)
+    console.print(f"{code} uses its default")

@@ -1,0 +1,153 @@
+"""``orderly submit|show`` and ``orderly message ...``: intake, inspection, operator commands
+and external responses."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from api.cli.common import call, console, fail, json_option, parse_payload, show_result
+from worker import operations
+from worker.core.errors import OrderlyError
+from worker.runtime import get_runtime
+
+message_app = typer.Typer(
+    help="Messages: list by state and funnel, inspect, cancel, re-drive, respond.",
+    no_args_is_help=True,
+)
+
+
+def submit(
+    service: Annotated[str | None, typer.Option(help="Service name, e.g. customer")] = None,
+    operation: Annotated[str | None, typer.Option(help="Operation name")] = None,
+    correlation_id: Annotated[str | None, typer.Option(help="Unique per source system")] = None,
+    source_system: Annotated[str | None, typer.Option(help="Sending system")] = None,
+    payload: Annotated[str | None, typer.Option(help="Message payload (text)")] = None,
+    msg_timestamp: Annotated[str | None, typer.Option(help="ISO 8601; default now")] = None,
+    funnel_value: Annotated[str | None, typer.Option()] = None,
+    object_id: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[
+        str | None, typer.Option("--json", help="The whole message as JSON ('-' reads stdin)")
+    ] = None,
+) -> None:
+    """Submit one message (the same path as POST /messages)."""
+    from worker.celery import enqueue_processing
+
+    data: Any
+    if as_json is not None:
+        data = json_option(as_json, "body")
+    else:
+        options = {
+            "service": service,
+            "operation": operation,
+            "correlation_id": correlation_id,
+            "source_system": source_system,
+            "payload": payload,
+            "msg_timestamp": msg_timestamp or datetime.now(UTC).isoformat(),
+            "funnel_value": funnel_value,
+            "object_id": object_id,
+        }
+        data = {k: v for k, v in options.items() if v is not None}
+    runtime = get_runtime()
+    try:
+        result = runtime.intake(enqueue_processing).submit(data)
+    except OrderlyError as exc:
+        raise fail(exc) from None
+    show_result(
+        result.msg_id, result.state.value, "accepted" if result.created else "already known"
+    )
+
+
+def show(msg_id: int) -> None:
+    """Show one message's public fields."""
+    row = call(operations.inspect_message, get_runtime().engine, msg_id)
+    console.print_json(json.dumps(row, default=str))
+
+
+@message_app.command("list")
+def message_list(
+    state: Annotated[str | None, typer.Option(help="e.g. FAILED, POSTPONED")] = None,
+    funnel: Annotated[str | None, typer.Option(help="funnel value")] = None,
+    service: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 100,
+) -> None:
+    """Messages by state and funnel, oldest msg_timestamp first."""
+    rows = call(
+        operations.list_messages,
+        get_runtime().engine,
+        state=state,
+        funnel=funnel,
+        service=service,
+        limit=limit,
+    )
+    table = Table("id", "state", "service.operation", "correlation", "funnel", "fails", "error")
+    for r in rows:
+        table.add_row(
+            str(r["msg_id"]),
+            r["state"],
+            f"{r['service_name']}.{r['operation_name']}",
+            f"{r['source_system']}:{r['correlation_id']}",
+            r["funnel_value"] or "",
+            str(r["failed_count"]),
+            r["failed_error_code"] or "",
+        )
+    console.print(table)
+
+
+@message_app.command("show")
+def message_show(msg_id: int) -> None:
+    """One message with its children, external calls, exchanges and audit notes."""
+    show(msg_id)
+
+
+def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
+    from worker.celery import enqueue_processing
+
+    command = operations.cancel if verb == "cancel" else operations.redrive
+    done = call(command, get_runtime().engine, msg_id, {"note": note, "by": by}, enqueue_processing)
+    show_result(done.msg_id, done.state.value, verb)
+
+
+@message_app.command("cancel")
+def message_cancel(
+    msg_id: int,
+    note: Annotated[str, typer.Option(help="Why (stored on the message)")],
+    by: Annotated[str, typer.Option(help="Who")] = "operator",
+) -> None:
+    """Cancel a message that is not final yet (CANCEL)."""
+    _operator_command("cancel", msg_id, note, by)
+
+
+@message_app.command("redrive")
+def message_redrive(
+    msg_id: int,
+    note: Annotated[str, typer.Option(help="Why (stored on the message)")],
+    by: Annotated[str, typer.Option(help="Who")] = "operator",
+) -> None:
+    """Send a FAILED or CANCEL message again."""
+    _operator_command("redrive", msg_id, note, by)
+
+
+@message_app.command("respond")
+def message_respond(
+    correlation_id: str,
+    payload: Annotated[str | None, typer.Option(help="JSON or text")] = None,
+    failed: Annotated[bool, typer.Option(help="The external system reports a failure")] = False,
+    reason: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Deliver an external response to the message waiting for it (POST /messages/responses)."""
+    from worker.celery import enqueue_processing
+
+    data: dict[str, Any] = {"correlation_id": correlation_id, "failed": failed}
+    if payload is not None:
+        data["payload"] = parse_payload(payload)
+    if reason is not None:
+        data["reason"] = reason
+    result = call(operations.receive_response, get_runtime().engine, data, enqueue_processing)
+    show_result(
+        result.msg_id, result.state.value, "resumed" if result.created else "already answered"
+    )

@@ -1,0 +1,25 @@
+"""``orderly migrate``: create or upgrade the database schema."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from api.cli.common import console
+from worker.runtime import get_runtime
+from worker.store import schema
+
+
+def migrate(
+    create_database: Annotated[
+        bool, typer.Option(help="Create the database first if the server lacks it")
+    ] = False,
+) -> None:
+    """Create or upgrade the database schema and seed configuration defaults."""
+    runtime = get_runtime()
+    if create_database and schema.create_database(runtime.settings.database_url):
+        console.print(f"created database {runtime.engine.url.database}")
+    schema.upgrade(runtime.settings.database_url)
+    runtime.startup_check()
+    console.print("[green]database is at the latest revision[/]")

@@ -1,0 +1,81 @@
+"""``orderly node ...``: list nodes and move them between RUN, drain and STOPPED."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from api.cli.common import call, console, err
+from models import NodeState
+from worker import nodes
+from worker.runtime import get_runtime
+
+node_app = typer.Typer(
+    help="List nodes and move them between RUN, drain and STOPPED.", no_args_is_help=True
+)
+
+
+def _move(code: str, state: NodeState) -> None:
+    call(nodes.set_state, get_runtime().engine, code, state)
+    console.print(f"node {code} is {state.value}")
+
+
+@node_app.command("run")
+def node_run(code: str) -> None:
+    """Accept new messages and process (RUN)."""
+    _move(code, NodeState.RUN)
+
+
+@node_app.command("drain")
+def node_drain(code: str) -> None:
+    """Refuse new messages, finish existing work (HANDLES_EXISTING_MESSAGES)."""
+    _move(code, NodeState.HANDLES_EXISTING_MESSAGES)
+
+
+@node_app.command("stop")
+def node_stop(
+    code: str,
+    exit_: Annotated[
+        bool,
+        typer.Option(
+            "--exit",
+            help="Also end the node's worker processes: their service keys are deleted, and "
+            "each finishes the tasks in hand and exits.",
+        ),
+    ] = False,
+) -> None:
+    """Refuse new messages and process nothing (STOPPED)."""
+    _move(code, NodeState.STOPPED)
+    if exit_:
+        stopped = get_runtime().services.stop_node(code)
+        ids = ", ".join(str(i) for i in stopped) or "none alive"
+        console.print(f"workers of node {code} told to exit: {ids}")
+
+
+@node_app.command("list")
+def node_list() -> None:
+    runtime = get_runtime()
+    timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
+    workers: dict[str, list[str]] = {}
+    try:
+        live = runtime.services.live()
+    except Exception as exc:
+        err.print(f"[yellow]workers unknown: the tracking Redis could not be read: {exc}[/]")
+        live = []
+    for service in live:
+        code = service.fields.get("node_code", "")
+        where = f"{service.service_id} ({service.fields.get('hostname', '')})"
+        workers.setdefault(code, []).append(where)
+    table = Table("id", "code", "state", "last heartbeat", "alive", "workers (service keys)")
+    for n in nodes.list_nodes(runtime.engine, timeout):
+        table.add_row(
+            str(n.node_id),
+            n.code,
+            n.state.value,
+            str(n.last_heartbeat or ""),
+            "yes" if n.alive else "no",
+            ", ".join(workers.get(n.code, [])),
+        )
+    console.print(table)

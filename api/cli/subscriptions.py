@@ -1,0 +1,106 @@
+"""``orderly subscription ...``: a room's subscriptions (PUSH, PULL or HANDLER) and their state."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from api.cli.common import call, console
+from worker import pubsub
+from worker.runtime import get_runtime
+
+subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
+
+
+@subscription_app.command("create")
+def subscription_create(
+    room: str,
+    name: str,
+    push_url: Annotated[str | None, typer.Option(help="PUSH: where to POST")] = None,
+    handler: Annotated[str | None, typer.Option(help="HANDLER: the consumer's name")] = None,
+    pull: Annotated[bool, typer.Option(help="PULL: the subscriber fetches")] = False,
+    event_type: Annotated[str | None, typer.Option()] = None,
+    pattern: Annotated[str | None, typer.Option(help="routing-key pattern (* and #)")] = None,
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+    order_key: Annotated[str | None, typer.Option(help="payload path to keep order by")] = None,
+) -> None:
+    """Subscribe to a room (a binding): PUSH, PULL or a consumer HANDLER."""
+    kind = "PULL" if pull else "HANDLER" if handler else "PUSH"
+    body = {
+        "name": name,
+        "kind": kind,
+        "push_url": push_url,
+        "handler": handler,
+        "event_type": event_type,
+        "routing_key_pattern": pattern,
+        "delivery_delay_ms": delivery_delay_ms,
+        "delivery_delay_multiplier": multiplier,
+        "delivery_attempts": attempts,
+        "order_key": order_key,
+    }
+    sub = call(
+        pubsub.create_subscription,
+        get_runtime().engine,
+        room,
+        {k: v for k, v in body.items() if v is not None},
+    )
+    console.print_json(json.dumps(sub, default=str))
+
+
+@subscription_app.command("list")
+def subscription_list(room: str) -> None:
+    subs = call(pubsub.list_subscriptions, get_runtime().engine, room)
+    table = Table("id", "name", "kind", "destination", "pattern", "status")
+    for s_ in subs:
+        table.add_row(
+            str(s_["subscription_id"]),
+            s_["name"],
+            s_["kind"],
+            s_["push_url"] or s_["handler"] or "pull",
+            s_["routing_key_pattern"] or "",
+            s_["status"],
+        )
+    console.print(table)
+
+
+@subscription_app.command("set")
+def subscription_set(
+    subscription_id: int,
+    push_url: Annotated[str | None, typer.Option()] = None,
+    pattern: Annotated[str | None, typer.Option(help="routing-key pattern")] = None,
+    delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
+    multiplier: Annotated[float | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Change a subscription's destination, pattern or policy overrides."""
+    changes = {
+        "push_url": push_url,
+        "routing_key_pattern": pattern,
+        "delivery_delay_ms": delivery_delay_ms,
+        "delivery_delay_multiplier": multiplier,
+        "delivery_attempts": attempts,
+    }
+    changed = call(
+        pubsub.update_subscription,
+        get_runtime().engine,
+        subscription_id,
+        {k: v for k, v in changes.items() if v is not None},
+    )
+    console.print_json(json.dumps(changed))
+
+
+@subscription_app.command("pause")
+def subscription_pause(subscription_id: int) -> None:
+    call(pubsub.set_subscription_status, get_runtime().engine, subscription_id, "PAUSED")
+    console.print(f"subscription {subscription_id} is PAUSED")
+
+
+@subscription_app.command("resume")
+def subscription_resume(subscription_id: int) -> None:
+    call(pubsub.set_subscription_status, get_runtime().engine, subscription_id, "ACTIVE")
+    console.print(f"subscription {subscription_id} is ACTIVE")

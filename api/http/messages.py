@@ -1,0 +1,90 @@
+"""HTTP face of messages: intake, listing and inspection, operator commands, external responses."""
+
+from __future__ import annotations
+
+import functools
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.http.common import AppIntake, AppRuntime, json_body
+from worker import operations
+
+router = APIRouter()
+
+
+@router.post("/messages", status_code=201)
+async def submit(intake: AppIntake, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    result = await run_in_threadpool(intake.submit, data)
+    return JSONResponse(
+        status_code=201 if result.created else 200,
+        content={"msg_id": result.msg_id, "state": result.state.value},
+    )
+
+
+@router.post("/messages/responses")
+async def receive_response(runtime: AppRuntime, request: Request) -> JSONResponse:
+    from worker.celery import enqueue_processing
+
+    data = await json_body(request)
+    result = await run_in_threadpool(
+        operations.receive_response, runtime.engine, data, enqueue_processing
+    )
+    return JSONResponse(
+        status_code=201 if result.created else 200,
+        content={"msg_id": result.msg_id, "state": result.state.value, "res_id": result.res_id},
+    )
+
+
+@router.get("/messages")
+async def list_messages(
+    runtime: AppRuntime,
+    state: str | None = None,
+    funnel: str | None = None,
+    service: str | None = None,
+    limit: int = 100,
+) -> JSONResponse:
+    found = await run_in_threadpool(
+        functools.partial(
+            operations.list_messages,
+            runtime.engine,
+            state=state,
+            funnel=funnel,
+            service=service,
+            limit=limit,
+        )
+    )
+    return JSONResponse(jsonable_encoder(found))
+
+
+@router.get("/messages/{msg_id}")
+async def show(runtime: AppRuntime, msg_id: int) -> JSONResponse:
+    row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id)
+    return JSONResponse(jsonable_encoder(row))
+
+
+@router.post("/messages/{msg_id}/cancel")
+async def cancel(runtime: AppRuntime, msg_id: int, request: Request) -> JSONResponse:
+    from worker.celery import enqueue_processing
+
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        operations.cancel, runtime.engine, msg_id, data, enqueue_processing
+    )
+    return JSONResponse({"msg_id": done.msg_id, "state": done.state.value})
+
+
+@router.post("/messages/{msg_id}/redrive")
+async def redrive_message(runtime: AppRuntime, msg_id: int, request: Request) -> JSONResponse:
+    from worker.celery import enqueue_processing
+
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        operations.redrive, runtime.engine, msg_id, data, enqueue_processing
+    )
+    return JSONResponse(
+        {"msg_id": done.msg_id, "state": done.state.value, "reopened": list(done.reopened)}
+    )

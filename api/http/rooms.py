@@ -1,0 +1,135 @@
+"""HTTP face of pub/sub rooms: rooms, event types, publishers, subscriptions, publish, pull, ack."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.http.common import AppRuntime, json_body
+from worker import pubsub
+from worker.core.errors import InvalidMessage
+
+log = logging.getLogger("orderly.api")
+
+router = APIRouter()
+
+
+@router.post("/rooms", status_code=201)
+async def create_room(runtime: AppRuntime, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    room = await run_in_threadpool(pubsub.create_room, runtime.engine, data)
+    return JSONResponse(status_code=201, content=room)
+
+
+@router.get("/rooms")
+async def list_rooms(runtime: AppRuntime) -> JSONResponse:
+    return JSONResponse(await run_in_threadpool(pubsub.list_rooms, runtime.engine))
+
+
+@router.patch("/rooms/{room}")
+async def update_room(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    return JSONResponse(await run_in_threadpool(pubsub.update_room, runtime.engine, room, data))
+
+
+@router.post("/rooms/{room}/event-types", status_code=201)
+async def add_event_type(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    added = await run_in_threadpool(pubsub.add_event_type, runtime.engine, room, data)
+    return JSONResponse(status_code=201, content=added)
+
+
+@router.post("/rooms/{room}/publishers", status_code=201)
+async def add_publisher(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    name = data.get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        raise InvalidMessage("name", "missing")
+    await run_in_threadpool(pubsub.add_publisher, runtime.engine, room, name)
+    return JSONResponse(status_code=201, content={"room": room, "name": name})
+
+
+@router.post("/rooms/{room}/subscriptions", status_code=201)
+async def create_subscription(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    sub = await run_in_threadpool(pubsub.create_subscription, runtime.engine, room, data)
+    return JSONResponse(status_code=201, content=sub)
+
+
+@router.get("/rooms/{room}/subscriptions")
+async def list_subscriptions(runtime: AppRuntime, room: str) -> JSONResponse:
+    subs = await run_in_threadpool(pubsub.list_subscriptions, runtime.engine, room)
+    return JSONResponse(subs)
+
+
+@router.patch("/subscriptions/{subscription_id}")
+async def change_subscription(
+    runtime: AppRuntime, subscription_id: int, request: Request
+) -> JSONResponse:
+    data = await json_body(request)
+    changed = await run_in_threadpool(
+        pubsub.update_subscription, runtime.engine, subscription_id, data
+    )
+    return JSONResponse(changed)
+
+
+@router.get("/rooms/{room}/event-types")
+async def list_event_types(runtime: AppRuntime, room: str) -> JSONResponse:
+    return JSONResponse(await run_in_threadpool(pubsub.list_event_types, runtime.engine, room))
+
+
+@router.post("/rooms/{room}/events", status_code=201)
+async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+    from worker.celery import enqueue_event_deliveries
+
+    data = await json_body(request)
+    result, due = await run_in_threadpool(
+        functools.partial(
+            pubsub.publish,
+            runtime.engine,
+            room,
+            data,
+            secret=runtime.settings.token_secret,
+            token_ttl_ms=runtime.settings.token_ttl_ms,
+        )
+    )
+    try:
+        for i in range(0, len(due), pubsub.BATCH):
+            enqueue_event_deliveries(due[i : i + pubsub.BATCH])
+    except Exception:
+        # Stored: the scheduler sends them once their lease runs out.
+        log.exception("event %s stored but not enqueued", result.event_id)
+    return JSONResponse(
+        status_code=201,
+        content={
+            "correlation_id": result.correlation_id,
+            "event_id": result.event_id,
+            "deliveries": result.deliveries,
+            "unroutable": result.unroutable,
+        },
+    )
+
+
+@router.get("/subscriptions/{subscription_id}/messages")
+async def pull(runtime: AppRuntime, subscription_id: int, max: int = 10) -> JSONResponse:
+    taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max)
+    return JSONResponse(jsonable_encoder(taken))
+
+
+@router.post("/subscriptions/{subscription_id}/messages/{delivery_id}/ack")
+async def ack_pulled(
+    runtime: AppRuntime, subscription_id: int, delivery_id: int, request: Request
+) -> JSONResponse:
+    data = await json_body(request)
+    receipt = data.get("receipt") if isinstance(data, dict) else None
+    if not isinstance(receipt, str):
+        raise InvalidMessage("receipt", "missing: give the receipt the pull returned")
+    await run_in_threadpool(
+        pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, receipt
+    )
+    return JSONResponse({"delivery_id": delivery_id, "state": "DELIVERED"})

@@ -1,0 +1,25 @@
+"""HTTP face of source systems: where final states of their messages are confirmed."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.http.common import AppRuntime, json_body
+from worker import confirmations
+
+router = APIRouter()
+
+
+@router.put("/source-systems/{name}")
+async def put_source_system(runtime: AppRuntime, name: str, request: Request) -> JSONResponse:
+    data = await json_body(request)
+    saved = await run_in_threadpool(confirmations.set_source_system, runtime.engine, name, data)
+    return JSONResponse(saved)
+
+
+@router.get("/source-systems")
+async def list_source_systems(runtime: AppRuntime) -> JSONResponse:
+    found = await run_in_threadpool(confirmations.list_source_systems, runtime.engine)
+    return JSONResponse(found)
