@@ -117,6 +117,7 @@ class Figures:
 
 # --- PostgreSQL -------------------------------------------------------------------------------
 
+
 def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigures:
     """Messages and deliveries by state, delayed deliveries, and the age (seconds) of the
     oldest of ``head_msg_ids`` (the blocked conversation heads), in one round trip."""
