@@ -161,8 +161,10 @@ def conversation_figures(
     pipe = client.pipeline(transaction=False)
     pipe.zrange(keys.pending_messages, 0, -1)
     pipe.zcard(keys.scheduled)
+    pipe.zcard(keys.scheduled_leased)  # wake-ups being handed to the broker right now
     pipe.zcount(keys.pending_messages, "-inf", now)
-    raw_members, scheduled, awaited_due = pipe.execute()
+    raw_members, scheduled, waking, awaited_due = pipe.execute()
+    scheduled = int(scheduled) + int(waking)
 
     members = [_text(m) for m in raw_members]
     infos = [json.loads(m) for m in members]
