@@ -141,3 +141,35 @@ def test_a_lease_is_given_up_only_by_its_holder(redis_client: redis.Redis) -> No
     assert 0 < redis_client.pttl("t:lease") <= 10_000
     assert lease.give_up(mine)
     assert lease.take(theirs, 10_000)
+
+
+def test_a_failing_source_is_logged_once_then_sparingly(caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock(1_000.0)
+    down = True
+
+    class Source:
+        name, batch = "flaky", 10
+
+        def take(self, limit: int) -> list[Any]:
+            if down:
+                raise ConnectionError("database down")
+            return []
+
+        def hand_off(self, items: list[Any]) -> None: ...
+
+        def settle(self, items: list[Any]) -> None: ...
+
+        def release(self, items: list[Any]) -> None: ...
+
+    ticker = Ticker([Source()], clock=clock)
+    for _ in range(50):  # ten seconds of ticks
+        ticker.tick()
+        clock.advance(0.2)
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert caplog.records[0].exc_info is not None  # the first one with its traceback
+    clock.advance(30)
+    ticker.tick()
+    assert "still failing" in caplog.records[-1].message
+    down = False
+    ticker.tick()
+    assert caplog.records[-1].message == "due work flaky works again"

@@ -125,6 +125,11 @@ class Job:
     first_after_s: float = 0.0
 
 
+# While something keeps failing (PostgreSQL or Redis down), its traceback is logged once and
+# then one line at most this often, instead of at every tick.
+REPEAT_LOG_S = 30.0
+
+
 class Ticker:
     """The one loop over every due source and periodic job; ``tick`` runs what is due now.
 
@@ -145,6 +150,7 @@ class Ticker:
         self.clock = clock
         started = clock.monotonic()
         self._next: dict[str, float] = {j.name: started + j.first_after_s for j in self.jobs}
+        self._failing: dict[str, float] = {}  # name -> when its failure was last logged
 
     def tick(self) -> dict[str, int]:
         """Hand every due item to the broker; run the jobs whose time has come."""
@@ -152,8 +158,10 @@ class Ticker:
         for source in self.sources:
             try:
                 moved[source.name] = drain(source, self.limit)
-            except Exception:
-                log.exception("due work %s failed (its items stay due)", source.name)
+            except Exception as exc:
+                self._failed(f"due work {source.name}", exc, "its items stay due")
+            else:
+                self._recovered(f"due work {source.name}")
         now = self.clock.monotonic()
         for job in self.jobs:
             if now < self._next[job.name]:
@@ -161,9 +169,26 @@ class Ticker:
             self._next[job.name] = now + job.every_s
             try:
                 job.run()
-            except Exception:
-                log.exception("periodic job %s failed", job.name)
+            except Exception as exc:
+                self._failed(f"periodic job {job.name}", exc, "tried again at its next turn")
+            else:
+                self._recovered(f"periodic job {job.name}")
         return moved
+
+    def _failed(self, what: str, exc: Exception, then: str) -> None:
+        now = self.clock.monotonic()
+        last = self._failing.get(what)
+        if last is None:
+            log.exception("%s failed (%s)", what, then)
+        elif now - last >= REPEAT_LOG_S:
+            log.error("%s still failing: %s: %s", what, type(exc).__name__, exc)
+        else:
+            return
+        self._failing[what] = now
+
+    def _recovered(self, what: str) -> None:
+        if self._failing.pop(what, None) is not None:
+            log.warning("%s works again", what)
 
 
 def drain(source: DueSource, limit: int) -> int:
