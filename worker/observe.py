@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from models.enums import MessageState
 from models.keys import BridgeKeys, TrackKeys
 from models.pubsub import DeliveryState
+from worker.core.scripts import as_text
 from worker.store.queries import sql
 from worker.tracking import Services, TrackingSnapshot, snapshot
 
@@ -141,14 +142,10 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
 # --- conversations ----------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _int(value: Any, default: int = 0) -> int:
     if value is None or value in (b"", ""):
         return default
-    return int(float(_text(value)))
+    return int(float(as_text(value)))
 
 
 def conversation_figures(
@@ -166,7 +163,7 @@ def conversation_figures(
     raw_members, scheduled, waking, awaited_due = pipe.execute()
     scheduled = int(scheduled) + int(waking)
 
-    members = [_text(m) for m in raw_members]
+    members = [as_text(m) for m in raw_members]
     infos = [json.loads(m) for m in members]
     conversations = sorted({info["cnId"] for info in infos})
     pipe = client.pipeline(transaction=False)
@@ -184,8 +181,8 @@ def conversation_figures(
     orders: dict[str, list[str]] = {}
     request_lists: dict[str, list[str]] = {}
     for i, cid in enumerate(conversations):
-        orders[cid] = [_text(m) for m in raw[len(members) + 2 * i]]
-        request_lists[cid] = [_text(k) for k in raw[len(members) + 2 * i + 1]]
+        orders[cid] = [as_text(m) for m in raw[len(members) + 2 * i]]
+        request_lists[cid] = [as_text(k) for k in raw[len(members) + 2 * i + 1]]
 
     listed = sorted({k for ks in request_lists.values() for k in ks})
     seqs: dict[str, int | None] = {}
@@ -206,7 +203,7 @@ def conversation_figures(
             continue
         open_ += 1
         status, not_before, _sent_at, claimed_at, req_seq, msg_id = (
-            _text(v) if v is not None else None for v in live[head]
+            as_text(v) if v is not None else None for v in live[head]
         )
         # The gate skips request keys whose hash expired; the first one left is the head.
         head_request = next((k for k in request_lists[cid] if seqs.get(k) is not None), None)
@@ -229,7 +226,7 @@ def conversation_figures(
             in_flight += 1
         else:
             ready += 1
-    awaited = sum(1 for fields in live.values() if _text(fields[0]) == "AWAITED")
+    awaited = sum(1 for fields in live.values() if as_text(fields[0]) == "AWAITED")
     return ConversationFigures(
         open=open_,
         responses_undelivered=len(live),

@@ -25,7 +25,7 @@ from worker.core.clock import SYSTEM, Clock, now_ms
 from worker.core.due import RedisDueSet
 from worker.core.errors import TrackingError
 from worker.core.retry import RetryPolicy
-from worker.core.scripts import Scripts
+from worker.core.scripts import Scripts, as_text
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,7 @@ _NUMBER = re.compile(r"^[0-9]+$")
 
 def _decoded(raw: Any) -> dict[str, str]:
     """A Redis hash reply as text (the client may be set to decode replies or not)."""
-    return {_text(k): _text(v) for k, v in dict(raw).items()}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return {as_text(k): as_text(v) for k, v in dict(raw).items()}
 
 
 def claim_of(pid: int | None, claimed_at: datetime | None) -> str:
@@ -288,9 +284,9 @@ class Tracker:
         timed_out = [
             TimedOut(
                 track_id=int(item[0]),
-                xid=_text(item[1]),
-                kind=_text(item[2]),
-                claim=_text(item[3]),
+                xid=as_text(item[1]),
+                kind=as_text(item[2]),
+                claim=as_text(item[3]),
                 elapsed_ms=int(item[4]),
             )
             for item in raw

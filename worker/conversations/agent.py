@@ -13,9 +13,10 @@ import logging
 from typing import Any
 
 from worker.conversations.context import Context
-from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list, text
+from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
 from worker.core.due import RedisDueSet
 from worker.core.lease import RedisLease, new_token
+from worker.core.scripts import as_text
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,14 @@ def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
     requests = []
     for key in ctx.redis.lrange(k.request_list(conversation_id), 0, -1):
         fields = ctx.redis.hgetall(key)
-        requests.append({text(f): text(v) for f, v in fields.items()} or {"key": text(key)})
+        requests.append(
+            {as_text(f): as_text(v) for f, v in fields.items()} or {"key": as_text(key)}
+        )
     responses = []
     for member in ctx.redis.zrange(k.response_list(conversation_id), 0, -1):
-        info = json.loads(text(member))
+        info = json.loads(as_text(member))
         fields = ctx.redis.hgetall(k.response(info["rsId"]))
-        view = {text(f): text(v) for f, v in fields.items() if f != b"taskItem"}
+        view = {as_text(f): as_text(v) for f, v in fields.items() if f != b"taskItem"}
         responses.append(view or {"responseId": info["rsId"], "status": "GONE"})
     return {
         "conversation_id": conversation_id,

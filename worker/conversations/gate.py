@@ -27,10 +27,10 @@ from worker.conversations.model import (
     Sender,
     SendResult,
     json_list,
-    text,
 )
 from worker.core.errors import UnknownAck
 from worker.core.lease import new_token
+from worker.core.scripts import as_text
 from worker.store.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue) -> int:
         raw = ctx.redis.get(k.async_request(async_response_id))
     if raw is None:
         raise UnknownAck(async_response_id)
-    member = text(raw)
+    member = as_text(raw)
     info = json.loads(member)
     cid = info["cnId"]
     token = new_token()

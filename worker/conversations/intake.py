@@ -20,11 +20,11 @@ from worker.conversations.model import (
     ResponseIn,
     check_conversation_id,
     payload_text,
-    text,
 )
 from worker.core.errors import InvalidMessage, UnknownRequest
 from worker.core.inputs import parse_input
 from worker.core.lease import new_token
+from worker.core.scripts import as_text
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             ctx.lease_ms,
         ],
     )
-    code = text(code)
+    code = as_text(code)
     if code == "CANCELLED":
         # The group was cancelled between the insert and now.
         with ctx.pg() as conn:

@@ -162,10 +162,6 @@ class AgentReport:
     swept: int = 0  # rows PostgreSQL still had open after their Redis lifetime
 
 
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def json_list(value: Any) -> list[Any]:
     # cjson encodes an empty Lua table as {}.
     return value if isinstance(value, list) else []

@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 
 from worker.core.clock import SYSTEM, Clock, now_ms
 from worker.core.lease import new_token
-from worker.core.scripts import Scripts
+from worker.core.scripts import Scripts, as_text
 from worker.store.queries import sql
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class RedisDueSet:
         taken = self.scripts.run(
             "due_take", [self.key, self.leased_key], [now_ms(self.clock), limit, self.lease_ms]
         )
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in taken]
+        return [as_text(m) for m in taken]
 
     def settle(self, items: list[Any]) -> None:
         if items:

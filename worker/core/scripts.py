@@ -48,6 +48,11 @@ def source(name: str) -> str:
     return library + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
 
+def as_text(value: Any) -> str:
+    """A Redis reply value as text (clients may or may not be set to decode replies)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class Scripts:
     """Registered scripts of one Redis client: ``scripts.run("advance", keys, args)``."""
 
