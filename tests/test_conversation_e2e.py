@@ -8,17 +8,14 @@ import signal
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import Engine, text
 
 from tests.helpers import wait_until
-from tooling.processes import ProcessGroup, wait_for_log
+from tests.stack import Stack
 from tooling.sink import Sink
 from tooling.workload import Verdict, check, generate, submit
-
-from .test_e2e import free_port
 
 # Short timings so that waits, ACK timeouts and AWAITED retries happen within the test.
 TIMINGS = {
@@ -35,49 +32,42 @@ TIMINGS = {
 CHANNEL = {"delivery_delay_ms": 20, "multiplier": 2.0, "attempts": 3, "timeout_ms": 1000}
 
 
-class ConversationStack:
-    def __init__(self, procs: ProcessGroup, db: Engine, sink: Sink) -> None:
-        self.procs = procs
-        self.db = db
-        self.port = free_port()
-        procs.env.update(TIMINGS)
-        procs.start_api(self.port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, timeout=10)
-        answer = self.http.put("/channels/chat", json={"url": sink.url, **CHANNEL})
-        assert answer.status_code == 200, answer.text
-        self.workers = [
-            procs.start_worker(f"w{i}", concurrency=1, node_code=f"worker-{i}") for i in (1, 2)
-        ]
-        for w in self.workers:
-            wait_for_log(w, "ready.", timeout=60)
-        self.beat = procs.start_beat(extra_env={"ORDERLY_NODE_CODE": "beat-node"})
-
-    def pg_states(self) -> dict[str, str]:
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT correlation_id, state FROM message WHERE service_name = 'conversation'"
-                )
-            )
-            return {r.correlation_id: r.state for r in rows}
-
-    def open_responses(self) -> int:
-        with self.db.connect() as conn:
-            return int(
-                conn.execute(
-                    text(
-                        "SELECT count(*) FROM message WHERE operation_name = 'response' "
-                        "AND state NOT IN ('OK', 'CANCEL', 'FAILED')"
-                    )
-                ).scalar_one()
-            )
-
-
 @pytest.fixture
 def sink() -> Iterator[Sink]:
     with Sink() as s:
         yield s
+
+
+@pytest.fixture
+def conversations(stack: Stack, sink: Sink) -> Stack:
+    """The API with the sink as channel "chat", two workers (one child each) and beat."""
+    stack.env(**TIMINGS)
+    stack.start_api()
+    answer = stack.http.put("/channels/chat", json={"url": sink.url, **CHANNEL})
+    assert answer.status_code == 200, answer.text
+    stack.workers({"w1": "worker-1", "w2": "worker-2"}, concurrency=1)
+    stack.beat()
+    return stack
+
+
+def pg_states(db: Engine) -> dict[str, str]:
+    with db.connect() as conn:
+        rows = conn.execute(
+            text("SELECT correlation_id, state FROM message WHERE service_name = 'conversation'")
+        )
+        return {r.correlation_id: r.state for r in rows}
+
+
+def open_responses(db: Engine) -> int:
+    with db.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM message WHERE operation_name = 'response' "
+                    "AND state NOT IN ('OK', 'CANCEL', 'FAILED')"
+                )
+            ).scalar_one()
+        )
 
 
 def _bridge_keys(client: redis.Redis) -> list[str]:
@@ -93,9 +83,8 @@ def _report(v: Verdict) -> str:
 
 
 def test_randomized_conversations_with_failures_arrive_in_order(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis, sink: Sink
+    conversations: Stack, db: Engine, redis_client: redis.Redis, sink: Sink
 ) -> None:
-    stack = ConversationStack(procs, db, sink)
     sink.configure(
         seed=20261123,
         p_recoverable=0.10,
@@ -103,14 +92,14 @@ def test_randomized_conversations_with_failures_arrive_in_order(
         p_async=0.20,
         p_never_ack=0.25,
         ack_delay_ms=[5, 60],
-        orderly_url=stack.url,
+        orderly_url=conversations.url,
     )
     workload = generate(seed=7, conversations=200)
     assert workload.responses >= 400
-    submit(workload, stack.http, "chat")
-    wait_until(lambda: stack.open_responses() == 0, timeout=180, what="every response final")
+    submit(workload, conversations.http, "chat")
+    wait_until(lambda: open_responses(db) == 0, timeout=180, what="every response final")
 
-    verdict = check(workload, sink.arrivals(), stack.pg_states())
+    verdict = check(workload, sink.arrivals(), pg_states(db))
     assert verdict.ok, _report(verdict)
     # The failures really happened (the sink's seeded mix): retries, cancels, 202s, no-ACKs.
     assert verdict.retried > 0 and verdict.cancelled_groups > 0
@@ -123,21 +112,20 @@ def test_randomized_conversations_with_failures_arrive_in_order(
 
 
 def test_worker_killed_mid_send_loses_nothing_and_keeps_order(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis, sink: Sink
+    conversations: Stack, db: Engine, redis_client: redis.Redis, sink: Sink
 ) -> None:
-    stack = ConversationStack(procs, db, sink)
     # Every delivery takes 40 ms at the client: a worker is almost always mid-send.
     sink.configure(rules=[{"match": {}, "status": 200, "delay_ms": 40}])
     workload = generate(seed=11, conversations=30, requests=(2, 3), responses=(2, 3))
-    submit(workload, stack.http, "chat")
+    submit(workload, conversations.http, "chat")
     wait_until(lambda: len(sink.arrivals()) >= 10, timeout=30, what="deliveries under way")
-    victim = stack.workers[0]
+    victim = conversations.process("w1")
     os.killpg(victim.proc.pid, signal.SIGKILL)  # the worker and its pool child, at once
     victim.proc.wait(10)
     killed_at = time.time()
-    wait_until(lambda: stack.open_responses() == 0, timeout=120, what="every response final")
+    wait_until(lambda: open_responses(db) == 0, timeout=120, what="every response final")
 
-    verdict = check(workload, sink.arrivals(), stack.pg_states())
+    verdict = check(workload, sink.arrivals(), pg_states(db))
     assert verdict.ok, _report(verdict)
     assert verdict.delivered == workload.responses
     # Some deliveries happened after the kill: the surviving worker carried on.

@@ -370,7 +370,7 @@ def test_policy_refuses_expire_not_longer_than_timeout() -> None:
 
 
 def test_a_failing_tracking_redis_never_stops_the_work() -> None:
-    from tests.test_e2e import free_port
+    from tooling.processes import free_port
 
     broken = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
     t = Tracker(broken, KEYS, TrackingPolicy())
