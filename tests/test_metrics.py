@@ -13,6 +13,8 @@ import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy import Engine, text
 
 from api.metrics import FiguresCollector, make_registry
@@ -159,7 +161,10 @@ def test_store_figures_count_every_state_and_the_delayed_and_dead_deliveries(
 
 
 def _down() -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    # Refused at once: redis-py's own retries (seconds of backoff) are not what is tested.
+    return redis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
 
 
 # --- conversations ------------------------------------------------------------------------
