@@ -2,6 +2,7 @@
 # orderly's one entry point: does all set-up on a fresh machine, then runs what you ask.
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
+#   ./run.sh fast [pytest args]    ruff, mypy and every test but the end-to-end ones (< 1 min)
 #   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), ordered_delivery, fanout, delayed, funnel, tracking, report
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -66,6 +67,28 @@ ensure_venv() {
   fi
 }
 
+lint() {
+  log "ruff"
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  log "mypy"
+  "$VENV/bin/mypy"
+}
+
+run_pytest() {
+  # pytest's exit code 5 (no tests collected) is a failure here.
+  log "pytest $*"
+  set +e
+  "$VENV/bin/pytest" "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure here" >&2
+    exit 1
+  fi
+  exit "$rc"
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -84,21 +107,17 @@ case "$cmd" in
     ensure_spark_deps
     ensure_services
     ensure_venv
-    log "ruff"
-    "$VENV/bin/ruff" check .
-    "$VENV/bin/ruff" format --check .
-    log "mypy"
-    "$VENV/bin/mypy"
-    log "pytest"
-    set +e
-    "$VENV/bin/pytest" "$@"
-    rc=$?
-    set -e
-    if [ "$rc" -eq 5 ]; then
-      echo "pytest collected no tests: that is a failure here" >&2
-      exit 1
-    fi
-    exit "$rc"
+    lint
+    run_pytest "$@"
+    ;;
+  fast)
+    # Unit and integration tests only (tests/kinds.py): no process is started, so neither
+    # Chromium, Spark nor docker-compose is needed.
+    ensure_apt pg_isready postgresql-client
+    ensure_services
+    ensure_venv
+    lint
+    run_pytest -m "not e2e" "$@"
     ;;
   bench)
     ensure_spark_deps
@@ -110,7 +129,7 @@ case "$cmd" in
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   *)
-    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

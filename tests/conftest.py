@@ -2,15 +2,23 @@
 
 Both are the real servers on this machine. When one is absent the tests that need it are
 skipped locally and fail in CI (CI=true).
+
+Each test gets its kind (tests/kinds.py) as a marker: ``pytest -m "not e2e"`` is the quick
+run. While a test runs, what its kind rules out fails it: a unit test may not reach
+PostgreSQL or Redis, and only an end-to-end test may start a process.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -36,7 +44,10 @@ os.environ.pop("ORDERLY_BROKER_URL", None)
 import redis  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
+from tests import kinds  # noqa: E402
+from tests.helpers import OrderlyCli  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
+from tests.stack import Stack  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 from worker import configuration  # noqa: E402
 from worker.intake import Intake  # noqa: E402
@@ -123,6 +134,20 @@ def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[Pro
 
 
 @pytest.fixture
+def stack(procs: ProcessGroup, db: Engine) -> Iterator[Stack]:
+    """orderly's API, workers and beat, started by the test as it needs them."""
+    started = Stack(procs, db)
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def cli() -> OrderlyCli:
+    """The ``orderly`` command, run as a real process with the test's settings."""
+    return OrderlyCli()
+
+
+@pytest.fixture
 def queue() -> list[int]:
     """What the ``intake`` fixture enqueued (msg_ids), in order."""
     return []
@@ -157,6 +182,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
     if report.when == "call" and report.failed:
         group = getattr(item, "funcargs", {}).get("procs")
         if isinstance(group, ProcessGroup):
@@ -164,3 +191,66 @@ def pytest_runtest_makereport(
                 tail = path.read_text(errors="replace")[-4000:]
                 report.sections.append((f"log {path.name}", tail))
     return report
+
+
+# --- kinds ----------------------------------------------------------------------------------
+
+KIND = pytest.StashKey[str]()
+CALL_FAILED = pytest.StashKey[bool]()
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+STORE_PORTS = frozenset(
+    {urlsplit(TEST_REDIS_URL).port or 6379, urlsplit(PG_ADMIN_URL).port or 5432}
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # First among the hooks: ``-m`` selects by the markers given here.
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        marked = [m.name for m in item.iter_markers()]
+        found = kinds.kinds_of(module, getattr(item, "fixturenames", ()), marked)
+        if not set(marked) & set(kinds.KINDS):
+            item.add_marker(found[0])
+        item.stash[KIND] = found[0] if len(found) == 1 else "+".join(found)
+    # Before ``-m`` deselects any: tests/test_kinds.py checks every collected test.
+    config.stash[COLLECTED] = list(items)
+
+
+def collected(config: pytest.Config) -> list[pytest.Item]:
+    return config.stash.get(COLLECTED, [])
+
+
+@pytest.fixture(autouse=True)
+def _kind_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail a test that does what its kind rules out (it would run in the wrong set)."""
+    kind = request.node.stash.get(KIND, kinds.E2E)
+    broken: list[str] = []
+
+    def refuse(what: str) -> None:
+        broken.append(what)
+        raise AssertionError(f"a {kind} test may not {what}: see tests/kinds.py")
+
+    if kind != kinds.E2E:
+
+        def no_process(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+            refuse(f"start a process ({args!r})")
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", no_process)
+    if kind == kinds.UNIT:
+        real_connect = socket.socket.connect
+
+        def connect(self: socket.socket, address: Any) -> None:
+            if isinstance(address, tuple) and address[1] in STORE_PORTS:
+                refuse(f"connect to {address[0]}:{address[1]} (PostgreSQL or Redis)")
+            real_connect(self, address)
+
+        def no_postgres(*args: Any, **kwargs: Any) -> None:
+            refuse("connect to PostgreSQL")
+
+        monkeypatch.setattr(socket.socket, "connect", connect)
+        monkeypatch.setattr("psycopg2.connect", no_postgres)
+    yield
+    if broken and not request.node.stash.get(CALL_FAILED, False):
+        # The code under test caught the error and went on: the test must fail all the same.
+        pytest.fail(f"a {kind} test may not {broken[0]}: see tests/kinds.py", pytrace=False)

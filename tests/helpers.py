@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,6 +13,7 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 from models import Message
+from tooling.processes import BIN
 from worker.handlers import HandlerRegistry
 from worker.processing import Processor
 
@@ -95,5 +98,29 @@ class ManualClock:
         self.now += seconds
         self.mono += seconds
 
+    def advance_ms(self, ms: int) -> None:
+        """Move on by exactly ``ms``: the mechanisms then read ``ms()`` more milliseconds."""
+        self.mono += ms / 1000
+        self.now = (self.ms() + ms) / 1000
+
     def ms(self) -> int:
         return int(self.now * 1000)
+
+
+class OrderlyCli:
+    """The ``orderly`` command as a real process, with the test's settings in its environment
+    (``env`` adds to or overrides them)."""
+
+    path = str(BIN / "orderly")
+
+    def __call__(
+        self, *args: str, stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.path, *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            env={**os.environ, "COLUMNS": "200", **(env or {})},
+            timeout=60,
+        )

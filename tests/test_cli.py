@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from tests.helpers import count_messages, message
+from tests.helpers import OrderlyCli, count_messages, message
 from worker.celery import PROCESS_QUEUE
 
-ORDERLY = str(Path(sys.executable).parent / "orderly")
 
-
-def orderly(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ORDERLY, *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        env=dict(os.environ, COLUMNS="200"),
-        timeout=60,
-    )
-
-
-def test_submit_and_show(db: Engine, redis_client: redis.Redis) -> None:
-    done = orderly(
+def test_submit_and_show(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
+    done = cli(
         "submit",
         "--service",
         "test",
@@ -47,9 +30,9 @@ def test_submit_and_show(db: Engine, redis_client: redis.Redis) -> None:
     answer = json.loads(done.stdout)
     assert answer["state"] == "NEW" and answer["result"] == "accepted"
     assert redis_client.llen(PROCESS_QUEUE) == 1
-    shown = json.loads(orderly("show", str(answer["msg_id"])).stdout)
+    shown = json.loads(cli("show", str(answer["msg_id"])).stdout)
     assert shown["correlation_id"] == "cli-1" and shown["source_system"] == "shell"
-    again = orderly(
+    again = cli(
         "submit",
         "--json",
         "-",
@@ -84,24 +67,24 @@ def test_submit_and_show(db: Engine, redis_client: redis.Redis) -> None:
     ],
 )
 def test_bad_submit_exits_2_with_the_problem_and_stores_nothing(
-    db: Engine, redis_client: redis.Redis, args: tuple[str, ...], needle: str
+    cli: OrderlyCli, db: Engine, redis_client: redis.Redis, args: tuple[str, ...], needle: str
 ) -> None:
-    done = orderly(*args)
+    done = cli(*args)
     assert done.returncode == 2
     assert needle in done.stderr
     assert count_messages(db) == 0
     assert redis_client.llen(PROCESS_QUEUE) == 0
 
 
-def test_config_set_get_and_refusal(db: Engine) -> None:
-    assert orderly("config", "set", "asynch.postponedIntervalSec", "7").returncode == 0
-    assert orderly("config", "get", "asynch.postponedIntervalSec").stdout.strip() == "7"
-    refused = orderly("config", "set", "asynch.postponedIntervalSec", "soon")
+def test_config_set_get_and_refusal(cli: OrderlyCli, db: Engine) -> None:
+    assert cli("config", "set", "asynch.postponedIntervalSec", "7").returncode == 0
+    assert cli("config", "get", "asynch.postponedIntervalSec").stdout.strip() == "7"
+    refused = cli("config", "set", "asynch.postponedIntervalSec", "soon")
     assert refused.returncode == 2 and "does not match" in refused.stderr
-    assert "asynch.postponedIntervalSec" in orderly("config", "list").stdout
+    assert "asynch.postponedIntervalSec" in cli("config", "list").stdout
 
 
-def test_node_commands_move_the_node(db: Engine) -> None:
+def test_node_commands_move_the_node(cli: OrderlyCli, db: Engine) -> None:
     with db.begin() as conn:
         conn.execute(text("INSERT INTO node (code, name, state) VALUES ('n1', 'n1', 'RUN')"))
     for command, state in (
@@ -109,16 +92,18 @@ def test_node_commands_move_the_node(db: Engine) -> None:
         ("stop", "STOPPED"),
         ("run", "RUN"),
     ):
-        assert orderly("node", command, "n1").returncode == 0
+        assert cli("node", command, "n1").returncode == 0
         with db.connect() as conn:
             got = conn.execute(text("SELECT state FROM node WHERE code='n1'")).scalar_one()
         assert got == state
-    assert "n1" in orderly("node", "list").stdout
-    missing = orderly("node", "stop", "ghost")
+    assert "n1" in cli("node", "list").stdout
+    missing = cli("node", "stop", "ghost")
     assert missing.returncode == 2 and "node 'ghost' does not exist" in missing.stderr
 
 
-def test_inconsistent_configuration_stops_start_up_with_a_clear_message(db: Engine) -> None:
+def test_inconsistent_configuration_stops_start_up_with_a_clear_message(
+    cli: OrderlyCli, db: Engine
+) -> None:
     with db.begin() as conn:
         conn.execute(
             text(
@@ -126,49 +111,40 @@ def test_inconsistent_configuration_stops_start_up_with_a_clear_message(db: Engi
                 "WHERE code = 'asynch.repairRepeatTimeSec'"
             )
         )
-    done = orderly("migrate")
+    done = cli("migrate")
     assert done.returncode == 2
     assert "invalid configuration: asynch.repairRepeatTimeSec" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_invalid_settings_are_reported_without_a_traceback() -> None:
-    done = subprocess.run(
-        [ORDERLY, "config", "list"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, AURA_QUEUE_MANAGER_DATABASE="MONGODB"),
-        timeout=60,
-    )
+def test_invalid_settings_are_reported_without_a_traceback(cli: OrderlyCli) -> None:
+    done = cli("config", "list", env={"AURA_QUEUE_MANAGER_DATABASE": "MONGODB"})
     assert done.returncode == 2
     assert "MONGODB is not supported" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_message_commands_list_cancel_redrive_and_source_systems(
-    db: Engine, redis_client: redis.Redis
+    cli: OrderlyCli, db: Engine, redis_client: redis.Redis
 ) -> None:
-    submitted = orderly("submit", "--json", json.dumps(message(1, funnel_value="cust-1")))
+    submitted = cli("submit", "--json", json.dumps(message(1, funnel_value="cust-1")))
     msg_id = json.loads(submitted.stdout)["msg_id"]
-    missing_note = orderly("message", "cancel", str(msg_id))
+    missing_note = cli("message", "cancel", str(msg_id))
     assert missing_note.returncode != 0 and "--note" in missing_note.stderr
-    done = orderly("message", "cancel", str(msg_id), "--note", "duplicate order", "--by", "ann")
+    done = cli("message", "cancel", str(msg_id), "--note", "duplicate order", "--by", "ann")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["state"] == "CANCEL"
-    again = orderly("message", "cancel", str(msg_id), "--note", "twice")
+    again = cli("message", "cancel", str(msg_id), "--note", "twice")
     assert again.returncode == 2 and "CANCEL" in again.stderr
-    listed = orderly("message", "list", "--state", "CANCEL", "--funnel", "cust-1")
+    listed = cli("message", "list", "--state", "CANCEL", "--funnel", "cust-1")
     assert listed.returncode == 0 and f"\n│ {msg_id} " in listed.stdout
-    bad_state = orderly("message", "list", "--state", "DONE")
+    bad_state = cli("message", "list", "--state", "DONE")
     assert bad_state.returncode == 2 and "unknown state" in bad_state.stderr
-    back = orderly("message", "redrive", str(msg_id), "--note", "it was not a duplicate")
+    back = cli("message", "redrive", str(msg_id), "--note", "it was not a duplicate")
     assert json.loads(back.stdout)["state"] == "IN_QUEUE"
-    shown = json.loads(orderly("message", "show", str(msg_id)).stdout)
+    shown = json.loads(cli("message", "show", str(msg_id)).stdout)
     assert [a["action"] for a in shown["audit"]] == ["CANCEL", "REDRIVE"]
-    bad_url = orderly("source", "set", "crm", "--confirmation-url", "crm.example")
+    bad_url = cli("source", "set", "crm", "--confirmation-url", "crm.example")
     assert bad_url.returncode == 2 and "confirmation_url" in bad_url.stderr
-    assert (
-        orderly("source", "set", "crm", "--confirmation-url", "http://127.0.0.1:9/c").returncode
-        == 0
-    )
-    assert "http://127.0.0.1:9/c" in orderly("source", "list").stdout
+    assert cli("source", "set", "crm", "--confirmation-url", "http://127.0.0.1:9/c").returncode == 0
+    assert "http://127.0.0.1:9/c" in cli("source", "list").stdout

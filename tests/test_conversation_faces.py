@@ -11,9 +11,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from tests.helpers import OrderlyCli
 from worker.celery import DELIVER_QUEUE
-
-from .test_cli import orderly
 
 CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
 
@@ -207,13 +206,13 @@ def test_channel_put_and_list(client: TestClient) -> None:
     assert listed["sms"]["attempts"] == 0 and listed["sms"]["url"] == "https://sms.example/in"
 
 
-def test_cli_conversation_commands(db: Engine, redis_client: redis.Redis) -> None:
-    done = orderly("channel", "set", "chat", "--url", "http://127.0.0.1:9/x", "--attempts", "1")
+def test_cli_conversation_commands(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
+    done = cli("channel", "set", "chat", "--url", "http://127.0.0.1:9/x", "--attempts", "1")
     assert done.returncode == 0, done.stderr
-    done = orderly("conversation", "request", "c1", "--request-id", "r1", "--origin", "chat")
+    done = cli("conversation", "request", "c1", "--request-id", "r1", "--origin", "chat")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["state"] == "WAITING_FOR_RES"
-    done = orderly(
+    done = cli(
         "conversation",
         "respond",
         "c1",
@@ -227,9 +226,9 @@ def test_cli_conversation_commands(db: Engine, redis_client: redis.Redis) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"] == "accepted"
-    shown = json.loads(orderly("conversation", "show", "c1").stdout)
+    shown = json.loads(cli("conversation", "show", "c1").stdout)
     assert shown["responses"][0]["responseId"] == "s1"
-    refused = orderly(
+    refused = cli(
         "conversation",
         "respond",
         "c1",
@@ -241,7 +240,7 @@ def test_cli_conversation_commands(db: Engine, redis_client: redis.Redis) -> Non
         "x",
     )
     assert refused.returncode == 2 and "'nope'" in refused.stderr
-    refused = orderly("conversation", "ack", "unknown-ack")
+    refused = cli("conversation", "ack", "unknown-ack")
     assert refused.returncode == 2 and "unknown-ack" in refused.stderr
-    refused = orderly("channel", "set", "bad", "--url", "gopher://x")
+    refused = cli("channel", "set", "bad", "--url", "gopher://x")
     assert refused.returncode == 2 and "url" in refused.stderr

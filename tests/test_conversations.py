@@ -2,11 +2,15 @@
 
 Drains run in the test process with a recording sender, so each rule of the ordering gate
 (the seed's validation cases, TTLs, ACKs, retries, AWAITED, cancel) is checked alone.
+
+The mechanism reads a clock the test moves (``h.clock``): backoffs, ACK deadlines and AWAITED
+waits pass without sleeping, and the times they produce are exact. The lifetimes of Redis
+keys (PEXPIRE) are Redis's own: a test checks a key's PTTL, then ends its life by deleting it.
+Those lifetimes are long enough that a slow machine never sees one run out by itself.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +27,7 @@ from worker.core.errors import InvalidMessage, UnknownAck, UnknownChannel, Unkno
 from worker.settings import Settings
 
 from .conftest import TEST_DB_URL, TEST_REDIS_URL
+from .helpers import ManualClock
 
 SINK = "http://127.0.0.1:9/never-called"
 
@@ -47,6 +52,7 @@ class Harness:
     conv: Conversations
     engine: Engine
     redis: redis.Redis
+    clock: ManualClock
     started: list[tuple[str, str]] = field(default_factory=list)
 
     def enqueue(self, conversation_id: str, token: str) -> None:
@@ -110,8 +116,11 @@ def make(db: Engine, redis_client: redis.Redis, **overrides: Any) -> Harness:
     node_id = nodes.register_node(db, "conversations-test")
     channels = ChannelDirectory(db, settings)
     put_channel(db, Channel("chat", SINK, 10, 2.0, 2, 1000))
-    conv = Conversations(db, redis_client, settings, node_id=node_id, channels=channels)
-    return Harness(conv, db, redis_client)
+    clock = ManualClock()
+    conv = Conversations(
+        db, redis_client, settings, node_id=node_id, channels=channels, clock=clock
+    )
+    return Harness(conv, db, redis_client, clock)
 
 
 @pytest.fixture
@@ -220,15 +229,13 @@ def test_vanished_first_response_is_removed_and_checked_again(h: Harness) -> Non
     assert len(h.redis.zrange("bridge:queue:c1", 0, -1)) == 1
 
 
-def test_vanished_head_request_is_removed_and_checked_again(
-    db: Engine, redis_client: redis.Redis
-) -> None:
-    h = make(db, redis_client, message_ttl=300)
+def test_vanished_head_request_is_removed_and_checked_again(h: Harness) -> None:
     h.request("c1", "r1")  # never answered: expires after MESSAGE_TTL
     h.request("c1", "r2")
     h.response("c1", "r2", "s2")
     assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
-    time.sleep(0.4)
+    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
+    h.redis.delete("bridge:queue:req:r1")  # MESSAGE_TTL ran out
     assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
     assert b"bridge:queue:req:r1" not in h.redis.lrange("bridge:queue:c1:req", 0, -1)
 
@@ -329,18 +336,19 @@ def test_ack_releases_the_next_response(h: Harness) -> None:
         h.conv.ack("never-given", h.enqueue)
 
 
-def test_no_ack_within_sent_ttl_counts_as_delivered(db: Engine, redis_client: redis.Redis) -> None:
-    h = make(db, redis_client, sent_message_ttl=300)
+def test_no_ack_within_sent_ttl_counts_as_delivered(h: Harness) -> None:
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2", last=True)
     rec = Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "ack-1")]})
     h.run(rec)
-    # The wait is scheduled in Redis, not held in memory.
-    assert h.redis.zscore("bridge:queue:scheduled", "c1") is not None
+    # The wait is scheduled in Redis, not held in memory: SENT_MESSAGE_TTL after the send.
+    assert h.redis.zscore("bridge:queue:scheduled", "c1") == h.clock.ms() + 5_000
+    h.clock.advance_ms(4_999)
     assert h.wake_due() == []  # not due yet
-    time.sleep(0.35)
-    assert h.redis.get("bridge:queue:asyncRequest:ack-1") is None  # the ACK key expired
+    h.clock.advance_ms(1)
+    assert 0 < h.redis.pttl("bridge:queue:asyncRequest:ack-1") <= 5_000
+    h.redis.delete("bridge:queue:asyncRequest:ack-1")  # the ACK key expired with the wait
     assert h.wake_due() == ["c1"]
     h.run(rec)
     assert rec.sent == ["s1", "s2"]
@@ -360,14 +368,17 @@ def test_recoverable_failure_retries_with_backoff_and_keeps_the_order(h: Harness
     rec = Recorder(answers={"s1": [fail, fail]})
     assert h.run(rec) == ["WAIT_RETRY"]
     not_before = int(h.redis.hget("bridge:queue:res:s1", "notBefore") or 0)
-    delay = not_before - time.time() * 1000
-    assert 0 < delay <= 10 * 2.0**1  # deliveryDelay * multiplier ^ 1
-    time.sleep(0.03)
-    h.wake_due()
+    assert not_before == h.clock.ms() + 10 * 2**1  # deliveryDelay * multiplier ^ 1
+    h.clock.advance_ms(19)
+    assert h.wake_due() == []
+    h.clock.advance_ms(1)
+    assert h.wake_due() == ["c1"]
     assert h.run(rec) == ["WAIT_RETRY"]  # second failure: waits 10 * 2^2 ms
     assert rec.sent == ["s1", "s1"]  # s2 never overtakes
-    time.sleep(0.05)
-    h.wake_due()
+    not_before = int(h.redis.hget("bridge:queue:res:s1", "notBefore") or 0)
+    assert not_before == h.clock.ms() + 10 * 2**2
+    h.clock.advance_ms(40)
+    assert h.wake_due() == ["c1"]
     h.run(rec)
     assert rec.sent == ["s1", "s1", "s1", "s2"]
     assert h.state("s1") == "OK" and h.state("s2") == "OK"
@@ -381,17 +392,18 @@ def test_retries_spent_make_the_group_awaited(h: Harness) -> None:
     h.response("c1", "r2", "t1", last=True)
     fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
     rec = Recorder(answers={"s1": [fail, fail, fail]})  # the channel allows 2 retries
-    for _ in range(3):
+    for _ in range(2):
         h.run(rec)
-        time.sleep(0.05)
-        h.wake_due()
+        h.clock.advance_ms(40)  # past the retry's wait (10 * 2^attempt ms)
+        assert h.wake_due() == ["c1"]
+    h.run(rec)
     assert rec.sent == ["s1", "s1", "s1"]
     for sid in ("s1", "s2"):
         assert h.redis.hget(f"bridge:queue:res:{sid}", "status") == b"AWAITED"
         assert h.state(sid) == "PARTLY_FAILED"
     assert h.state("t1") == "IN_QUEUE"  # held behind the AWAITED group
     until = int(h.redis.hget("bridge:queue:res:s1", "awaitedToDateTS") or 0)
-    assert 4_000 < until - time.time() * 1000 <= 5_000  # AWAITED_TIME_WHEN_RETRIES_END
+    assert until == h.clock.ms() + 5_000  # AWAITED_TIME_WHEN_RETRIES_END
 
 
 def test_non_recoverable_failure_cancels_the_group_and_moves_on(h: Harness) -> None:
@@ -425,13 +437,13 @@ def test_awaited_agent_takes_a_due_message_once_across_two_agents(
     first = make(db, redis_client, max_retries=1, interval=1)  # blocked after 1 ms
     ctx = first.conv.ctx
     second = Conversations(
-        db, redis_client, ctx.settings, node_id=ctx.node_id, channels=ctx.channels
+        db, redis_client, ctx.settings, node_id=ctx.node_id, channels=ctx.channels, clock=ctx.clock
     )
     first.request("c1", "r1")
     first.request("c1", "r2")
     first.response("c1", "r2", "s2")  # blocked behind r1
     first.run(Recorder())
-    time.sleep(0.01)
+    first.clock.advance_ms(1)
     woken_a: list[tuple[str, str]] = []
     woken_b: list[tuple[str, str]] = []
     report_a = first.conv.awaited_turn(lambda c, t: woken_a.append((c, t)))
@@ -443,16 +455,13 @@ def test_awaited_agent_takes_a_due_message_once_across_two_agents(
     assert redis_client.hget("bridge:queue:res:s2", "awaitedRetries") == b"1"
 
 
-def test_awaited_agent_expires_messages_past_their_ttl(
-    db: Engine, redis_client: redis.Redis
-) -> None:
-    h = make(db, redis_client, awaited_message_ttl=200)
+def test_awaited_agent_expires_messages_past_their_ttl(h: Harness) -> None:
     h.request("c1", "r1")
     h.request("c1", "r2")
     h.response("c1", "r2", "s2", last=True)  # blocked behind r1 until it expires
-    time.sleep(0.25)
+    h.clock.advance_ms(60_000)  # AWAITED_MESSAGE_TTL, for the agent (Redis keeps the keys)
     report = h.conv.awaited_turn(h.enqueue)
-    assert report.expired + report.vanished + report.swept == 1
+    assert (report.expired, report.vanished, report.swept) == (1, 0, 0)
     assert h.state("s2") == "FAILED"
     assert h.redis.zcard("bridge:queue:pendingMessages") == 0
 
@@ -460,7 +469,7 @@ def test_awaited_agent_expires_messages_past_their_ttl(
 def test_worker_dying_mid_send_is_recovered_by_the_agent(
     db: Engine, redis_client: redis.Redis
 ) -> None:
-    h = make(db, redis_client, max_pending_ttl=150, max_pending_ttl_margin=0)
+    h = make(db, redis_client, max_pending_ttl_margin=0)
     h.request("c1", "r1")
     h.response("c1", "r1", "s1", last=True)
     cid, token = h.started.pop()
@@ -470,8 +479,12 @@ def test_worker_dying_mid_send_is_recovered_by_the_agent(
 
     with pytest.raises(KeyboardInterrupt):
         h.conv.drain(cid, token, dies)
+    h.clock.advance_ms(29_999)
     assert h.conv.awaited_turn(h.enqueue).woken == []  # still within MAX_PENDING_TTL
-    time.sleep(0.2)
+    h.clock.advance_ms(1)
+    # The dead drain's lease (MAX_PENDING_TTL in Redis) has run out with it.
+    assert 0 < h.redis.pttl("bridge:queue:c1:lease") <= 30_000
+    h.redis.delete("bridge:queue:c1:lease")
     assert h.conv.awaited_turn(h.enqueue).woken == ["c1"]
     rec = Recorder()
     h.run(rec)
@@ -485,14 +498,14 @@ def _score(h: Harness, sid: str) -> float:
     member = f'{{"rqId":"r1","rsId":"{sid}","cnId":"c1"}}'
     score = h.redis.zscore("bridge:queue:pendingMessages", member)
     assert score is not None
-    return score - time.time() * 1000
+    return score - h.clock.ms()
 
 
 def test_blocked_limit_is_max_retries_times_interval(db: Engine, redis_client: redis.Redis) -> None:
     h = make(db, redis_client, max_retries=7, interval=100)
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
-    assert 600 < _score(h, "s1") <= 700  # 7 validations * 100 ms, then AWAITED
+    assert _score(h, "s1") == 700  # 7 validations * 100 ms, then AWAITED
 
 
 def test_in_flight_limit_is_max_pending_ttl_plus_margin(
@@ -505,7 +518,7 @@ def test_in_flight_limit_is_max_pending_ttl_plus_margin(
     fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
     h.run(Recorder(answers={"s1": [fail]}))
     # After a failed send the response waits its retry (20 ms), then MAX_PENDING_TTL + margin.
-    assert 5400 < _score(h, "s1") <= 5520
+    assert _score(h, "s1") == 20 + 4000 + 1500
     assert int(h.redis.pttl("bridge:queue:c1:lease")) == -2  # released while waiting
 
 
@@ -518,13 +531,13 @@ def test_awaited_agent_backoff_uses_the_retries_factor(
     h.request("c1", "r1")
     h.request("c1", "r2")
     h.response("c1", "r2", "s2")
-    time.sleep(0.01)
+    h.clock.advance_ms(1)  # blocked for MAX_RETRIES * INTERVAL
     h.conv.awaited_turn(h.enqueue)
     member = '{"rqId":"r2","rsId":"s2","cnId":"c1"}'
     score = h.redis.zscore("bridge:queue:pendingMessages", member)
     assert score is not None
     # currentRetry (1) * MAX_PENDING_TTL (1000) * AWAITED_RETRIES_FACTOR (3)
-    assert 2900 < score - time.time() * 1000 <= 3000
+    assert score - h.clock.ms() == 3000
 
 
 def test_awaited_agent_takes_at_most_by_turn(db: Engine, redis_client: redis.Redis) -> None:
@@ -534,7 +547,7 @@ def test_awaited_agent_takes_at_most_by_turn(db: Engine, redis_client: redis.Red
         h.request(f"c{c}", f"r{c}b")
         h.response(f"c{c}", f"r{c}b", f"s{c}")  # blocked behind r{c}a
     h.run(Recorder())  # each drain finds its head request unanswered and lets go
-    time.sleep(0.01)
+    h.clock.advance_ms(1)  # blocked for MAX_RETRIES * INTERVAL
     assert len(h.conv.awaited_turn(h.enqueue).woken) == 3
     assert len(h.conv.awaited_turn(h.enqueue).woken) == 2
 
@@ -580,22 +593,24 @@ def test_a_repeat_puts_back_what_redis_never_got(h: Harness) -> None:
 def test_cancel_leaves_a_tombstone_even_for_an_expired_request(
     db: Engine, redis_client: redis.Redis
 ) -> None:
-    h = make(db, redis_client, message_ttl=200)
+    h = make(db, redis_client)
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2")
-    time.sleep(0.25)  # the request hash has expired, its responses have not
-    assert not h.redis.exists("bridge:queue:req:r1")
+    # The request hash expires (MESSAGE_TTL after its latest response), its responses do not.
+    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
+    assert h.redis.pttl("bridge:queue:res:s2") > 10_000
+    h.redis.delete("bridge:queue:req:r1")
     h.run(Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]}))
     # A response of the group being accepted right now finds the tombstone, not a callback.
     assert h.redis.hget("bridge:queue:req:r1", "status") == b"CANCEL"
-    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 200
+    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
 
 
 def test_a_short_wait_never_shortens_the_schedule_of_a_long_one(
     db: Engine, redis_client: redis.Redis
 ) -> None:
-    h = make(db, redis_client, message_ttl=200, sent_message_ttl=5000)
+    h = make(db, redis_client, sent_message_ttl=5000)
     for c in ("a", "b"):
         h.request(c, f"r{c}")
         h.response(c, f"r{c}", f"s{c}", last=True)
@@ -607,7 +622,8 @@ def test_a_short_wait_never_shortens_the_schedule_of_a_long_one(
             }
         )
     )
-    assert h.redis.pttl("bridge:queue:scheduled") > 5000
+    # The set lives MESSAGE_TTL (10 s) past its latest wake-up: 15 s, not 10.02 s.
+    assert 10_020 < h.redis.pttl("bridge:queue:scheduled") <= 15_000
 
 
 def test_an_ack_id_in_use_is_not_taken_over(h: Harness) -> None:
@@ -634,16 +650,17 @@ def test_a_sender_that_raises_counts_as_a_recoverable_failure(h: Harness) -> Non
 
 
 def test_agent_expires_a_response_still_in_redis(db: Engine, redis_client: redis.Redis) -> None:
-    h = make(db, redis_client, awaited_message_ttl=150)
+    h = make(db, redis_client)
     h.request("c1", "r1")
     h.request("c1", "r2")
     h.response("c1", "r2", "s2", last=True)  # blocked behind r1
     h.response("c1", "r1", "s1")
     h.run(Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "a1")]}))
-    # Keep the keys past their TTL, to reach the agent's own expiry path.
+    # Past AWAITED_MESSAGE_TTL for the agent while Redis still has the keys: the agent's own
+    # expiry path, not Redis's.
+    h.clock.advance_ms(60_000)
     for key in ("bridge:queue:res:s1", "bridge:queue:res:s2", "bridge:queue:pendingMessages"):
-        h.redis.persist(key)
-    time.sleep(0.2)
+        assert 0 < h.redis.pttl(key) <= 60_000
     report = h.conv.awaited_turn(h.enqueue)
     assert report.expired == 2
     assert h.state("s1") == "OK"  # the client had it (202); only the ACK never came

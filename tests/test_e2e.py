@@ -5,62 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import time
 
-import httpx
 import pytest
 from sqlalchemy import Engine, text
 
 from models import MessageState, NodeState
-from tests.helpers import count_messages, message, row, set_config, wait_until
-from tooling.processes import Managed, ProcessGroup, wait_for_log
+from tests.helpers import count_messages, message, row, set_config
+from tests.stack import Stack, pool_children
+from tooling.processes import wait_for_log
 from worker import nodes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Stack:
-    def __init__(self, procs: ProcessGroup, db: Engine) -> None:
-        self.procs = procs
-        self.db = db
-        self.port = free_port()
-        self.api = procs.start_api(
-            self.port,
-            extra_env={
-                "ORDERLY_NODE_CODE": "api-node",
-                "ORDERLY_HANDLER_MODULES": "tooling.handlers,tests.handlers_extra",
-            },
-        )
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
-
-    def worker(self, name: str = "w1", concurrency: int = 2, node: str = "worker-node") -> Managed:
-        w = self.procs.start_worker(name, concurrency=concurrency, node_code=node)
-        wait_for_log(w, "ready.", timeout=60)
-        return w
-
-    def beat(self) -> Managed:
-        return self.procs.start_beat(extra_env={"ORDERLY_NODE_CODE": "beat-node"})
-
-    def submit(self, n: int, **overrides: object) -> int:
-        answer = self.http.post("/messages", json=message(n, **overrides))
-        assert answer.status_code == 201, answer.text
-        return int(answer.json()["msg_id"])
-
-    def state(self, msg_id: int) -> str:
-        return str(self.http.get(f"/messages/{msg_id}").json()["state"])
-
-    def wait_state(self, msg_id: int, state: str, timeout: float = 30) -> None:
-        wait_until(lambda: self.state(msg_id) == state, timeout, f"message {msg_id} {state}")
-
-
 @pytest.fixture
-def stack(procs: ProcessGroup, db: Engine) -> Stack:
+def stack(stack: Stack, db: Engine) -> Stack:
     # Fast pool and repair cycles for the test; read by beat when it starts.
     set_config(
         db,
@@ -68,7 +26,8 @@ def stack(procs: ProcessGroup, db: Engine) -> Stack:
         asynch__partlyFailedRepeatTimeSec="1",
         asynch__repairRepeatTimeSec="3",
     )
-    return Stack(procs, db)
+    stack.start_api(handler_modules="tooling.handlers,tests.handlers_extra")
+    return stack
 
 
 def script(**spec: object) -> str:
@@ -78,7 +37,7 @@ def script(**spec: object) -> str:
 def test_partly_failed_comes_back_through_the_pool_and_ends_ok(stack: Stack) -> None:
     stack.worker()
     stack.beat()
-    msg_id = stack.submit(1, payload=script(fail_times=2, code="E_FLAKY"))
+    msg_id = stack.submit(message(1, payload=script(fail_times=2, code="E_FLAKY")))
     stack.wait_state(msg_id, "OK")
     stored = row(stack.db, msg_id)
     assert stored.failed_count == 2
@@ -90,7 +49,7 @@ def test_a_message_that_keeps_failing_ends_failed_at_the_limit(stack: Stack) -> 
     set_config(stack.db, asynch__countPartlyFailsBeforeFailed="2")
     stack.worker()
     stack.beat()
-    msg_id = stack.submit(1, payload=script(fail_times=99))
+    msg_id = stack.submit(message(1, payload=script(fail_times=99)))
     stack.wait_state(msg_id, "FAILED")
     time.sleep(2)  # the pool must not take a FAILED message up again
     stored = row(stack.db, msg_id)
@@ -99,17 +58,12 @@ def test_a_message_that_keeps_failing_ends_failed_at_the_limit(stack: Stack) -> 
     assert stored.custom_data == "0;1;2;"
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 def test_a_worker_child_killed_mid_processing_does_not_lose_the_message(stack: Stack) -> None:
     worker = stack.worker(concurrency=1)
     stack.beat()
-    msg_id = stack.submit(1, payload=script(sleep=3))
+    msg_id = stack.submit(message(1, payload=script(sleep=3)))
     stack.wait_state(msg_id, "PROCESSING")
-    (child,) = _children(worker.proc.pid)
+    (child,) = pool_children(worker)
     os.kill(child, signal.SIGKILL)
     stack.wait_state(msg_id, "OK", timeout=60)
     assert worker.alive()
@@ -119,7 +73,7 @@ def test_a_worker_child_killed_mid_processing_does_not_lose_the_message(stack: S
 def test_a_whole_worker_killed_is_replaced_and_repair_releases_its_message(stack: Stack) -> None:
     first = stack.worker("w1", concurrency=1)
     stack.beat()
-    msg_id = stack.submit(1, payload=script(sleep=3))
+    msg_id = stack.submit(message(1, payload=script(sleep=3)))
     stack.wait_state(msg_id, "PROCESSING")
     stack.procs.stop(first, sig=signal.SIGKILL)
     stack.worker("w2", concurrency=1, node="worker-node-2")
@@ -141,7 +95,7 @@ def test_duplicate_intake_is_processed_once(stack: Stack) -> None:
 
 
 def test_drained_node_refuses_intake_while_workers_finish_existing_work(stack: Stack) -> None:
-    ids = [stack.submit(n, payload=script(sleep=0.05)) for n in range(20)]
+    ids = [stack.submit(message(n, payload=script(sleep=0.05))) for n in range(20)]
     nodes.set_state(stack.db, "api-node", NodeState.HANDLES_EXISTING_MESSAGES)
     refused = stack.http.post("/messages", json=message(99))
     assert refused.status_code == 503
@@ -155,8 +109,8 @@ def test_drained_node_refuses_intake_while_workers_finish_existing_work(stack: S
 def test_stopped_worker_node_processes_nothing_until_it_runs_again(stack: Stack) -> None:
     worker = stack.worker(node="worker-node")
     nodes.set_state(stack.db, "worker-node", NodeState.STOPPED)
-    time.sleep(1)  # a few heartbeats: the worker stops consuming
-    ids = [stack.submit(n) for n in range(5)]
+    wait_for_log(worker, "no longer consuming", timeout=20)
+    ids = [stack.submit(message(n)) for n in range(5)]
     time.sleep(2)
     assert {stack.state(i) for i in ids} == {"NEW"}
     assert worker.alive()
@@ -169,19 +123,19 @@ def test_a_handler_missing_in_the_worker_fails_the_message_and_the_worker_goes_o
     stack: Stack,
 ) -> None:
     worker = stack.worker()  # ORDERLY_HANDLER_MODULES=tooling.handlers only
-    missing = stack.submit(1, service="extra", operation="onlyInApi")
+    missing = stack.submit(message(1, service="extra", operation="onlyInApi"))
     stack.wait_state(missing, "FAILED")
     stored = row(stack.db, missing)
     assert stored.failed_error_code == "E_NO_HANDLER"
     assert "extra.onlyInApi" in (stored.failed_desc or "")
-    fine = stack.submit(2)
+    fine = stack.submit(message(2))
     stack.wait_state(fine, "OK")
     assert worker.alive()
 
 
 def test_the_processing_record_names_node_and_times(stack: Stack) -> None:
     stack.worker(node="worker-node")
-    msg_id = stack.submit(1)
+    msg_id = stack.submit(message(1))
     stack.wait_state(msg_id, "OK")
     with stack.db.connect() as conn:
         got = conn.execute(

@@ -23,8 +23,8 @@ from sqlalchemy import Engine
 
 from tests.browser import chromium
 from tests.helpers import message, states, wait_until
-from tests.test_e2e import free_port
-from tooling.processes import BIN, ROOT, ProcessGroup, wait_for_log, wait_http
+from tests.stack import Stack
+from tooling.processes import BIN, ROOT, ProcessGroup, free_port, wait_http
 
 ARTIFACTS = ROOT / "artifacts"
 USER = "orderly"
@@ -97,11 +97,10 @@ def test_flower_refuses_to_start_without_a_password() -> None:
 
 
 def test_flower_shows_orderly_workers_and_tasks_behind_basic_auth(
-    procs: ProcessGroup, db: Engine, browser: webdriver.Chrome
+    stack: Stack, db: Engine, browser: webdriver.Chrome
 ) -> None:
-    worker = procs.start_worker("flower-w1", concurrency=1, node_code="flower-node")
-    wait_for_log(worker, "ready.", timeout=60)
-    flower = Flower(procs)
+    stack.worker("flower-w1", concurrency=1, node="flower-node")
+    flower = Flower(stack.procs)
 
     # Flower's event receiver is live once it has counted the worker's heartbeat: only then
     # are the tasks' events sure to reach it.

@@ -5,55 +5,20 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import Engine, text
 
 from tests.helpers import BASE_TS, message, set_config, wait_until
 from tests.push_recorder import Recorder
-from tests.test_e2e import free_port
-from tooling.processes import ProcessGroup, wait_for_log
-
-
-class Cluster:
-    def __init__(self, procs: ProcessGroup, db: Engine) -> None:
-        self.procs = procs
-        self.db = db
-        port = free_port()
-        procs.start_api(port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-
-    def start(self, beat: bool = True) -> None:
-        """Two worker processes (one child each) and beat."""
-        workers = [
-            self.procs.start_worker(f"w{i}", concurrency=1, node_code=f"node-{i}") for i in (1, 2)
-        ]
-        for w in workers:
-            wait_for_log(w, "ready.", timeout=60)
-        if beat:
-            self.procs.start_beat(extra_env={"ORDERLY_NODE_CODE": "beat-node"})
-
-    def submit(self, body: dict[str, Any]) -> int:
-        answer = self.http.post("/messages", json=body)
-        assert answer.status_code == 201, answer.text
-        return int(answer.json()["msg_id"])
-
-    def get(self, msg_id: int) -> dict[str, Any]:
-        found: dict[str, Any] = self.http.get(f"/messages/{msg_id}").json()
-        return found
-
-    def wait_state(self, msg_id: int, state: str, timeout: float = 30) -> dict[str, Any]:
-        wait_until(lambda: self.get(msg_id)["state"] == state, timeout, f"{msg_id} {state}")
-        return self.get(msg_id)
+from tests.stack import Stack
 
 
 @pytest.fixture
-def cluster(procs: ProcessGroup, db: Engine) -> Iterator[Cluster]:
+def cluster(stack: Stack, db: Engine) -> Stack:
     set_config(
         db,
         asynch__partlyFailedIntervalSec="0",
@@ -61,9 +26,15 @@ def cluster(procs: ProcessGroup, db: Engine) -> Iterator[Cluster]:
         asynch__postponedIntervalSec="1",
         asynch__repairRepeatTimeSec="5",
     )
-    c = Cluster(procs, db)
-    yield c
-    c.http.close()
+    stack.start_api()
+    return stack
+
+
+def start(stack: Stack, beat: bool = True) -> None:
+    """Two worker processes (one child each) and beat."""
+    stack.workers({"w1": "node-1", "w2": "node-2"}, concurrency=1)
+    if beat:
+        stack.beat()
 
 
 def ts(n: float) -> str:
@@ -78,11 +49,11 @@ def order_log(redis_client: redis.Redis) -> list[str]:
 
 
 def test_a_funnel_postpones_a_concurrent_message_with_the_same_value(
-    cluster: Cluster, redis_client: redis.Redis
+    cluster: Stack, redis_client: redis.Redis
 ) -> None:
     # The pool would take b up only after a minute: b can only start at once by its release.
     set_config(cluster.db, asynch__postponedIntervalSec="60")
-    cluster.start()
+    start(cluster)
     slow = json.dumps({"sleep": 1.5})
     a = cluster.submit(message(1, operation="ordered", funnel_value="cust-7", payload=slow))
     wait_until(lambda: cluster.get(a)["state"] == "PROCESSING", 30, "a running")
@@ -101,7 +72,7 @@ def test_a_funnel_postpones_a_concurrent_message_with_the_same_value(
 
 
 def test_guaranteed_order_processes_200_shuffled_messages_in_timestamp_order(
-    cluster: Cluster, redis_client: redis.Redis
+    cluster: Stack, redis_client: redis.Redis
 ) -> None:
     rng = random.Random(5)
 
@@ -124,7 +95,7 @@ def test_guaranteed_order_processes_200_shuffled_messages_in_timestamp_order(
     # All 200 are stored, shuffled, before any worker runs.
     for body in bodies("g", 200, 0.01, shuffle=True):
         cluster.submit(body)
-    cluster.start(beat=False)
+    start(cluster, beat=False)
     wait_until(lambda: len(order_log(redis_client)) > 0, 30, "the funnel started")
     # Other funnels arrive while g is being processed (in order: one that arrives after a
     # newer one of its funnel already ran cannot go before it).
@@ -145,7 +116,7 @@ def test_guaranteed_order_processes_200_shuffled_messages_in_timestamp_order(
         assert conn.execute(text("SELECT count(*) FROM message WHERE state <> 'OK'")).scalar() == 0
 
 
-def test_exclude_failed_state_both_ways(cluster: Cluster, db: Engine) -> None:
+def test_exclude_failed_state_both_ways(cluster: Stack, db: Engine) -> None:
     set_config(
         db, asynch__countPartlyFailsBeforeFailed="0", asynch__postponedIntervalWhenFailedSec="2"
     )
@@ -179,7 +150,7 @@ def test_exclude_failed_state_both_ways(cluster: Cluster, db: Engine) -> None:
             )
         ),
     ]
-    cluster.start()
+    start(cluster)
     cluster.wait_state(held[0], "FAILED")
     cluster.wait_state(free[0], "FAILED")
     cluster.wait_state(free[1], "OK")  # a FAILED message does not hold it
@@ -189,9 +160,9 @@ def test_exclude_failed_state_both_ways(cluster: Cluster, db: Engine) -> None:
 
 
 def test_external_calls_skip_older_and_duplicates_and_wait_for_a_busy_key(
-    cluster: Cluster, redis_client: redis.Redis
+    cluster: Stack, redis_client: redis.Redis
 ) -> None:
-    cluster.start()
+    start(cluster)
 
     def call(n: float, sleep: float = 0.0, cid: str | None = None) -> int:
         payload = json.dumps({"key": "cust-1", "sleep": sleep})
@@ -220,7 +191,7 @@ def test_external_calls_skip_older_and_duplicates_and_wait_for_a_busy_key(
     assert calls == ["call-1", "call-2"]
 
 
-def test_parent_and_children_hard_and_soft_two_levels(cluster: Cluster, db: Engine) -> None:
+def test_parent_and_children_hard_and_soft_two_levels(cluster: Stack, db: Engine) -> None:
     set_config(db, asynch__countPartlyFailsBeforeFailed="0")
     ok = {"operation": "script", "payload": {}}
     bad = {"operation": "script", "payload": {"fail_times": 9, "code": "E_DEEP"}}
@@ -231,7 +202,7 @@ def test_parent_and_children_hard_and_soft_two_levels(cluster: Cluster, db: Engi
     tree_bad = {"children": [{"operation": "split", "payload": {"children": [ok, bad]}}, ok]}
     good = cluster.submit(message(1, operation="split", payload=json.dumps(tree_ok)))
     failing = cluster.submit(message(2, operation="split", payload=json.dumps(tree_bad)))
-    cluster.start()
+    start(cluster)
     done = cluster.wait_state(good, "OK")
     assert len(done["children"]) == 2 and all(c["state"] == "OK" for c in done["children"])
     failed = cluster.wait_state(failing, "FAILED")
@@ -246,9 +217,9 @@ def test_parent_and_children_hard_and_soft_two_levels(cluster: Cluster, db: Engi
 
 
 def test_a_response_resumes_a_waiting_message_and_a_missing_one_times_out(
-    cluster: Cluster,
+    cluster: Stack,
 ) -> None:
-    cluster.start()
+    start(cluster)
     waits = cluster.submit(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "ext-1"}))
     )
@@ -271,7 +242,7 @@ def test_a_response_resumes_a_waiting_message_and_a_missing_one_times_out(
 
 
 def test_confirmations_are_retried_up_to_failed_end(
-    cluster: Cluster, db: Engine, recorder: Recorder
+    cluster: Stack, db: Engine, recorder: Recorder
 ) -> None:
     set_config(db, asynch__confirmation__failedLimit="3", asynch__confirmation__intervalSec="1")
     put = cluster.http.put("/source-systems/crm", json={"confirmation_url": "mailto:x"})
@@ -282,7 +253,7 @@ def test_confirmations_are_retried_up_to_failed_end(
     assert put.status_code == 200, put.text
     recorder.fail["/confirm"] = 100
     msg_id = cluster.submit(message(1))
-    cluster.start()  # beat's ticker sends the due confirmations
+    start(cluster)  # beat's ticker sends the due confirmations
     cluster.wait_state(msg_id, "OK")
 
     def confirmation() -> tuple[str, int]:
@@ -303,8 +274,8 @@ def test_confirmations_are_retried_up_to_failed_end(
     assert len(exchanges) == 3 and all(e["failed"] for e in exchanges)
 
 
-def test_cancel_and_redrive_through_the_api_with_audit_notes(cluster: Cluster) -> None:
-    cluster.start()
+def test_cancel_and_redrive_through_the_api_with_audit_notes(cluster: Stack) -> None:
+    start(cluster)
     msg_id = cluster.submit(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "ext-9"}))
     )

@@ -4,26 +4,26 @@ scrape of a real API process while real workers deliver."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
 
-import httpx
 import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy import Engine, text
 
 from api.metrics import FiguresCollector, make_registry
 from models import MessageState, NodeState
 from models.keys import BridgeKeys, TrackKeys
 from models.pubsub import DeliveryState
-from tests.helpers import message, wait_until
-from tooling.processes import ProcessGroup, wait_for_log
+from tests.helpers import OrderlyCli, message, wait_until
+from tests.stack import Stack
+from tooling.processes import wait_for_log
 from tooling.sink import Sink
 from worker import nodes, pubsub
 from worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
@@ -44,9 +44,7 @@ from worker.observe import (
 from worker.tracking import Services, Tracker, TrackingPolicy, snapshot
 
 from .push_recorder import Recorder as PushRecorder
-from .test_cli import ORDERLY, orderly
 from .test_conversations import Harness, Recorder, make
-from .test_e2e import free_port
 
 QUEUES = (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -163,7 +161,10 @@ def test_store_figures_count_every_state_and_the_delayed_and_dead_deliveries(
 
 
 def _down() -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    # Refused at once: redis-py's own retries (seconds of backoff) are not what is tested.
+    return redis.Redis(
+        host="127.0.0.1", port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
 
 
 # --- conversations ------------------------------------------------------------------------
@@ -368,7 +369,7 @@ def _row(output: str, name: str) -> list[str]:
 
 
 def test_status_shows_the_figures_and_names_an_unreachable_source(
-    db: Engine, redis_client: redis.Redis, intake: Intake
+    cli: OrderlyCli, db: Engine, redis_client: redis.Redis, intake: Intake
 ) -> None:
     ids = _submit(intake, 5)
     _set_state(db, ids[:2], "OK")
@@ -376,7 +377,7 @@ def test_status_shows_the_figures_and_names_an_unreachable_source(
     redis_client.rpush(PROCESS_QUEUE, "a", "b", "c", "d")
     Services(redis_client, TrackKeys()).register({"node_code": "status-node"}, expire_ms=60_000)
 
-    done = orderly("status")
+    done = cli("status")
     assert done.returncode == 0, done.stderr
     assert _row(done.stdout, "OK") == ["2"]
     assert _row(done.stdout, "FAILED") == ["1"]
@@ -387,18 +388,11 @@ def test_status_shows_the_figures_and_names_an_unreachable_source(
     assert _row(done.stdout, PROCESS_QUEUE) == ["4"]
     assert _row(done.stdout, "status-node") == ["1"]
 
-    env = dict(os.environ, ORDERLY_REDIS_URL="redis://127.0.0.1:1/0")
-    down = _orderly_env(env, "status")
+    down = cli("status", env={"ORDERLY_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert down.returncode == 2
     assert "redis could not be read" in down.stderr and "Connection refused" in down.stderr
     assert "Traceback" not in down.stderr + down.stdout
     assert _row(down.stdout, "OK") == ["2"]  # PostgreSQL is still shown
-
-
-def _orderly_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ORDERLY, *args], capture_output=True, text=True, env={**env, "COLUMNS": "200"}, timeout=60
-    )
 
 
 # --- a real API process, real workers -----------------------------------------------------
@@ -422,14 +416,12 @@ def _str(value: bytes | str) -> str:
 
 
 def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis, recorder: PushRecorder
+    stack: Stack, db: Engine, redis_client: redis.Redis, recorder: PushRecorder
 ) -> None:
-    procs.env.update(TIMINGS)
-    port = free_port()
-    procs.start_api(port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
-    worker = procs.start_worker("w1", concurrency=1, node_code="worker-node")
-    wait_for_log(worker, "ready.", timeout=60)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    stack.env(**TIMINGS)
+    stack.start_api()
+    worker = stack.worker("w1", concurrency=1)
+    http = stack.http
 
     with Sink() as sink:
         sink.configure(

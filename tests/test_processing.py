@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from models import MessageState, NodeState
 from tests.conftest import TEST_DB_URL
-from tests.helpers import message, processor, row, set_config
+from tests.helpers import message, processor, row, set_config, wait_until
 from worker import nodes, pool
 from worker.configuration import ConfigReader
 from worker.handlers import HandlerRegistry, MessageContext
@@ -217,9 +217,20 @@ def test_repair_releases_stuck_messages_and_fails_them_at_the_limit(
 def test_repair_releases_an_orphan_at_once(db: Engine, intake: Intake) -> None:
     msg_id = intake.submit(message(1)).msg_id
     _orphan(db, msg_id)
-    import time
 
-    time.sleep(pool.ORPHAN_GRACE_S + 0.2)
+    def orphaned() -> bool:  # by PostgreSQL's clock, after the grace for a backend to exit
+        with db.connect() as conn:
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT last_process_timestamp <= now() - make_interval(secs => :g)"
+                        " AND orderly_orphaned(processing_pid) FROM message WHERE msg_id = :i"
+                    ),
+                    {"g": pool.ORPHAN_GRACE_S, "i": msg_id},
+                ).scalar_one()
+            )
+
+    wait_until(orphaned, timeout=10, what="the orphan's grace")
     report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
     assert report.messages == 1
     stored = row(db, msg_id)

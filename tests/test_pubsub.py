@@ -9,19 +9,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from tests.helpers import wait_until
-from tooling.processes import ProcessGroup, wait_for_log
+from tests.helpers import OrderlyCli, wait_until
+from tests.push_recorder import Recorder
+from tests.stack import Stack
 from worker.celery import DELIVER_QUEUE
 from worker.pubsub import topic_matches
-
-from .push_recorder import Recorder
-from .test_e2e import free_port
 
 
 @pytest.mark.parametrize(
@@ -180,17 +177,13 @@ def test_schema_failures_name_the_path(
 
 
 def test_push_backoff_overrides_expiry_delay_and_dead_letters(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis, recorder: Recorder
+    stack: Stack, db: Engine, redis_client: redis.Redis, recorder: Recorder
 ) -> None:
-    procs.env["AURA_QUEUE_MANAGER_INTERVAL"] = "20"  # the scheduler's turn
-    port = free_port()
-    procs.start_api(port, extra_env={"ORDERLY_NODE_CODE": "api-node"})
-    workers = [procs.start_worker(f"w{i}", concurrency=1, node_code=f"w{i}") for i in (1, 2)]
-    for w in workers:
-        wait_for_log(w, "ready.", timeout=60)
-    beat = procs.start_beat(extra_env={"ORDERLY_NODE_CODE": "beat-node"})
-    wait_for_log(beat, "ticker every", timeout=60)  # due work goes to the broker from here
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    stack.env(AURA_QUEUE_MANAGER_INTERVAL="20")  # the scheduler's turn
+    stack.start_api()
+    stack.workers({"w1": "w1", "w2": "w2"}, concurrency=1)
+    stack.beat()  # due work goes to the broker from here
+    http = stack.http
     assert http.post("/rooms", json=ROOM).status_code == 201
     assert (
         http.post(
@@ -339,16 +332,14 @@ def next_delays(db: Engine, subscription: str) -> list[int]:
         return [int(r[0]) for r in rows]
 
 
-def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> None:
+def test_python_publish_and_the_cli(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
     from worker import pubsub
 
-    from .test_cli import orderly
-
-    done = orderly("room", "create", "cli-room", "--delivery-delay-ms", "100", "--attempts", "0")
+    done = cli("room", "create", "cli-room", "--delivery-delay-ms", "100", "--attempts", "0")
     assert done.returncode == 0, done.stderr
-    refused = orderly("room", "create", "bad", "--multiplier", "0.5")
+    refused = cli("room", "create", "bad", "--multiplier", "0.5")
     assert refused.returncode == 2 and "delivery_delay_multiplier" in refused.stderr
-    done = orderly(
+    done = cli(
         "subscription",
         "create",
         "cli-room",
@@ -359,7 +350,7 @@ def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> No
         "order.#",
     )
     assert done.returncode == 0, done.stderr
-    done = orderly("publish", "cli-room", '{"id": 1}', "--routing-key", "order.created")
+    done = cli("publish", "cli-room", '{"id": 1}', "--routing-key", "order.created")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["deliveries"]) == 1
     sent: list[list[int]] = []
@@ -371,11 +362,11 @@ def test_python_publish_and_the_cli(db: Engine, redis_client: redis.Redis) -> No
         db, "cli-room", {"id": 3}, "order.paid", enqueue=sent.append, delay_ms=60_000
     )
     assert len(delayed.deliveries) == 1 and len(sent) == 1  # due later: the scheduler's
-    listed = orderly("room", "list")
+    listed = cli("room", "list")
     assert "cli-room" in listed.stdout
-    changed = orderly("subscription", "set", "1", "--attempts", "2")
+    changed = cli("subscription", "set", "1", "--attempts", "2")
     assert changed.returncode == 0 and json.loads(changed.stdout)["delivery_attempts"] == 2
-    refused = orderly("subscription", "set", "1", "--pattern", "a..b")
+    refused = cli("subscription", "set", "1", "--pattern", "a..b")
     assert refused.returncode == 2 and "routing_key_pattern" in refused.stderr
 
 

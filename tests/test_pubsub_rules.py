@@ -1,4 +1,8 @@
-"""Tokens, pull subscriptions and ordered subscriptions, driven in process on the real store."""
+"""Tokens, pull subscriptions and ordered subscriptions, driven in process on the real store.
+
+Retry waits and visibility timeouts fall due by PostgreSQL's clock (the claims compare with
+its now()): a test waits until PostgreSQL says so, not for a fixed time.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from tests.helpers import ManualClock, wait_until
 from worker import pubsub, tokens
 from worker.core.errors import NotFound, Unauthorized
 from worker.pubsub import Attempt, Claimed
@@ -65,6 +70,33 @@ def state(engine: Engine, delivery_id: int) -> tuple[str, int]:
         return str(row.state), int(row.attempt)
 
 
+def retry_due(engine: Engine, delivery_id: int) -> bool:
+    """The delivery's wait is over by PostgreSQL's clock."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text("SELECT next_attempt_at <= now() FROM delivery WHERE delivery_id = :d"),
+                {"d": delivery_id},
+            ).scalar_one()
+        )
+
+
+def visibility_over(engine: Engine, delivery_id: int) -> bool:
+    """The pulled delivery's visibility timeout has run out by PostgreSQL's clock."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT d.claimed_at < now() - make_interval("
+                    "secs => s.visibility_timeout_ms / 1000.0)"
+                    " FROM delivery d JOIN subscription s USING (subscription_id)"
+                    " WHERE d.delivery_id = :d"
+                ),
+                {"d": delivery_id},
+            ).scalar_one()
+        )
+
+
 def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
     sub = pubsub.create_subscription(
         room, "r", {"name": "puller", "kind": "PULL", "visibility_timeout_ms": 200}
@@ -73,7 +105,7 @@ def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
     taken = pubsub.pull(room, sub, 10)
     assert [m["delivery_id"] for m in taken] == ids and taken[0]["payload"] == {"n": 1}
     assert pubsub.pull(room, sub, 10) == []  # invisible while pulled
-    time.sleep(0.25)
+    wait_until(lambda: visibility_over(room, ids[0]), timeout=10, what="visibility timeout")
     pubsub.upkeep(room)  # the upkeep job returns it
     again = pubsub.pull(room, sub, 10)
     assert [m["delivery_id"] for m in again] == ids and again[0]["attempt"] == 1
@@ -97,7 +129,7 @@ def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Eng
     ids = publish(room, {})
     for _ in range(2):
         assert pubsub.pull(room, sub, 1)
-        time.sleep(0.15)
+        wait_until(lambda: visibility_over(room, ids[0]), timeout=10, what="visibility timeout")
         pubsub.upkeep(room)
     assert state(room, ids[0]) == ("DEAD", 2)
 
@@ -125,7 +157,7 @@ def test_ordered_subscription_holds_the_key_behind_a_retry(room: Engine) -> None
     assert pubsub.deliver(room, a1, push) == "PENDING"  # a retry waits at the head of "a"
     assert pubsub.deliver(room, a2, push) == "NOT_CLAIMABLE"  # held behind it
     assert pubsub.deliver(room, b1, push) == "DELIVERED"  # another key goes on
-    time.sleep(0.12)  # the retry's wait: 50 ms x 2^1
+    wait_until(lambda: retry_due(room, a1), timeout=10, what="the retry's wait: 50 ms x 2^1")
     assert pubsub.deliver(room, a1, push) == "DELIVERED"
     with room.connect() as conn:  # the successor was made due at once
         due = conn.execute(
@@ -168,15 +200,16 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
             ),
             {"t": other, "d": cases["forged"][0]},
         )
+    # Published a second ago with a token good for 1 ms: expired when it is delivered.
     expired, _ = pubsub.publish(
         room,
         "r",
         {"routing_key": "k", "payload": {}, "user": "alice"},
         secret=SECRET,
         token_ttl_ms=1,
+        clock=ManualClock(time.time() - 1),
     )
     cases["expired"] = expired.deliveries
-    time.sleep(0.01)
     results = {
         name: pubsub.deliver(room, ids[0], lambda c: Attempt(True), SECRET)
         for name, ids in cases.items()
@@ -229,7 +262,7 @@ def test_a_duplicate_task_does_not_send_before_the_wait(room: Engine) -> None:
     assert pubsub.deliver(room, d, push) == "PENDING"  # waits 50 ms x 2^1
     assert pubsub.deliver(room, d, push) == "NOT_CLAIMABLE"  # a second copy of the task
     assert state(room, d) == ("PENDING", 1) and seen == ["a1"]
-    time.sleep(0.12)
+    wait_until(lambda: retry_due(room, d), timeout=10, what="the retry's wait")
     assert pubsub.deliver(room, d, push) == "DELIVERED"
 
 

@@ -30,9 +30,8 @@ from reports.job import (
 )
 from reports.source import Jdbc, ReportError, read, spark_session
 from tests.conftest import PG_ADMIN_URL, _unavailable
-from tests.test_e2e import free_port
 from tooling.generate import generate
-from tooling.processes import BIN
+from tooling.processes import BIN, free_port
 from worker.settings import Settings
 from worker.store import schema
 
@@ -264,6 +263,7 @@ def test_the_watermark_and_the_report_tables_move_together(
         write_to_postgres(conn, data)
 
 
+@pytest.mark.unit
 def test_jdbc_settings_follow_the_database_url() -> None:
     jdbc = Jdbc.from_settings(
         Settings(
@@ -278,6 +278,7 @@ def test_jdbc_settings_follow_the_database_url() -> None:
         Jdbc.from_settings(Settings(database_url="postgresql://u@/orderly?host=/run/postgresql"))
 
 
+@pytest.mark.integration  # refused before Spark starts
 def test_a_negative_lag_is_refused(store: tuple[str, Engine]) -> None:
     with pytest.raises(ReportError, match="lag must not be negative"):
         run_report(
@@ -288,12 +289,14 @@ def test_a_negative_lag_is_refused(store: tuple[str, Engine]) -> None:
 # --- errors a person can fix ------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_missing_jar_is_named_before_spark_starts(store: tuple[str, Engine]) -> None:
     jdbc = Jdbc.from_settings(settings_for(store[0], report_jdbc_jar="/nowhere/postgresql.jar"))
     with pytest.raises(ReportError, match=r"/nowhere/postgresql.jar does not exist.*libpostgresql"):
         spark_session(jdbc, "local[1]", "512m")
 
 
+@pytest.mark.unit
 def test_a_bad_jdbc_url_is_refused_by_the_settings() -> None:
     with pytest.raises(ValueError, match="ORDERLY_REPORT_JDBC_URL must be a jdbc:postgresql"):
         Settings(report_jdbc_url="jdbc:mysql://127.0.0.1/orderly")

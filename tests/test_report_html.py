@@ -250,8 +250,14 @@ def well_formed(html: str) -> Page:
 # --- tests ----------------------------------------------------------------------------------
 
 
-def test_every_aggregate_has_a_section_a_chart_and_its_values() -> None:
-    html = render_html(full_report())
+@pytest.fixture(scope="module")
+def full_html() -> str:
+    """The page of ``full_report()``, drawn once: its charts take a second or two."""
+    return render_html(full_report())
+
+
+def test_every_aggregate_has_a_section_a_chart_and_its_values(full_html: str) -> None:
+    html = full_html
     page = well_formed(html)
 
     assert page.sections == NAMES
@@ -273,9 +279,9 @@ def test_every_aggregate_has_a_section_a_chart_and_its_values() -> None:
     assert "820.2" in page.text["conversations"] and not page.cells["conversations"]
 
 
-def test_header_and_headline_cards() -> None:
+def test_header_and_headline_cards(full_html: str) -> None:
     report = full_report()
-    page = well_formed(render_html(report))
+    page = well_formed(full_html)
     header = page.text[""]
 
     total = sum(r["messages"] for r in report.get("throughput_hourly").rows)
@@ -301,8 +307,8 @@ def test_header_and_headline_cards() -> None:
         assert expected in header, expected
 
 
-def test_values_are_escaped_and_the_page_is_self_contained() -> None:
-    html = render_html(full_report())
+def test_values_are_escaped_and_the_page_is_self_contained(full_html: str) -> None:
+    html = full_html
 
     assert "<script" not in html.lower()
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html

@@ -471,6 +471,7 @@ def test_client_vanishing_mid_request_leaves_the_server_serving(
     assert [a["key"] for a in sink.arrivals()] == ["rs1"]
 
 
+@pytest.mark.e2e  # starts the sink's own command: a process
 def test_cli_serves_until_sigterm(orderly: FakeOrderly) -> None:
     behaviour = {"rules": [{"match": {}, "status": 202}], "ack_delay_ms": [0, 0]}
     behaviour["orderly_url"] = orderly.url
@@ -504,6 +505,7 @@ def test_cli_serves_until_sigterm(orderly: FakeOrderly) -> None:
             proc.wait()
 
 
+@pytest.mark.e2e  # starts the sink's own command: a process
 def test_cli_refuses_bad_behaviour() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tooling.sink", "--port", "0", "--behaviour", '{"p_async": 2}'],

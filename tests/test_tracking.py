@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy import Engine, text
 
 from models.keys import TrackKeys
@@ -180,12 +181,17 @@ def test_a_message_never_done_is_a_timeout(redis_client: redis.Redis) -> None:
 
 
 def test_expired_ids_are_counted_and_delisted(redis_client: redis.Redis) -> None:
-    t = tracker(redis_client, timeout_ms=100, expire_ms=300)
+    clock = ManualClock()
+    t = tracker(redis_client, clock, timeout_ms=10_000, expire_ms=60_000)
     gone = t.register(1)
     kept = t.register(2)
     done_late = t.register(3)
     t.done(done_late)
-    time.sleep(0.45)  # Redis expires all three hashes (messageExpire)
+    # Redis expires all three hashes (messageExpire): here at once, after checking it would.
+    for track_id in (gone, kept, done_late):
+        assert 0 < redis_client.pttl(KEYS.message(track_id)) <= 60_000
+        redis_client.delete(KEYS.message(track_id))
+    clock.advance_ms(60_000)
     kept_again = t.register(4)
     assert not redis_client.exists(KEYS.message(gone))
     turn = t.monitor_turn()
@@ -370,9 +376,12 @@ def test_policy_refuses_expire_not_longer_than_timeout() -> None:
 
 
 def test_a_failing_tracking_redis_never_stops_the_work() -> None:
-    from tests.test_e2e import free_port
+    from tooling.processes import free_port
 
-    broken = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
+    # Refused at once: redis-py's own retries (seconds of backoff) are not what is tested.
+    broken = redis.Redis(
+        host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     t = Tracker(broken, KEYS, TrackingPolicy())
     ran: list[int] = []
     with t.tracking(7, "message") as track_id:

@@ -5,16 +5,13 @@ when its service key is deleted or its node is stopped with --exit."""
 from __future__ import annotations
 
 import json
-import subprocess
 
-import httpx
 import redis
 from sqlalchemy import Engine
 
 from models.keys import TrackKeys
-from tests.helpers import message, row, set_config, wait_until
-from tests.test_e2e import free_port
-from tooling.processes import BIN, ProcessGroup, wait_for_log
+from tests.helpers import OrderlyCli, message, row, set_config, wait_until
+from tests.stack import Stack
 from worker.tracking import Services, snapshot
 
 KEYS = TrackKeys("orderly:track")
@@ -27,28 +24,19 @@ FAST_TRACKING = {
 }
 
 
-def submit(http: httpx.Client, body: dict[str, object]) -> int:
-    answer = http.post("/messages", json=body)
-    assert answer.status_code == 201, answer.text
-    return int(answer.json()["msg_id"])
-
-
 def test_a_hung_handler_is_timed_out_retried_then_failed(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis
+    stack: Stack, db: Engine, redis_client: redis.Redis
 ) -> None:
     # Repair must not be the one that takes the hung message back.
     set_config(db, asynch__repairRepeatTimeSec="600")
-    procs.env.update(FAST_TRACKING)
-    port = free_port()
-    procs.start_api(port)
-    worker = procs.start_worker("w1", concurrency=3)
-    wait_for_log(worker, "ready.", timeout=60)
-    procs.start_beat()
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        quick = [submit(http, message(n)) for n in range(1, 4)]
-        hung = submit(http, message(9, payload=json.dumps({"sleep": 2.5})))
-        wait_until(lambda: all(row(db, m).state == "OK" for m in quick), 30, "quick ones OK")
-        wait_until(lambda: row(db, hung).state == "FAILED", 40, "hung message FAILED")
+    stack.env(**FAST_TRACKING)
+    stack.start_api(node=None)
+    worker = stack.worker("w1", concurrency=3, node=None)
+    stack.beat(node=None)
+    quick = [stack.submit(message(n)) for n in range(1, 4)]
+    hung = stack.submit(message(9, payload=json.dumps({"sleep": 2.5})))
+    wait_until(lambda: all(row(db, m).state == "OK" for m in quick), 30, "quick ones OK")
+    wait_until(lambda: row(db, hung).state == "FAILED", 40, "hung message FAILED")
 
     got = row(db, hung)
     assert got.failed_error_code == "E_TIMEOUT"
@@ -74,22 +62,18 @@ def _services_of(client: redis.Redis, node_code: str) -> list[int]:
 
 
 def test_deleting_a_worker_key_stops_the_worker(
-    procs: ProcessGroup, db: Engine, redis_client: redis.Redis
+    stack: Stack, cli: OrderlyCli, db: Engine, redis_client: redis.Redis
 ) -> None:
-    w1 = procs.start_worker("w1", concurrency=1, node_code="node-a")
-    w2 = procs.start_worker("w2", concurrency=1, node_code="node-b")
-    w3 = procs.start_worker("w3", concurrency=1, node_code="node-c")
-    for w in (w1, w2, w3):
-        wait_for_log(w, "ready.", timeout=60)
+    w1, w2, w3 = stack.workers({"w1": "node-a", "w2": "node-b", "w3": "node-c"}, concurrency=1)
     wait_until(lambda: len(Services(redis_client, KEYS).live()) == 3, 10, "three service keys")
     [a] = _services_of(redis_client, "node-a")
     fields = {s.service_id: s.fields for s in Services(redis_client, KEYS).live()}
     assert fields[a]["pid"] == str(w1.proc.pid)
     assert fields[a]["node_id"].isdigit()
 
-    listing = subprocess.run(
-        [str(BIN / "orderly"), "node", "list"], capture_output=True, text=True, check=True
-    ).stdout
+    done = cli("node", "list")
+    assert done.returncode == 0, done.stderr
+    listing = done.stdout
     assert "node-a" in listing and "node-b" in listing
     assert f"{a} (" in listing  # the node's live worker is shown beside it
 
@@ -102,12 +86,9 @@ def test_deleting_a_worker_key_stops_the_worker(
     assert w2.alive() and w3.alive()
 
     # `orderly node stop CODE --exit`: STOPPED in the node table and the worker exits.
-    stopped = subprocess.run(
-        [str(BIN / "orderly"), "node", "stop", "node-b", "--exit"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    done = cli("node", "stop", "node-b", "--exit")
+    assert done.returncode == 0, done.stderr
+    stopped = done.stdout
     assert "node node-b is STOPPED" in stopped
     w2.proc.wait(timeout=30)
     assert w2.proc.returncode == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +137,13 @@ class ProcessGroup:
         for managed in reversed(self.procs):
             self.stop(managed)
         self.procs.clear()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a process about to start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, managed: Managed, timeout: float = 30.0) -> None:

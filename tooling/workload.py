@@ -4,12 +4,18 @@ Used by the end-to-end tests, the main job and the benchmark. Conversations have
 requests of 1-4 responses; requests are registered in order, and responses are submitted
 shuffled across and within conversations: each after its request, and in order within its
 request (arrival is what orders the responses of one request).
+
+A request lives MESSAGE_TTL past its registration or its latest response. One whose next
+response comes later than that has run out: that response registers it again as a callback,
+at the end of its conversation, so its responses may come after those of later requests
+(the seed's rule). ``submit`` records when each event went out and was accepted, and
+``check`` reports such requests as late instead of counting their moves as order violations.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,14 +91,51 @@ def generate(
     return Workload(turns, events)
 
 
+@dataclass
+class Submission:
+    """When each event was sent and when orderly had accepted it (``time.monotonic()``)."""
+
+    sent: dict[Event, float] = field(default_factory=dict)
+    accepted: dict[Event, float] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        if not self.sent:
+            return 0.0
+        return max(self.accepted.values()) - min(self.sent.values())
+
+    def late_requests(self, message_ttl_ms: float) -> set[str]:
+        """Requests that may have run out before their next response came.
+
+        orderly stored each event at some moment between its sending and its acceptance: a
+        gap is at most the later event's acceptance minus the earlier one's sending. A
+        request is late when that exceeds MESSAGE_TTL for its first response or between two
+        of its responses (each response renews the request's life).
+        """
+        previous: dict[str, Event] = {}
+        late: set[str] = set()
+        for event in self.sent:  # in submission order
+            before = previous.get(event.request_id)
+            if (
+                before is not None
+                and event in self.accepted
+                and (self.accepted[event] - self.sent[before]) * 1000 > message_ttl_ms
+            ):
+                late.add(event.request_id)
+            previous[event.request_id] = event
+        return late
+
+
 def submit(
     workload: Workload,
     client: httpx.Client,
     origin: str,
     on_event: Callable[[Event], None] | None = None,
-) -> None:
+) -> Submission:
     """POST every event in order; any answer other than 201/200 is an error."""
+    submission = Submission()
     for event in workload.events:
+        submission.sent[event] = time.monotonic()
         if event.kind == "request":
             answer = client.post(
                 f"/conversations/{event.conversation_id}/requests",
@@ -110,8 +153,10 @@ def submit(
             )
         if answer.status_code not in (200, 201):
             raise RuntimeError(f"{event}: {answer.status_code} {answer.text}")
+        submission.accepted[event] = time.monotonic()
         if on_event is not None:
             on_event(event)
+    return submission
 
 
 @dataclass
@@ -121,11 +166,14 @@ class Verdict:
     retried: int = 0  # arrivals that were a second or later try of a response
     cancelled_groups: int = 0
     cancelled_responses: int = 0
-    order_violations: int = 0  # adjacent POSTs (failed ones too) out of conversation order
+    order_violations: int = 0  # POSTs (failed ones too) after a later one of their conversation
     violations: list[str] = field(default_factory=list)  # "conversation: a before b"
     missing: list[str] = field(default_factory=list)  # should have been delivered, were not
     after_cancel: list[str] = field(default_factory=list)  # delivered after their group failed
     mismatches: list[str] = field(default_factory=list)  # PostgreSQL disagrees with the sink
+    # Requests answered after their MESSAGE_TTL (see Submission.late_requests): their responses
+    # may come after later requests' ones, in order among themselves, and are still due.
+    late: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -144,9 +192,22 @@ def check(
     workload: Workload,
     arrivals: Iterable[Mapping[str, Any]],
     pg_states: Mapping[str, str] | None = None,
+    *,
+    submission: Submission | None = None,
+    message_ttl_ms: float | None = None,
 ) -> Verdict:
-    """Compare what the sink received (and what PostgreSQL says) with what was due."""
+    """Compare what the sink received (and what PostgreSQL says) with what was due.
+
+    Given the ``submission`` and the MESSAGE_TTL orderly ran with, requests answered too late
+    are reported in ``late``; without them every request is held to its conversation order.
+    """
     verdict = Verdict()
+    late: set[str] = set()
+    if submission is not None:
+        if message_ttl_ms is None:
+            raise ValueError("message_ttl_ms is needed to tell late requests")
+        late = submission.late_requests(message_ttl_ms)
+    verdict.late = sorted(late)
     first_success: dict[str, int] = {}
     failed_at: dict[str, str] = {}  # request -> its response that got a fatal answer
     seen: set[str] = set()
@@ -170,17 +231,22 @@ def check(
     for cid, turns in workload.turns.items():
         expected: list[str] = []
         # Every POST the client saw, failed ones too, must come in conversation order:
-        # a position never goes back (a retry repeats its own).
+        # a position never goes back (a retry repeats its own). A late request's responses
+        # are held to their own order only: they may come after a later request's.
         position = {sid: i for i, sid in enumerate(s for _, r in turns for s in r)}
-        seen_positions = [position[s] for s in posted.get(cid, []) if s in position]
-        for before, after in itertools.pairwise(seen_positions):
-            if before > after:
+        request_of = {sid: rid for rid, r in turns for sid in r}
+        furthest: str | None = None  # the furthest response posted so far
+        furthest_of: dict[str, str] = {}  # the same, per request
+        for sid in (s for s in posted.get(cid, []) if s in position):
+            rid = request_of[sid]
+            bound = furthest_of.get(rid) if rid in late else furthest
+            if bound is not None and position[bound] > position[sid]:
                 verdict.order_violations += 1
-        verdict.violations += [
-            f"{cid}: {a} before {b}"
-            for a, b in itertools.pairwise(posted.get(cid, []))
-            if a in position and b in position and position[a] > position[b]
-        ]
+                verdict.violations.append(f"{cid}: {bound} before {sid}")
+            if furthest is None or position[sid] > position[furthest]:
+                furthest = sid
+            if rid not in furthest_of or position[sid] > position[furthest_of[rid]]:
+                furthest_of[rid] = sid
         for rid, responses in turns:
             cut = responses.index(failed_at[rid]) if rid in failed_at else len(responses)
             expected += responses[:cut]
