@@ -1,8 +1,8 @@
 """What beat runs, built when beat starts from the configuration table and the settings.
 
-One ticker (worker.core.due) hands every kind of due work to the broker when it is due:
-event deliveries (``$delay``, retry waits), confirmations, conversation wake-ups and the
-retries of timed-out messages; and runs the agents at their periods. The Celery beat
+A ticker (worker.core.due) hands every kind of due work to the broker when it is due: event
+deliveries (``$delay``, retry waits), confirmations, conversation wake-ups and the retries of
+timed-out messages; a second one runs the agents at their periods, beside it. The Celery beat
 schedule itself only holds the nightly report (a cron entry).
 """
 
@@ -69,14 +69,21 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
     return found
 
 
-def build_ticker(config: ConfigReader, settings: Settings, runtime: Runtime) -> Ticker:
+def build_tickers(
+    config: ConfigReader, settings: Settings, runtime: Runtime
+) -> tuple[Ticker, Ticker]:
+    """The due work, and the agents: two tickers, so that a long agent turn (a repair of
+    many rows) never holds back what is due."""
     sources: list[DueSource] = [
         pubsub.due_deliveries(runtime.engine, enqueue_event_deliveries),
         confirmations.due_confirmations(runtime.engine, enqueue_confirmations),
         runtime.conversations.wakes(enqueue_drain),
         runtime.tracker.retries(enqueue_processing_many),
     ]
-    return Ticker(sources, jobs(config, settings, runtime), clock=runtime.clock)
+    return (
+        Ticker(sources, clock=runtime.clock),
+        Ticker([], jobs(config, settings, runtime), clock=runtime.clock),
+    )
 
 
 def build_schedule(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -1,13 +1,15 @@
-"""Beat's scheduler: the ticker every AURA_QUEUE_MANAGER_INTERVAL, and the beat schedule."""
+"""Beat's scheduler: due work every AURA_QUEUE_MANAGER_INTERVAL in beat's loop, the agents on
+a thread of their own, and the beat schedule."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery.beat import Scheduler
 
-from beat.schedule import build_schedule, build_ticker
+from beat.schedule import build_schedule, build_tickers
 from worker.core.due import Ticker
 from worker.runtime import get_runtime
 
@@ -16,27 +18,46 @@ log = logging.getLogger("orderly.beat")
 
 class ConfiguredScheduler(Scheduler):
     """An in-memory scheduler (the agents are periodic and idempotent) that also runs the
-    ticker: due work goes to the broker within one interval of being due."""
+    tickers: due work goes to the broker within one interval of being due, whatever an agent
+    is doing meanwhile."""
 
-    ticker: Ticker | None = None
+    due: Ticker | None = None
+    agents: Ticker | None = None
 
     def setup_schedule(self) -> None:
         runtime = get_runtime()
         runtime.startup_check()
-        self.ticker = build_ticker(runtime.config, runtime.settings, runtime)
+        self.due, self.agents = build_tickers(runtime.config, runtime.settings, runtime)
         self.interval_s = runtime.settings.interval / 1000
         schedule = build_schedule(runtime.settings)
         self.merge_inplace(schedule)
+        self._stopping = threading.Event()
+        self._agents_thread = threading.Thread(
+            target=self._run_agents, name="orderly-agents", daemon=True
+        )
+        self._agents_thread.start()
         log.info(
-            "ticker every %.3f s over %s; jobs %s; beat schedule %s",
+            "ticker every %.3f s over %s; agents %s; beat schedule %s",
             self.interval_s,
-            [s.name for s in self.ticker.sources],
-            {j.name: j.every_s for j in self.ticker.jobs},
+            [s.name for s in self.due.sources],
+            {j.name: j.every_s for j in self.agents.jobs},
             {k: str(v["schedule"]) for k, v in schedule.items()},
         )
 
+    def _run_agents(self) -> None:
+        assert self.agents is not None
+        while not self._stopping.is_set():
+            self.agents.tick()
+            self._stopping.wait(self.interval_s)
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        if self.ticker is not None:
-            self.ticker.tick()
+        if self.due is not None:
+            self.due.tick()
         wait: float = super().tick(*args, **kwargs)
         return min(wait, self.interval_s)
+
+    def close(self) -> None:
+        if self.due is not None:
+            self._stopping.set()
+            self._agents_thread.join(timeout=30)
+        super().close()

@@ -173,3 +173,20 @@ def test_a_failing_source_is_logged_once_then_sparingly(caplog: pytest.LogCaptur
     down = False
     ticker.tick()
     assert caplog.records[-1].message == "due work flaky works again"
+
+
+def test_a_take_settles_and_releases_only_what_it_still_holds(redis_client: redis.Redis) -> None:
+    clock = ManualClock(1_000.0)
+    first = due_set(redis_client, clock, [])
+    second = due_set(redis_client, clock, [])
+    redis_client.zadd(SET, {"x": 1})
+    assert first.take(10) == ["x"]
+    redis_client.zadd(SET, {"x": 2})  # scheduled anew while the first take holds it
+    clock.advance(0.001)
+    assert second.take(10) == ["x"]  # now the second take's
+    first.settle(["x"])  # the first take's settle must not drop the second's lease
+    assert redis_client.zscore(LEASED, "x") is not None
+    first.release(["x"])  # nor release it
+    assert redis_client.zcard(SET) == 0
+    second.release(["x"])  # the holder's release makes it due again
+    assert redis_client.zrange(SET, 0, -1) == [b"x"] and redis_client.zcard(LEASED) == 0

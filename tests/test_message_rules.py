@@ -357,12 +357,16 @@ def test_confirmations_retry_up_to_failed_end(
     seen = []
     config = ConfigReader(db, ttl_seconds=0)
     http = OutboundHttp()
-    due: list[int] = []
+    due: list[tuple[int, str]] = []
     confirming = confirmations.due_confirmations(db, due.extend)  # the ticker's due work
     for _ in range(4):
         due.clear()
         drain_due(confirming, 100)
-        seen += [confirmations.confirm(db, call_id, config, http) for call_id in due]
+        seen += [confirmations.confirm(db, cid, claim, config, http) for cid, claim in due]
+        # A second copy of a task (or one whose claim was taken over) settles nothing.
+        assert [confirmations.confirm(db, cid, "stale", config, http) for cid, _ in due] == [
+            "NOT_DUE"
+        ] * len(due)
     assert seen == ["FAILED", "FAILED", "FAILED_END"]
     assert [a["body"]["state"] for a in recorder.arrivals] == ["OK"] * 3
     assert {a["key"] for a in recorder.arrivals} == {f"confirmation:{msg_id}"}
@@ -371,6 +375,30 @@ def test_confirmations_retry_up_to_failed_end(
             text("SELECT count(*) FROM response WHERE msg_id = :i AND failed"), {"i": msg_id}
         ).scalar()
     assert logged == 3
+
+
+def test_a_try_in_flight_does_not_settle_a_final_state_recorded_anew(
+    db: Engine, intake: Intake, recorder: Recorder
+) -> None:
+    confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
+    msg_id = intake.submit(message(1)).msg_id
+    processor(db).process(msg_id)  # OK: a confirmation is recorded
+    taken: list[tuple[int, str]] = []
+    drain_due(confirmations.due_confirmations(db, taken.extend), 100)
+    [(call_id, claim)] = taken
+    with db.begin() as conn:  # the message becomes final again while that try is in flight
+        conn.execute(
+            text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": msg_id}
+        )
+        conn.execute(text("UPDATE message SET state = 'FAILED' WHERE msg_id = :i"), {"i": msg_id})
+    config = ConfigReader(db, ttl_seconds=0)
+    assert confirmations.confirm(db, call_id, claim, config, OutboundHttp()) == "NOT_DUE"
+    assert recorder.arrivals == []  # the stale try sent nothing
+    again: list[tuple[int, str]] = []
+    drain_due(confirmations.due_confirmations(db, again.extend), 100)
+    [(_, fresh)] = again
+    assert confirmations.confirm(db, call_id, fresh, config, OutboundHttp()) == "OK"
+    assert [a["body"]["state"] for a in recorder.arrivals] == ["FAILED"]
 
 
 def test_cancel_and_redrive_need_a_note_and_the_right_state(

@@ -79,8 +79,9 @@ def enqueue_event_deliveries(delivery_ids: list[int]) -> None:
     app.send_task("orderly.deliver.events", args=(delivery_ids,))
 
 
-def enqueue_confirmations(call_ids: list[int]) -> None:
-    app.send_task("orderly.deliver.confirmations", args=(call_ids,))
+def enqueue_confirmations(calls: list[tuple[int, str]]) -> None:
+    """Confirmation tries: (call id, the claim token it was taken under)."""
+    app.send_task("orderly.deliver.confirmations", args=(calls,))
 
 
 class NodeLifecycle(bootsteps.StartStopStep):

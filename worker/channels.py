@@ -6,6 +6,7 @@ fields a row leaves out come from the ``ORDERLY_CHANNEL_*`` defaults.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -15,9 +16,11 @@ from sqlalchemy import Engine
 
 from worker.core.clock import SYSTEM, Clock
 from worker.core.errors import InvalidMessage, UnknownChannel
-from worker.core.retry import RetryPolicy, policy_problems
+from worker.core.retry import MAX_ATTEMPTS, MAX_MULTIPLIER, RetryPolicy, policy_problems
 from worker.settings import Settings
 from worker.store.queries import sql
+
+log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 5.0
 
@@ -94,6 +97,25 @@ def put_channel(engine: Engine, channel: Channel) -> None:
         conn.execute(sql("channel_put"), channel.as_dict())
 
 
+def _within_policy(channel: Channel) -> Channel:
+    """A row stored before the retry policy's bounds were checked is held to them (with a
+    warning), so that its sends are settled like any other."""
+    attempts = min(channel.attempts, MAX_ATTEMPTS)
+    multiplier = min(channel.multiplier, MAX_MULTIPLIER)
+    if (attempts, multiplier) == (channel.attempts, channel.multiplier):
+        return channel
+    log.warning(
+        "channel %s: attempts %s and multiplier %s held to the policy's bounds (%s, %s);"
+        " PUT the channel again to store them",
+        channel.origin,
+        channel.attempts,
+        channel.multiplier,
+        attempts,
+        multiplier,
+    )
+    return replace(channel, attempts=attempts, multiplier=multiplier)
+
+
 class ChannelDirectory:
     """Channels by origin, read through a short cache (a PUT shows within CACHE_SECONDS)."""
 
@@ -131,7 +153,7 @@ class ChannelDirectory:
             rows = conn.execute(sql("channel_list")).all()
         channels = {o: c for o in self._settings.channels if (c := self._from_settings(o))}
         for row in rows:
-            channels[row.origin] = Channel(*row)
+            channels[row.origin] = _within_policy(Channel(*row))
         self._cache = {o: self._capped(c) for o, c in channels.items()}
         self._loaded_at = self._clock.monotonic()
 

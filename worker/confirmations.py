@@ -3,9 +3,10 @@
 A source system with a ``confirmation_url`` (``source_system`` table) is confirmed every final
 state of its messages. The trigger on ``message.state`` records the confirmation as an
 external call (operation ``orderly.confirmation``, entity the msg_id) in the same transaction,
-due at once; every worker's scheduler moves due confirmations to the broker (SKIP LOCKED, with
-a lease), and a task POSTs ``{msg_id, correlation_id, source_system, state, failed_error_code,
-failed_desc}`` with ``Idempotency-Key: confirmation:<msg_id>``, logging the exchange in
+due at once; beat's ticker moves due confirmations to the broker (SKIP LOCKED, leased, each
+batch under a claim token the task must present), and a task POSTs ``{msg_id,
+correlation_id, source_system, state, failed_error_code, failed_desc}`` with
+``Idempotency-Key: confirmation:<msg_id>``, logging the exchange in
 ``request``/``response``. A 2xx makes it OK; a failure FAILED, tried again after
 ``asynch.confirmation.intervalSec * asynch.confirmation.multiplier ^ n`` (the retry policy);
 the ``asynch.confirmation.failedLimit``-th failure FAILED_END (no further tries).
@@ -13,6 +14,7 @@ the ``asynch.confirmation.failedLimit``-th failure FAILED_END (no further tries)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -25,12 +27,12 @@ from worker.core.due import PgDueIndex
 from worker.core.errors import ExchangeFailed, InvalidMessage
 from worker.core.http import OutboundHttp
 from worker.core.inputs import parse_input
-from worker.core.retry import RetryPolicy
+from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
 from worker.store.prepared import prepared_connection
 from worker.store.queries import sql
 
-# A dispatched confirmation is due again after this, should its task be lost.
-LEASE_S = 60
+log = logging.getLogger(__name__)
+
 DISPATCH_BATCH = 100
 
 
@@ -70,8 +72,11 @@ def list_source_systems(engine: Engine) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in rows]
 
 
-def due_confirmations(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
-    """Confirmations as due work: each due call id goes to ``hand_off`` (a task per batch)."""
+def due_confirmations(
+    engine: Engine, hand_off: Callable[[list[tuple[int, str]]], None]
+) -> PgDueIndex:
+    """Confirmations as due work: each due call goes to ``hand_off`` with the claim token it
+    was taken under (a task per batch); only that token may settle the try."""
     return PgDueIndex(
         "confirmations",
         engine,
@@ -79,27 +84,31 @@ def due_confirmations(engine: Engine, hand_off: Callable[[list[int]], None]) -> 
         "confirmation_release",
         hand_off,
         batch=DISPATCH_BATCH,
-        lease_ms=LEASE_S * 1000,
     )
 
 
 def retry_policy(config: ConfigReader) -> RetryPolicy:
     """``failedLimit`` tries in all: the n-th failure is retried after intervalSec *
-    multiplier ^ n, the last one is FAILED_END."""
+    multiplier ^ n, the last one is FAILED_END. Values beyond the policy's bounds (a table
+    filled before they were checked) are held to them."""
     return RetryPolicy(
-        config.get_int("asynch.confirmation.intervalSec") * 1000,
-        config.get_float("asynch.confirmation.multiplier"),
-        config.get_int("asynch.confirmation.failedLimit") - 1,
+        min(config.get_int("asynch.confirmation.intervalSec") * 1000, MAX_DELAY_MS),
+        min(max(config.get_float("asynch.confirmation.multiplier"), 1.0), MAX_MULTIPLIER),
+        min(config.get_int("asynch.confirmation.failedLimit") - 1, MAX_ATTEMPTS),
     )
 
 
-def confirm(engine: Engine, call_id: int, config: ConfigReader, http: OutboundHttp) -> str:
-    """One try of a confirmation; its new state (or NOT_DUE if it is not PROCESSING)."""
+def confirm(
+    engine: Engine, call_id: int, claim: str, config: ConfigReader, http: OutboundHttp
+) -> str:
+    """One try of a confirmation under the claim it was taken with; its new state, or
+    NOT_DUE when that claim no longer holds it (taken again, or settled meanwhile)."""
     with engine.connect() as conn:
-        row = conn.execute(sql("confirmation_load"), {"id": call_id}).first()
+        row = conn.execute(sql("confirmation_load"), {"id": call_id, "claim": claim}).first()
     if row is None:
         return "NOT_DUE"
-    ok = False
+    policy = retry_policy(config)
+    ok = False  # a source system whose URL was removed meanwhile: a failed try
     if row.confirmation_url is not None:
         body = {
             "msg_id": row.msg_id,
@@ -109,8 +118,8 @@ def confirm(engine: Engine, call_id: int, config: ConfigReader, http: OutboundHt
             "failed_error_code": row.failed_error_code,
             "failed_desc": row.failed_desc,
         }
-        with prepared_connection(engine) as prepared:
-            try:
+        try:
+            with prepared_connection(engine) as prepared:
                 extcall.post_logged(
                     prepared,
                     http,
@@ -121,10 +130,14 @@ def confirm(engine: Engine, call_id: int, config: ConfigReader, http: OutboundHt
                     timeout_ms=row.timeout_ms,
                     headers={"Idempotency-Key": f"confirmation:{row.msg_id}"},
                 )
-                ok = True
-            except ExchangeFailed:
-                ok = False
-    policy = retry_policy(config)
+            ok = True
+        except ExchangeFailed:
+            ok = False
+        except Exception:
+            # Whatever went wrong, this try is over and counted: it must not be made again
+            # and again under a lease that never settles.
+            log.exception("confirmation %s of message %s failed", call_id, row.msg_id)
+            ok = False
     failure = row.failed_count + 1
     if ok:
         state, wait = "OK", 0
@@ -132,7 +145,7 @@ def confirm(engine: Engine, call_id: int, config: ConfigReader, http: OutboundHt
         state, wait = "FAILED", policy.delay(failure)
     else:
         state, wait = "FAILED_END", 0
-    params = {"id": call_id, "claim": row.claim, "state": state, "wait_ms": wait}
+    params = {"id": call_id, "claim": claim, "state": state, "wait_ms": wait}
     with engine.begin() as conn:
         settled = conn.execute(sql("confirmation_settle"), params).scalar()
     return str(settled or "NOT_DUE")

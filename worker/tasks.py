@@ -56,14 +56,15 @@ def deliver_events(delivery_ids: list[int]) -> list[str]:
 
 
 @app.task(name="orderly.deliver.confirmations")
-def confirm(call_ids: list[int]) -> list[str]:
-    """Tell source systems the final states of their messages (one try each)."""
+def confirm(calls: list[tuple[int, str]]) -> list[str]:
+    """Tell source systems the final states of their messages: one try each, under the claim
+    token each was taken with."""
     runtime = get_runtime()
     states = []
-    for call_id in call_ids:
+    for call_id, claim in calls:
         xid = {"meta": {"id": f"confirmation:{call_id}"}}
         with runtime.tracker.tracking(xid, "confirmation"):
             states.append(
-                confirmations.confirm(runtime.engine, call_id, runtime.config, runtime.http)
+                confirmations.confirm(runtime.engine, call_id, claim, runtime.config, runtime.http)
             )
     return states

@@ -24,7 +24,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "d2566adb9fa4c325222c7d47f31d5d369ac4cbf0ad4917b02d8ebcf8ba48b349"
+FUNCTIONS_SHA256 = "5faaedc97c9bd842fac9b8549332493b3615290d7b4d877cfa124e539518e925"
 
 
 def upgrade() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import Engine
@@ -55,10 +55,12 @@ class DueSource(Protocol):
 @dataclass
 class PgDueIndex:
     """Rows due by a time column. ``take_query`` leases up to ``:limit`` due rows
-    (``FOR UPDATE SKIP LOCKED``, the lease as ``:lease_s``, a fencing token as ``:token`` for
-    a query that records one) and returns their ids;
-    ``release_query`` makes ``:ids`` due at once. The commit of the take comes before the
-    hand-off; the claim that follows checks the row is still due (the lease is no claim)."""
+    (``FOR UPDATE SKIP LOCKED``, the lease as ``:lease_s``, the take's fencing token as
+    ``:token`` for a query that records one) and returns their ids, or ids with more columns
+    (then the items are tuples, the id first); ``release_query`` makes ``:ids`` due at once
+    (a query that recorded the token releases only under ``:token``). The commit of the take
+    comes before the hand-off; the claim that follows checks the row is still due (the lease
+    is no claim)."""
 
     name: str
     engine: Engine
@@ -67,26 +69,30 @@ class PgDueIndex:
     hand_off: Callable[[list[Any]], None]
     batch: int = 50
     lease_ms: int = DEFAULT_LEASE_MS
+    _token: str = field(default="", repr=False)
 
     def take(self, limit: int) -> list[Any]:
+        self._token = new_token()
         with self.engine.begin() as conn:
-            params = {"limit": limit, "lease_s": self.lease_ms / 1000, "token": new_token()}
-            rows = conn.execute(sql(self.take_query), params)
-            return [r[0] for r in rows]
+            params = {"limit": limit, "lease_s": self.lease_ms / 1000, "token": self._token}
+            rows = conn.execute(sql(self.take_query), params).all()
+        return [r[0] if len(r) == 1 else tuple(r) for r in rows]
 
     def settle(self, items: list[Any]) -> None:
         """Nothing to do: the row's claim or its lease's end decides what happens next."""
 
     def release(self, items: list[Any]) -> None:
+        ids = [i[0] if isinstance(i, tuple) else i for i in items]
         with self.engine.begin() as conn:
-            conn.execute(sql(self.release_query), {"ids": list(items)})
+            conn.execute(sql(self.release_query), {"ids": ids, "token": self._token})
 
 
 @dataclass
 class RedisDueSet:
     """Members of a sorted set scored by their due time (ms). Taking moves them to a leased
     set scored by when the lease ends (``leased_key``); settling removes them from it;
-    releasing, or a lease that ended unsettled, makes them due again."""
+    releasing, or a lease that ended unsettled, makes them due again. Settling and releasing
+    touch only what this take still holds: the lease end is the take's fencing token."""
 
     name: str
     scripts: Scripts
@@ -96,21 +102,26 @@ class RedisDueSet:
     batch: int = 100
     lease_ms: int = DEFAULT_LEASE_MS
     clock: Clock = SYSTEM
+    _until: int = field(default=0, repr=False)
 
     def take(self, limit: int) -> list[Any]:
-        taken = self.scripts.run(
-            "due_take", [self.key, self.leased_key], [now_ms(self.clock), limit, self.lease_ms]
-        )
+        now = now_ms(self.clock)
+        # The lease end is this take's fencing token: unique, as a take that ends at the same
+        # millisecond as an earlier one of this set moves it on by one.
+        self._until = max(now + self.lease_ms, self._until + 1)
+        taken = self.scripts.run("due_take", [self.key, self.leased_key], [now, limit, self._until])
         return [as_text(m) for m in taken]
 
     def settle(self, items: list[Any]) -> None:
         if items:
-            self.scripts.run("due_settle", [self.key, self.leased_key], list(items))
+            self.scripts.run("due_settle", [self.key, self.leased_key], [self._until, *items])
 
     def release(self, items: list[Any]) -> None:
         if items:
             self.scripts.run(
-                "due_release", [self.key, self.leased_key], [now_ms(self.clock), *items]
+                "due_release",
+                [self.key, self.leased_key],
+                [now_ms(self.clock), self._until, *items],
             )
 
 

@@ -1,30 +1,131 @@
 """The one outbound HTTP client: conversation deliveries, pushes, external calls, confirmations.
 
 httpx's HTTP transport with keep-alive connections (one pool per process, made again after a
-fork), a connect timeout, a total deadline per request (the answer is read against it), at
-most ``max_response_bytes`` of an answer, and the proxy and CA bundle of the settings (the
-environment's proxy variables are not read: set ``ORDERLY_HTTP_PROXY``). Requests go to the
-transport directly: orderly needs no cookies, redirects or auth flows, and the client layer
-above the transport costs more CPU per request than the rest of a delivery. A connection
-that fails to open is tried once more; nothing else is retried here: the callers' retry
-policies decide.
+fork), a connect timeout, and a total deadline per request: every connect, write and read is
+given only what is left of the request's time, so an answer that trickles in, or a server
+that answers slowly in several steps, cannot stretch it. At most ``max_response_bytes`` of an
+answer is read; the proxy and CA bundle come from the settings (the environment's proxy
+variables are not read: set ``ORDERLY_HTTP_PROXY``). Requests go to the transport directly:
+orderly needs no cookies, redirects or auth flows, and the client layer above the transport
+costs more CPU per request than the rest of a delivery. Nothing is retried here: the
+callers' retry policies decide.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
 import ssl
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import httpcore
 import httpx
 
 # httpx logs every request at INFO; orderly's callers log what matters (failures, retries).
 logging.getLogger("httpx").setLevel(logging.WARNING)
+
+USER_AGENT = "orderly"
+
+# The monotonic time by which the request being made must be done (None: no deadline).
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "orderly_http_deadline", default=None
+)
+
+
+def _left(timeout: float | None, late: type[Exception]) -> float | None:
+    """The time an I/O step may take: its own timeout, but never past the deadline."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise late("the request's total deadline has passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's sockets, each step held to the current request's deadline."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(
+            self._inner.connect_tcp(host, port, left, local_address, socket_options)
+        )
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        left = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, left, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport on the deadline-keeping backend."""
+
+    def __init__(self, verify: ssl.SSLContext | bool, limits: httpx.Limits, proxy: str | None):
+        super().__init__(verify=verify, limits=limits, proxy=proxy)
+        pool_options: dict[str, Any] = {
+            "ssl_context": httpx.create_ssl_context(verify=verify),
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+            "network_backend": _DeadlineBackend(),
+        }
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(**pool_options)
+        else:
+            url = httpx.URL(proxy)
+            self._pool = httpcore.HTTPProxy(
+                proxy_url=httpcore.URL(
+                    scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+                ),
+                **pool_options,
+            )
 
 
 @dataclass(frozen=True)
@@ -43,7 +144,6 @@ class Reply:
     status: int | None
     content: bytes = b""
     error: str = ""
-    truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -64,10 +164,10 @@ class OutboundHttp:
     def __init__(self, options: HttpOptions | None = None) -> None:
         self.options = options or HttpOptions()
         self._lock = threading.Lock()
-        self._transport: httpx.HTTPTransport | None = None
+        self._transport: _Transport | None = None
         self._pid = 0
 
-    def _connections(self) -> httpx.HTTPTransport:
+    def _connections(self) -> _Transport:
         # A pool made before a fork must not be used by the child (shared sockets).
         if self._transport is None or self._pid != os.getpid():
             with self._lock:
@@ -76,7 +176,7 @@ class OutboundHttp:
                     self._pid = os.getpid()
         return self._transport
 
-    def _make(self) -> httpx.HTTPTransport:
+    def _make(self) -> _Transport:
         o = self.options
         verify: ssl.SSLContext | bool = True
         if o.ca_bundle:
@@ -84,8 +184,7 @@ class OutboundHttp:
         limits = httpx.Limits(
             max_connections=o.max_connections, max_keepalive_connections=o.max_connections
         )
-        proxy = httpx.Proxy(o.proxy) if o.proxy else None
-        return httpx.HTTPTransport(verify=verify, limits=limits, retries=1, proxy=proxy)
+        return _Transport(verify, limits, o.proxy)
 
     def post_json(
         self,
@@ -108,43 +207,41 @@ class OutboundHttp:
         headers: dict[str, str] | None = None,
     ) -> Reply:
         """POST ``content`` (JSON); the answer within ``timeout_ms`` in all, or why not."""
-        deadline = time.monotonic() + timeout_ms / 1000
         total = timeout_ms / 1000
         connect = min(self.options.connect_timeout_s, total)
+        token = _deadline.set(time.monotonic() + total)
         try:
             request = httpx.Request(
                 "POST",
                 url,
                 content=content,
-                headers={"Content-Type": "application/json", **(headers or {})},
+                headers={
+                    "Content-Type": "application/json",
+                    "User-Agent": USER_AGENT,
+                    **(headers or {}),
+                },
                 extensions={
                     "timeout": {"connect": connect, "read": total, "write": total, "pool": total}
                 },
             )
             answer = self._connections().handle_request(request)
+            try:
+                chunks, size = [], 0
+                for chunk in answer.iter_raw():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size >= self.options.max_response_bytes:
+                        break  # enough: an answer this long is read no further
+                return Reply(
+                    answer.status_code, b"".join(chunks)[: self.options.max_response_bytes]
+                )
+            finally:
+                answer.close()
         except httpx.TimeoutException:
             return Reply(None, b"", f"timeout after {timeout_ms} ms")
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            return Reply(
-                None, b"", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            )
-        try:
-            chunks, size, truncated = [], 0, False
-            for chunk in answer.iter_raw():
-                if time.monotonic() > deadline:
-                    return Reply(None, b"", f"timeout after {timeout_ms} ms (total)")
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > self.options.max_response_bytes:
-                    truncated = True
-                    break
-            read = b"".join(chunks)[: self.options.max_response_bytes]
-            return Reply(answer.status_code, read, truncated=truncated)
-        except httpx.TimeoutException:
-            return Reply(None, b"", f"timeout after {timeout_ms} ms")
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # no answer, whatever the reason: the caller's policy decides
             return Reply(
                 None, b"", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             )
         finally:
-            answer.close()
+            _deadline.reset(token)

@@ -169,12 +169,12 @@ def deliver_batch(
     ]
     if plain:
         ids = [d.claimed.delivery_id for d in plain]
-        started = min(d.started for d in plain)
+        starts = [d.started for d in plain]  # each try's own start
         with engine.begin() as conn:
             held = {
                 int(r[0])
                 for r in conn.execute(
-                    sql("deliveries_delivered"), {"ids": ids, "claim": claim, "started": started}
+                    sql("deliveries_delivered"), {"ids": ids, "claim": claim, "starts": starts}
                 )
             }
         for delivery_id in ids:

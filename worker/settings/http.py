@@ -38,8 +38,8 @@ class HttpSettings(Section):
     @field_validator("http_proxy")
     @classmethod
     def _proxy_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://", "socks5://")):
-            raise ValueError("ORDERLY_HTTP_PROXY must be an http://, https:// or socks5:// URL")
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("ORDERLY_HTTP_PROXY must be an http:// or https:// URL")
         return value or None
 
     @field_validator("http_ca_bundle")

@@ -65,24 +65,27 @@ UPDATE external_call
         ORDER BY next_attempt_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-RETURNING call_id;
+RETURNING call_id, claim;
 
 -- name: confirmation_release
+-- Taken under :token but not handed to the broker: due again at once.
 UPDATE external_call SET next_attempt_at = now()
- WHERE call_id = ANY(:ids) AND state = 'PROCESSING';
+ WHERE call_id = ANY(:ids) AND state = 'PROCESSING' AND claim = :token;
 
 -- name: confirmation_load
-SELECT c.msg_id, c.failed_count, c.claim, m.correlation_id,
+-- The try a task was handed, only while its claim still holds it.
+SELECT c.msg_id, c.failed_count, m.correlation_id,
        m.source_system, m.state, m.failed_error_code, m.failed_desc,
        s.confirmation_url, s.timeout_ms
   FROM external_call c
   JOIN message m ON m.msg_id = c.msg_id
   LEFT JOIN source_system s ON s.name = m.source_system
- WHERE c.call_id = :id AND c.state = 'PROCESSING' AND c.claim IS NOT NULL;
+ WHERE c.call_id = :id AND c.state = 'PROCESSING' AND c.claim = :claim;
 
 -- name: confirmation_settle
 -- The try this claim made: OK, FAILED (tried again after :wait_ms) or FAILED_END. A final
--- state confirmed anew meanwhile (a new claim) is not settled by it.
+-- state recorded anew meanwhile (the trigger clears the claim) or a try taken again (a new
+-- claim) is not settled by it.
 UPDATE external_call
    SET state = :state,
        failed_count = failed_count + CASE WHEN :state = 'OK' THEN 0 ELSE 1 END,

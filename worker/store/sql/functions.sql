@@ -1,7 +1,8 @@
 -- The store's functions and triggers: the rules that must hold under concurrency, next to the
--- rows they guard. This file is the canonical text: migrations apply it (CREATE OR REPLACE),
--- and a test checks that what `alembic upgrade head` installs equals it. Change it only
--- together with a new migration that applies it (worker.store.schema.apply_functions).
+-- rows they guard. This file is the canonical text: migrations apply it (every definition is
+-- CREATE OR REPLACE), and a test checks that what `alembic upgrade head` installs equals it.
+-- Change it only together with a new migration that applies it and records its hash
+-- (worker.store.schema.apply_functions).
 --
 -- The funnel predicate, the release of a funnel's next message, the parent's outcome when a
 -- HARD child settles, and the confirmation recorded when a message becomes final. A trigger on
@@ -163,7 +164,7 @@ BEGIN
          WHERE s.name = NEW.source_system AND s.confirmation_url IS NOT NULL
         ON CONFLICT (operation_name, entity_id) DO UPDATE
            SET state = 'PROCESSING', failed_count = 0, next_attempt_at = now(),
-               last_update_timestamp = now();
+               last_update_timestamp = now(), claim = NULL;
     END IF;
     RETURN NULL;
 END

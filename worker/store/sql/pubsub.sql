@@ -238,12 +238,14 @@ WITH held AS (
     UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), claimed_at = NULL,
            claim = NULL, last_error = NULL
      WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
-    RETURNING delivery_id, event_id, subscription_id, attempt)
+    RETURNING delivery_id, event_id, subscription_id, attempt),
+started AS (
+    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:starts AS timestamptz[])) AS s(id, at))
 INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
                                 attempt, published_at, delivered_at, outcome)
 SELECT e.correlation_id, held.delivery_id, held.event_id, held.subscription_id,
-       held.attempt, :started, now(), 'DELIVERED'
-  FROM held JOIN event e USING (event_id)
+       held.attempt, started.at, now(), 'DELIVERED'
+  FROM held JOIN event e USING (event_id) JOIN started ON started.id = held.delivery_id
 RETURNING delivery_id;
 
 -- name: delivery_settle
