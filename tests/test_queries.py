@@ -15,9 +15,9 @@ from worker.store import queries
 from worker.store.prepared import prepared_connection
 
 ROOT = Path(__file__).resolve().parent.parent
-# sql("name"), conn.run("name", ...), conn.rows("name"), before=("name", ...), take/release
+# sql("name"), conn.run("name", ...), before=("name", ...), take/release
 # query names of due sources, and the names of prepared statements sent by the processor.
-_USE = re.compile(r"""(?:sql|run|rows)\(\s*"([a-z_]+)"|\(\s*"([a-z_]+)",\s*\(""")
+_USE = re.compile(r"""(?:sql|run)\(\s*"([a-z_]+)"|\(\s*"([a-z_]+)",\s*\(""")
 _DUE = re.compile(r'"([a-z_]+_(?:take|take_due|release))"')
 
 
@@ -68,3 +68,28 @@ def test_every_prepared_statement_prepares_on_the_migrated_database(db: Engine) 
             conn._statement(query.name)  # PREPARE: the text and its types are valid
     with pytest.raises(ValueError, match="is a prepared statement"):
         queries.sql("orderly_claim")
+
+
+def test_the_codes_python_names_are_the_ones_the_queries_write() -> None:
+    """Error codes, sources and operations are literals in the SQL and constants in Python
+    (for the tooling and the tests): the two must agree."""
+    from models import CONFIRMATION_OPERATION
+    from worker import conversations, pool, timeouts
+    from worker.store.queries import functions_sql
+
+    expected = {
+        pool.REPAIR_CODE: ["repair_messages"],
+        pool.POSTPONED_CODE: ["fail_postponed"],
+        pool.TIMEOUT_CODE: ["expire_waits"],
+        timeouts.TIMEOUT_CODE: ["timeout_take_back"],
+        conversations.SERVICE: ["conv_insert_request", "conv_expire_responses"],
+        conversations.REQUEST_SOURCE: ["conv_insert_request", "conv_insert_response"],
+        conversations.RESPONSE_SOURCE: ["conv_insert_response", "conv_failed_by_response"],
+        conversations.ERROR_CANCELLED: ["conv_insert_response"],
+        conversations.ERROR_EXPIRED: ["conv_expire_responses"],
+        CONFIRMATION_OPERATION: ["confirmation_take", "repair_calls"],
+    }
+    for literal, names in expected.items():
+        for name in names:
+            assert f"'{literal}'" in queries.query(name).sql, (literal, name)
+    assert f"'{CONFIRMATION_OPERATION}'" in functions_sql()

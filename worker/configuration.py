@@ -102,17 +102,17 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "3",
             ConfigDataType.INT,
             "Failed confirmations to a source system after which the confirmation is"
-            " FAILED_END (no further tries).",
-            validation=_POSITIVE_INT,
+            " FAILED_END (no further tries); 1 to 101.",
+            validation=r"[1-9][0-9]?|10[01]",
         ),
         ConfigItem(
             "asynch.confirmation.intervalSec",
             "asynch",
             "60",
             ConfigDataType.INT,
-            "Seconds before the first retry of a failed confirmation (the retry policy's"
-            " deliveryDelay).",
-            validation=_NON_NEGATIVE_INT,
+            "The retry policy's deliveryDelay for failed confirmations, in seconds: retry n"
+            " waits intervalSec * multiplier ^ n (0 to 9,999,999).",
+            validation=r"[0-9]{1,7}",
         ),
         ConfigItem(
             "asynch.confirmation.multiplier",

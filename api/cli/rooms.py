@@ -134,8 +134,7 @@ def publish(
         secret=runtime.settings.token_secret,
         token_ttl_ms=runtime.settings.token_ttl_ms,
     )
-    if due:
-        enqueue_event_deliveries(due)
+    pubsub.hand_off(due, enqueue_event_deliveries)
     console.print_json(
         json.dumps(
             {

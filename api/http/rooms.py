@@ -99,10 +99,9 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
         )
     )
     try:
-        for i in range(0, len(due), pubsub.BATCH):
-            enqueue_event_deliveries(due[i : i + pubsub.BATCH])
+        pubsub.hand_off(due, enqueue_event_deliveries)
     except Exception:
-        # Stored: the scheduler sends them once their lease runs out.
+        # Stored: the ticker sends them once their lease runs out.
         log.exception("event %s stored but not enqueued", result.event_id)
     return JSONResponse(
         status_code=201,

@@ -124,9 +124,6 @@ class Conversations:
     def partial_metrics(self) -> dict[str, int]:
         return agent.partial_metrics(self.ctx)
 
-    def wake(self, conversation_id: str, enqueue: Enqueue) -> bool:
-        return agent.wake(self.ctx, conversation_id, enqueue)
-
     def wakes(self, enqueue: Enqueue) -> RedisDueSet:
         """Conversations whose wait has run out, as due work for the ticker."""
         return agent.wakes(self.ctx, enqueue)

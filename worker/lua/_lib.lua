@@ -1,4 +1,4 @@
--- Shared functions, prepended to every script by worker/scripts.py.
+-- Shared functions, prepended to every script by worker/core/scripts.py.
 -- Times are milliseconds since the epoch, given by the caller (ARGV), never read here.
 
 local function num(v, default)

@@ -231,6 +231,12 @@ def publish(
     return result, [d for d, _, due in deliveries if due]
 
 
+def hand_off(due: list[int], enqueue: Callable[[list[int]], None]) -> None:
+    """The deliveries due now, to the broker after the commit: one task per ``BATCH``."""
+    for i in range(0, len(due), BATCH):
+        enqueue(due[i : i + BATCH])
+
+
 def publish_message(
     engine: Engine,
     room_name: str,
@@ -246,8 +252,7 @@ def publish_message(
     """The broker seed's ``publish($message, $routingKey)`` with ``$delay``, for Python code."""
     data = {"payload": message, "routing_key": routing_key, "$delay": delay_ms, **fields}
     result, due = publish(engine, room_name, data, secret=secret, clock=clock)
-    for i in range(0, len(due), BATCH):
-        enqueue(due[i : i + BATCH])
+    hand_off(due, enqueue)
     return result
 
 

@@ -55,11 +55,6 @@ class PreparedConnection:
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
-    def rows(self, name: str, *args: Any) -> list[tuple[Any, ...]]:
-        """Execute a prepared statement; every row it returns."""
-        self._send(name, args, "", ())
-        return [tuple(r) for r in self._cursor.fetchall()]
-
     def _send(
         self, name: str, args: Sequence[Any], before: str, before_args: Sequence[Any]
     ) -> None:
