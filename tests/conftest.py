@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import pytest
@@ -49,6 +49,7 @@ from tests.helpers import OrderlyCli  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
+from tooling.servers import PostgresServer, RedisServer, ServerUnavailable  # noqa: E402
 from worker import configuration  # noqa: E402
 from worker.intake import Intake  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
@@ -77,7 +78,7 @@ TABLES = (
 )
 
 
-def _unavailable(what: str, exc: Exception) -> None:
+def _unavailable(what: str, exc: Exception) -> NoReturn:
     message = f"{what} is not reachable: {exc}"
     if IN_CI:
         pytest.fail(message)
@@ -123,6 +124,28 @@ def redis_client() -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may flush, kill and restart."""
+    try:
+        server = RedisServer()
+    except ServerUnavailable as exc:
+        _unavailable("redis-server", exc)
+    with server:
+        yield server
+
+
+@pytest.fixture
+def pg_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of the test's own (initdb), which it may stop and restart."""
+    try:
+        server = PostgresServer()
+    except ServerUnavailable as exc:
+        _unavailable("initdb", exc)
+    with server:
+        yield server
 
 
 @pytest.fixture

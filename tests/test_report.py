@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -32,6 +30,7 @@ from reports.source import Jdbc, ReportError, read, spark_session
 from tests.conftest import PG_ADMIN_URL, _unavailable
 from tooling.generate import generate
 from tooling.processes import BIN, free_port
+from tooling.servers import PostgresServer, ServerUnavailable
 from worker.settings import Settings
 from worker.store import schema
 
@@ -315,36 +314,12 @@ def test_an_unreachable_server_is_named(spark: Any, store: tuple[str, Engine]) -
 @pytest.fixture(scope="module")
 def password_server() -> Iterator[int]:
     """A throwaway PostgreSQL cluster that asks for a password (the machine's trusts all)."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not bins:
-        _unavailable("initdb", FileNotFoundError("/usr/lib/postgresql/*/bin/initdb"))
-    bindir = bins[-1].parent
-    home = Path(tempfile.mkdtemp(prefix="orderly-pw-"))
-    shutil.chown(home, "postgres", "postgres")
-    pwfile = home / "pw"
-    pwfile.write_text("right-password\n")
-    shutil.chown(pwfile, "postgres", "postgres")
-    port = free_port()
-    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    data = home / "data"
-    subprocess.run(
-        [*as_postgres, str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-         "--auth=scram-sha-256", f"--pwfile={pwfile}"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    subprocess.run(
-        [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(home / "log"),
-         "-o", f"-p {port} -k {home} -c listen_addresses=127.0.0.1", "start"],
-        check=True, capture_output=True,
-    )  # fmt: skip
     try:
-        yield port
-    finally:
-        subprocess.run(
-            [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True,
-        )  # fmt: skip
-        shutil.rmtree(home, ignore_errors=True)
+        server = PostgresServer(password="right-password")
+    except ServerUnavailable as exc:
+        _unavailable("initdb", exc)
+    with server:
+        yield server.port
 
 
 def test_a_wrong_password_is_named(

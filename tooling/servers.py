@@ -1,0 +1,203 @@
+"""Throwaway Redis and PostgreSQL servers that a test or a benchmark may stop, kill and restart.
+
+The machine's own servers are shared; a fault must be injected into a server of one's own.
+``RedisServer`` runs Debian's ``redis-server`` on a free port (no persistence unless asked);
+``PostgresServer`` makes an ``initdb`` cluster in a temporary directory and runs it on a free
+port (trust authentication, or a password). Both keep their port across restarts, so the
+clients that knew the old server find the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from tooling.processes import free_port
+
+
+class ServerUnavailable(RuntimeError):
+    """The server's programs are not installed here."""
+
+
+def _postgres_bindir() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        raise ServerUnavailable("initdb not found under /usr/lib/postgresql/*/bin")
+    return found[-1].parent
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} within {timeout}s" + (f": {last}" if last else ""))
+
+
+class RedisServer:
+    """A ``redis-server`` of one's own: ``with RedisServer() as r: r.url``."""
+
+    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ServerUnavailable("redis-server is not installed")
+        self._binary = binary
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.dir = Path(tempfile.mkdtemp(prefix="orderly-redis-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> RedisServer:
+        argv = [
+            self._binary,
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--daemonize", "no",
+        ]  # fmt: skip
+        log = (self.dir / "redis.log").open("ab")
+        self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def up() -> bool:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {self.dir / 'redis.log'}")
+            with self.client() as c:
+                return bool(c.ping())
+
+        _wait(up, f"redis-server did not answer on port {self.port}", 30)
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server: SIGKILL when ``kill`` (nothing flushed), else a clean shutdown."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self, *, kill: bool = True) -> None:
+        """Kill (by default) and start again on the same port."""
+        self.stop(kill=kill)
+        self.start()
+
+    def close(self) -> None:
+        self.stop(kill=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class PostgresServer:
+    """An ``initdb`` cluster of one's own on a free port: ``with PostgresServer() as pg:``.
+
+    As root, the cluster is made and run as the ``postgres`` user (PostgreSQL refuses root).
+    ``password`` makes it ask for one (scram-sha-256); without it every local user is trusted.
+    """
+
+    def __init__(self, *, password: str | None = None, port: int | None = None) -> None:
+        self._bindir = _postgres_bindir()
+        self.port = port or free_port()
+        self.password = password
+        self.home = Path(tempfile.mkdtemp(prefix="orderly-pg-"))
+        self.data = self.home / "data"
+        self._as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as_postgres:
+            shutil.chown(self.home, "postgres", "postgres")
+        self._initialised = False
+
+    def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
+        auth = "postgres" if self.password is None else f"postgres:{self.password}"
+        return f"{driver}://{auth}@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*self._as_postgres, *argv], check=check, capture_output=True)
+
+    def _initdb(self) -> None:
+        argv = [str(self._bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A"]
+        if self.password is None:
+            argv.append("trust")
+        else:
+            pwfile = self.home / "pw"
+            pwfile.write_text(self.password + "\n")
+            if self._as_postgres:
+                shutil.chown(pwfile, "postgres", "postgres")
+            argv += ["scram-sha-256", f"--pwfile={pwfile}"]
+        self._run(*argv)
+        self._initialised = True
+
+    def start(self) -> PostgresServer:
+        if not self._initialised:
+            self._initdb()
+        options = (
+            f"-p {self.port} -k {self.home} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c full_page_writes=off -c max_connections=200"
+        )
+        done = self._run(
+            str(self._bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60",
+            "-l", str(self.home / "log"), "-o", options, "start", check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            log = (self.home / "log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {log}")
+        return self
+
+    def stop(self, *, mode: str = "fast") -> None:
+        """Stop the cluster: ``immediate`` is a crash (no checkpoint), ``fast`` a clean stop."""
+        if not self._initialised:
+            return
+        self._run(str(self._bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop",
+                  check=False)  # fmt: skip
+
+    def restart(self, *, mode: str = "immediate") -> None:
+        self.stop(mode=mode)
+        self.start()
+
+    def close(self) -> None:
+        self.stop(mode="immediate")
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
