@@ -92,6 +92,12 @@ def families(figures: Figures) -> Iterable[Metric]:
             "Deliveries dead-lettered (DEAD): attempts spent or refused",
             value=store.deliveries.get(DeliveryState.DEAD, 0),
         )
+        yield CounterMetricFamily(
+            "orderly_conversation_responses_late",
+            "Conversation responses delivered after their request expired (MESSAGE_TTL): "
+            "they went after later requests' responses, marked (message.late_ms)",
+            value=store.late_responses,
+        )
 
     if (conv := figures.conversations) is not None:
         yield GaugeMetricFamily(

@@ -20,6 +20,9 @@ def print_status(figures: Figures, console: Console) -> None:
             table.add_row(dstate.value, str(count))
         table.add_row("delayed (due later)", str(store.deliveries_delayed))
         console.print(table)
+        table = Table("conversation responses", "count", title="Late responses (PostgreSQL)")
+        table.add_row("delivered late (request expired)", str(store.late_responses))
+        console.print(table)
     if (conv := figures.conversations) is not None:
         table = Table("conversations", "value", title="Conversations (Redis)")
         age = conv.oldest_blocked_head_age_s

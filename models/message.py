@@ -71,6 +71,8 @@ class Message(Base):
         Index(
             "ix_message_parent", "parent_msg_id", postgresql_where=text("parent_msg_id IS NOT NULL")
         ),
+        # Late conversation responses, counted for GET /metrics and listed by operators.
+        Index("ix_message_late", "msg_id", postgresql_where=text("late_ms IS NOT NULL")),
     )
 
     msg_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -123,3 +125,7 @@ class Message(Base):
     # Not in the seed: how often the timeout monitor took this message back from a worker that
     # did not finish it within messageTimeout (worker.timeouts).
     timeout_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: a conversation response handed to its client after its request had
+    # expired (MESSAGE_TTL): by how many ms it came after the request's timestamp +
+    # MESSAGE_TTL (>= 0). NULL when not late. Set when the delivery is recorded.
+    late_ms: Mapped[int | None] = mapped_column(BigInteger)

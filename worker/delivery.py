@@ -14,6 +14,21 @@ from worker.pubsub import Attempt, Claimed
 # Worth trying again: the client may accept the same response later.
 RECOVERABLE_STATUS = frozenset({408, 425, 429})
 
+# A late response (its request expired, MESSAGE_TTL, before it came, so it went after later
+# requests' responses) carries these: "true", and the milliseconds it came after its
+# request's timestamp + MESSAGE_TTL. A response in order carries neither.
+LATE_HEADER = "X-Orderly-Late"
+LATE_BY_HEADER = "X-Orderly-Late-By-Ms"
+
+
+def response_headers(head: Head) -> dict[str, str]:
+    """The headers of a conversation response's POST."""
+    headers = {"Idempotency-Key": head.response_id}
+    if head.late_ms is not None:
+        headers[LATE_HEADER] = "true"
+        headers[LATE_BY_HEADER] = str(head.late_ms)
+    return headers
+
 
 def classify(status: int, body: bytes) -> SendResult:
     if status == 202:
@@ -43,8 +58,9 @@ def _async_id(body: bytes) -> str | None:
 
 
 class HttpSender:
-    """POSTs ``{conversation_id, request_id, response_id, payload}`` to a channel, and events
-    to PUSH subscriptions, each with an Idempotency-Key (a resend is safe)."""
+    """POSTs ``{conversation_id, request_id, response_id, payload}`` to a channel (with
+    ``X-Orderly-Late`` when late), and events to PUSH subscriptions, each with an
+    Idempotency-Key (a resend is safe)."""
 
     def __init__(self, http: OutboundHttp) -> None:
         self.http = http
@@ -60,7 +76,7 @@ class HttpSender:
             channel.url,
             body,
             timeout_ms=channel.timeout_ms,
-            headers={"Idempotency-Key": head.response_id},
+            headers=response_headers(head),
         )
         if reply.status is None:
             return SendResult(Delivery.RECOVERABLE, reason=reply.error)

@@ -59,6 +59,9 @@ class StoreFigures:
     deliveries: Mapping[DeliveryState, int]
     deliveries_delayed: int  # PENDING and due in the future: a $delay or a retry wait
     oldest_blocked_head_age_s: float  # of the heads asked about; 0 when none
+    # Conversation responses handed to their client after their request had expired
+    # (MESSAGE_TTL): rows with ``late_ms`` set. Rows are never deleted: it only grows.
+    late_responses: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,12 @@ class Figures:
 
 
 def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigures:
-    """Messages and deliveries by state, delayed deliveries, and the age (seconds) of the
-    oldest of ``head_msg_ids`` (the blocked conversation heads), in one round trip."""
+    """Messages and deliveries by state, delayed deliveries, late conversation responses, and
+    the age (seconds) of the oldest of ``head_msg_ids`` (the blocked conversation heads), in
+    one round trip."""
     messages = dict.fromkeys(MessageState, 0)
     deliveries = dict.fromkeys(DeliveryState, 0)
-    delayed, age = 0, 0.0
+    delayed, late, age = 0, 0, 0.0
     with engine.connect() as conn:
         rows = conn.execute(sql("store_figures"), {"ids": list(head_msg_ids)}).all()
     for part, key, value in rows:
@@ -134,9 +138,11 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
             deliveries[DeliveryState(key)] = int(value)
         elif part == "delayed":
             delayed = int(value)
+        elif part == "late":
+            late = int(value)
         else:
             age = max(0.0, float(value))
-    return StoreFigures(messages, deliveries, delayed, age)
+    return StoreFigures(messages, deliveries, delayed, age, late)
 
 
 # --- conversations ----------------------------------------------------------------------------

@@ -125,6 +125,7 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                 last=h["last"] == "1",
                 attempt=int(h["attempt"]),
                 awaited_retries=int(h["awaitedRetries"]),
+                late_ms=int(h["lateMs"]) if h.get("lateMs") not in (None, "") else None,
             )
             if head.awaited_retries:
                 conn.run("conv_back_in_queue", head.msg_id)
@@ -148,17 +149,21 @@ def _apply(
     ACK id, so that an ACK arriving at once finds it.
     """
     rid = head.response_id
+    # A late response's mark goes in the same transaction as its delivery's record.
+    late = None if head.late_ms is None else ("conv_mark_late", (head.msg_id, head.late_ms))
     if result.kind is Delivery.DELIVERED:
         ids = [head.msg_id, head.request_msg_id] if head.last else [head.msg_id]
-        conn.run("conv_ok", ids, None)
+        conn.run("conv_ok", ids, None, before=late)
         report.delivered += 1
+        report.late += head.late_ms is not None
         return ("delivered", rid, ""), None
     if result.kind is Delivery.ASYNC:
         async_id = str(result.async_response_id)
         report.sent_async += 1
+        report.late += head.late_ms is not None
 
         def record_sent() -> None:  # after Redis recorded the ACK id
-            conn.run("conv_sent", head.msg_id, async_id)
+            conn.run("conv_sent", head.msg_id, async_id, before=late)
 
         return ("sent", rid, async_id), record_sent
     if result.kind is Delivery.RECOVERABLE:

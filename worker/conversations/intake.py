@@ -114,7 +114,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
         )
         if row is None:
             raise UnknownRequest(res.request_id, conversation_id)
-        msg_id, state, request_msg_id, request_state, origin, request_ts = row
+        msg_id, state, request_msg_id, request_state, origin, request_ts, request_done = row
         created = msg_id is not None
         if not created:
             found = conn.run("conv_find", res.response_id, RESPONSE_SOURCE)
@@ -133,7 +133,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
     token = new_token()
     k = ctx.keys
-    code, taken = ctx.scripts.run(
+    code, taken, late_ms = ctx.scripts.run(
         "add_response",
         [
             k.request(res.request_id),
@@ -162,6 +162,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             int(request_ts.timestamp() * 1000),
             token,
             ctx.lease_ms,
+            1 if request_done else 0,
         ],
     )
     code = as_text(code)
@@ -175,7 +176,15 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
                 "its request was cancelled",
             )
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
-    if request_state != MessageState.WAITING_FOR_RES:
+    if as_text(late_ms) != "":
+        log.warning(
+            "response %s is late: request %s expired (MESSAGE_TTL) before it; it goes after"
+            " the conversation's later requests (%s ms past the request's timestamp + TTL)",
+            res.response_id,
+            res.request_id,
+            as_text(late_ms),
+        )
+    elif request_state != MessageState.WAITING_FOR_RES:
         log.info(
             "response %s is a callback for request %s (%s)",
             res.response_id,

@@ -127,6 +127,9 @@ class Head:
     last: bool
     attempt: int
     awaited_retries: int
+    # Not None: late (its request expired, MESSAGE_TTL, before it came; it went after later
+    # requests' responses); how long after the request's timestamp + MESSAGE_TTL it came.
+    late_ms: int | None = None
 
 
 Sender = Callable[[Channel, Head], SendResult]
@@ -142,6 +145,7 @@ class DrainReport:
     awaited: int = 0
     cancelled: int = 0
     ack_timeouts: int = 0
+    late: int = 0  # of the delivered and sent ones: late (Head.late_ms)
     end: str = ""
 
 

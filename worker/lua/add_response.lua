@@ -9,24 +9,34 @@
 -- a response still waiting becomes AWAITED, MAX_RETRIES * INTERVAL)
 -- ARGV[15] requestTimestamp (ms, used when the request must be registered again)
 -- ARGV[16] drain lease token  ARGV[17] drain lease (ms)
--- Returns {code, leaseTaken}: code 'ADDED', 'DUPLICATE' or 'CANCELLED' (the request's group
--- was cancelled); leaseTaken 1 when the caller must start a drain with ARGV[16].
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'DUPLICATE', 0} end
+-- ARGV[18] 1 when PostgreSQL has the request completed (its final response settled)
+-- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE' or 'CANCELLED' (the request's
+-- group was cancelled); leaseTaken 1 when the caller must start a drain with ARGV[16];
+-- lateMs '' or, for a late response, how long after requestTimestamp + MESSAGE_TTL it came.
+-- Late: the request had expired (MESSAGE_TTL) before this response, which therefore takes
+-- the request's turn again at the end of the conversation; decided here, with that order.
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'DUPLICATE', 0, ''} end
 local now = tonumber(ARGV[11])
 local msg_ttl = tonumber(ARGV[12])
 local awaited_ttl = tonumber(ARGV[13])
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'CANCEL' then return {'CANCELLED', 0} end
+if status == 'CANCEL' then return {'CANCELLED', 0, ''} end
 if not status then
   -- An asynchronous callback for a request that completed or expired: the request takes
-  -- its turn again, at the end of the conversation.
+  -- its turn again, at the end of the conversation. One that expired is late, and so are
+  -- the responses that join it in this new turn.
   redis.call('LREM', KEYS[5], 0, KEYS[1])
   local seq = redis.call('INCR', KEYS[6])
   redis.call('HSET', KEYS[1],
     'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3],
     'requestTimestamp', ARGV[15], 'status', 'PENDING', 'responseIdCounter', 0,
-    'expiresAtTS', now + msg_ttl, 'msgId', ARGV[9], 'seq', seq, 'callback', 1)
+    'expiresAtTS', now + msg_ttl, 'msgId', ARGV[9], 'seq', seq, 'callback', 1,
+    'late', ARGV[18] == '1' and 0 or 1)
   redis.call('RPUSH', KEYS[5], KEYS[1])
+end
+local late_ms = ''
+if redis.call('HGET', KEYS[1], 'late') == '1' then
+  late_ms = math.max(0, now - tonumber(ARGV[15]) - msg_ttl)
 end
 local n = redis.call('HINCRBY', KEYS[1], 'responseIdCounter', 1)
 local req_seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
@@ -41,7 +51,7 @@ redis.call('HSET', KEYS[2],
   'requestTimestamp', ARGV[15], 'responseTimestamp', ARGV[6], 'status', 'PENDING',
   'expiresAtTS', expires, 'awaitedToDateTS', 0, 'awaitedRetries', 0, 'taskItem', ARGV[7],
   'msgId', ARGV[8], 'requestMsgId', ARGV[9], 'last', ARGV[10], 'reqSeq', req_seq,
-  'attempt', 0, 'notBefore', 0, 'member', ARGV[5])
+  'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms)
 redis.call('PEXPIRE', KEYS[2], awaited_ttl)
 -- Total order: the request's position in the conversation, then the response's arrival
 -- within its request. Both are integers; seq * 2^21 + n is exact in a double below 2^53.
@@ -50,5 +60,5 @@ redis.call('PEXPIRE', KEYS[3], awaited_ttl)
 redis.call('ZADD', KEYS[4], math.min(now + tonumber(ARGV[14]), expires), ARGV[5])
 redis.call('PEXPIRE', KEYS[4], awaited_ttl)
 local taken = redis.call('SET', KEYS[7], ARGV[16], 'NX', 'PX', tonumber(ARGV[17]))
-if taken then return {'ADDED', 1} end
-return {'ADDED', 0}
+if taken then return {'ADDED', 1, late_ms} end
+return {'ADDED', 0, late_ms}

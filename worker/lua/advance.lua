@@ -12,9 +12,10 @@
 -- ARGV[12] previous response id  ARGV[13] async response id ('sent') or delay ms ('retry')
 -- ARGV[14] MESSAGE_TTL (ms)  ARGV[15] AWAITED_TIME_WHEN_RETRIES_END (ms)
 -- ARGV[16] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)  ARGV[17] conversationId
--- Returns a JSON object: code, head (the response's fields when code is SEND), first (the
--- first response id), due (ms, for waits), settled (responses delivered by an ACK timeout:
--- [msgId, completedRequestMsgId]), prev (what settling the previous outcome produced).
+-- Returns a JSON object: code, head (the response's fields when code is SEND; its lateMs is
+-- '' or the lateness add_response.lua decided), first (the first response id), due (ms, for
+-- waits), settled (responses delivered by an ACK timeout: [msgId, completedRequestMsgId]),
+-- prev (what settling the previous outcome produced).
 -- Codes: SEND, CAN_SEND, EMPTY, WAIT_REQUEST, WAIT_RESPONSE, WAIT_ACK, WAIT_RETRY,
 -- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD.
 local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -183,12 +184,12 @@ while true do
         redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now)
         local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
           'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',
-          'awaitedRetries')
+          'awaitedRetries', 'lateMs')
         redis.call('ZADD', pending_key, math.min(now + inflight_ms, num(h[1], now)), first)
         result.head = {
           conversationId = h[2], origin = h[3], requestId = h[4], responseId = h[5],
           taskItem = h[6], msgId = h[7], requestMsgId = h[8], last = h[9],
-          attempt = num(h[10], 0), awaitedRetries = num(h[11], 0)}
+          attempt = num(h[10], 0), awaitedRetries = num(h[11], 0), lateMs = h[12] or ''}
         return finish('SEND')
       end
     end

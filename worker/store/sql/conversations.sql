@@ -19,8 +19,11 @@ SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
 
 -- name: conv_insert_response
 -- prepare: text, text, text, timestamptz, text, bigint
+-- The last column: the request was completed (its final response settled, delivered or
+-- not), as opposed to open or closed without a final response. A response whose request
+-- is gone from Redis is late unless the request completed (add_response.lua).
 WITH r AS (
-    SELECT msg_id, state, process_id, entity_type, msg_timestamp FROM message
+    SELECT msg_id, state, process_id, entity_type, msg_timestamp, custom_data FROM message
      WHERE correlation_id = $2 AND source_system = 'bridge.request'
        AND process_id = $3),
 ins AS (
@@ -38,7 +41,9 @@ ins AS (
       FROM r
     ON CONFLICT (correlation_id, source_system) DO NOTHING
     RETURNING msg_id, state)
-SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp
+SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp,
+       r.state IN ('OK', 'FAILED')
+         AND r.custom_data IS DISTINCT FROM 'closed without a final response'
   FROM r LEFT JOIN ins ON true;
 
 -- name: conv_ok
@@ -47,6 +52,12 @@ SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp
 UPDATE message SET state = 'OK', last_process_timestamp = now(),
                    custom_data = COALESCE($2, custom_data)
  WHERE msg_id = ANY($1) AND state NOT IN ('OK', 'FAILED', 'CANCEL');
+
+-- name: conv_mark_late
+-- prepare: bigint, bigint
+-- A response handed to its client after its request had expired (sent before the outcome
+-- it goes with, in the same transaction).
+UPDATE message SET late_ms = $2 WHERE msg_id = $1 AND late_ms IS NULL;
 
 -- name: conv_sent
 -- prepare: bigint, text

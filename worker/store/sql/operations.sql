@@ -101,7 +101,8 @@ RETURNING state;
 
 -- name: store_figures
 -- The figures behind GET /metrics, in one round trip: states of messages and deliveries, the
--- delayed deliveries and the age of the given messages' oldest receive_timestamp.
+-- delayed deliveries, the late conversation responses and the age of the given messages'
+-- oldest receive_timestamp.
 SELECT 'message' AS part, state AS key, count(*)::float8 AS value
   FROM message GROUP BY state
 UNION ALL
@@ -109,6 +110,8 @@ SELECT 'delivery', state, count(*)::float8 FROM delivery GROUP BY state
 UNION ALL
 SELECT 'delayed', '', count(*)::float8
   FROM delivery WHERE state = 'PENDING' AND next_attempt_at > now()
+UNION ALL
+SELECT 'late', '', count(*)::float8 FROM message WHERE late_ms IS NOT NULL
 UNION ALL
 SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
   FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]));
