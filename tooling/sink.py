@@ -248,6 +248,9 @@ class _Arrival:
     t_responded: float | None = None
     ack_status: int | None = None
     t_ack: float | None = None
+    # orderly's X-Orderly-Late and X-Orderly-Late-By-Ms headers, as received (None: absent).
+    late: str | None = None
+    late_by_ms: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -265,6 +268,8 @@ class _Arrival:
             "t_ack": self.t_ack,
             "duplicate": self.duplicate,
             "delay_ms": self.delay_ms,
+            "late": self.late,
+            "late_by_ms": self.late_by_ms,
         }
 
 
@@ -307,7 +312,13 @@ class _State:
             self._rule_left = [rule.times for rule in self.behaviour.rules]
 
     def arrive(
-        self, conversation_id: str, request_id: str, response_id: str, key: str, t: float
+        self,
+        conversation_id: str,
+        request_id: str,
+        response_id: str,
+        key: str,
+        t: float,
+        headers: dict[str, str] | None = None,
     ) -> tuple[_Arrival, _Decision]:
         with self.lock:
             attempt = self._attempts.get(key, 0) + 1
@@ -325,6 +336,8 @@ class _State:
                 status=decision.status,
                 duplicate=duplicate,
                 delay_ms=decision.delay_s * 1000,
+                late=(headers or {}).get("x-orderly-late"),
+                late_by_ms=(headers or {}).get("x-orderly-late-by-ms"),
             )
             if decision.status == 202:
                 arrival.async_response_id = uuid.uuid4().hex
@@ -695,7 +708,7 @@ class _Server:
         conversation_id, request_id, response_id = ids
         key = req.headers.get("idempotency-key") or response_id
         arrival, decision = self.state.arrive(
-            conversation_id, request_id, response_id, key, req.t_arrival
+            conversation_id, request_id, response_id, key, req.t_arrival, req.headers
         )
 
         def answer() -> tuple[int, bytes]:
