@@ -75,6 +75,8 @@ class ConversationSettings(Section):
         5_000, ge=0, validation_alias=queue_var("MAX_PENDING_TTL_MARGIN")
     )
     max_retries: int = Field(100, ge=0, validation_alias=queue_var("MAX_RETRIES"))
+    # A request's life after its last activity; a response after it is late (it goes after
+    # later requests' responses, marked: X-Orderly-Late, message.late_ms).
     message_ttl: int = Field(10_000, ge=1, validation_alias=queue_var("MESSAGE_TTL"))
     sent_message_ttl: int = Field(5_000, ge=1, validation_alias=queue_var("SENT_MESSAGE_TTL"))
     queue_database: str = Field("REDIS", validation_alias=queue_var("DATABASE"))
