@@ -93,7 +93,7 @@ def families(figures: Figures) -> Iterable[Metric]:
             value=store.deliveries.get(DeliveryState.DEAD, 0),
         )
         yield CounterMetricFamily(
-            "orderly_conversation_responses_late",
+            "orderly_late_responses",
             "Conversation responses delivered after their request expired (MESSAGE_TTL): "
             "they went after later requests' responses, marked (message.late_ms)",
             value=store.late_responses,

@@ -82,7 +82,7 @@ def late_count(figures_source: Engine) -> float:
     store = store_figures(figures_source)
     figures = Figures(store, None, None, None, None)
     samples = parse(generate_latest(make_registry(lambda: figures)).decode())
-    assert value(samples, "orderly_conversation_responses_late_total") == store.late_responses
+    assert value(samples, "orderly_late_responses_total") == store.late_responses
     return store.late_responses
 
 
@@ -289,7 +289,7 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
         assert marks == {"r1": None, "r2": None, "s2": None, "s1": late_by}
 
         samples = parse(http.get("/metrics").text)
-        assert value(samples, "orderly_conversation_responses_late_total") == 1
+        assert value(samples, "orderly_late_responses_total") == 1
         done = cli("status")
         assert done.returncode == 0, done.stderr
         assert _row(done.stdout, "delivered late (request expired)") == ["1"]
