@@ -123,3 +123,7 @@ class Message(Base):
     # Not in the seed: how often the timeout monitor took this message back from a worker that
     # did not finish it within messageTimeout (worker.timeouts).
     timeout_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: how often a worker died while it held this message's claim (SIGKILL, OOM,
+    # a crash in native code). At ORDERLY_WORKER_LOST_LIMIT the message is quarantined: FAILED
+    # with E_WORKER_LOST (worker.pool.release_orphans).
+    lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
