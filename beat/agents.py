@@ -41,6 +41,21 @@ def repair() -> pool.RepairReport:
     return report
 
 
+def release_orphans() -> pool.OrphanReport:
+    """Messages whose worker died: released at once, or quarantined at the limit."""
+    runtime = get_runtime()
+    report = pool.release_orphans(
+        runtime.engine, runtime.config, runtime.settings.worker_lost_limit, enqueue_processing
+    )
+    if report.released or report.quarantined:
+        log.warning(
+            "%d messages of dead workers released, %d quarantined (E_WORKER_LOST)",
+            report.released,
+            report.quarantined,
+        )
+    return report
+
+
 def node_watch() -> list[str]:
     """Log the nodes in RUN whose heartbeat stopped (their work is released by repair)."""
     runtime = get_runtime()

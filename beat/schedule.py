@@ -38,8 +38,10 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
     awaited_every = settings.awaited_messages_interval / 1000
     found = [
         Job("reprocess-pool", float(pool_every), agents.requeue_due),
-        # Dead workers are found at once (their connection is gone); stuck ones after
-        # repairRepeatTimeSec. Running more often than that costs one indexed query.
+        # A dead worker's claims are known at once (its connection is gone): released within a
+        # second. Stuck messages wait repairRepeatTimeSec; running repair more often than that
+        # costs one indexed query.
+        Job("orphans", 1.0, agents.release_orphans),
         Job("repair", float(min(config.get_int("asynch.repairRepeatTimeSec"), 10)), agents.repair),
         Job(
             "node-watch",

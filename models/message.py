@@ -129,3 +129,7 @@ class Message(Base):
     # expired (MESSAGE_TTL): by how many ms it came after the request's timestamp +
     # MESSAGE_TTL (>= 0). NULL when not late. Set when the delivery is recorded.
     late_ms: Mapped[int | None] = mapped_column(BigInteger)
+    # Not in the seed: how often a worker died while it held this message's claim (SIGKILL, OOM,
+    # a crash in native code). At ORDERLY_WORKER_LOST_LIMIT the message is quarantined: FAILED
+    # with E_WORKER_LOST (worker.pool.release_orphans).
+    lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

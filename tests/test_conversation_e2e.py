@@ -76,6 +76,56 @@ def open_responses(db: Engine) -> int:
         )
 
 
+def _value(client: redis.Redis, key: str, kind: str) -> object:
+    if kind == "list":
+        return client.lrange(key, 0, -1)
+    if kind == "zset":
+        return client.zrange(key, 0, -1, withscores=True)
+    if kind == "hash":
+        return client.hgetall(key)
+    return client.get(key) if kind == "string" else "?"
+
+
+def _where_open_ones_stand(db: Engine, client: redis.Redis) -> str:
+    """For a stall: each open response's row, and what Redis holds for its conversation."""
+    with db.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT correlation_id, process_id, state, failed_count, last_process_timestamp"
+                " FROM message WHERE operation_name = 'response'"
+                " AND state NOT IN ('OK', 'CANCEL', 'FAILED') ORDER BY msg_id"
+            )
+        ).all()
+    lines = [f"{len(rows)} open responses (server time {client.time()})"]
+    shown: set[str] = set()
+    for r in rows[:20]:
+        lines.append(
+            f"  {r.correlation_id} {r.state} fails={r.failed_count} at {r.last_process_timestamp}"
+        )
+        conversation = r.correlation_id.split("-")[0]
+        if conversation in shown:
+            continue
+        shown.add(conversation)
+        patterns = (f"{conversation}", f"{conversation}:*", f"req:{conversation}-*",
+                    f"res:{conversation}-*")  # fmt: skip
+        found = {_text(k) for p in patterns for k in client.keys(f"bridge:queue:{p}")}
+        for key in sorted(found):
+            kind = _text(client.type(key))
+            value = _value(client, key, kind)
+            lines.append(f"    {key} {kind} PTTL {client.pttl(key)}: {value}")
+        for key in ("bridge:queue:scheduled", "bridge:queue:scheduled:leased"):
+            score = client.zscore(key, conversation)
+            if score is not None:
+                lines.append(f"    in {key} at {score}")
+        pending = [
+            m
+            for m in client.zrange("bridge:queue:pendingMessages", 0, -1)
+            if conversation.encode() + b"-" in m
+        ]
+        lines.append(f"    pendingMessages: {pending}")
+    return "\n".join(lines)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -133,7 +183,10 @@ def test_randomized_conversations_with_failures_arrive_in_order(
     workload = generate(seed=7, conversations=200)
     assert workload.responses >= 400
     submission = submit(workload, conversations.http, "chat")
-    wait_until(lambda: open_responses(db) == 0, timeout=180, what="every response final")
+    try:
+        wait_until(lambda: open_responses(db) == 0, timeout=180, what="every response final")
+    except AssertionError as stalled:
+        raise AssertionError(f"{stalled}\n{_where_open_ones_stand(db, redis_client)}") from None
 
     verdict = check(
         workload,

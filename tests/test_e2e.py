@@ -15,6 +15,7 @@ from tests.helpers import count_messages, message, row, set_config
 from tests.stack import Stack, pool_children
 from tooling.processes import wait_for_log
 from worker import nodes
+from worker.runtime import get_runtime
 
 
 @pytest.fixture
@@ -70,7 +71,9 @@ def test_a_worker_child_killed_mid_processing_does_not_lose_the_message(stack: S
     assert row(stack.db, msg_id).processing_pid is None
 
 
-def test_a_whole_worker_killed_is_replaced_and_repair_releases_its_message(stack: Stack) -> None:
+def test_a_whole_worker_killed_is_replaced_and_its_message_released_at_once(
+    stack: Stack,
+) -> None:
     first = stack.worker("w1", concurrency=1)
     stack.beat()
     msg_id = stack.submit(message(1, payload=script(sleep=3)))
@@ -79,8 +82,23 @@ def test_a_whole_worker_killed_is_replaced_and_repair_releases_its_message(stack
     stack.worker("w2", concurrency=1, node="worker-node-2")
     stack.wait_state(msg_id, "OK", timeout=60)
     stored = row(stack.db, msg_id)
-    assert stored.failed_error_code == "E_REPAIR"  # released by repair, then the pool
-    assert stored.failed_count == 1
+    # released by beat's orphan job (not after repairRepeatTimeSec); a death, not a failure
+    assert (stored.lost_count, stored.failed_count) == (1, 0)
+    assert stored.custom_data == "0;"  # the killed try recorded nothing
+
+
+def test_a_poison_message_is_quarantined_while_the_others_finish(stack: Stack) -> None:
+    worker = stack.worker(concurrency=2)
+    stack.beat()
+    poison = stack.submit(message(0, operation="poison"))
+    others = [stack.submit(message(n, payload=script(sleep=0.05))) for n in range(1, 21)]
+    stack.wait_state(poison, "FAILED", timeout=90)
+    for msg_id in others:
+        stack.wait_state(msg_id, "OK", timeout=90)
+    stored = row(stack.db, poison)
+    assert stored.failed_error_code == "E_WORKER_LOST"
+    assert stored.lost_count == get_runtime().settings.worker_lost_limit == 3
+    assert worker.alive()  # the pool replaced its killed children and went on
 
 
 def test_duplicate_intake_is_processed_once(stack: Stack) -> None:

@@ -117,17 +117,67 @@ def _orphan(db: Engine, msg_id: int) -> None:
     other.dispose()
 
 
+def _orphaned_by_now(db: Engine, msg_id: int) -> bool:
+    """By PostgreSQL's clock: the claiming backend is gone and the orphan's grace is over."""
+    with db.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT last_process_timestamp <= now() - make_interval(secs => :g)"
+                    " AND orderly_orphaned(processing_pid) FROM message WHERE msg_id = :i"
+                ),
+                {"g": pool.ORPHAN_GRACE_S, "i": msg_id},
+            ).scalar_one()
+        )
+
+
 def test_a_message_orphaned_by_a_dead_worker_is_claimed_again(db: Engine, intake: Intake) -> None:
     msg_id = intake.submit(message(1)).msg_id
     _orphan(db, msg_id)
-    import time
+    wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
+    assert processor(db).process(msg_id).outcome is Outcome.OK
+    stored = row(db, msg_id)
+    assert (stored.lost_count, stored.failed_count) == (1, 0)  # a death, not a failure
 
-    deadline = time.monotonic() + 5
-    result = processor(db).process(msg_id)
-    while result.outcome is Outcome.NOT_CLAIMABLE and time.monotonic() < deadline:
-        time.sleep(0.05)  # the backend may take a moment to exit
-        result = processor(db).process(msg_id)
-    assert result.outcome is Outcome.OK
+
+def test_an_orphan_at_the_lost_limit_is_not_claimed_but_quarantined(
+    db: Engine, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET lost_count = 2 WHERE msg_id = :i"), {"i": msg_id})
+    _orphan(db, msg_id)
+    wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
+    result = processor(db).process(msg_id)  # the limit is 3: a third death is too many
+    assert result.outcome is Outcome.NOT_CLAIMABLE
+    assert row(db, msg_id).lost_count == 2
+    enqueued: list[int] = []
+    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    assert (report.released, report.quarantined, enqueued) == (0, 1, [])
+    stored = row(db, msg_id)
+    assert stored.state is MessageState.FAILED
+    assert (stored.lost_count, stored.failed_count) == (3, 1)
+    assert stored.failed_error_code == pool.WORKER_LOST_CODE
+    assert stored.failed_desc == "quarantined: its worker died 3 times while processing it"
+    assert stored.processing_pid is None
+
+
+def test_a_quarantined_funnel_message_lets_the_next_one_go(db: Engine, intake: Intake) -> None:
+    order = {"funnel_value": "f", "guaranteed_order": True, "exclude_failed_state": True}
+    first = intake.submit(message(1, **order)).msg_id
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET lost_count = 2 WHERE msg_id = :i"), {"i": first})
+    _orphan(db, first)
+    second = intake.submit(message(2, **order)).msg_id
+    assert row(db, second).state is MessageState.POSTPONED  # held behind the first
+    wait_until(lambda: _orphaned_by_now(db, first), timeout=10, what="the backend's exit")
+    enqueued: list[int] = []
+    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    assert report.quarantined == 1
+    assert row(db, first).state is MessageState.FAILED
+    assert enqueued == [second]  # released by the quarantine, in the same transaction
+    assert row(db, second).state is MessageState.IN_QUEUE
+    assert processor(db).process(second).outcome is Outcome.OK
 
 
 def test_a_stopped_node_processes_nothing(db: Engine, intake: Intake) -> None:
@@ -214,28 +264,24 @@ def test_repair_releases_stuck_messages_and_fails_them_at_the_limit(
     assert row(db, ids[4]).state is MessageState.OK
 
 
-def test_repair_releases_an_orphan_at_once(db: Engine, intake: Intake) -> None:
+def test_an_orphan_is_released_at_once_and_repair_leaves_it_alone(
+    db: Engine, intake: Intake
+) -> None:
     msg_id = intake.submit(message(1)).msg_id
     _orphan(db, msg_id)
-
-    def orphaned() -> bool:  # by PostgreSQL's clock, after the grace for a backend to exit
-        with db.connect() as conn:
-            return bool(
-                conn.execute(
-                    text(
-                        "SELECT last_process_timestamp <= now() - make_interval(secs => :g)"
-                        " AND orderly_orphaned(processing_pid) FROM message WHERE msg_id = :i"
-                    ),
-                    {"g": pool.ORPHAN_GRACE_S, "i": msg_id},
-                ).scalar_one()
-            )
-
-    wait_until(orphaned, timeout=10, what="the orphan's grace")
-    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
-    assert report.messages == 1
+    wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the orphan's grace")
+    assert pool.repair(db, ConfigReader(db, ttl_seconds=0)).messages == 0
+    enqueued: list[int] = []
+    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
     stored = row(db, msg_id)
-    assert stored.state is MessageState.PARTLY_FAILED
-    assert stored.failed_desc == "worker connection lost while PROCESSING"
+    assert stored.state is MessageState.IN_QUEUE
+    assert (stored.lost_count, stored.failed_count, stored.processing_pid) == (1, 0, None)
+    # released once: a second turn finds nothing
+    assert pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append) == (
+        pool.OrphanReport(released=0, quarantined=0)
+    )
+    assert processor(db).process(msg_id).outcome is Outcome.OK
 
 
 def test_repair_fails_external_calls_stuck_in_processing(db: Engine, intake: Intake) -> None:

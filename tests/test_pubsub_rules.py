@@ -308,3 +308,33 @@ def test_tokens_for_another_message_or_malformed_are_refused() -> None:
     for bad in ("é.é", "no-dot", token + "x", "." + token.partition(".")[2]):
         with pytest.raises(Unauthorized):
             tokens.verify(SECRET, bad, now_ms=now)
+
+
+def test_a_delivery_whose_worker_died_counts_the_try_and_ends_dead(room: Engine) -> None:
+    pubsub.create_subscription(
+        room, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+    )
+    (delivery_id,) = publish(room, {})
+
+    def claimed_by_a_dead_worker() -> None:  # a claim older than the subscription's lease
+        with room.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE delivery SET state = 'IN_PROCESS', claim = 'gone',"
+                    " claimed_at = now() - interval '1 hour' WHERE delivery_id = :d"
+                ),
+                {"d": delivery_id},
+            )
+
+    for attempt in (1, 2):  # the room allows 2 retries
+        claimed_by_a_dead_worker()
+        pubsub.upkeep(room)
+        assert state(room, delivery_id) == ("PENDING", attempt)
+    claimed_by_a_dead_worker()
+    pubsub.upkeep(room)
+    assert state(room, delivery_id) == ("DEAD", 3)
+    with room.connect() as conn:
+        error = conn.execute(
+            text("SELECT last_error FROM delivery WHERE delivery_id = :d"), {"d": delivery_id}
+        ).scalar_one()
+    assert error.startswith("E_WORKER_LOST")

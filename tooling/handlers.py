@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import signal
 import time
 
 from worker.core.errors import HandlerError
@@ -66,6 +68,12 @@ def scripted(ctx: MessageContext) -> None:
 def crash(ctx: MessageContext) -> None:
     """Raises an unexpected exception (not a HandlerError)."""
     raise RuntimeError("handler blew up")
+
+
+@registry.register("test", "poison")
+def poison(ctx: MessageContext) -> None:
+    """Kills the process running it, as a segfault or the OOM killer would (a poison message)."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- consumers chosen by routing key (publish/subscribe) ------------------------------------

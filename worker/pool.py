@@ -6,8 +6,11 @@ POSTPONED message only once its funnel lets it go (its release normally comes at
 the message ahead of it ends: the pool is the safety net). A guaranteed-order message held
 back by a FAILED one longer than postponedIntervalWhenFailedSec becomes FAILED; a message
 whose wait for an external response ran out becomes FAILED.
-Repair: NEW/IN_QUEUE/PROCESSING messages idle longer than repairRepeatTimeSec, and PROCESSING
-messages whose worker connection is gone, become PARTLY_FAILED (FAILED at the limit);
+Orphans: a PROCESSING message whose worker died (its claiming connection is gone) goes back
+to IN_QUEUE within a second, the death counted in ``lost_count``; at ORDERLY_WORKER_LOST_LIMIT
+deaths it is quarantined (FAILED, E_WORKER_LOST) instead.
+Repair: NEW/IN_QUEUE/PROCESSING messages idle longer than repairRepeatTimeSec become
+PARTLY_FAILED (FAILED at the limit);
 external calls stuck in PROCESSING become FAILED; WAITING parents whose children all ended
 are settled. Rows are taken with SKIP LOCKED, so two beat agents (or an agent and a worker)
 never act on the same row. What a transition releases in a funnel is enqueued after commit.
@@ -30,6 +33,8 @@ REPAIR_CODE = "E_REPAIR"
 POSTPONED_CODE = "E_POSTPONED_TOO_LONG"
 
 TIMEOUT_CODE = "E_RESPONSE_TIMEOUT"
+
+WORKER_LOST_CODE = "E_WORKER_LOST"
 
 
 def released_in(conn: Connection) -> list[int]:
@@ -116,7 +121,7 @@ def repair(
         with engine.begin() as conn:
             rows = conn.execute(
                 sql("repair_messages"),
-                {"stuck_s": stuck_s, "grace_s": ORPHAN_GRACE_S, "batch": batch, "limit": limit},
+                {"stuck_s": stuck_s, "batch": batch, "limit": limit},
             ).all()
             released += released_in(conn)
         messages += len(rows)
@@ -137,3 +142,35 @@ def repair(
         if enqueue is not None:
             enqueue(msg_id)
     return RepairReport(messages=messages, failed=failed, external_calls=calls, parents=parents)
+
+
+@dataclass(frozen=True)
+class OrphanReport:
+    released: int
+    quarantined: int
+
+
+def release_orphans(
+    engine: Engine, config: ConfigReader, lost_limit: int, enqueue: Callable[[int], None]
+) -> OrphanReport:
+    """Messages whose worker died while processing them: back to IN_QUEUE and enqueued at
+    once (with what a quarantine released in their funnels), or quarantined at the limit."""
+    batch = config.get_int("asynch.pool.batchSize")
+    released = quarantined = 0
+    ready: list[int] = []
+    for _ in range(MAX_BATCHES):
+        with engine.begin() as conn:
+            rows = conn.execute(
+                sql("release_orphans"),
+                {"grace_s": ORPHAN_GRACE_S, "batch": batch, "limit": lost_limit},
+            ).all()
+            ready += released_in(conn)
+        back = [r.msg_id for r in rows if r.state == "IN_QUEUE"]
+        ready += back
+        released += len(back)
+        quarantined += len(rows) - len(back)
+        if len(rows) < batch:
+            break
+    for msg_id in ready:
+        enqueue(msg_id)
+    return OrphanReport(released=released, quarantined=quarantined)

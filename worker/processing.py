@@ -4,7 +4,9 @@ Every transition is one statement whose WHERE holds the state check, so a transi
 wrong state changes nothing and is reported, never silently applied. The claim records the
 claiming connection's backend pid; the same connection records the outcome, and only if it
 still holds the claim. A PROCESSING message whose backend pid is gone belongs to a dead
-worker: a redelivered task may claim it again at once, and repair releases it.
+worker: a redelivered task may claim it again at once (the death counted in lost_count), and
+beat's orphan job releases it within a second; one that has killed its worker
+``worker_lost_limit`` times is quarantined there (worker.pool.release_orphans).
 
 Funnels: the claim of a funnel message runs under its funnel's advisory lock and makes it
 POSTPONED instead of PROCESSING when the funnel holds it back (``orderly_funnel_blocked``).
@@ -160,8 +162,10 @@ class Processor:
         max_payload_bytes: int = 1_048_576,
         tracker: Tracker | None = None,
         http: OutboundHttp | None = None,
+        worker_lost_limit: int = 3,
     ) -> None:
         self._tracker = tracker
+        self._worker_lost_limit = worker_lost_limit
         self._http = http or OutboundHttp()
         self._engine = engine
         self._integrity = engine.dialect.loaded_dbapi.IntegrityError
@@ -201,7 +205,7 @@ class Processor:
                     enqueue(left)
 
     def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        claimed = conn.run("orderly_claim", msg_id, self._node_id)
+        claimed = conn.run("orderly_claim", msg_id, self._node_id, self._worker_lost_limit)
         if claimed is None:
             return self._not_claimed(conn, msg_id)
         if claimed[0] == MessageState.POSTPONED:

@@ -91,6 +91,7 @@ class Runtime:
             max_payload_bytes=self.settings.max_payload_bytes,
             tracker=self.tracker,
             http=self.http,
+            worker_lost_limit=self.settings.worker_lost_limit,
         )
 
     @cached_property

@@ -58,6 +58,15 @@ class ServiceSettings(Section):
         description="Log level of the API and the CLI (Celery processes take --loglevel).",
     )
 
+    worker_lost_limit: int = Field(
+        3,
+        ge=1,
+        le=100,
+        validation_alias="ORDERLY_WORKER_LOST_LIMIT",
+        description="Deaths of its worker (SIGKILL, OOM, a crash) a message may cause before it "
+        "is quarantined: FAILED with E_WORKER_LOST instead of claimed again.",
+    )
+
     broker_visibility_timeout_s: int = Field(
         3600,
         ge=1,

@@ -32,17 +32,20 @@ SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = 
 SELECT code, state FROM node WHERE node_id = $1;
 
 -- name: orderly_claim
--- NEW or IN_QUEUE (or PROCESSING by a dead worker: its backend pid is gone) -> PROCESSING,
+-- NEW or IN_QUEUE (or PROCESSING by a dead worker: its backend pid is gone; that death is
+-- counted in lost_count, and a message whose next death would reach $3 is left to
+-- worker.pool.release_orphans, which quarantines it) -> PROCESSING,
 -- or POSTPONED when its funnel holds it back; never on a STOPPED node. The claim records the
 -- claiming connection's backend pid: only that connection may finish it. Returns the claim
 -- (worker.processing.CLAIM_COLUMNS) and the newer processed message of the same object, if
 -- any (this one is then obsolete). The claim's commit need not wait for the disk: a server
 -- crash that loses it leaves the message where it was. The funnel lock (a no-op without a
 -- funnel) comes first, so the funnel check sees every transition committed before it.
--- prepare: bigint, bigint
+-- prepare: bigint, bigint, integer
 -- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s);
 UPDATE message m
    SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
+       lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING' THEN 1 ELSE 0 END,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
   FROM (SELECT x.funnel_value IS NOT NULL
@@ -53,7 +56,8 @@ UPDATE message m
           FROM message x WHERE x.msg_id = $1) b
  WHERE m.msg_id = $1
    AND (m.state IN ('NEW', 'IN_QUEUE')
-        OR (m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid)))
+        OR (m.state = 'PROCESSING' AND m.lost_count + 1 < $3
+            AND orderly_orphaned(m.processing_pid)))
    AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $2 AND n.state = 'STOPPED')
 RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
           m.source_system, m.msg_timestamp, m.payload, m.object_id, m.entity_type,

@@ -171,12 +171,20 @@ UPDATE delivery SET scheduled_at = now()
  WHERE delivery_id = ANY(:ids) AND state = 'PENDING';
 
 -- name: deliveries_release_stuck
--- A claim whose worker died: back to PENDING, due at once (delivered at least once).
-UPDATE delivery d SET state = 'PENDING', scheduled_at = now(), claimed_at = NULL, claim = NULL
-  FROM subscription s
- WHERE d.subscription_id = s.subscription_id AND d.state = 'IN_PROCESS' AND NOT d.pull
+-- A claim whose worker died: back to PENDING, due at once (delivered at least once). The lost
+-- try counts as an attempt: a delivery that keeps killing its worker ends DEAD with
+-- E_WORKER_LOST once its attempts are spent, like one that keeps failing.
+UPDATE delivery d
+   SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
+                    THEN 'DEAD' ELSE 'PENDING' END,
+       attempt = d.attempt + 1, scheduled_at = now(), next_attempt_at = now(),
+       claimed_at = NULL, claim = NULL,
+       last_error = 'E_WORKER_LOST: the worker holding this delivery died'
+  FROM subscription s, room r
+ WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
+   AND d.state = 'IN_PROCESS' AND NOT d.pull
    AND d.claimed_at < now() - make_interval(secs => s.timeout_ms * :batch / 1000.0 + :grace)
-RETURNING d.delivery_id;
+RETURNING d.delivery_id, d.state;
 
 -- name: pulled_return_unacked
 -- A pulled delivery not ACKed within its subscription's visibility timeout comes back (or,

@@ -28,25 +28,48 @@ UPDATE message m
 RETURNING m.msg_id, m.msg_timestamp;
 
 -- name: repair_messages
--- NEW/IN_QUEUE/PROCESSING idle >= :stuck_s, and PROCESSING messages whose worker connection
--- is gone (after :grace_s), become PARTLY_FAILED (FAILED once failed_count reached :limit).
+-- NEW/IN_QUEUE/PROCESSING idle >= :stuck_s become PARTLY_FAILED (FAILED once failed_count
+-- reached :limit). A PROCESSING message whose worker is alive but silent is stuck too; one
+-- whose worker died is release_orphans' (released within a second, not after :stuck_s).
 UPDATE message m
    SET state = CASE WHEN m.failed_count >= :limit THEN 'FAILED' ELSE 'PARTLY_FAILED' END,
        failed_count = m.failed_count + 1,
        failed_error_code = 'E_REPAIR',
-       failed_desc = CASE
-           WHEN m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid)
-             THEN 'worker connection lost while PROCESSING'
-           ELSE 'stuck in ' || m.state || ' since ' || m.last_process_timestamp::text END,
+       failed_desc = 'stuck in ' || m.state || ' since ' || m.last_process_timestamp::text,
        last_process_timestamp = now(), processing_pid = NULL
  WHERE m.msg_id IN (
        SELECT msg_id FROM message m
         WHERE m.service_name <> 'conversation'
-          AND ((m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
-               AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s))
-           OR (m.state = 'PROCESSING'
-               AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
-               AND orderly_orphaned(m.processing_pid)))
+          AND m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
+          AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s)
+          AND NOT (m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid))
+          AND (m.funnel_value IS NULL OR pg_try_advisory_xact_lock(
+                   orderly_funnel_key(m.funnel_value, m.funnel_component_id)))
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
+RETURNING m.msg_id, m.state;
+
+-- name: release_orphans
+-- PROCESSING messages whose worker died (the claiming backend is gone, for :grace_s) go back
+-- to IN_QUEUE at once, their death counted in lost_count; one whose deaths reach :limit is
+-- quarantined instead: FAILED with E_WORKER_LOST (its funnel and parent move on, as for any
+-- failure), so one poison message cannot keep a worker pool crashing.
+UPDATE message m
+   SET state = CASE WHEN m.lost_count + 1 >= :limit THEN 'FAILED' ELSE 'IN_QUEUE' END,
+       lost_count = m.lost_count + 1,
+       failed_count = m.failed_count + CASE WHEN m.lost_count + 1 >= :limit THEN 1 ELSE 0 END,
+       failed_error_code = CASE WHEN m.lost_count + 1 >= :limit THEN 'E_WORKER_LOST'
+                                ELSE m.failed_error_code END,
+       failed_desc = CASE WHEN m.lost_count + 1 >= :limit
+                          THEN format('quarantined: its worker died %s times while processing it',
+                                      m.lost_count + 1)
+                          ELSE m.failed_desc END,
+       start_in_queue_timestamp = now(), last_process_timestamp = now(), processing_pid = NULL
+ WHERE m.msg_id IN (
+       SELECT msg_id FROM message m
+        WHERE m.state = 'PROCESSING' AND m.service_name <> 'conversation'
+          AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
+          AND orderly_orphaned(m.processing_pid)
           AND (m.funnel_value IS NULL OR pg_try_advisory_xact_lock(
                    orderly_funnel_key(m.funnel_value, m.funnel_component_id)))
         LIMIT :batch
