@@ -37,6 +37,8 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
     )
     awaited_every = settings.awaited_messages_interval / 1000
     found = [
+        # First, every tick: a Redis that lost its state is rebuilt before anything else.
+        Job("redis-watch", settings.interval / 1000, agents.redis_watch),
         Job("reprocess-pool", float(pool_every), agents.requeue_due),
         # Dead workers are found at once (their connection is gone); stuck ones after
         # repairRepeatTimeSec. Running more often than that costs one indexed query.

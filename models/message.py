@@ -123,3 +123,6 @@ class Message(Base):
     # Not in the seed: how often the timeout monitor took this message back from a worker that
     # did not finish it within messageTimeout (worker.timeouts).
     timeout_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: a conversation response's ``last`` flag (its request's final response);
+    # NULL for every other message. Redis's rebuild from the rows needs it (worker.rebuild).
+    response_last: Mapped[bool | None] = mapped_column(Boolean)
