@@ -46,7 +46,7 @@ def snapshot(r: redis.Redis, cids: list[str]) -> dict[str, Any]:
     return out
 
 
-def _no_rebuild_sends(lost: list[str]) -> None:
+def _no_rebuild_sends(lost: list[int]) -> None:
     raise AssertionError(f"nothing to process, yet {lost} were sent")
 
 
@@ -123,7 +123,7 @@ def test_flush_mid_drain_then_everything_in_order_nothing_twice(
     assert sorted(after) == ["t1", "u1", "u2", "v1", "x1", "y1"], after
     assert after.index("u1") < after.index("u2") and after.index("y1") < after.index("x1")
     with db.connect() as conn:
-        states = dict(
+        states: dict[str, str] = dict(
             conn.execute(
                 text(
                     "SELECT correlation_id, state FROM message WHERE service_name = 'conversation'"
