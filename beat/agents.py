@@ -11,11 +11,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker import nodes, pool, pubsub, timeouts
-from worker.celery import app, enqueue_drain, enqueue_processing
+from worker import nodes, pool, pubsub, rebuild, timeouts
+from worker.celery import app, enqueue_drain, enqueue_processing, enqueue_processing_many
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
+
+
+def redis_watch() -> rebuild.RebuildReport | None:
+    """Redis lost its state (the marker is gone, or the server restarted): rebuild it from
+    PostgreSQL (worker/rebuild.py); otherwise one round trip."""
+    runtime = get_runtime()
+    return rebuild.rebuild_if_lost(
+        runtime.engine, runtime.conversations, enqueue_drain, enqueue_processing_many
+    )
 
 
 def requeue_due() -> int:

@@ -37,6 +37,8 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
     )
     awaited_every = settings.awaited_messages_interval / 1000
     found = [
+        # First, every tick: a Redis that lost its state is rebuilt before anything else.
+        Job("redis-watch", settings.interval / 1000, agents.redis_watch),
         Job("reprocess-pool", float(pool_every), agents.requeue_due),
         # A dead worker's claims are known at once (its connection is gone): released within a
         # second. Stuck messages wait repairRepeatTimeSec; running repair more often than that

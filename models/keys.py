@@ -69,6 +69,12 @@ class BridgeKeys:
         return f"{self.prefix}:res:"
 
 
+# The Redis marker (worker/rebuild.py): a hash {generation, state, run_id} written once a
+# rebuild from PostgreSQL is done. Missing, not "ready", or written under another server run
+# (INFO server's run_id) means Redis lost (some of) what it held.
+EPOCH_KEY = "orderly:epoch"
+
+
 def min_message_info(request_id: str, response_id: str, conversation_id: str) -> str:
     """The seed's MinMessageInfo string: fixed field order, so equal messages are equal strings."""
     return json.dumps(

@@ -133,3 +133,6 @@ class Message(Base):
     # a crash in native code). At ORDERLY_WORKER_LOST_LIMIT the message is quarantined: FAILED
     # with E_WORKER_LOST (worker.pool.release_orphans).
     lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: a conversation response's ``last`` flag (its request's final response);
+    # NULL for every other message. Redis's rebuild from the rows needs it (worker.rebuild).
+    response_last: Mapped[bool | None] = mapped_column(Boolean)

@@ -103,3 +103,12 @@ def test_prometheus_scrapes_the_api_and_flower() -> None:
     assert '- targets: ["api:8000"]' in scrape
     assert '- targets: ["flower:5555"]' in scrape
     assert scrape.count("metrics_path: /metrics") == 2
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
+    done = compose(ROOT / "docker-compose.yml", "config")
+    assert done.returncode == 0, done.stderr
+    redis_block = service_block(done.stdout, "redis")
+    assert re.search(r"--appendonly\W+yes", redis_block), redis_block
+    assert re.search(r"--appendfsync\W+everysec", redis_block), redis_block
+    assert "redisdata" in redis_block and "/data" in redis_block

@@ -13,6 +13,7 @@ from api.cli import (
     messages,
     migrate,
     nodes,
+    rebuild,
     report,
     rooms,
     sources,
@@ -35,6 +36,7 @@ app.command()(messages.show)
 app.command()(status.status)
 app.command()(report.report)
 app.command()(rooms.publish)
+app.command()(rebuild.rebuild)
 app.add_typer(messages.message_app, name="message")
 app.add_typer(sources.source_app, name="source")
 app.add_typer(rooms.room_app, name="room")

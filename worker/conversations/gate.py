@@ -136,11 +136,16 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                 log.exception("sending response %s failed", head.response_id)
                 result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
             sends += 1
-            outcome, after = _apply(conn, channel, head, result, report)
+            outcome, after = _apply(conn, channel, head, result, report, ctx.now_ms())
 
 
 def _apply(
-    conn: PreparedConnection, channel: Channel, head: Head, result: SendResult, report: DrainReport
+    conn: PreparedConnection,
+    channel: Channel,
+    head: Head,
+    result: SendResult,
+    report: DrainReport,
+    now_ms: int,
 ) -> tuple[tuple[str, str, str], Callable[[], None] | None]:
     """What PostgreSQL records now, and the outcome the next gate step settles in Redis.
 
@@ -173,6 +178,7 @@ def _apply(
             report.retried += 1
             wait = policy.delay(attempt)
             log.info("response %s: %s; retry %d in %d ms", rid, result.reason, attempt, wait)
+            conn.run("conv_retry", head.msg_id, attempt, now_ms + wait)
             return ("retry", rid, str(wait)), None
         conn.run(
             "conv_group_awaited",

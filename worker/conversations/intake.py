@@ -111,6 +111,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             moment,
             payload,
             ctx.node_id,
+            res.last,
         )
         if row is None:
             raise UnknownRequest(res.request_id, conversation_id)

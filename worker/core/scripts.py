@@ -24,6 +24,9 @@ SCRIPT_NAMES = (
     "ack",
     "expire",
     "awaited",
+    "rebuild_conversation",
+    # the Redis marker (worker/rebuild.py)
+    "epoch_ready",
     # due sets and leases
     "due_take",
     "due_settle",

@@ -18,10 +18,11 @@ SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
   FROM message WHERE correlation_id = $1 AND source_system = $2;
 
 -- name: conv_insert_response
--- prepare: text, text, text, timestamptz, text, bigint
--- The last column: the request was completed (its final response settled, delivered or
--- not), as opposed to open or closed without a final response. A response whose request
--- is gone from Redis is late unless the request completed (add_response.lua).
+-- prepare: text, text, text, timestamptz, text, bigint, boolean
+-- $7: the response is its request's last. The last column returned: the request was
+-- completed (its final response settled, delivered or not), as opposed to open or closed
+-- without a final response. A response whose request is gone from Redis is late unless the
+-- request completed (add_response.lua).
 WITH r AS (
     SELECT msg_id, state, process_id, entity_type, msg_timestamp, custom_data FROM message
      WHERE correlation_id = $2 AND source_system = 'bridge.request'
@@ -31,13 +32,13 @@ ins AS (
                          service_name, operation_name, object_id, entity_type,
                          correlation_id, process_id, payload, source_system, state,
                          failed_error_code, failed_desc, node_id,
-                         parent_msg_id, parent_binding_type)
+                         parent_msg_id, parent_binding_type, response_last)
     SELECT $4, now(), now(), 'conversation', 'response', $2, r.entity_type, $1, $3, $5,
            'bridge.response',
            CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
            CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
-           $6, r.msg_id, 'HARD'
+           $6, r.msg_id, 'HARD', $7
       FROM r
     ON CONFLICT (correlation_id, source_system) DO NOTHING
     RETURNING msg_id, state)
@@ -63,6 +64,13 @@ UPDATE message SET late_ms = $2 WHERE msg_id = $1 AND late_ms IS NULL;
 -- prepare: bigint, text
 UPDATE message SET state = 'WAITING_FOR_RES', last_process_timestamp = now(),
                    custom_data = 'asyncResponseId=' || $2
+ WHERE msg_id = $1 AND state = 'IN_QUEUE';
+
+-- name: conv_retry
+-- A recoverable failure with attempts left: the attempt, when the retry is due (ms, the
+-- clock's) and the awaited round it belongs to, for the rebuild from the rows (worker.rebuild).
+-- prepare: bigint, integer, bigint
+UPDATE message SET custom_data = format('retry=%s;at=%s;round=%s', $2, $3, failed_count)
  WHERE msg_id = $1 AND state = 'IN_QUEUE';
 
 -- name: conv_group_awaited

@@ -1,0 +1,207 @@
+"""Rebuild from PostgreSQL (worker/rebuild.py) against the real Redis and PostgreSQL: Redis is
+flushed in the middle of conversations (some responses delivered, one waiting for its ACK,
+one waiting for a retry, a group AWAITED, a request still waiting), rebuilt from the rows,
+and everything accepted is then delivered in order, nothing twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from models.keys import EPOCH_KEY
+from tests.test_conversations import Harness, Recorder, make
+from worker import rebuild
+from worker.conversations import Delivery, SendResult
+from worker.intake import Intake
+
+RETRY = SendResult(Delivery.RECOVERABLE, 500, reason="500")
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def snapshot(r: redis.Redis, cids: list[str]) -> dict[str, Any]:
+    """The ordering state that must survive: per conversation its request list, its order of
+    responses and each response's status, attempt, retry time and awaited round."""
+    out: dict[str, Any] = {}
+    for cid in cids:
+        responses = []
+        for m in r.zrange(f"bridge:queue:{cid}", 0, -1):
+            rid = _text(m).split('"rsId":"')[1].split('"')[0]
+            f = {_text(k): _text(v) for k, v in r.hgetall(f"bridge:queue:res:{rid}").items()}
+            # An AWAITED wait is rebuilt from the row's age (PostgreSQL's clock, while the
+            # test's clock stands still): compared apart, within the test's real time.
+            not_before = "awaited" if f["status"] == "AWAITED" else f["notBefore"]
+            responses.append(
+                (rid, f["status"], f["attempt"], not_before, f["awaitedRetries"], f["last"])
+            )
+        out[cid] = {
+            "requests": [_text(k) for k in r.lrange(f"bridge:queue:{cid}:req", 0, -1)],
+            "responses": responses,
+        }
+    return out
+
+
+def _no_rebuild_sends(lost: list[int]) -> None:
+    raise AssertionError(f"nothing to process, yet {lost} were sent")
+
+
+def test_flush_mid_drain_then_everything_in_order_nothing_twice(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h: Harness = make(db, redis_client)
+    sender = Recorder()
+    # c1: s1 delivered, s2 answered 202 (its ACK pending), t1 of a later request behind it.
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    sender.answers["s2"] = [SendResult(Delivery.ASYNC, 202, async_response_id="ack-s2")]
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    h.response("c1", "r2", "t1", last=True)
+    # c3: v1's retries are spent: its group is AWAITED.
+    h.request("c3", "p1")
+    sender.answers["v1"] = [RETRY, RETRY, RETRY]
+    h.response("c3", "p1", "v1", last=True)
+    # c4: w1 still waits for its first response and holds x1 of the next request.
+    h.request("c4", "w1")
+    h.request("c4", "w2")
+    h.response("c4", "w2", "x1", last=True)
+    h.run(sender)
+    h.clock.advance_ms(20)  # u1's and v1's first retries are due
+    h.wake_due()
+    h.run(sender)
+    h.clock.advance_ms(40)  # v1's second retry
+    h.wake_due()
+    h.run(sender)
+    # c2: u1 failed once (waits for its retry), u2 behind it.
+    h.request("c2", "q1")
+    sender.answers["u1"] = [RETRY]
+    h.response("c2", "q1", "u1")
+    h.response("c2", "q1", "u2", last=True)
+    h.run(sender)
+    assert sender.sent == ["s1", "s2", "v1", "v1", "v1", "u1"]
+    assert h.state("s1") == "OK" and h.state("s2") == "WAITING_FOR_RES"
+    assert h.state("v1") == "PARTLY_FAILED" and h.state("u1") == "IN_QUEUE"
+    cids = ["c1", "c2", "c3", "c4"]
+    before = snapshot(redis_client, cids)
+    assert before["c2"]["responses"][0][1:4] == ("PENDING", "1", str(h.clock.ms() + 20))
+    assert before["c3"]["responses"][0][1] == "AWAITED"
+    until_before = int(_text(redis_client.hget("bridge:queue:res:v1", "awaitedToDateTS")))
+
+    redis_client.flushdb()
+    assert rebuild.check(h.conv).startswith("the marker is missing")
+    requeued: list[int] = []
+    report = rebuild.rebuild(db, h.conv, h.enqueue, requeued.extend)
+    assert report.done and report.marked_ready and requeued == []
+    assert rebuild.check(h.conv) == ""
+    assert snapshot(redis_client, cids) == before
+    until = int(_text(redis_client.hget("bridge:queue:res:v1", "awaitedToDateTS")))
+    # Rebuilt from the row's age (PostgreSQL's clock), within the test's real time.
+    assert abs(until - until_before) < 30_000
+    assert sorted(report.drains_started) == cids
+    # A second rebuild finds Redis whole.
+    assert not rebuild.rebuild(db, h.conv, h.enqueue, _no_rebuild_sends).done
+
+    # Delivery goes on from where it was.
+    h.run(sender)
+    assert sender.sent[6:] == []  # s2 waits for its ACK, u1 for its retry, v1 AWAITED, w1
+    h.conv.ack("ack-s2", h.enqueue)
+    h.run(sender)
+    h.clock.advance_ms(30)
+    h.wake_due()
+    h.run(sender)
+    h.response("c4", "w1", "y1", last=True)
+    h.run(sender)
+    h.clock.advance_ms(6_000)  # AWAITED_TIME_WHEN_RETRIES_END
+    h.conv.awaited_turn(h.enqueue)
+    h.run(sender)
+    after = sender.sent[6:]
+    assert sorted(after) == ["t1", "u1", "u2", "v1", "x1", "y1"], after
+    assert after.index("u1") < after.index("u2") and after.index("y1") < after.index("x1")
+    with db.connect() as conn:
+        states: dict[str, str] = dict(
+            conn.execute(
+                text(
+                    "SELECT correlation_id, state FROM message WHERE service_name = 'conversation'"
+                )
+            ).all()
+        )
+    assert set(states.values()) == {"OK"}, states
+
+
+def test_responses_accepted_after_the_loss_go_behind_the_rebuilt_ones(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client)
+    sender = Recorder()
+    h.request("c1", "r1")
+    sender.answers["s1"] = [RETRY]
+    h.response("c1", "r1", "s1")
+    h.run(sender)
+    redis_client.flushdb()
+    h.started.clear()
+    # Accepted before beat noticed: the request is gone from Redis, so it is re-registered.
+    h.request("c1", "r2")
+    h.response("c1", "r2", "t1", last=True)
+    h.response("c1", "r1", "s2", last=True)
+    report = rebuild.rebuild(db, h.conv, h.enqueue, lambda ids: None)
+    assert report.done and report.keys_created > 0
+    order = [
+        _text(m).split('"rsId":"')[1].split('"')[0]
+        for m in redis_client.zrange("bridge:queue:c1", 0, -1)
+    ]
+    assert order == ["s1", "s2", "t1"]
+    # The drain the intake started after the loss runs after the rebuild (beat's tick came
+    # first): it finds s1 waiting for its retry.
+    assert h.run(sender) == ["WAIT_RETRY"]
+    h.clock.advance_ms(1_000)
+    assert h.wake_due() == ["c1"]
+    h.run(sender)
+    assert sender.sent == ["s1", "s1", "s2", "t1"]
+
+
+def test_queued_store_messages_are_sent_again_and_one_rebuilder_at_a_time(
+    db: Engine, redis_client: redis.Redis, intake: Intake, queue: list[int]
+) -> None:
+    h = make(db, redis_client)
+    for n in range(3):
+        intake.submit(
+            {
+                "service": "customer",
+                "operation": "createCustomer",
+                "correlation_id": f"m-{n}",
+                "source_system": "crm",
+                "msg_timestamp": "2026-11-22T10:00:00Z",
+                "payload": "x",
+            }
+        )
+    assert len(queue) == 3
+    with db.connect() as holder:
+        assert holder.execute(
+            text("SELECT pg_try_advisory_lock(hashtext('orderly.rebuild'))")
+        ).scalar_one()
+        busy = rebuild.rebuild(db, h.conv, h.enqueue, lambda ids: None)
+        assert busy.busy and not busy.done
+        holder.execute(text("SELECT pg_advisory_unlock(hashtext('orderly.rebuild'))"))
+        holder.commit()
+    requeued: list[int] = []
+    report = rebuild.rebuild(db, h.conv, h.enqueue, requeued.extend)
+    assert report.done and requeued == queue
+    # The marker is written under this server's run: a changed run_id counts as a restart.
+    redis_client.hset(EPOCH_KEY, "run_id", "another-run")
+    assert rebuild.check(h.conv).startswith("the server restarted")
+    assert rebuild.rebuild(db, h.conv, h.enqueue, requeued.extend).done
+    assert requeued == queue * 2  # sent again: the claim takes each row once
+
+
+@pytest.mark.parametrize("state", ["rebuilding"])
+def test_an_unfinished_rebuild_counts_as_lost(
+    db: Engine, redis_client: redis.Redis, state: str
+) -> None:
+    h = make(db, redis_client)
+    redis_client.hset(EPOCH_KEY, mapping={"state": state, "run_id": rebuild.server_run_id(h.conv)})
+    assert rebuild.check(h.conv) == "a rebuild did not finish"

@@ -1,0 +1,46 @@
+-- The rebuild of what Redis held, from the rows (worker/rebuild.py).
+
+-- name: rebuild_lock
+-- One rebuilder at a time, across beats and operators: a session-level advisory lock.
+SELECT pg_try_advisory_lock(hashtext('orderly.rebuild'));
+
+-- name: rebuild_unlock
+SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
+
+-- name: rebuild_conversation_rows
+-- What Redis's conversation structures stood for: requests still waiting for responses and
+-- responses not yet delivered (queued, AWAITED, or sent and waiting for their ACK), with
+-- their ages (ms, by PostgreSQL's clock) so that Redis times can be rebuilt on the caller's.
+-- A request comes with the count of its responses and the age of its latest one.
+SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type, m.state,
+       m.failed_count, m.custom_data, m.payload, m.response_last,
+       extract(epoch FROM m.msg_timestamp) * 1000 AS timestamp_ms,
+       extract(epoch FROM now() - m.receive_timestamp) * 1000 AS age_ms,
+       extract(epoch FROM now() - m.last_process_timestamp) * 1000 AS idle_ms,
+       p.msg_id AS request_msg_id, p.correlation_id AS request_id, p.state AS request_state,
+       extract(epoch FROM p.msg_timestamp) * 1000 AS request_timestamp_ms,
+       (SELECT count(*) FROM message c WHERE c.parent_msg_id = m.msg_id) AS responses,
+       (SELECT extract(epoch FROM now() - max(c.receive_timestamp)) * 1000
+          FROM message c WHERE c.parent_msg_id = m.msg_id) AS latest_response_age_ms
+  FROM message m LEFT JOIN message p ON p.msg_id = m.parent_msg_id
+ WHERE m.service_name = 'conversation'
+   AND ((m.operation_name = 'request' AND m.state = 'WAITING_FOR_RES')
+        OR (m.operation_name = 'response'
+            AND m.state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')))
+ ORDER BY m.process_id, m.msg_id;
+
+-- name: rebuild_queued_messages
+-- Store messages waiting for a task (NEW, IN_QUEUE), a page after :after by msg_id. Their
+-- tasks were on the broker; sending them again is harmless (the claim is one UPDATE that
+-- takes only a NEW or IN_QUEUE row).
+SELECT msg_id FROM message
+ WHERE state IN ('NEW', 'IN_QUEUE') AND service_name <> 'conversation' AND msg_id > :after
+ ORDER BY msg_id
+ LIMIT :limit;
+
+-- name: rebuild_deliveries_due
+-- Push deliveries handed to the broker (due by next_attempt_at, leased by scheduled_at): due
+-- again now, so the ticker hands them over at once instead of after the lease.
+UPDATE delivery SET scheduled_at = now()
+ WHERE state = 'PENDING' AND NOT pull AND next_attempt_at <= now() AND scheduled_at > now()
+RETURNING delivery_id;
