@@ -15,6 +15,7 @@ import signal
 import time
 
 from worker.core.errors import HandlerError
+from worker.core.limits import TimeLimitExceeded
 from worker.handlers import Handler, MessageContext, registry
 from worker.pubsub import Claimed, consumers
 
@@ -181,3 +182,38 @@ def wait(ctx: MessageContext) -> None:
     if ctx.response.failed:
         raise HandlerError("E_REMOTE", ctx.response.reason or "the response reports a failure")
     ctx.custom_data = ctx.response.envelope
+
+
+# --- time limits -------------------------------------------------------------------------------
+
+
+@registry.register("test", "limited")
+def limited(ctx: MessageContext) -> None:
+    """``{"sleep": s, "key": k}``: records ``start:<pid>`` in the Redis list ``k`` (default
+    ``orderly:test:limited``), sleeps ``s`` seconds, records ``end:<pid>``; stopped by its time
+    limit meanwhile, it records ``stopped:<pid>`` and lets the stop go on."""
+    spec = json.loads(ctx.payload or "{}")
+    key = str(spec.get("key", "orderly:test:limited"))
+    _redis_list(key, f"start:{os.getpid()}")
+    try:
+        time.sleep(float(spec.get("sleep", 0)))
+    except TimeLimitExceeded:
+        _redis_list(key, f"stopped:{os.getpid()}")
+        raise
+    _redis_list(key, f"end:{os.getpid()}")
+
+
+@registry.register("test", "stubborn")
+def stubborn(ctx: MessageContext) -> None:
+    """Like ``test.limited``, but swallows its time limit's exception (``ignored:<pid>``) and
+    goes on sleeping as long again: only the hard limit stops it."""
+    spec = json.loads(ctx.payload or "{}")
+    key = str(spec.get("key", "orderly:test:limited"))
+    seconds = float(spec.get("sleep", 0))
+    _redis_list(key, f"start:{os.getpid()}")
+    try:
+        time.sleep(seconds)
+    except TimeLimitExceeded:
+        _redis_list(key, f"ignored:{os.getpid()}")
+        time.sleep(seconds)
+    _redis_list(key, f"end:{os.getpid()}")

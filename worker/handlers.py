@@ -9,6 +9,7 @@ rules (:meth:`~MessageContext.external_call`) and log HTTP exchanges (:meth:`~Me
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -168,25 +169,47 @@ Handler = Callable[[MessageContext], None]
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], Handler] = {}
+        self._limits: dict[tuple[str, str], float] = {}
 
-    def register(self, service: str, operation: str) -> Callable[[Handler], Handler]:
-        """Decorator: ``@registry.register("customer", "createCustomer")``."""
+    def register(
+        self, service: str, operation: str, *, time_limit_s: float | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: ``@registry.register("customer", "createCustomer")``; ``time_limit_s``
+        is the handler's own time limit (default: ORDERLY_HANDLER_TIME_LIMIT_MS)."""
 
         def wrap(fn: Handler) -> Handler:
-            self.add(service, operation, fn)
+            self.add(service, operation, fn, time_limit_s=time_limit_s)
             return fn
 
         return wrap
 
-    def add(self, service: str, operation: str, fn: Handler) -> None:
+    def add(
+        self, service: str, operation: str, fn: Handler, *, time_limit_s: float | None = None
+    ) -> None:
         key = (service, operation)
+        if time_limit_s is not None and not (
+            isinstance(time_limit_s, int | float)
+            and not isinstance(time_limit_s, bool)
+            and math.isfinite(time_limit_s)
+            and time_limit_s > 0
+        ):
+            raise ValueError(
+                f"the time limit of {service}.{operation} must be a positive number of "
+                f"seconds, got {time_limit_s!r}"
+            )
         existing = self._handlers.get(key)
         if existing is not None and existing is not fn:
             raise ValueError(f"a handler for {service}.{operation} is already registered")
         self._handlers[key] = fn
+        if time_limit_s is not None:
+            self._limits[key] = float(time_limit_s)
 
     def get(self, service: str, operation: str) -> Handler | None:
         return self._handlers.get((service, operation))
+
+    def time_limit_s(self, service: str, operation: str) -> float | None:
+        """The handler's declared time limit; None when it takes the default."""
+        return self._limits.get((service, operation))
 
     def has_service(self, service: str) -> bool:
         return any(s == service for s, _ in self._handlers)

@@ -32,8 +32,9 @@ from worker import extcall
 from worker.configuration import ConfigReader
 from worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from worker.core.http import OutboundHttp
+from worker.core.limits import TimeLimitExceeded, TimeLimits
 from worker.extcall import CallKey, CallResult
-from worker.handlers import ExternalResponse, HandlerRegistry, MessageContext
+from worker.handlers import ExternalResponse, Handler, HandlerRegistry, MessageContext
 from worker.intake import insert_message, insert_values, parse_message
 from worker.store.prepared import PreparedConnection, prepared_connection
 from worker.tracking import Tracker, claim_of
@@ -86,6 +87,12 @@ ERROR_NO_HANDLER = "E_NO_HANDLER"
 ERROR_HANDLER = "E_HANDLER"
 ERROR_INVALID_CHILD = "E_INVALID_CHILD"
 ERROR_WAIT_CONFLICT = "E_WAIT_CONFLICT"
+ERROR_TIME_LIMIT = "E_TIME_LIMIT"
+
+# Added to a time-limited message's tracking deadline beyond its limit and the kill grace:
+# the claim and outcome statements around the handler, and the orphan job's turn (every
+# second, after a one-second grace) that releases the message of a killed worker first.
+LIMIT_TRACKING_MARGIN_MS = 2_000
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,14 @@ class Processor:
         tracker: Tracker | None = None,
         http: OutboundHttp | None = None,
         worker_lost_limit: int = 3,
+        limits: TimeLimits | None = None,
+        default_time_limit_s: float | None = None,
     ) -> None:
         self._tracker = tracker
+        # Without ``limits`` handlers run unlimited; a handler declaring no time limit takes
+        # ``default_time_limit_s`` (None: unlimited).
+        self._limits = limits
+        self._default_time_limit_s = default_time_limit_s
         self._worker_lost_limit = worker_lost_limit
         self._http = http or OutboundHttp()
         self._engine = engine
@@ -213,10 +226,34 @@ class Processor:
         if self._tracker is None:
             return self._run_claimed(conn, claimed)
         # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
+        # Never before its handler's time limit and kill grace have passed: the limits stop a
+        # hung handler; taking its message back while it may still run would run it twice.
         pid = claimed[1 + _CLAIM_COLUMNS.index("processing_pid")]
         at = claimed[1 + _CLAIM_COLUMNS.index("last_process_timestamp")]
-        with self._tracker.tracking(msg_id, "message", claim=claim_of(pid, at)):
+        limit_s = self._time_limit_s(
+            claimed[1 + _CLAIM_COLUMNS.index("service_name")],
+            claimed[1 + _CLAIM_COLUMNS.index("operation_name")],
+        )
+        timeout_ms = None
+        if limit_s is not None and self._limits is not None:
+            timeout_ms = round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
+        with self._tracker.tracking(
+            msg_id, "message", claim=claim_of(pid, at), timeout_ms=timeout_ms
+        ):
             return self._run_claimed(conn, claimed)
+
+    def _time_limit_s(self, service: str, operation: str) -> float | None:
+        declared = self._registry.time_limit_s(service, operation)
+        return self._default_time_limit_s if declared is None else declared
+
+    def _call_handler(self, handler: Handler, ctx: MessageContext) -> None:
+        """The handler under its time limit, if it has one (worker.core.limits)."""
+        limit_s = self._time_limit_s(ctx.service, ctx.operation)
+        if limit_s is None or self._limits is None:
+            handler(ctx)
+            return
+        what = f"handler {ctx.service}.{ctx.operation} (message {ctx.msg_id})"
+        self._limits.run(limit_s, what, lambda: handler(ctx))
 
     def _run_claimed(self, conn: PreparedConnection, claimed: Any) -> ProcessResult:
         row = dict(zip(_CLAIM_COLUMNS, claimed[1:-1], strict=True))
@@ -248,7 +285,12 @@ class Processor:
             desc = f"no handler registered for {ctx.service}.{ctx.operation}"
             return self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
         try:
-            handler(ctx)
+            self._call_handler(handler, ctx)
+        except TimeLimitExceeded as exc:
+            # Stopped, not left running: the message is failed like any handler error and
+            # comes back through the pool (or ends FAILED) with no copy of it still running.
+            desc = f"{exc}; stopped"
+            return self._finish(conn, ctx, "FAIL", code=ERROR_TIME_LIMIT, desc=desc)
         except CallInProgress as exc:
             # Not a failure: the key is busy; the pool takes the message up again.
             return self._finish(conn, ctx, "POSTPONED", detail=str(exc))

@@ -21,6 +21,7 @@ from worker.configuration import ConfigReader
 from worker.conversations import Conversations
 from worker.core.clock import SYSTEM, Clock
 from worker.core.http import HttpOptions, OutboundHttp
+from worker.core.limits import TimeLimits
 from worker.delivery import HttpSender
 from worker.handlers import HandlerRegistry, load_handler_modules, registry
 from worker.intake import Intake
@@ -92,7 +93,14 @@ class Runtime:
             tracker=self.tracker,
             http=self.http,
             worker_lost_limit=self.settings.worker_lost_limit,
+            limits=self.time_limits,
+            default_time_limit_s=(self.settings.handler_time_limit_ms / 1000) or None,
         )
+
+    @cached_property
+    def time_limits(self) -> TimeLimits:
+        """The handlers' time limits in this process (the kill grace and its watchdog)."""
+        return TimeLimits(self.settings.handler_kill_grace_ms / 1000)
 
     @cached_property
     def redis(self) -> redis.Redis:

@@ -2,7 +2,9 @@
 timed-out message in the message store.
 
 A message is tracked from its claim (PROCESSING) to its outcome. One that is not done within
-messageTimeout is taken back from its worker (``processing_pid`` cleared, so a late outcome is
+its deadline (messageTimeout, or longer: its handler's time limit, the kill grace and a margin,
+so that a handler still within its limit is never taken back; see worker.processing) is taken
+back from its worker (``processing_pid`` cleared, so a late outcome is
 dropped as LOST_CLAIM) and retried after ``delay * multiplier^n`` (the retry policy), up to
 the retry attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of
 timeouts lives on the row (``timeout_count``) and the retry-or-fail decision is part of the
@@ -22,7 +24,7 @@ from sqlalchemy import Engine
 from worker.core.clock import now_ms
 from worker.pool import released_in
 from worker.store.queries import sql
-from worker.tracking import Tracker
+from worker.tracking import TimedOut, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class TimeoutReport:
 
 
 def _take_back(
-    engine: Engine, tracker: Tracker, msg_id: int, claim: str, now: int
+    engine: Engine, tracker: Tracker, t: TimedOut, now: int
 ) -> tuple[str | None, int, list[int]]:
     """Take a timed-out claim back: (new state or None, timeout number, released ids).
 
@@ -55,7 +57,8 @@ def _take_back(
     the retry finds the message still claimed and does nothing; the reverse order could
     leave the message IN_QUEUE with no task.
     """
-    pid, _, claimed_at = claim.partition(" ")
+    msg_id = int(t.xid)
+    pid, _, claimed_at = t.claim.partition(" ")
     policy = tracker.policy
     with engine.begin() as conn:
         # The funnel lock before the row lock, as everywhere (a no-op without a funnel).
@@ -67,7 +70,9 @@ def _take_back(
                 "pid": int(pid),
                 "claimed_at": claimed_at,
                 "attempts": policy.retry_attempts,
-                "timeout_ms": policy.timeout_ms,
+                # the message's own deadline may be longer than messageTimeout (its
+                # handler's time limit): say how long it really ran
+                "timeout_ms": t.elapsed_ms,
             },
         ).first()
         if row is None:
@@ -94,7 +99,7 @@ def monitor(
             continue
         msg_id = int(t.xid)
         try:
-            state, _, released = _take_back(engine, tracker, msg_id, t.claim, now)
+            state, _, released = _take_back(engine, tracker, t, now)
         except Exception:
             # One message's trouble must not cost the others their turn.
             log.exception("taking back timed-out message %s failed", msg_id)

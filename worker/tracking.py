@@ -207,11 +207,22 @@ class Tracker:
         self._scripts = Scripts(client)
 
     def register(
-        self, message: Any, kind: str = "message", now: int | None = None, claim: str = ""
+        self,
+        message: Any,
+        kind: str = "message",
+        now: int | None = None,
+        claim: str = "",
+        timeout_ms: int | None = None,
     ) -> int:
-        """Track ``message``; the id to report done, or 0 when over capacity (counted)."""
+        """Track ``message``; the id to report done, or 0 when over capacity (counted).
+
+        ``timeout_ms`` lengthens this one's deadline beyond messageTimeout (a handler's time
+        limit and its kill grace); its hash then lives as much longer.
+        """
         xid, xid_type = xid_of(message)
         k = self.keys
+        timeout = max(self.policy.timeout_ms, timeout_ms or 0)
+        expire = self.policy.expire_ms + (timeout - self.policy.timeout_ms)
         track_id = int(
             self._scripts.run(
                 "track_register",
@@ -221,8 +232,8 @@ class Tracker:
                     k.xid_prefix,
                     self.policy.capacity,
                     now_ms(self.clock) if now is None else now,
-                    self.policy.timeout_ms,
-                    self.policy.expire_ms,
+                    timeout,
+                    expire,
                     xid,
                     xid_type,
                     self.service,
@@ -246,7 +257,9 @@ class Tracker:
         return bool(pushed)
 
     @contextmanager
-    def tracking(self, message: Any, kind: str, claim: str = "") -> Iterator[int]:
+    def tracking(
+        self, message: Any, kind: str, claim: str = "", timeout_ms: int | None = None
+    ) -> Iterator[int]:
         """Track what the block does: registered on entry, done when it returns. A block
         that raises did not finish its work (e.g. the outcome was not stored): it is left to
         time out, like a worker that never gets to the end.
@@ -254,7 +267,7 @@ class Tracker:
         A tracking Redis that fails is logged and the block runs untracked.
         """
         try:
-            track_id = self.register(message, kind, claim=claim)
+            track_id = self.register(message, kind, claim=claim, timeout_ms=timeout_ms)
         except (redis.RedisError, TrackingError):
             log.exception("tracking %s failed; running it untracked", kind)
             track_id = 0

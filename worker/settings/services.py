@@ -67,6 +67,24 @@ class ServiceSettings(Section):
         "is quarantined: FAILED with E_WORKER_LOST instead of claimed again.",
     )
 
+    handler_time_limit_ms: int = Field(
+        7_000,
+        ge=0,
+        le=86_400_000,
+        validation_alias="ORDERLY_HANDLER_TIME_LIMIT_MS",
+        description="A handler's time limit unless it declares its own (time_limit_s): past "
+        "it the handler is stopped (E_TIME_LIMIT). 0: handlers that declare none run "
+        "unlimited, and only the tracking timeout takes a hung one back.",
+    )
+    handler_kill_grace_ms: int = Field(
+        1_000,
+        ge=100,
+        le=600_000,
+        validation_alias="ORDERLY_HANDLER_KILL_GRACE_MS",
+        description="How long a handler past its time limit has to stop before its worker "
+        "process is killed (the hard limit).",
+    )
+
     broker_visibility_timeout_s: int = Field(
         3600,
         ge=1,
