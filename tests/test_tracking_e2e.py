@@ -21,6 +21,9 @@ FAST_TRACKING = {
     "ORDERLY_TRACK_RETRY_ATTEMPTS": "1",
     "ORDERLY_TRACK_RETRY_DELAY_MS": "200",
     "ORDERLY_TRACK_MONITOR_INTERVAL_MS": "300",
+    # No handler time limits: the monitor alone takes a hung message back (a limit would
+    # stop the handler first, and its deadline would cover the limit).
+    "ORDERLY_HANDLER_TIME_LIMIT_MS": "0",
 }
 
 
