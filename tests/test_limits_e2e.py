@@ -78,8 +78,8 @@ def test_a_handler_past_its_limit_is_stopped_and_never_runs_twice_at_once(
     assert (got.failed_count, got.timeout_count, got.lost_count) == (2, 0, 0)
     runs = _one_run_at_a_time(_events(redis_client), {"stopped"})
     assert len(runs) == 2
-    quick_events = redis_client.lrange("orderly:test:quick", 0, -1)
-    assert [e.split(b":")[0] for e in quick_events] == [b"start", b"end"]  # type: ignore[union-attr]
+    quick_events: list[bytes] = redis_client.lrange("orderly:test:quick", 0, -1)  # type: ignore[assignment]
+    assert [e.split(b":")[0] for e in quick_events] == [b"start", b"end"]
 
 
 def test_a_handler_that_ignores_its_soft_limit_is_killed_and_then_quarantined(
