@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 
 from worker import nodes
 from worker.channels import Channel, ChannelDirectory, put_channel
-from worker.conversations import Conversations, Delivery, Head, Sender, SendResult
+from worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
 from worker.core.due import drain
 from worker.core.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
 from worker.settings import Settings
@@ -426,6 +426,46 @@ def test_non_recoverable_failure_cancels_the_group_and_moves_on(h: Harness) -> N
             text("SELECT failed_desc FROM message WHERE correlation_id = 's2'")
         ).scalar_one()
     assert "HTTP 400" in reason
+
+
+def test_a_response_accepted_while_its_group_is_cancelled_does_not_stay_open(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race: the drain has cancelled the group's rows, and a new response of the group is
+    accepted (row and Redis entry) before the drain's next step drops the group from Redis."""
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    apply = gate._apply
+
+    def apply_then_accept(*args: Any) -> Any:
+        answer = apply(*args)
+        if args[2].response_id == "s1":
+            # s2's insert read its request before the cancel committed and committed after
+            # the cancel's snapshot: its row is IN_QUEUE (written here as that race leaves it)
+            with h.engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO message (msg_timestamp, receive_timestamp,"
+                        " last_process_timestamp, service_name, operation_name, object_id,"
+                        " entity_type, correlation_id, process_id, payload, source_system,"
+                        " state, node_id, parent_msg_id, parent_binding_type, response_last)"
+                        " SELECT msg_timestamp, now(), now(), service_name, operation_name,"
+                        " object_id, entity_type, 's2', process_id, payload, source_system,"
+                        " 'IN_QUEUE', node_id, parent_msg_id, parent_binding_type, true"
+                        " FROM message WHERE correlation_id = 's1'"
+                    )
+                )
+            # ... and its intake puts it into Redis before the drain's next step.
+            h.response("c1", "r1", "s2", last=True)
+            assert h.redis.exists("bridge:queue:res:s2")
+        return answer
+
+    monkeypatch.setattr(gate, "_apply", apply_then_accept)
+    rec = Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]})
+    h.run(rec)
+    assert rec.sent == ["s1"]
+    assert not h.redis.exists("bridge:queue:res:s2")  # dropped with its group
+    assert (h.state("s1"), h.state("s2"), h.state("r1")) == ("CANCEL", "CANCEL", "CANCEL")
 
 
 # --- the awaited agent --------------------------------------------------------------------

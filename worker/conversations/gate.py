@@ -189,15 +189,19 @@ def _apply(
         report.awaited += 1
         log.warning("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
         return ("awaited", rid, ""), None
-    conn.run(
-        "conv_group_cancel",
-        head.request_msg_id,
-        ERROR_CANCELLED,
-        f"response {rid}: {result.reason}",
-    )
+    why = f"response {rid}: {result.reason}"
+
+    def cancel_group() -> None:
+        conn.run("conv_group_cancel", head.request_msg_id, ERROR_CANCELLED, why)
+
+    cancel_group()
     report.cancelled += 1
     log.warning("response %s: %s; its group is cancelled", rid, result.reason)
-    return ("cancel", rid, ""), None
+    # Once more after Redis dropped the group: a response of the group accepted meanwhile
+    # (its row written after the first cancel, its Redis entry before the drop) is dropped
+    # from Redis by the next step and must not stay open in PostgreSQL. A response accepted
+    # after the drop finds the tombstone and is cancelled by its intake.
+    return ("cancel", rid, ""), cancel_group
 
 
 def _settled_by_timeout(
