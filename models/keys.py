@@ -126,6 +126,12 @@ class TrackKeys:
     def service(self, service_id: int | str) -> str:
         return f"{self.namespace}:service:{service_id}"
 
+    def service_mark(self, service_id: int | str) -> str:
+        """Beside a live service's key, renewed with it and left alone by an operator's stop:
+        the key gone with its mark means Redis lost its data (FLUSHALL, a restart without
+        persistence), not that an operator removed the key."""
+        return f"{self.namespace}:service:{service_id}:mark"
+
     # --- orderly's additions ------------------------------------------------------------
     def attempts(self, xid: str) -> str:
         """Timeouts counted against one xid so far (the retry's attempt number)."""

@@ -356,12 +356,12 @@ def test_service_keys_register_renew_and_stop(redis_client: redis.Redis) -> None
     assert (a, b, c) == (1, 2, 3)
     assert text_hash(redis_client, KEYS.service(a)) == {"node_code": "n1", "pid": "11"}
     assert [s.service_id for s in services.live()] == [1, 2, 3]
-    assert services.renew(a, 9_000, now=T0)
+    assert services.renew(a, 9_000, now=T0) == "renewed"
     assert redis_client.pttl(KEYS.service(a)) > 5_000
     assert text_hash(redis_client, KEYS.service(a))["renewed"] == str(T0)
 
     assert services.stop_node("n1") == [1, 3]
-    assert not services.renew(a, 9_000)  # gone stays gone: the worker must stop
+    assert services.renew(a, 9_000) == "removed"  # gone stays gone: the worker must stop
     assert not redis_client.exists(KEYS.service(a))
     assert [s.service_id for s in services.live()] == [2]
     assert redis_client.smembers(KEYS.services) == {b"2"}
@@ -423,6 +423,12 @@ def test_a_service_lease_stops_only_when_an_operator_removed_the_key(
     assert lease.keep() == "restored"
     assert int(redis_client.get(KEYS.service_id) or 0) == service_id  # never handed out again
     assert services.register({"node_code": "n2"}, expire_ms=5_000) == service_id + 1
+
+    # Redis flushed (same server, the lease fresh): the key and its mark are gone, put back.
+    redis_client.flushdb()
+    clock.advance(1)
+    assert lease.keep() == "restored"
+    assert redis_client.exists(KEYS.service(service_id), KEYS.service_mark(service_id)) == 2
 
     # Deleted by an operator while the lease is fresh and Redis the same: stop.
     redis_client.delete(KEYS.service(service_id))

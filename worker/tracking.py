@@ -333,13 +333,19 @@ class Tracker:
         )
 
 
+# A service key's mark lives this many expiries (renewed with the key): long enough to outlast
+# the key after an operator removed it, short enough not to pile up after the service ended.
+MARK_LIFE = 4
+
+
 class ServiceLease:
     """One worker's service key while it lives: renewed, restored after an outage, or the
     signal to stop.
 
-    The key gone means stop only when an operator removed it: the lease renewed it less than
-    an expiry ago and Redis is the same server. A key that expired because renewals could not
-    reach Redis, or that a Redis restart lost, is put back under the same id.
+    The key gone means stop only when an operator removed it: its mark is still there, the
+    lease renewed it less than an expiry ago and Redis is the same server. A key that expired
+    because renewals could not reach Redis, or that a Redis restart or FLUSHALL lost (with its
+    mark), is put back under the same id.
     """
 
     def __init__(
@@ -371,12 +377,13 @@ class ServiceLease:
         if self.service_id is None:
             self.start()
             return "started"
-        if self.services.renew(self.service_id, self.expire_ms):
+        renewed = self.services.renew(self.service_id, self.expire_ms)
+        if renewed == "renewed":
             self._renewed_at = self._clock.monotonic()
             return "renewed"
         lapsed = (self._clock.monotonic() - self._renewed_at) * 1000 >= self.expire_ms
         server = self.services.server_id()
-        if lapsed or server != self._server:
+        if renewed == "lost" or lapsed or server != self._server:
             self.services.restore(self.service_id, self.fields, self.expire_ms)
             self._renewed_at = self._clock.monotonic()
             self._server = server
@@ -417,16 +424,21 @@ class Services:
                 [k.service(""), expire_ms, *pairs],
             )
         )
+        self.client.set(k.service_mark(service_id), "1", px=MARK_LIFE * expire_ms)
         return service_id
 
-    def renew(self, service_id: int, expire_ms: int, now: int | None = None) -> bool:
-        """Renew the key; False when it is gone (the service must stop)."""
-        renewed = self._scripts.run(
-            "service_renew",
-            [self.keys.service(service_id)],
-            [expire_ms, now_ms() if now is None else now],
+    def renew(self, service_id: int, expire_ms: int, now: int | None = None) -> str:
+        """Renew the key and its mark: ``renewed``; ``removed`` when the key is gone but its
+        mark is there (an operator removed it: the service must stop); ``lost`` when both are
+        gone (Redis lost its data: the service puts its key back)."""
+        renewed = int(
+            self._scripts.run(
+                "service_renew",
+                [self.keys.service(service_id), self.keys.service_mark(service_id)],
+                [expire_ms, now_ms() if now is None else now, MARK_LIFE * expire_ms],
+            )
         )
-        return bool(renewed)
+        return {1: "renewed", 0: "removed"}.get(renewed, "lost")
 
     def restore(self, service_id: int, fields: Mapping[str, str | int], expire_ms: int) -> bool:
         pairs: list[str | int] = []
@@ -438,6 +450,7 @@ class Services:
             [k.service(service_id), k.services, k.service_id],
             [service_id, expire_ms, *pairs],
         )
+        self.client.set(k.service_mark(service_id), "1", px=MARK_LIFE * expire_ms)
         return bool(restored)
 
     def server_id(self) -> str:
@@ -447,7 +460,7 @@ class Services:
 
     def deregister(self, service_id: int) -> None:
         pipe = self.client.pipeline(transaction=True)
-        pipe.delete(self.keys.service(service_id))
+        pipe.delete(self.keys.service(service_id), self.keys.service_mark(service_id))
         pipe.srem(self.keys.services, service_id)
         pipe.execute()
 
