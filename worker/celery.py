@@ -84,6 +84,12 @@ def enqueue_confirmations(calls: list[tuple[int, str]]) -> None:
     app.send_task("orderly.deliver.confirmations", args=(calls,))
 
 
+def ping_broker(timeout_s: float) -> None:
+    """Connect to the broker once (GET /ready); raises when it cannot be reached."""
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+
+
 class NodeLifecycle(bootsteps.StartStopStep):
     """Registers the worker's node, renews its heartbeat and its service key, and follows its
     state.

@@ -26,7 +26,7 @@ from pydantic import (
 from sqlalchemy import Engine
 
 from models import MessageState
-from worker.core.errors import InvalidMessage, NodeNotAccepting
+from worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable, first_line
 from worker.core.inputs import parse_input, parse_timestamp
 from worker.handlers import HandlerRegistry
 from worker.store.prepared import PreparedConnection, prepared_connection
@@ -163,14 +163,27 @@ class Intake:
         result = self._store(message)
         # A POSTPONED message waits for its funnel to release it; it has no task until then.
         if result.created and result.state is MessageState.NEW:
-            try:
-                self._enqueue(result.msg_id)
-            except Exception:
-                # The row is durable; repair moves a NEW message that was never picked up.
-                log.exception(
-                    "message %s stored but not enqueued; repair will retry it", result.msg_id
-                )
+            self._hand_over(result.msg_id)
         return result
+
+    def _hand_over(self, msg_id: int) -> None:
+        try:
+            self._enqueue(msg_id)
+        except Exception as exc:
+            # The row is durable and stays processed: POSTPONED, the re-processing pool hands
+            # it to the broker again once it answers (or, should even this fail, repair takes
+            # up the NEW message). The producer is told; submitting again answers 200.
+            log.warning("message %s stored but not handed to the broker: %s", msg_id, exc)
+            try:
+                with prepared_connection(self._engine) as conn:
+                    conn.run("orderly_hand_over_later", msg_id)
+            except Exception:
+                log.exception("message %s: left NEW for repair", msg_id)
+            raise ServiceUnavailable(
+                "broker",
+                f"{first_line(exc)}; message {msg_id} is stored and will be processed when "
+                "the broker answers again (submitting it again answers 200 with this msg_id)",
+            ) from exc
 
     def _store(self, message: MessageIn) -> SubmitResult:
         with prepared_connection(self._engine) as conn:

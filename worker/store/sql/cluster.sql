@@ -61,3 +61,7 @@ ON CONFLICT (origin) DO UPDATE
 
 -- name: channel_list
 SELECT origin, url, delivery_delay_ms, multiplier, attempts, timeout_ms FROM channel;
+
+-- name: ready_ping
+-- GET /ready: the server answers a query.
+SELECT 1;

@@ -96,3 +96,11 @@ SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response 
 -- A funnel's advisory lock, held until the transaction ends (before any row of the funnel).
 -- prepare: text, text
 SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
+
+-- name: orderly_hand_over_later
+-- A NEW message whose task the broker refused: POSTPONED, so the re-processing pool hands it
+-- over again (after postponedIntervalSec) instead of repair taking it up as stuck.
+-- prepare: bigint
+UPDATE message SET state = 'POSTPONED', last_process_timestamp = now()
+ WHERE msg_id = $1 AND state = 'NEW'
+RETURNING msg_id;
