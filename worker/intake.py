@@ -26,7 +26,8 @@ from pydantic import (
 from sqlalchemy import Engine
 
 from models import MessageState
-from worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable, first_line
+from worker import nodes
+from worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
 from worker.core.inputs import parse_input, parse_timestamp
 from worker.handlers import HandlerRegistry
 from worker.store.prepared import PreparedConnection, prepared_connection
@@ -204,6 +205,4 @@ class Intake:
             )
             if existing is not None:
                 return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
-            node = conn.run("orderly_node_state", self._node_id)
-            assert node is not None, f"node {self._node_id} is not registered"
-            raise NodeNotAccepting(node[0], node[1])
+            raise nodes.refusal(conn, self._node_id)
