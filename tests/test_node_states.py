@@ -181,3 +181,38 @@ def test_a_task_that_reaches_a_stopped_worker_goes_back_to_the_broker(
     stack.worker("w2", node="run-node", concurrency=1)
     wait_until(lambda: delivered(sink) == ["rs-1"], 30, "rs-1 delivered")
     wait_until(lambda: pushed(recorder) == [1], 30, "event 1 pushed")
+
+
+def test_beat_of_a_stopped_node_hands_out_no_due_work_until_it_runs_again(
+    stack: Stack, sink: Sink, recorder: Recorder
+) -> None:
+    stack.start_api()
+    http = stack.http
+    setup_outputs(http, sink, recorder)
+    stack.worker(node="worker-node", concurrency=1)
+    set_state(stack.db, "beat-node", NodeState.STOPPED)
+    stack.beat(node="beat-node")
+    # Delayed: only beat's ticker hands it to the broker, once it is due.
+    answer = http.post(
+        "/rooms/orders/events", json={"routing_key": "a", "payload": {"n": 1}, "$delay": 300}
+    )
+    assert answer.status_code == 201, answer.text
+
+    def beat_went_on_past_the_due_time() -> bool:
+        # Beat renews its node's heartbeat from its tick loop: a heartbeat a second after the
+        # event was due shows the loop ran past it.
+        with stack.db.connect() as conn:
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT n.last_heartbeat > e.deliver_at + interval '1 second'"
+                        " FROM node n, event e WHERE n.code = 'beat-node'"
+                    )
+                ).scalar_one()
+            )
+
+    wait_until(beat_went_on_past_the_due_time, 30, "beat ticking past the due time")
+    assert pushed(recorder) == []
+
+    nodes.set_state(stack.db, "beat-node", NodeState.RUN)
+    wait_until(lambda: pushed(recorder) == [1], 30, "event 1 pushed")

@@ -13,13 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from tests.helpers import message, set_config, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http
 from tooling.servers import PostgresServer, RedisServer
 from worker import configuration
+from worker.core.errors import ServiceUnavailable
+from worker.intake import Intake
+from worker.runtime import get_runtime
 from worker.store import schema
 
 
@@ -111,7 +114,7 @@ def test_postgresql_down_is_503_and_everything_goes_on_once_it_is_back(
 
 
 @pytest.fixture
-def redis_stack(stack: Stack, db: Any, redis_server: RedisServer) -> Iterator[Stack]:
+def redis_stack(stack: Stack, db: Engine, redis_server: RedisServer) -> Iterator[Stack]:
     """API, worker and beat on a Redis of the test's own (broker and ordering structures)."""
     set_config(db, asynch__postponedIntervalSec="1")
     stack.env(ORDERLY_REDIS_URL=redis_server.url)
@@ -179,3 +182,27 @@ def test_redis_down_is_503_and_a_stored_message_is_still_processed(
     assert request.status_code in (200, 201), request.text
     assert "r-1" in str(client.get("/conversations/c-1").json())
     wait_ready(client)
+
+
+def test_a_message_the_broker_refused_waits_postponed_for_the_pool(db: Engine) -> None:
+    def refuse(msg_id: int) -> None:
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    runtime = get_runtime()
+    intake = Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=refuse,
+        registry=runtime.registry,
+        max_payload_bytes=1000,
+    )
+    with pytest.raises(ServiceUnavailable) as info:
+        intake.submit(message(1))
+    assert info.value.service == "broker"
+    assert str(info.value).startswith("The broker is unreachable: Error 111")
+    with db.connect() as conn:
+        [(msg_id, state)] = conn.execute(text("SELECT msg_id, state FROM message")).all()
+    assert state == "POSTPONED"  # the re-processing pool hands it over again
+    assert f"message {msg_id} is stored" in str(info.value)
+    again = intake.submit(message(1))
+    assert (again.msg_id, again.created, again.state.value) == (msg_id, False, "POSTPONED")

@@ -85,6 +85,8 @@ class NodeFollower:
         self._clock = clock
         self._next = float("-inf")
         self.state = node_state(engine, node_id)
+        if self.state is not NodeState.RUN:
+            log.warning("node %s is %s", node_id, self.state.value)
 
     def follow(self) -> NodeState:
         now = self._clock.monotonic()
