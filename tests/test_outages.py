@@ -19,7 +19,8 @@ from tests.helpers import message, set_config, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http
 from tooling.servers import PostgresServer, RedisServer
-from worker import configuration
+from worker import configuration, pool
+from worker.configuration import ConfigReader
 from worker.core.errors import ServiceUnavailable
 from worker.intake import Intake
 from worker.runtime import get_runtime
@@ -206,3 +207,32 @@ def test_a_message_the_broker_refused_waits_postponed_for_the_pool(db: Engine) -
     assert f"message {msg_id} is stored" in str(info.value)
     again = intake.submit(message(1))
     assert (again.msg_id, again.created, again.state.value) == (msg_id, False, "POSTPONED")
+
+
+def test_messages_the_pool_could_not_hand_over_wait_postponed_again(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    ids = [intake.submit(message(n)).msg_id for n in (1, 2)]
+
+    def due_again() -> None:
+        with db.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE message SET state = 'POSTPONED',"
+                    " last_process_timestamp = now() - interval '1 hour'"
+                )
+            )
+
+    def refuse(msg_id: int) -> None:
+        raise ConnectionError("Connection refused.")
+
+    due_again()
+    config = ConfigReader(db)
+    with pytest.raises(ConnectionError):
+        pool.requeue_due(db, config, refuse)
+    with db.connect() as conn:
+        states = conn.execute(text("SELECT state FROM message ORDER BY msg_id")).scalars().all()
+    assert states == ["POSTPONED", "POSTPONED"]  # not left IN_QUEUE for repair
+    due_again()
+    handed: list[int] = []
+    assert pool.requeue_due(db, config, handed.append) == ids == handed

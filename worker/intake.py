@@ -31,6 +31,7 @@ from worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
 from worker.core.inputs import parse_input, parse_timestamp
 from worker.handlers import HandlerRegistry
 from worker.store.prepared import PreparedConnection, prepared_connection
+from worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,23 @@ def insert_message(
     return None if row is None else (int(row[0]), MessageState(row[1]))
 
 
+def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]) -> None:
+    """Enqueue messages one by one; should the broker refuse one, it and the rest become
+    POSTPONED (the pool hands them over again once the broker answers) and the error is
+    raised."""
+    for i, msg_id in enumerate(msg_ids):
+        try:
+            enqueue(msg_id)
+        except Exception:
+            hand_over_later(engine, msg_ids[i:])
+            raise
+
+
+def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
+    with engine.begin() as conn:
+        conn.execute(sql("hand_over_later"), {"ids": msg_ids})
+
+
 class Intake:
     """Accepts messages through one node; ``enqueue`` is called with the msg_id after commit."""
 
@@ -176,8 +194,7 @@ class Intake:
             # up the NEW message). The producer is told; submitting again answers 200.
             log.warning("message %s stored but not handed to the broker: %s", msg_id, exc)
             try:
-                with prepared_connection(self._engine) as conn:
-                    conn.run("orderly_hand_over_later", msg_id)
+                hand_over_later(self._engine, [msg_id])
             except Exception:
                 log.exception("message %s: left NEW for repair", msg_id)
             raise ServiceUnavailable(
