@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from worker import nodes, pool, pubsub, rebuild, timeouts
 from worker.celery import app, enqueue_drain, enqueue_processing, enqueue_processing_many
@@ -105,11 +106,14 @@ def pubsub_upkeep() -> None:
     pubsub.upkeep(get_runtime().engine)
 
 
-@app.task(name="orderly.agents.nightly_report")
-def nightly_report() -> int:
+@app.task(name="orderly.agents.nightly_report", bind=True)
+def nightly_report(self: Any) -> int:
     """Start the incremental report (rows since the watermark) as a process of its own and
     return at once: Spark's driver must not live in a worker. Two overlapping runs are safe:
     the watermark moves by compare-and-set, with the report tables, so only one counts."""
+    from worker.tasks import refuse_if_stopped
+
+    refuse_if_stopped(self)
     settings = get_runtime().settings
     folder = Path(settings.report_output_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@ from typing import Any
 from celery.beat import Scheduler
 
 from beat.schedule import build_schedule, build_tickers
+from models import NodeState
 from worker.core.due import Ticker
+from worker.nodes import NodeFollower
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.beat")
@@ -19,7 +21,12 @@ log = logging.getLogger("orderly.beat")
 class ConfiguredScheduler(Scheduler):
     """An in-memory scheduler (the agents are periodic and idempotent) that also runs the
     tickers: due work goes to the broker within one interval of being due, whatever an agent
-    is doing meanwhile."""
+    is doing meanwhile.
+
+    Beat follows its node (ORDERLY_NODE_CODE) every heartbeat: while it is STOPPED the
+    ticker hands out no due work and neither the agents nor the beat schedule run (the beats
+    of other nodes go on); HANDLES_EXISTING_MESSAGES changes nothing here, existing work
+    finishes."""
 
     due: Ticker | None = None
     agents: Ticker | None = None
@@ -28,6 +35,12 @@ class ConfiguredScheduler(Scheduler):
         runtime = get_runtime()
         runtime.startup_check()
         self.due, self.agents = build_tickers(runtime.config, runtime.settings, runtime)
+        self.node = NodeFollower(
+            runtime.engine,
+            runtime.node_id,
+            runtime.settings.heartbeat_interval_ms / 1000,
+            clock=runtime.clock,
+        )
         self.interval_s = runtime.settings.interval / 1000
         schedule = build_schedule(runtime.settings)
         self.merge_inplace(schedule)
@@ -47,12 +60,16 @@ class ConfiguredScheduler(Scheduler):
     def _run_agents(self) -> None:
         assert self.agents is not None
         while not self._stopping.is_set():
-            self.agents.tick()
+            if not self.node.stopped:
+                self.agents.tick()
             self._stopping.wait(self.interval_s)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        if self.due is not None:
-            self.due.tick()
+        if self.due is None:
+            return float(super().tick(*args, **kwargs))
+        if self.node.follow() is NodeState.STOPPED:
+            return self.interval_s
+        self.due.tick()
         wait: float = super().tick(*args, **kwargs)
         return min(wait, self.interval_s)
 

@@ -23,6 +23,7 @@ log = logging.getLogger("orderly.worker")
 PROCESS_QUEUE = "orderly.process"
 AGENTS_QUEUE = "orderly.agents"
 DELIVER_QUEUE = "orderly.deliver"
+QUEUES = (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
 
 _settings = get_settings()
 
@@ -84,14 +85,22 @@ def enqueue_confirmations(calls: list[tuple[int, str]]) -> None:
     app.send_task("orderly.deliver.confirmations", args=(calls,))
 
 
+def ping_broker(timeout_s: float) -> None:
+    """Connect to the broker once (GET /ready); raises when it cannot be reached."""
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+
+
 class NodeLifecycle(bootsteps.StartStopStep):
     """Registers the worker's node, renews its heartbeat and its service key, and follows its
-    state.
+        state.
 
-    STOPPED: stop consuming the processing queue; RUN or HANDLES_EXISTING_MESSAGES: consume.
-    The service key deleted by an operator: warm shutdown, as on SIGTERM (the tasks in hand
-    finish, then the worker exits). A key lost to an outage or a Redis restart is restored
-    (``worker.tracking.ServiceLease``).
+        STOPPED: stop consuming every orderly queue this worker consumes (processing, deliveries
+    of conversations, events and confirmations, agents); RUN or HANDLES_EXISTING_MESSAGES:
+        consume them again.
+        The service key deleted by an operator: warm shutdown, as on SIGTERM (the tasks in hand
+        finish, then the worker exits). A key lost to an outage or a Redis restart is restored
+        (``worker.tracking.ServiceLease``).
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
@@ -99,14 +108,35 @@ class NodeLifecycle(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.tref: Any = None
+        # The orderly queues this worker was started to consume (-Q), found once: a queue
+        # cancelled while STOPPED must be added back when the node runs again.
+        self.queues: list[str] | None = None
+
+    def _consuming(self, c: Any) -> list[str]:
+        assert self.queues is not None
+        return [q for q in self.queues if c.task_consumer.consuming_from(q)]
+
+    def _pause(self, c: Any, queues: list[str]) -> None:
+        for queue in queues:
+            c.cancel_task_queue(queue)
+
+    def _resume(self, c: Any) -> None:
+        assert self.queues is not None
+        for queue in self.queues:
+            if not c.task_consumer.consuming_from(queue):
+                c.add_task_queue(queue)
 
     def start(self, c: Any) -> None:
         runtime = get_runtime()
         runtime.startup_check()
         log.info("node %s registered as id %s", runtime.settings.node_code, runtime.node_id)
+        if self.queues is None:
+            # The consumer does not consume yet: the queues it is to consume.
+            selected = c.app.amqp.queues.consume_from
+            self.queues = [q for q in QUEUES if q in selected]
         if nodes.node_state(runtime.engine, runtime.node_id) is NodeState.STOPPED:
             log.warning("node %s is STOPPED: not consuming", runtime.settings.node_code)
-            c.cancel_task_queue(PROCESS_QUEUE)
+            self._pause(c, self.queues)
         interval = runtime.settings.heartbeat_interval_ms / 1000
         self.tref = c.timer.call_repeatedly(interval, self.follow, (c,), priority=10)
 
@@ -136,13 +166,13 @@ class NodeLifecycle(bootsteps.StartStopStep):
         except Exception:
             log.exception("node heartbeat failed")
             return
-        consuming = c.task_consumer.consuming_from(PROCESS_QUEUE)
+        consuming = self._consuming(c)
         if state is NodeState.STOPPED and consuming:
             log.warning("node %s is STOPPED: no longer consuming", runtime.settings.node_code)
-            c.cancel_task_queue(PROCESS_QUEUE)
-        elif state is not NodeState.STOPPED and not consuming:
+            self._pause(c, consuming)
+        elif state is not NodeState.STOPPED and consuming != self.queues:
             log.warning("node %s is %s: consuming again", runtime.settings.node_code, state)
-            c.add_task_queue(PROCESS_QUEUE)
+            self._resume(c)
 
     def stop(self, c: Any) -> None:
         if self.tref is not None:

@@ -26,10 +26,12 @@ from pydantic import (
 from sqlalchemy import Engine
 
 from models import MessageState
-from worker.core.errors import InvalidMessage, NodeNotAccepting
+from worker import nodes
+from worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
 from worker.core.inputs import parse_input, parse_timestamp
 from worker.handlers import HandlerRegistry
 from worker.store.prepared import PreparedConnection, prepared_connection
+from worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,23 @@ def insert_message(
     return None if row is None else (int(row[0]), MessageState(row[1]))
 
 
+def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]) -> None:
+    """Enqueue messages one by one; should the broker refuse one, it and the rest become
+    POSTPONED (the pool hands them over again once the broker answers) and the error is
+    raised."""
+    for i, msg_id in enumerate(msg_ids):
+        try:
+            enqueue(msg_id)
+        except Exception:
+            hand_over_later(engine, msg_ids[i:])
+            raise
+
+
+def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
+    with engine.begin() as conn:
+        conn.execute(sql("hand_over_later"), {"ids": msg_ids})
+
+
 class Intake:
     """Accepts messages through one node; ``enqueue`` is called with the msg_id after commit."""
 
@@ -163,14 +182,26 @@ class Intake:
         result = self._store(message)
         # A POSTPONED message waits for its funnel to release it; it has no task until then.
         if result.created and result.state is MessageState.NEW:
-            try:
-                self._enqueue(result.msg_id)
-            except Exception:
-                # The row is durable; repair moves a NEW message that was never picked up.
-                log.exception(
-                    "message %s stored but not enqueued; repair will retry it", result.msg_id
-                )
+            self._hand_over(result.msg_id)
         return result
+
+    def _hand_over(self, msg_id: int) -> None:
+        try:
+            self._enqueue(msg_id)
+        except Exception as exc:
+            # The row is durable and stays processed: POSTPONED, the re-processing pool hands
+            # it to the broker again once it answers (or, should even this fail, repair takes
+            # up the NEW message). The producer is told; submitting again answers 200.
+            log.warning("message %s stored but not handed to the broker: %s", msg_id, exc)
+            try:
+                hand_over_later(self._engine, [msg_id])
+            except Exception:
+                log.exception("message %s: left NEW for repair", msg_id)
+            raise ServiceUnavailable(
+                "broker",
+                f"{first_line(exc)}; message {msg_id} is stored and will be processed when "
+                "the broker answers again (submitting it again answers 200 with this msg_id)",
+            ) from exc
 
     def _store(self, message: MessageIn) -> SubmitResult:
         with prepared_connection(self._engine) as conn:
@@ -191,6 +222,4 @@ class Intake:
             )
             if existing is not None:
                 return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
-            node = conn.run("orderly_node_state", self._node_id)
-            assert node is not None, f"node {self._node_id} is not registered"
-            raise NodeNotAccepting(node[0], node[1])
+            raise nodes.refusal(conn, self._node_id)

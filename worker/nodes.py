@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from models import NodeState
-from worker.core.errors import NodeNotFound
+from worker.core.clock import SYSTEM, Clock
+from worker.core.errors import NodeNotAccepting, NodeNotFound
+from worker.store.prepared import PreparedConnection
 from worker.store.queries import sql
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,51 @@ def node_state(engine: Engine, node_id: int) -> NodeState:
     if state is None:
         raise NodeNotFound(str(node_id))
     return NodeState(state)
+
+
+def refusal(conn: PreparedConnection | Connection, node_id: int) -> NodeNotAccepting:
+    """Why an insert that needed the node in RUN inserted nothing (it checks the node in the
+    same statement: this only names the state it met)."""
+    if isinstance(conn, PreparedConnection):
+        row = conn.run("orderly_node_state", node_id)
+    else:
+        found = conn.execute(sql("node_code_state"), {"id": node_id}).first()
+        row = None if found is None else tuple(found)
+    if row is None:
+        raise NodeNotFound(str(node_id))
+    return NodeNotAccepting(row[0], row[1])
+
+
+class NodeFollower:
+    """A process's view of its node's state, renewed (with its heartbeat) at most once per
+    ``every_s``; an unreachable PostgreSQL keeps the last state seen."""
+
+    def __init__(self, engine: Engine, node_id: int, every_s: float, clock: Clock = SYSTEM) -> None:
+        self._engine = engine
+        self._node_id = node_id
+        self._every_s = every_s
+        self._clock = clock
+        self._next = float("-inf")
+        self.state = node_state(engine, node_id)
+        if self.state is not NodeState.RUN:
+            log.warning("node %s is %s", node_id, self.state.value)
+
+    def follow(self) -> NodeState:
+        now = self._clock.monotonic()
+        if now >= self._next:
+            self._next = now + self._every_s
+            before = self.state
+            try:
+                self.state = heartbeat(self._engine, self._node_id)
+            except Exception:
+                log.exception("node heartbeat failed (tried again in %.1f s)", self._every_s)
+            if self.state is not before:
+                log.warning("node %s is %s", self._node_id, self.state.value)
+        return self.state
+
+    @property
+    def stopped(self) -> bool:
+        return self.state is NodeState.STOPPED
 
 
 def list_nodes(engine: Engine, heartbeat_timeout_s: int) -> list[NodeView]:

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from worker.configuration import ConfigReader
+from worker.intake import hand_over
 from worker.processing import parse_ids
 from worker.store.queries import sql
 
@@ -67,10 +68,10 @@ def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], N
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
             rows = conn.execute(sql("pool_requeue"), params).all()
-        # Enqueue after commit; a message whose enqueue fails stays IN_QUEUE for repair.
-        for row in sorted(rows, key=lambda r: r.msg_timestamp):
-            enqueue(row.msg_id)
-            moved.append(row.msg_id)
+        # Enqueue after commit; what the broker refuses waits POSTPONED for the next run.
+        ids = [row.msg_id for row in sorted(rows, key=lambda r: r.msg_timestamp)]
+        hand_over(engine, ids, enqueue)
+        moved.extend(ids)
         if len(rows) < params["batch"]:
             break
     return moved
@@ -85,8 +86,7 @@ def _batches(
         with engine.begin() as conn:
             changed = len(conn.execute(sql(query), params).all())
             released = released_in(conn)
-        for msg_id in released:
-            enqueue(msg_id)
+        hand_over(engine, list(released), enqueue)
         done += changed
         if changed < params["batch"]:
             break

@@ -4,34 +4,53 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from celery.exceptions import Reject
 
-from worker import confirmations, pubsub
-from worker.celery import PROCESS_QUEUE, app, enqueue_drain, enqueue_processing
+from models import NodeState
+from worker import confirmations, nodes, pubsub
+from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing
 from worker.processing import Outcome
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.tasks")
 
 
+def _give_back(task: Any) -> NoReturn:
+    """This node processes nothing: stop consuming and give the task back to its queue, for
+    a worker of a node in RUN (or this one, once it runs again)."""
+    log.warning("node is STOPPED: task %s %s given back", task.name, task.request.id)
+    for queue in QUEUES:
+        app.control.cancel_consumer(queue, destination=[task.request.hostname])
+    time.sleep(0.5)
+    raise Reject("node stopped", requeue=True)
+
+
+def refuse_if_stopped(task: Any) -> None:
+    """A delivery or agent task that reaches a STOPPED node anyway (taken before its workers
+    stopped consuming) goes back; its arguments (a drain's lease token, a confirmation's claim)
+    stay valid for the worker that takes it next."""
+    runtime = get_runtime()
+    if nodes.node_state(runtime.engine, runtime.node_id) is NodeState.STOPPED:
+        _give_back(task)
+
+
 @app.task(name="orderly.process.message", bind=True)
 def process_message(self: Any, msg_id: int) -> str:
+    # The claim itself refuses a STOPPED node (in its WHERE): no extra query here.
     result = get_runtime().processor.process(msg_id, enqueue_processing)
     if result.outcome is Outcome.NODE_STOPPED:
-        # This node processes nothing: stop consuming and give the message back to the queue.
-        app.control.cancel_consumer(PROCESS_QUEUE, destination=[self.request.hostname])
-        time.sleep(0.5)
-        raise Reject("node stopped", requeue=True)
+        _give_back(self)
     if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):
         log.info("message %s not processed: %s %s", msg_id, result.outcome, result.detail)
     return result.outcome.value
 
 
-@app.task(name="orderly.deliver.conversation")
-def deliver_conversation(conversation_id: str, token: str) -> str:
+@app.task(name="orderly.deliver.conversation", bind=True)
+def deliver_conversation(self: Any, conversation_id: str, token: str) -> str:
     """Deliver a conversation's responses in order while holding its lease (``token``)."""
+    refuse_if_stopped(self)
     runtime = get_runtime()
     # Tracked by the conversation (the xid is meta.id); the lease token is no part of it.
     with runtime.tracker.tracking({"meta": {"id": f"conversation:{conversation_id}"}}, "drain"):
@@ -44,9 +63,10 @@ def deliver_conversation(conversation_id: str, token: str) -> str:
     return report.end
 
 
-@app.task(name="orderly.deliver.events")
-def deliver_events(delivery_ids: list[int]) -> list[str]:
+@app.task(name="orderly.deliver.events", bind=True)
+def deliver_events(self: Any, delivery_ids: list[int]) -> list[str]:
     """Events to their subscriptions: push, or the consumer chosen by routing key."""
+    refuse_if_stopped(self)
     runtime = get_runtime()
     runtime.registry  # noqa: B018 - imports the handler modules, which register consumers
     secret = runtime.settings.token_secret
@@ -55,10 +75,11 @@ def deliver_events(delivery_ids: list[int]) -> list[str]:
         return pubsub.deliver_batch(runtime.engine, delivery_ids, runtime.sender.push, secret)
 
 
-@app.task(name="orderly.deliver.confirmations")
-def confirm(calls: list[tuple[int, str]]) -> list[str]:
+@app.task(name="orderly.deliver.confirmations", bind=True)
+def confirm(self: Any, calls: list[tuple[int, str]]) -> list[str]:
     """Tell source systems the final states of their messages: one try each, under the claim
     token each was taken with."""
+    refuse_if_stopped(self)
     runtime = get_runtime()
     states = []
     for call_id, claim in calls:

@@ -133,6 +133,7 @@ def publish(
         {k: v for k, v in body.items() if v is not None},
         secret=runtime.settings.token_secret,
         token_ttl_ms=runtime.settings.token_ttl_ms,
+        node_id=runtime.node_id,
     )
     pubsub.hand_off(due, enqueue_event_deliveries)
     console.print_json(

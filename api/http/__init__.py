@@ -75,7 +75,7 @@ def create_app() -> FastAPI:
     app = FastAPI(title="orderly", version="0.1.0", lifespan=_lifespan)
     app.state.runtime = runtime
     app.state.metrics_registry = metrics.make_registry(runtime)
-    errors.install(app)
+    errors.install(app, retry_after_s=runtime.settings.retry_after_s)
     for router in ROUTERS:
         app.include_router(router)
     return app

@@ -1,15 +1,24 @@
 """The HTTP face's one table from exception to status and erring field, and its handlers.
 
-Every refusal answers ``{"errors": [{"field": ..., "problem": ...}]}``.
+Every refusal answers ``{"errors": [{"field": ..., "problem": ...}]}``; a 503 (a service
+unreachable, a node refusing input) also carries ``Retry-After``. Driver exceptions that mean
+PostgreSQL, Redis or the broker cannot be reached are 503s naming that service; any other
+exception is a 500 of the same shape, and the connection stays open for the next request.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import kombu.exceptions
+import psycopg2  # type: ignore[import-untyped]
+import redis.exceptions
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.core.errors import (
     InvalidMessage,
@@ -18,10 +27,14 @@ from worker.core.errors import (
     NotFound,
     OperationRefused,
     ResponseNotAwaited,
+    ServiceUnavailable,
     UnknownAck,
     UnknownChannel,
     UnknownRequest,
+    first_line,
 )
+
+log = logging.getLogger("orderly.api")
 
 
 class MalformedBody(Exception):
@@ -43,6 +56,41 @@ def _what(exc: NotFound) -> list[tuple[str, str]]:
     return [(exc.what, str(exc))]
 
 
+def _service(exc: ServiceUnavailable) -> list[tuple[str, str]]:
+    return [(exc.service, str(exc))]
+
+
+# SQLSTATEs of a lost server: connection exceptions (class 08) and the server shutting down,
+# crashed or starting (57P01-57P03). A connection-level failure has no SQLSTATE at all.
+_PG_GONE = ("08", "57P01", "57P02", "57P03")
+
+
+def _postgresql(exc: Exception) -> list[tuple[str, str]]:
+    """PostgreSQL is gone; any other database error (a constraint, a deadlock) is re-raised and
+    answered 500."""
+    orig = getattr(exc, "orig", None) or exc
+    invalidated = isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
+    code = getattr(orig, "pgcode", None)
+    lost = (
+        invalidated
+        or isinstance(orig, psycopg2.InterfaceError)
+        or (
+            isinstance(orig, psycopg2.OperationalError)
+            and (code is None or code.startswith(_PG_GONE))
+        )
+    )
+    if not lost:
+        raise exc
+    return _service(ServiceUnavailable("postgresql", first_line(orig)))
+
+
+def _unreachable(service: str) -> Problems:
+    def problems(exc: Exception) -> list[tuple[str, str]]:
+        return _service(ServiceUnavailable(service, first_line(exc)))
+
+    return problems
+
+
 ERRORS: dict[type[Exception], tuple[int, Field]] = {
     MalformedBody: (400, "body"),
     InvalidMessage: (422, _each_problem),
@@ -54,22 +102,69 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     ResponseNotAwaited: (404, "correlation_id"),
     OperationRefused: (409, "msg_id"),
     NodeNotAccepting: (503, "node"),
+    # A service orderly needs is unreachable: the same request may succeed in a moment.
+    ServiceUnavailable: (503, _service),
+    sqlalchemy.exc.OperationalError: (503, _postgresql),
+    sqlalchemy.exc.InterfaceError: (503, _postgresql),
+    sqlalchemy.exc.DBAPIError: (503, _postgresql),  # only with connection_invalidated
+    psycopg2.OperationalError: (503, _postgresql),  # the prepared statements' raw connections
+    psycopg2.InterfaceError: (503, _postgresql),
+    redis.exceptions.ConnectionError: (503, _unreachable("redis")),  # also BusyLoadingError
+    redis.exceptions.TimeoutError: (503, _unreachable("redis")),
+    kombu.exceptions.OperationalError: (503, _unreachable("broker")),
 }
 
 
-def problem(status: int, problems: list[tuple[str, str]]) -> JSONResponse:
+def problem(
+    status: int, problems: list[tuple[str, str]], *, retry_after_s: int = 1
+) -> JSONResponse:
     errors = [{"field": field, "problem": text} for field, text in problems]
-    return JSONResponse(status_code=status, content={"errors": errors})
+    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
+    return JSONResponse(status_code=status, content={"errors": errors}, headers=headers)
 
 
 def _handler(status: int, field: Field) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
-    async def handle(_: Request, exc: Exception) -> JSONResponse:
-        return problem(status, [(field, str(exc))] if isinstance(field, str) else field(exc))
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        found = [(field, str(exc))] if isinstance(field, str) else field(exc)
+        if status == 503:
+            log.warning("%s %s: 503 %s", request.method, request.url.path, found)
+        return problem(status, found, retry_after_s=request.app.state.retry_after_s)
 
     return handle
 
 
-def install(app: FastAPI) -> None:
-    """Register one handler per row of :data:`ERRORS`."""
+class ContainErrors:
+    """Any other exception: a 500 in the errors shape, logged, and nothing re-raised, so the
+    server keeps the client's connection open (an exception escaping the app makes it close
+    the connection after the 500)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            if started:
+                raise
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            answer = problem(500, [("server", "internal error (logged by the API)")])
+            await answer(scope, receive, send)
+
+
+def install(app: FastAPI, *, retry_after_s: int) -> None:
+    """Register one handler per row of :data:`ERRORS`, and a 500 for anything else."""
+    app.state.retry_after_s = retry_after_s
     for cls, (status, field) in ERRORS.items():
         app.add_exception_handler(cls, _handler(status, field))
+    app.add_middleware(ContainErrors)

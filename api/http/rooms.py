@@ -96,6 +96,7 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
             data,
             secret=runtime.settings.token_secret,
             token_ttl_ms=runtime.settings.token_ttl_ms,
+            node_id=runtime.node_id,
         )
     )
     try:

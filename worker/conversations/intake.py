@@ -9,6 +9,7 @@ from typing import Any
 
 from models import MessageState
 from models.keys import min_message_info
+from worker import nodes
 from worker.conversations.context import Context
 from worker.conversations.model import (
     ERROR_CANCELLED,
@@ -53,7 +54,8 @@ def register_request(ctx: Context, conversation_id: str, data: Any) -> Registere
         )
         if row is None:
             found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
-            assert found is not None
+            if found is None:
+                raise nodes.refusal(conn, ctx.node_id)
             msg_id, state, owner, origin, moment, _, age_ms = found
             if owner != conversation_id:
                 raise InvalidMessage(
@@ -119,7 +121,8 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
         created = msg_id is not None
         if not created:
             found = conn.run("conv_find", res.response_id, RESPONSE_SOURCE)
-            assert found is not None
+            if found is None:
+                raise nodes.refusal(conn, ctx.node_id)
             if found[5] != request_msg_id:
                 raise InvalidMessage(
                     "response_id",

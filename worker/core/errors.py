@@ -48,6 +48,27 @@ class NodeNotAccepting(OrderlyError):
         super().__init__(f"node {code!r} is {state} and accepts no new messages")
 
 
+class ServiceUnavailable(OrderlyError):
+    """A service orderly depends on cannot be reached now; the same request may succeed later.
+
+    ``service`` is ``postgresql``, ``redis`` or ``broker``; ``detail`` the driver's one-line
+    reason (never a traceback).
+    """
+
+    NAMES = {"postgresql": "PostgreSQL", "redis": "Redis", "broker": "The broker"}
+
+    def __init__(self, service: str, detail: str) -> None:
+        self.service = service
+        self.detail = detail
+        super().__init__(f"{self.NAMES.get(service, service)} is unreachable: {detail}")
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver exception's reason without its continuation lines (hints, context)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
 class NodeNotFound(OrderlyError):
     def __init__(self, code: str) -> None:
         super().__init__(f"node {code!r} does not exist")

@@ -16,7 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
-from worker import tokens
+from worker import nodes, tokens
 from worker.core.clock import SYSTEM, Clock, utcnow
 from worker.core.due import DEFAULT_LEASE_MS
 from worker.core.errors import InvalidMessage, NotFound
@@ -81,10 +81,13 @@ def _store(
     publisher_id: int | None = None,
     user: str | None = None,
     impersonator: str | None = None,
+    node_id: int | None = None,
 ) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
     """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
     their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
-    where due means handed to the broker after the commit (not delayed, not pulled)."""
+    where due means handed to the broker after the commit (not delayed, not pulled).
+
+    With ``node_id``, only through that node in RUN (NodeNotAccepting otherwise)."""
     expires_at = (
         now + timedelta(milliseconds=room.message_expiration_ms)
         if room.message_expiration_ms
@@ -110,8 +113,11 @@ def _store(
             "payloads": [e["payload_text"] for e in events],
             "deliver_ats": [e["deliver_at"] for e in events],
             "unroutables": [not m for m in matched],
+            "node_id": node_id,
         },
     ).all()
+    if not inserted and events and node_id is not None:
+        raise nodes.refusal(conn, node_id)
     ids = {correlation_id: int(event_id) for event_id, correlation_id in inserted}
     lease = now + timedelta(seconds=QUEUED_LEASE_S)
     rows: dict[str, list[Any]] = {
@@ -154,8 +160,11 @@ def publish(
     secret: str = "",
     token_ttl_ms: int = 86_400_000,
     clock: Clock = SYSTEM,
+    node_id: int | None = None,
 ) -> tuple[Published, list[int]]:
-    """Store an event and one delivery per active matching subscription.
+    """Store an event and one delivery per active matching subscription; with ``node_id``,
+    only through that node in RUN (NodeNotAccepting otherwise: a draining or stopped node
+    takes no new events).
 
     Returns the result and the deliveries due now, for the caller to enqueue after the
     commit (delayed ones are left to the ticker).
@@ -223,6 +232,7 @@ def publish(
             publisher_id=publisher_id,
             user=pub.user,
             impersonator=pub.impersonator,
+            node_id=node_id,
         )
     event_id = inserted[0][0]
     if not deliveries:

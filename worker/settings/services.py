@@ -46,6 +46,21 @@ class ServiceSettings(Section):
     )
     api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
     api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
+    retry_after_s: int = Field(
+        1,
+        ge=1,
+        le=3600,
+        validation_alias="ORDERLY_RETRY_AFTER_S",
+        description="The Retry-After (seconds) of a 503: PostgreSQL, Redis or the broker "
+        "unreachable, or a node that accepts no new input.",
+    )
+    ready_timeout_ms: int = Field(
+        2_000,
+        ge=50,
+        le=30_000,
+        validation_alias="ORDERLY_READY_TIMEOUT_MS",
+        description="How long GET /ready waits for each of PostgreSQL, Redis and the broker.",
+    )
     heartbeat_interval_ms: int = Field(
         5_000,
         ge=100,

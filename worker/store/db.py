@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+import select
 from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from worker.settings import get_settings
 
 
+def server_left(dbapi_connection: Any) -> bool:
+    """Whether the server closed this idle connection (a restart, a crash, a terminated
+    backend), seen without a round trip: an idle connection has nothing to read, while one the
+    server left reads its goodbye or end of file."""
+    if dbapi_connection.closed:
+        return True
+    poller = select.poll()
+    poller.register(dbapi_connection.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
+def _check_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    # The pool replaces a connection that raises DisconnectionError here, so the first query
+    # after a PostgreSQL restart runs on a fresh connection.
+    if server_left(dbapi_connection):
+        raise DisconnectionError("the server closed this pooled connection")
+
+
 @lru_cache(maxsize=8)
 def engine_for(url: str) -> Engine:
-    # No pre-ping: it would cost a round trip per checkout on the hot path. A connection found
-    # dead raises once and is replaced; the message stays where it was for a retry or repair.
-    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=3600)
+    # Instead of pre-ping (a round trip per checkout on the hot path), every checkout looks at
+    # the socket (_check_out). A connection that dies while checked out raises once and is
+    # dropped (worker.store.prepared; SQLAlchemy for its own statements).
+    engine = create_engine(url, pool_size=10, max_overflow=20, pool_recycle=3600)
+    event.listen(engine, "checkout", _check_out)
+    return engine
 
 
 def get_engine() -> Engine:

@@ -90,7 +90,7 @@ def prepared_connection(engine: Engine) -> Iterator[PreparedConnection]:
             cursor.close()
             dbapi.autocommit = False  # the pool hands it to others in transaction mode
     except engine.dialect.loaded_dbapi.Error as exc:
-        # Without pre-ping, a dead connection shows itself here: drop it from the pool.
+        # A connection that died while checked out shows itself here: drop it from the pool.
         if engine.dialect.is_disconnect(exc, pooled.dbapi_connection, None):
             pooled.invalidate(exc)
         raise

@@ -16,6 +16,9 @@ UPDATE node SET state = :state WHERE code = :code RETURNING node_id;
 -- name: node_state
 SELECT state FROM node WHERE node_id = :id;
 
+-- name: node_code_state
+SELECT code, state FROM node WHERE node_id = :id;
+
 -- name: node_list
 SELECT node_id, code, state, last_heartbeat,
        last_heartbeat IS NOT NULL
@@ -61,3 +64,7 @@ ON CONFLICT (origin) DO UPDATE
 
 -- name: channel_list
 SELECT origin, url, delivery_delay_ms, multiplier, attempts, timeout_ms FROM channel;
+
+-- name: ready_ping
+-- GET /ready: the server answers a query.
+SELECT 1;

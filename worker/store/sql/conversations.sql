@@ -2,12 +2,15 @@
 -- Redis holds the order (worker/lua); PostgreSQL the durable truth.
 
 -- name: conv_insert_request
+-- New input: only through a node in RUN, checked in the same statement (as
+-- orderly_insert_message); nothing is inserted on a duplicate or a node that refuses input.
 -- prepare: text, text, text, timestamptz, text, bigint
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, source_system, state, node_id)
-VALUES ($4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
-        'bridge.request', 'WAITING_FOR_RES', $6)
+SELECT $4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
+       'bridge.request', 'WAITING_FOR_RES', $6
+ WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id;
 
@@ -18,6 +21,8 @@ SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
   FROM message WHERE correlation_id = $1 AND source_system = $2;
 
 -- name: conv_insert_response
+-- The response (nothing on a duplicate or through a node not in RUN, checked in the same
+-- statement), and its request; no row when the request is unknown in this conversation.
 -- prepare: text, text, text, timestamptz, text, bigint, boolean
 -- $7: the response is its request's last. The last column returned: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
@@ -40,6 +45,7 @@ ins AS (
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
            $6, r.msg_id, 'HARD', $7
       FROM r
+     WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
     ON CONFLICT (correlation_id, source_system) DO NOTHING
     RETURNING msg_id, state)
 SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp,

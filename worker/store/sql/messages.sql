@@ -100,3 +100,11 @@ SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response 
 -- A funnel's advisory lock, held until the transaction ends (before any row of the funnel).
 -- prepare: text, text
 SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
+
+-- name: hand_over_later
+-- NEW or IN_QUEUE messages whose tasks the broker refused: POSTPONED, so the re-processing
+-- pool hands them over again (after postponedIntervalSec) instead of repair taking them up as
+-- stuck. One that a task reached meanwhile has moved on and is left alone.
+UPDATE message SET state = 'POSTPONED', last_process_timestamp = now()
+ WHERE msg_id = ANY(CAST(:ids AS bigint[])) AND state IN ('NEW', 'IN_QUEUE')
+RETURNING msg_id;

@@ -128,6 +128,8 @@ SELECT 1 FROM event_type WHERE room_id = :room_id AND name = :name;
 
 -- name: events_insert
 -- Events from parallel arrays (one row per index), returning their ids by correlation id.
+-- With :node_id, only through that node in RUN (checked in the same statement): nothing is
+-- inserted while it drains or is stopped.
 INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
                    payload, publisher_id, user_id, impersonator_id, published_at, deliver_at,
                    expires_at, unroutable)
@@ -138,6 +140,8 @@ SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer)
               CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
               CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
        AS x(c, t, k, p, d, u)
+ WHERE CAST(:node_id AS bigint) IS NULL
+    OR EXISTS (SELECT 1 FROM node WHERE node_id = CAST(:node_id AS bigint) AND state = 'RUN')
 RETURNING event_id, correlation_id;
 
 -- name: deliveries_insert
