@@ -876,7 +876,7 @@ def main() -> None:
             stack.callback(producer.close)
             for plan in plans:
                 rounds.append(run_round(system, plan, producer, ledger))
-            settled, left = wait_settled(system, ledger, "", 60 if args.quick else 180)
+            settled, left = wait_settled(system, ledger, "", 20 if args.quick else 180)
             if not settled:
                 log(f"not settled at the end: {left}")
             figures = account(system, ledger)
