@@ -75,14 +75,24 @@ def refusal(conn: PreparedConnection | Connection, node_id: int) -> NodeNotAccep
 
 
 class NodeFollower:
-    """A process's view of its node's state, renewed (with its heartbeat) at most once per
-    ``every_s``; an unreachable PostgreSQL keeps the last state seen."""
+    """A process's view of its node's state, renewed (with its heartbeat, or only read when
+    ``beat`` is False) at most once per ``every_s``; an unreachable PostgreSQL keeps the last
+    state seen."""
 
-    def __init__(self, engine: Engine, node_id: int, every_s: float, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        node_id: int,
+        every_s: float,
+        clock: Clock = SYSTEM,
+        *,
+        beat: bool = True,
+    ) -> None:
         self._engine = engine
         self._node_id = node_id
         self._every_s = every_s
         self._clock = clock
+        self._renew = heartbeat if beat else node_state
         self._next = float("-inf")
         self.state = node_state(engine, node_id)
         if self.state is not NodeState.RUN:
@@ -94,7 +104,7 @@ class NodeFollower:
             self._next = now + self._every_s
             before = self.state
             try:
-                self.state = heartbeat(self._engine, self._node_id)
+                self.state = self._renew(self._engine, self._node_id)
             except Exception:
                 log.exception("node heartbeat failed (tried again in %.1f s)", self._every_s)
             if self.state is not before:

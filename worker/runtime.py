@@ -103,6 +103,13 @@ class Runtime:
         return TimeLimits(self.settings.handler_kill_grace_ms / 1000)
 
     @cached_property
+    def node_view(self) -> nodes.NodeFollower:
+        """This process's node state for its tasks: read at most once a second, so a task's
+        check costs no query on the hot path (a worker's main process follows the node with
+        its heartbeat and stops consuming within one)."""
+        return nodes.NodeFollower(self.engine, self.node_id, 1.0, self.clock, beat=False)
+
+    @cached_property
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(self.settings.redis_url)
 

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Reject
 
 from models import NodeState
-from worker import confirmations, nodes, pubsub
+from worker import confirmations, pubsub
 from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing
 from worker.processing import Outcome
 from worker.runtime import get_runtime
@@ -30,9 +30,9 @@ def _give_back(task: Any) -> NoReturn:
 def refuse_if_stopped(task: Any) -> None:
     """A delivery or agent task that reaches a STOPPED node anyway (taken before its workers
     stopped consuming) goes back; its arguments (a drain's lease token, a confirmation's claim)
-    stay valid for the worker that takes it next."""
-    runtime = get_runtime()
-    if nodes.node_state(runtime.engine, runtime.node_id) is NodeState.STOPPED:
+    stay valid for the worker that takes it next. The state is the process's view, read at
+    most once a second (``Runtime.node_view``)."""
+    if get_runtime().node_view.follow() is NodeState.STOPPED:
         _give_back(task)
 
 
