@@ -55,6 +55,10 @@ def _kill_self(what: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+# How often the watchdog thread looks at the armed deadlines.
+WATCH_EVERY_S = 0.2
+
+
 class Watchdog:
     """One thread per process that ends the process when an armed deadline passes.
 
@@ -84,13 +88,11 @@ class Watchdog:
         token = next(self._tokens)
         with self._cond:
             self._armed[token] = (time.monotonic() + after_s, what)
-            self._cond.notify()
         return token
 
     def disarm(self, token: int) -> None:
         with self._cond:
             self._armed.pop(token, None)
-            self._cond.notify()
 
     def armed(self) -> int:
         """How many deadlines are armed now."""
@@ -98,15 +100,17 @@ class Watchdog:
             return len(self._armed)
 
     def _run(self) -> None:
+        # The thread looks every WATCH_EVERY_S rather than being woken by each arm and disarm:
+        # a handler call then costs no thread switch, and a kill comes at most that late.
         with self._cond:
             while True:
                 if not self._armed:
-                    self._cond.wait()
+                    self._cond.wait(WATCH_EVERY_S)
                     continue
                 token, (deadline, what) = min(self._armed.items(), key=lambda kv: kv[1][0])
                 left = deadline - time.monotonic()
                 if left > 0:
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, WATCH_EVERY_S))
                     continue
                 self._armed.pop(token, None)
                 self._kill(what)
