@@ -135,3 +135,12 @@ def test_a_new_process_makes_its_own_connections(server: _Server, monkeypatch: A
     first = http._connections()
     monkeypatch.setattr("os.getpid", lambda: -1)  # as after a fork
     assert http._connections() is not first
+
+
+def test_a_url_is_read_as_httpx_reads_it() -> None:
+    from worker.core.http import _target
+
+    target = _target("http://bücher.example:8080/a b/ü?x=ä")
+    assert target.host == b"xn--bcher-kva.example"
+    assert target.port == 8080
+    assert target.target == b"/a%20b/%C3%BC?x=%C3%A4"

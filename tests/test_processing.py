@@ -326,3 +326,25 @@ def test_two_concurrent_repairs_never_take_the_same_row(db: Engine, intake: Inta
     with db.connect() as conn:
         counts = conn.execute(text("SELECT failed_count, count(*) FROM message GROUP BY 1")).all()
     assert counts == [(1, len(ids))]
+
+
+def test_a_claim_older_than_the_server_is_released_but_not_counted(
+    db: Engine, intake: Intake
+) -> None:
+    """Its backend went with a PostgreSQL restart, not with its worker: no death to count."""
+    msg_id = intake.submit(message(1)).msg_id
+    _orphan(db, msg_id)
+    wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET last_process_timestamp = pg_postmaster_start_time()"
+                " - interval '1 second' WHERE msg_id = :i"
+            ),
+            {"i": msg_id},
+        )
+    enqueued: list[int] = []
+    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 1, enqueued.append)
+    assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
+    stored = row(db, msg_id)
+    assert (stored.state, stored.lost_count) == (MessageState.IN_QUEUE, 0)

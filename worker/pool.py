@@ -171,6 +171,5 @@ def release_orphans(
         quarantined += len(rows) - len(back)
         if len(rows) < batch:
             break
-    for msg_id in ready:
-        enqueue(msg_id)
+    hand_over(engine, ready, enqueue)
     return OrphanReport(released=released, quarantined=quarantined)

@@ -20,7 +20,8 @@ checks again under it, marks Redis "rebuilding" under a new generation, then:
 
 and marks Redis "ready" if the marker still holds its generation. Left to what already
 recovers them: tracking of messages in flight (Redis-only figures; a worker that dies is
-found by repair through its backend pid, a hung one after repairRepeatTimeSec), service keys
+released by beat's orphan job through its backend pid, a hung one after
+repairRepeatTimeSec), service keys
 (each worker restores its own on its next renewal), confirmations (due again when their 60 s
 lease ends: taking one back early could POST a try twice), and timed-out messages waiting
 for a retry (IN_QUEUE: sent again at once with the queued messages).

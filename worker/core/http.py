@@ -15,6 +15,7 @@ callers' retry policies decide.
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -109,6 +110,15 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
 
 Pool = httpcore.ConnectionPool | httpcore.HTTPProxy
+
+
+@functools.lru_cache(maxsize=1024)
+def _target(url: str) -> httpcore.URL:
+    """A URL as httpx reads it (IDNA hosts, percent-encoded paths), once per distinct URL."""
+    parsed = httpx.URL(url)
+    return httpcore.URL(
+        scheme=parsed.raw_scheme, host=parsed.raw_host, port=parsed.port, target=parsed.raw_path
+    )
 
 
 def _pool(verify: ssl.SSLContext | bool, max_connections: int, proxy: str | None) -> Pool:
@@ -215,7 +225,7 @@ class OutboundHttp:
             sent += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
             with self._connections().stream(
                 "POST",
-                url,
+                _target(url),
                 headers=sent,
                 content=content,
                 extensions={

@@ -182,14 +182,20 @@ class TimeLimits:
             self._warn_not_main_thread(what)
             return fn()
         limited = _Limited(self, limit_s, what)
+        finished: list[T] = []
         try:
             limited.start()
             try:
-                return fn()
+                finished.append(fn())
             finally:
                 limited.stop()
+        except TimeLimitExceeded:
+            # An alarm that fell due as fn returned (before the stop) does not undo its result.
+            if not finished:
+                raise
         finally:
             limited.stop()  # completes a stop the alarm interrupted; a no-op otherwise
+        return finished[0]
 
     def _warn_not_main_thread(self, what: str) -> None:
         if not self._warned:

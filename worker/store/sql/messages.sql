@@ -45,7 +45,10 @@ SELECT code, state FROM node WHERE node_id = $1;
 -- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s);
 UPDATE message m
    SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
-       lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING' THEN 1 ELSE 0 END,
+       lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING'
+                                             AND m.last_process_timestamp
+                                                 >= pg_postmaster_start_time()
+                                        THEN 1 ELSE 0 END,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
   FROM (SELECT x.funnel_value IS NOT NULL

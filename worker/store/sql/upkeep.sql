@@ -53,27 +53,32 @@ RETURNING m.msg_id, m.state;
 -- PROCESSING messages whose worker died (the claiming backend is gone, for :grace_s) go back
 -- to IN_QUEUE at once, their death counted in lost_count; one whose deaths reach :limit is
 -- quarantined instead: FAILED with E_WORKER_LOST (its funnel and parent move on, as for any
--- failure), so one poison message cannot keep a worker pool crashing.
+-- failure), so one poison message cannot keep a worker pool crashing. A claim older than the
+-- server's start lost its backend to a PostgreSQL restart, not to its worker: released, not
+-- counted (its worker cannot record the outcome on a new connection anyway).
 UPDATE message m
-   SET state = CASE WHEN m.lost_count + 1 >= :limit THEN 'FAILED' ELSE 'IN_QUEUE' END,
-       lost_count = m.lost_count + 1,
-       failed_count = m.failed_count + CASE WHEN m.lost_count + 1 >= :limit THEN 1 ELSE 0 END,
-       failed_error_code = CASE WHEN m.lost_count + 1 >= :limit THEN 'E_WORKER_LOST'
+   SET state = CASE WHEN m.lost_count + d.died >= :limit THEN 'FAILED' ELSE 'IN_QUEUE' END,
+       lost_count = m.lost_count + d.died,
+       failed_count = m.failed_count + CASE WHEN m.lost_count + d.died >= :limit THEN 1 ELSE 0 END,
+       failed_error_code = CASE WHEN m.lost_count + d.died >= :limit THEN 'E_WORKER_LOST'
                                 ELSE m.failed_error_code END,
-       failed_desc = CASE WHEN m.lost_count + 1 >= :limit
+       failed_desc = CASE WHEN m.lost_count + d.died >= :limit
                           THEN format('quarantined: its worker died %s times while processing it',
-                                      m.lost_count + 1)
+                                      m.lost_count + d.died)
                           ELSE m.failed_desc END,
        start_in_queue_timestamp = now(), last_process_timestamp = now(), processing_pid = NULL
- WHERE m.msg_id IN (
-       SELECT msg_id FROM message m
-        WHERE m.state = 'PROCESSING' AND m.service_name <> 'conversation'
-          AND m.last_process_timestamp <= now() - make_interval(secs => :grace_s)
-          AND orderly_orphaned(m.processing_pid)
-          AND (m.funnel_value IS NULL OR pg_try_advisory_xact_lock(
-                   orderly_funnel_key(m.funnel_value, m.funnel_component_id)))
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED)
+  FROM (SELECT o.msg_id,
+               CASE WHEN o.last_process_timestamp < pg_postmaster_start_time() THEN 0
+                    ELSE 1 END AS died
+          FROM message o
+         WHERE o.state = 'PROCESSING' AND o.service_name <> 'conversation'
+           AND o.last_process_timestamp <= now() - make_interval(secs => :grace_s)
+           AND orderly_orphaned(o.processing_pid)
+           AND (o.funnel_value IS NULL OR pg_try_advisory_xact_lock(
+                    orderly_funnel_key(o.funnel_value, o.funnel_component_id)))
+         LIMIT :batch
+         FOR UPDATE SKIP LOCKED) d
+ WHERE m.msg_id = d.msg_id
 RETURNING m.msg_id, m.state;
 
 -- name: repair_calls
