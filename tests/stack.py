@@ -54,10 +54,18 @@ class Stack:
         """A worker process, once it consumes ("ready.")."""
         return self.workers({name: node}, concurrency=concurrency)[0]
 
-    def workers(self, nodes: Mapping[str, str | None], *, concurrency: int = 1) -> list[Managed]:
+    def workers(
+        self,
+        nodes: Mapping[str, str | None],
+        *,
+        concurrency: int = 1,
+        prefetch: int | None = None,
+    ) -> list[Managed]:
         """Worker processes (name -> node code) started at once, returned once all consume."""
         started = [
-            self.procs.start_worker(name, concurrency=concurrency, node_code=node)
+            self.procs.start_worker(
+                name, concurrency=concurrency, node_code=node, prefetch=prefetch
+            )
             for name, node in nodes.items()
         ]
         for managed in started:

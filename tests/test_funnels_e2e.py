@@ -31,8 +31,10 @@ def cluster(stack: Stack, db: Engine) -> Stack:
 
 
 def start(stack: Stack, beat: bool = True) -> None:
-    """Two worker processes (one child each) and beat."""
-    stack.workers({"w1": "node-1", "w2": "node-2"}, concurrency=1)
+    """Two worker processes (one child each) and beat. Each holds only the task it runs: the
+    tests watch what a second message does while the first runs, which a task prefetched by
+    the busy worker (and waiting there) would never show."""
+    stack.workers({"w1": "node-1", "w2": "node-2"}, concurrency=1, prefetch=1)
     if beat:
         stack.beat()
 

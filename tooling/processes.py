@@ -74,8 +74,11 @@ class ProcessGroup:
         pool: str = "prefork",
         node_code: str | None = None,
         queues: str | None = None,
+        prefetch: int | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> Managed:
+        """A Celery worker; ``prefetch`` overrides the prefetch multiplier (1: a busy process
+        holds no task besides the one it runs, since tasks are acknowledged late)."""
         argv = [
             str(BIN / "celery"),
             "-A",
@@ -94,6 +97,8 @@ class ProcessGroup:
         ]
         if queues:
             argv += ["-Q", queues]
+        if prefetch is not None:
+            argv += ["--prefetch-multiplier", str(prefetch)]
         env = dict(extra_env or {})
         if node_code:
             env["ORDERLY_NODE_CODE"] = node_code
