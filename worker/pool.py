@@ -109,39 +109,44 @@ def expire_waits(engine: Engine, config: ConfigReader, enqueue: Callable[[int], 
     )
 
 
+def _in_batches(
+    engine: Engine, name: str, params: dict[str, Any], batch: int
+) -> tuple[list[Any], list[int]]:
+    """Run a batched transition until a batch comes back short (at most MAX_BATCHES): the
+    rows it returned, and the funnel messages its transactions released."""
+    rows: list[Any] = []
+    released: list[int] = []
+    for _ in range(MAX_BATCHES):
+        with engine.begin() as conn:
+            got = conn.execute(sql(name), {**params, "batch": batch}).all()
+            released += released_in(conn)
+        rows += got
+        if len(got) < batch:
+            break
+    return rows, released
+
+
 def repair(
     engine: Engine, config: ConfigReader, enqueue: Callable[[int], None] | None = None
 ) -> RepairReport:
     stuck_s = config.get_int("asynch.repairRepeatTimeSec")
     batch = config.get_int("asynch.pool.batchSize")
     limit = config.get_int("asynch.countPartlyFailsBeforeFailed")
-    messages = failed = calls = parents = 0
-    released: list[int] = []
-    for _ in range(MAX_BATCHES):
-        with engine.begin() as conn:
-            rows = conn.execute(
-                sql("repair_messages"),
-                {"stuck_s": stuck_s, "batch": batch, "limit": limit},
-            ).all()
-            released += released_in(conn)
-        messages += len(rows)
-        failed += sum(1 for r in rows if r.state == "FAILED")
-        if len(rows) < batch:
-            break
-    for _ in range(MAX_BATCHES):
-        with engine.begin() as conn:
-            n = len(conn.execute(sql("repair_calls"), {"stuck_s": stuck_s, "batch": batch}).all())
-        calls += n
-        if n < batch:
-            break
+    rows, released = _in_batches(
+        engine, "repair_messages", {"stuck_s": stuck_s, "limit": limit}, batch
+    )
+    calls, _ = _in_batches(engine, "repair_calls", {"stuck_s": stuck_s}, batch)
     with engine.begin() as conn:
-        rows = conn.execute(sql("settle_parents"), {"stuck_s": stuck_s, "batch": batch}).all()
-        parents = sum(1 for r in rows if r.state != "WAITING")
+        settled = conn.execute(sql("settle_parents"), {"stuck_s": stuck_s, "batch": batch}).all()
         released += released_in(conn)
-    for msg_id in released:
-        if enqueue is not None:
-            enqueue(msg_id)
-    return RepairReport(messages=messages, failed=failed, external_calls=calls, parents=parents)
+    if enqueue is not None:
+        hand_over(engine, released, enqueue)
+    return RepairReport(
+        messages=len(rows),
+        failed=sum(1 for r in rows if r.state == "FAILED"),
+        external_calls=len(calls),
+        parents=sum(1 for r in settled if r.state != "WAITING"),
+    )
 
 
 @dataclass(frozen=True)
@@ -155,21 +160,12 @@ def release_orphans(
 ) -> OrphanReport:
     """Messages whose worker died while processing them: back to IN_QUEUE and enqueued at
     once (with what a quarantine released in their funnels), or quarantined at the limit."""
-    batch = config.get_int("asynch.pool.batchSize")
-    released = quarantined = 0
-    ready: list[int] = []
-    for _ in range(MAX_BATCHES):
-        with engine.begin() as conn:
-            rows = conn.execute(
-                sql("release_orphans"),
-                {"grace_s": ORPHAN_GRACE_S, "batch": batch, "limit": lost_limit},
-            ).all()
-            ready += released_in(conn)
-        back = [r.msg_id for r in rows if r.state == "IN_QUEUE"]
-        ready += back
-        released += len(back)
-        quarantined += len(rows) - len(back)
-        if len(rows) < batch:
-            break
-    hand_over(engine, ready, enqueue)
-    return OrphanReport(released=released, quarantined=quarantined)
+    rows, released = _in_batches(
+        engine,
+        "release_orphans",
+        {"grace_s": ORPHAN_GRACE_S, "limit": lost_limit},
+        config.get_int("asynch.pool.batchSize"),
+    )
+    back = [r.msg_id for r in rows if r.state == "IN_QUEUE"]
+    hand_over(engine, released + back, enqueue)
+    return OrphanReport(released=len(back), quarantined=len(rows) - len(back))
