@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker import nodes, pool, pubsub, rebuild, timeouts
+from worker import confirmations, nodes, pool, pubsub, rebuild, timeouts
 from worker.celery import app, enqueue_drain, enqueue_processing, enqueue_processing_many
 from worker.runtime import get_runtime
 
@@ -52,17 +52,27 @@ def repair() -> pool.RepairReport:
 
 
 def release_orphans() -> pool.OrphanReport:
-    """Messages whose worker died: released at once, or quarantined at the limit."""
+    """Work whose worker died: the store's messages and confirmation tries are released at
+    once (quarantined at the limit), and so are conversation drains."""
     runtime = get_runtime()
-    report = pool.release_orphans(
-        runtime.engine, runtime.config, runtime.settings.worker_lost_limit, enqueue_processing
-    )
+    limit = runtime.settings.worker_lost_limit
+    report = pool.release_orphans(runtime.engine, runtime.config, limit, enqueue_processing)
     if report.released or report.quarantined:
         log.warning(
             "%d messages of dead workers released, %d quarantined (E_WORKER_LOST)",
             report.released,
             report.quarantined,
         )
+    released, quarantined = confirmations.release_orphans(runtime.engine, limit)
+    if released or quarantined:
+        log.warning(
+            "%d confirmation tries of dead workers released, %d quarantined (FAILED_END)",
+            released,
+            quarantined,
+        )
+    drains = runtime.conversations.release_dead_drains()
+    if drains:
+        log.warning("%d conversation drains of dead workers released", drains)
     return report
 
 
@@ -103,7 +113,8 @@ def timeout_monitor() -> timeouts.TimeoutReport:
 
 
 def pubsub_upkeep() -> None:
-    pubsub.upkeep(get_runtime().engine)
+    runtime = get_runtime()
+    pubsub.upkeep(runtime.engine, runtime.settings.worker_lost_limit)
 
 
 @app.task(name="orderly.agents.nightly_report", bind=True)

@@ -47,3 +47,7 @@ class ExternalCall(Base):
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Not in the seed: the fencing token of the confirmation try in flight (worker.core.lease).
     claim: Mapped[str | None] = mapped_column(String(32))
+    # Not in the seed: the backend pid of the connection the worker trying it holds (gone:
+    # the worker died), and the tries that died with their worker (FAILED_END at the limit).
+    claim_pid: Mapped[int | None] = mapped_column(Integer)
+    lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

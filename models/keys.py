@@ -50,6 +50,13 @@ class BridgeKeys:
         return f"{self.prefix}:{conversation_id}:lease"
 
     @property
+    def drains(self) -> str:
+        """Running drains: conversation id -> ``pid|token|claimed ms``, the backend pid of the
+        PostgreSQL connection the drain holds (its worker's liveness), the lease token it
+        holds and when it last claimed a head."""
+        return f"{self.prefix}:drains"
+
+    @property
     def scheduled(self) -> str:
         """Conversations scored by when they are due again (a retry wait, an ACK deadline)."""
         return f"{self.prefix}:scheduled"

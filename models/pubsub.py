@@ -241,6 +241,10 @@ class Delivery(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # the claim's token: only its holder may record the outcome
     claim: Mapped[str | None] = mapped_column(String(32))
+    # the backend pid of the connection the claiming worker holds: gone, the worker died
+    claim_pid: Mapped[int | None] = mapped_column(Integer)
+    # claims that died with their worker (DEAD with E_WORKER_LOST at the limit)
+    lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
 

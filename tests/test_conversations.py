@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 from worker import nodes
 from worker.channels import Channel, ChannelDirectory, put_channel
@@ -27,7 +28,7 @@ from worker.core.errors import InvalidMessage, UnknownAck, UnknownChannel, Unkno
 from worker.settings import Settings
 
 from .conftest import TEST_DB_URL, TEST_REDIS_URL
-from .helpers import ManualClock
+from .helpers import ManualClock, wait_until
 
 SINK = "http://127.0.0.1:9/never-called"
 
@@ -529,6 +530,61 @@ def test_worker_dying_mid_send_is_recovered_by_the_agent(
     rec = Recorder()
     h.run(rec)
     assert rec.sent == ["s1"] and h.state("s1") == "OK"
+
+
+def _dies(channel: Channel, head: Head) -> SendResult:
+    raise KeyboardInterrupt("killed mid-send")
+
+
+def test_a_live_drain_is_not_released(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    cid, token = h.started.pop()
+    with pytest.raises(KeyboardInterrupt):
+        h.conv.drain(cid, token, _dies)  # its connection goes back to the pool, alive
+    h.clock.advance_ms(5_000)
+    assert h.conv.release_dead_drains() == 0
+    assert h.redis.get("bridge:queue:c1:lease") is not None
+    assert h.redis.hexists("bridge:queue:drains", "c1")
+    # Its lease ran out (the awaited agent then takes the head up): the entry is dropped.
+    h.redis.delete("bridge:queue:c1:lease")
+    h.clock.advance_ms(30_000)
+    assert h.conv.release_dead_drains() == 0
+    assert not h.redis.hexists("bridge:queue:drains", "c1")
+
+
+def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_at_the_limit(
+    redis_client: redis.Redis,
+) -> None:
+    # Every drain's connection closes when the drain ends, as its process's would on a kill.
+    engine = create_engine(TEST_DB_URL, poolclass=NullPool)
+    h = make(engine, redis_client)
+    limit = h.conv.ctx.settings.worker_lost_limit
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)  # its send kills the worker, every time
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    for _ in range(limit):
+        cid, token = h.started.pop()
+        with pytest.raises(KeyboardInterrupt):
+            h.conv.drain(cid, token, _dies)
+        h.clock.advance_ms(1_000)  # the grace
+        wait_until(lambda: h.conv.release_dead_drains() == 1, 10, "the dead drain released")
+        assert h.redis.get("bridge:queue:c1:lease") is None
+        assert h.redis.hget("bridge:queue:drains", "c1") is None
+        # woken at once: no MAX_PENDING_TTL (30 s) to wait out
+        assert h.wake_due() == ["c1"]
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s2"]  # s1 is not tried again; the conversation moves on
+    assert (h.state("s1"), h.state("r1"), h.state("s2")) == ("CANCEL", "CANCEL", "OK")
+    with engine.connect() as conn:
+        code, why = conn.execute(
+            text("SELECT failed_error_code, failed_desc FROM message WHERE correlation_id = 's1'")
+        ).one()
+    assert code == "E_WORKER_LOST" and f"died {limit} times" in why
+    assert h.redis.hlen("bridge:queue:drains") == 0
+    engine.dispose()
 
 
 # --- every AURA_QUEUE_MANAGER_* timing has its effect ---------------------------------------

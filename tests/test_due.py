@@ -92,6 +92,23 @@ def test_a_due_index_leases_and_releases_deliveries(db: Engine, redis_client: re
     assert drain(source, 10) == 1
 
 
+def test_a_delivery_whose_worker_died_is_handed_off_alone(db: Engine) -> None:
+    pubsub.create_room(db, {"name": "r", "delivery_delay_ms": 10})
+    pubsub.create_subscription(db, "r", {"name": "s", "kind": "PUSH", "push_url": "http://x/i"})
+    ids = [
+        pubsub.publish(db, "r", {"routing_key": "k", "payload": {}})[0].deliveries[0]
+        for _ in range(3)
+    ]
+    with db.begin() as conn:
+        conn.execute(text("UPDATE delivery SET scheduled_at = now() - interval '1 second'"))
+        conn.execute(
+            text("UPDATE delivery SET lost_count = 1 WHERE delivery_id = :d"), {"d": ids[1]}
+        )
+    handed: list[list[int]] = []
+    assert drain(pubsub.due_deliveries(db, handed.append), 10) == 3
+    assert handed == [[ids[0], ids[2]], [ids[1]]]
+
+
 def test_the_ticker_runs_every_source_and_each_job_at_its_period() -> None:
     clock = ManualClock(1_000.0)
     runs: list[str] = []

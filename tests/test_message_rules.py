@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from models import MessageState
-from tests.helpers import BASE_TS, message, processor, row, set_config, states
+from tests.helpers import BASE_TS, message, processor, row, set_config, states, wait_until
 from tests.push_recorder import Recorder
 from worker import confirmations, extcall, operations, pool
 from worker.configuration import ConfigReader
@@ -29,6 +29,7 @@ from worker.extcall import CallKey, Skip
 from worker.intake import Intake
 from worker.processing import Outcome
 from worker.store.prepared import prepared_connection
+from worker.store.queries import sql
 
 
 def funnel_msg(n: int, funnel: str = "f1", **extra: Any) -> dict[str, Any]:
@@ -399,6 +400,65 @@ def test_a_try_in_flight_does_not_settle_a_final_state_recorded_anew(
     [(_, fresh)] = again
     assert confirmations.confirm(db, call_id, fresh, config, OutboundHttp()) == "OK"
     assert [a["body"]["state"] for a in recorder.arrivals] == ["FAILED"]
+
+
+def test_a_try_whose_worker_died_is_due_at_once_and_quarantined_at_the_limit(
+    db: Engine, intake: Intake, recorder: Recorder
+) -> None:
+    confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
+    msg_id = intake.submit(message(1)).msg_id
+    processor(db).process(msg_id)  # OK: a confirmation is recorded
+    config = ConfigReader(db, ttl_seconds=0)
+
+    def take() -> tuple[int, str]:
+        taken: list[tuple[int, str]] = []
+        drain_due(confirmations.due_confirmations(db, taken.extend), 100)
+        [one] = taken
+        return one
+
+    def call() -> Any:
+        with db.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT state, lost_count, claim_pid, next_attempt_at <= now() AS due"
+                    " FROM external_call WHERE msg_id = :i"
+                ),
+                {"i": msg_id},
+            ).one()
+
+    def started_by_a_worker_that_dies(call_id: int, claim: str) -> None:
+        conn = db.connect()
+        assert conn.execute(sql("confirmation_start"), {"id": call_id, "claim": claim}).first()
+        conn.commit()
+        # A second copy of the task while that worker lives starts nothing.
+        assert confirmations.confirm(db, call_id, claim, config, OutboundHttp()) == "NOT_DUE"
+        conn.execute(
+            text("UPDATE external_call SET last_update_timestamp = now() - interval '2 s'")
+        )
+        conn.commit()
+        conn.invalidate()  # the worker is killed: its connection goes
+        conn.close()
+
+    def released() -> bool:
+        return sum(confirmations.release_orphans(db, 3)) == 1
+
+    for death in (1, 2):
+        call_id, claim = take()
+        started_by_a_worker_that_dies(call_id, claim)
+        wait_until(released, timeout=10, what="the dead worker's try released")
+        got = call()
+        assert (got.state, got.lost_count, got.claim_pid, got.due) == (
+            "PROCESSING",
+            death,
+            None,
+            True,
+        )
+    call_id, claim = take()
+    started_by_a_worker_that_dies(call_id, claim)
+    wait_until(released, timeout=10, what="the third death")
+    got = call()
+    assert (got.state, got.lost_count, got.due) == ("FAILED_END", 3, None)
+    assert recorder.arrivals == []  # no try got as far as sending
 
 
 def test_cancel_and_redrive_need_a_note_and_the_right_state(

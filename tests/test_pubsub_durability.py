@@ -8,7 +8,7 @@ import time
 
 import httpx
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from tests.helpers import wait_until
 from tests.push_recorder import Recorder
@@ -82,3 +82,50 @@ def test_a_killed_pool_child_is_replaced_and_work_goes_on(
     assert worker.alive()
     after = pool_children(worker)
     assert len(after) == 2 and before[0] not in after  # the pool replaced the dead child
+
+
+def test_a_poison_event_is_quarantined_within_seconds_while_the_others_are_delivered(
+    stack: Stack, db: Engine, redis_client: redis.Redis, recorder: Recorder
+) -> None:
+    http = _rooms(stack, recorder, ORDERLY_TOKEN_SECRET="test-secret-of-enough-length")
+    # Retries far apart: only the deaths, released by beat within a second each, bring the
+    # delivery back in time (the lease fallback would take minutes).
+    body = {
+        "name": "poisoned",
+        "kind": "HANDLER",
+        "handler": "test.poison",
+        "routing_key_pattern": "p",
+        "delivery_attempts": 10,
+        "delivery_delay_ms": 600_000,
+    }
+    assert http.post("/rooms/orders/subscriptions", json=body).status_code == 201
+    worker = stack.worker("w1", concurrency=2, node="w1")
+    started = time.monotonic()
+    assert (
+        http.post("/rooms/orders/events", json={"routing_key": "p", "payload": {}}).status_code
+        == 201
+    )
+    for n in range(10):
+        answer = http.post("/rooms/orders/events", json={"routing_key": "a", "payload": {"n": n}})
+        assert answer.status_code == 201
+
+    def poisoned() -> tuple[str, int, int, str]:
+        with db.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT d.state, d.attempt, d.lost_count, d.last_error FROM delivery d"
+                    " JOIN subscription s USING (subscription_id) WHERE s.name = 'poisoned'"
+                )
+            ).one()
+        return str(row.state), int(row.attempt), int(row.lost_count), str(row.last_error)
+
+    wait_until(lambda: poisoned()[0] == "DEAD", timeout=90, what="the poison event quarantined")
+    _, attempt, lost, error = poisoned()
+    assert (attempt, lost) == (3, 3)
+    assert error.startswith("E_WORKER_LOST: quarantined")
+    wait_until(lambda: len(recorder.times("/push")) == 10, timeout=30, what="the other events")
+    # The push subscription takes the poison event too: it may have shared the batch that
+    # killed its worker, and is delivered all the same (at least once).
+    wait_until(lambda: recorder.times("/push", "p") != [], timeout=30, what="the poison's push")
+    assert worker.alive()  # its pool replaced the killed children and went on
+    assert time.monotonic() - started < 90

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from tests.helpers import ManualClock, wait_until
 from worker import pubsub, tokens
@@ -20,6 +20,7 @@ from worker.core.errors import NotFound, Unauthorized
 from worker.pubsub import Attempt, Claimed
 
 SECRET = "test-secret-of-enough-length"
+LOST_LIMIT = 3
 
 
 def test_token_round_trip_and_refusals() -> None:
@@ -106,7 +107,7 @@ def test_pull_ack_and_visibility_timeout(room: Engine) -> None:
     assert [m["delivery_id"] for m in taken] == ids and taken[0]["payload"] == {"n": 1}
     assert pubsub.pull(room, sub, 10) == []  # invisible while pulled
     wait_until(lambda: visibility_over(room, ids[0]), timeout=10, what="visibility timeout")
-    pubsub.upkeep(room)  # the upkeep job returns it
+    pubsub.upkeep(room, LOST_LIMIT)  # the upkeep job returns it
     again = pubsub.pull(room, sub, 10)
     assert [m["delivery_id"] for m in again] == ids and again[0]["attempt"] == 1
     with pytest.raises(NotFound):
@@ -130,7 +131,7 @@ def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Eng
     for _ in range(2):
         assert pubsub.pull(room, sub, 1)
         wait_until(lambda: visibility_over(room, ids[0]), timeout=10, what="visibility timeout")
-        pubsub.upkeep(room)
+        pubsub.upkeep(room, LOST_LIMIT)
     assert state(room, ids[0]) == ("DEAD", 2)
 
 
@@ -310,31 +311,78 @@ def test_tokens_for_another_message_or_malformed_are_refused() -> None:
             tokens.verify(SECRET, bad, now_ms=now)
 
 
-def test_a_delivery_whose_worker_died_counts_the_try_and_ends_dead(room: Engine) -> None:
+def _claim(conn: Connection, delivery_id: int, age_s: float) -> None:
+    """Claim a delivery on this connection, as a worker's batch does, ``age_s`` ago."""
+    conn.execute(
+        text(
+            "UPDATE delivery SET state = 'IN_PROCESS', claim = 'c', claim_pid = pg_backend_pid(),"
+            " claimed_at = now() - make_interval(secs => :age) WHERE delivery_id = :d"
+        ),
+        {"d": delivery_id, "age": age_s},
+    )
+    conn.commit()
+
+
+def _died(engine: Engine, delivery_id: int) -> None:
+    """A worker claims the delivery and dies: its connection is gone."""
+    conn = engine.connect()
+    _claim(conn, delivery_id, 2.0)
+    conn.invalidate()  # the socket closes, as when the process is killed
+    conn.close()
+
+
+def _lost(engine: Engine, delivery_id: int) -> tuple[str, int, int, str | None]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT state, attempt, lost_count, last_error, claim_pid FROM delivery"
+                " WHERE delivery_id = :d"
+            ),
+            {"d": delivery_id},
+        ).one()
+    assert row.claim_pid is None or row.state == "IN_PROCESS"
+    return str(row.state), int(row.attempt), int(row.lost_count), row.last_error
+
+
+def test_a_delivery_whose_worker_died_is_released_at_once_and_quarantined_at_the_limit(
+    room: Engine,
+) -> None:
+    pubsub.create_subscription(
+        room,
+        "r",
+        {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in", "delivery_attempts": 9},
+    )
+    (delivery_id,) = publish(room, {})
+
+    def released() -> bool:
+        pubsub.upkeep(room, LOST_LIMIT)
+        return _lost(room, delivery_id)[0] != "IN_PROCESS"
+
+    for death in range(1, LOST_LIMIT):
+        _died(room, delivery_id)
+        wait_until(released, timeout=10, what="the dead worker's claim released")
+        got = _lost(room, delivery_id)
+        assert got[:3] == ("PENDING", death, death)
+        assert got[3] is not None and got[3].startswith("E_WORKER_LOST")
+    _died(room, delivery_id)
+    wait_until(released, timeout=10, what="the last death")
+    state_, attempt, lost, error = _lost(room, delivery_id)
+    assert (state_, attempt, lost) == ("DEAD", LOST_LIMIT, LOST_LIMIT)
+    assert error is not None and error.startswith("E_WORKER_LOST: quarantined")
+
+
+def test_a_live_workers_claim_stays_and_a_stale_one_goes(room: Engine) -> None:
     pubsub.create_subscription(
         room, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
     )
     (delivery_id,) = publish(room, {})
-
-    def claimed_by_a_dead_worker() -> None:  # a claim older than the subscription's lease
-        with room.begin() as conn:
-            conn.execute(
-                text(
-                    "UPDATE delivery SET state = 'IN_PROCESS', claim = 'gone',"
-                    " claimed_at = now() - interval '1 hour' WHERE delivery_id = :d"
-                ),
-                {"d": delivery_id},
-            )
-
-    for attempt in (1, 2):  # the room allows 2 retries
-        claimed_by_a_dead_worker()
-        pubsub.upkeep(room)
-        assert state(room, delivery_id) == ("PENDING", attempt)
-    claimed_by_a_dead_worker()
-    pubsub.upkeep(room)
-    assert state(room, delivery_id) == ("DEAD", 3)
-    with room.connect() as conn:
-        error = conn.execute(
-            text("SELECT last_error FROM delivery WHERE delivery_id = :d"), {"d": delivery_id}
-        ).scalar_one()
-    assert error.startswith("E_WORKER_LOST")
+    with room.connect() as alive:
+        _claim(alive, delivery_id, 5.0)  # older than the grace, its worker alive
+        pubsub.upkeep(room, LOST_LIMIT)
+        assert _lost(room, delivery_id)[:3] == ("IN_PROCESS", 0, 0)
+        # Held far past what its batch can take (a hung worker, a reused pid): released, and
+        # the try counted (2 retries allowed by the room: the third loss is DEAD).
+        for attempt in (1, 2, 3):
+            _claim(alive, delivery_id, 3600.0)
+            pubsub.upkeep(room, 99)
+            assert _lost(room, delivery_id)[:2] == ("DEAD" if attempt == 3 else "PENDING", attempt)

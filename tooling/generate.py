@@ -1811,7 +1811,8 @@ def _upsert_keyed_calls(conn: Connection, data: bytes) -> int:
     orderly_call_take does); how many rows are new."""
     if not data:
         return 0
-    conn.execute(text(f"CREATE TEMP TABLE {KEYED_CALLS} (LIKE external_call) ON COMMIT DROP"))
+    like = "LIKE external_call INCLUDING DEFAULTS"
+    conn.execute(text(f"CREATE TEMP TABLE {KEYED_CALLS} ({like}) ON COMMIT DROP"))
     _copy(conn, KEYED_CALLS, data)
     columns = ", ".join(CALL_COLUMNS)
     taken = ", ".join(f"{c} = EXCLUDED.{c}" for c in CALL_COLUMNS if c not in ("call_id",))

@@ -93,6 +93,14 @@ def fail_when_told(event: Claimed) -> None:
         raise RuntimeError("told to fail")
 
 
+@consumers.register("test.poison")
+def poison_consumer(event: Claimed) -> None:
+    """Kills the process delivering it (a poison event), unless the payload says otherwise
+    (``{"harmless": true}``)."""
+    if not (isinstance(event.payload, dict) and event.payload.get("harmless")):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 @consumers.register("test.record")
 def record(event: Claimed) -> None:
     """Records what it processed in Redis (``orderly:test:processed``), so tests can tell."""

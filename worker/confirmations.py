@@ -98,15 +98,43 @@ def retry_policy(config: ConfigReader) -> RetryPolicy:
     )
 
 
+ORPHAN_GRACE_S = 1.0
+
+
+def release_orphans(engine: Engine, lost_limit: int) -> tuple[int, int]:
+    """Tries whose worker died: due again at once, or FAILED_END at ``lost_limit`` deaths.
+    Returns (released, quarantined)."""
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sql("confirmations_release_orphans"),
+            {"grace_s": ORPHAN_GRACE_S, "limit": lost_limit, "batch": DISPATCH_BATCH},
+        ).all()
+    quarantined = sum(1 for r in rows if r.state == "FAILED_END")
+    return len(rows) - quarantined, quarantined
+
+
 def confirm(
     engine: Engine, call_id: int, claim: str, config: ConfigReader, http: OutboundHttp
 ) -> str:
     """One try of a confirmation under the claim it was taken with; its new state, or
-    NOT_DUE when that claim no longer holds it (taken again, or settled meanwhile)."""
+    NOT_DUE when that claim no longer holds it (taken again, settled meanwhile, or being
+    tried by a live worker)."""
+    # One connection from the start of the try to its outcome: its backend pid, recorded
+    # with the try, is this worker's liveness (release_orphans).
     with engine.connect() as conn:
-        row = conn.execute(sql("confirmation_load"), {"id": call_id, "claim": claim}).first()
-    if row is None:
-        return "NOT_DUE"
+        with conn.begin():
+            row = conn.execute(sql("confirmation_start"), {"id": call_id, "claim": claim}).first()
+        if row is None:
+            return "NOT_DUE"
+        state, wait = _try(engine, row, config, http)
+        params = {"id": call_id, "claim": claim, "state": state, "wait_ms": wait}
+        with conn.begin():
+            settled = conn.execute(sql("confirmation_settle"), params).scalar()
+    return str(settled or "NOT_DUE")
+
+
+def _try(engine: Engine, row: Any, config: ConfigReader, http: OutboundHttp) -> tuple[str, int]:
+    """POST the confirmation; the try's new state and the wait before the next one."""
     policy = retry_policy(config)
     ok = False  # a source system whose URL was removed meanwhile: a failed try
     if row.confirmation_url is not None:
@@ -136,16 +164,11 @@ def confirm(
         except Exception:
             # Whatever went wrong, this try is over and counted: it must not be made again
             # and again under a lease that never settles.
-            log.exception("confirmation %s of message %s failed", call_id, row.msg_id)
+            log.exception("confirmation of message %s failed", row.msg_id)
             ok = False
     failure = row.failed_count + 1
     if ok:
-        state, wait = "OK", 0
-    elif policy.allows(failure):
-        state, wait = "FAILED", policy.delay(failure)
-    else:
-        state, wait = "FAILED_END", 0
-    params = {"id": call_id, "claim": claim, "state": state, "wait_ms": wait}
-    with engine.begin() as conn:
-        settled = conn.execute(sql("confirmation_settle"), params).scalar()
-    return str(settled or "NOT_DUE")
+        return "OK", 0
+    if policy.allows(failure):
+        return "FAILED", policy.delay(failure)
+    return "FAILED_END", 0

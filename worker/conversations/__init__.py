@@ -131,6 +131,10 @@ class Conversations:
     def awaited_turn(self, enqueue: Enqueue) -> AgentReport:
         return agent.awaited_turn(self.ctx, enqueue)
 
+    def release_dead_drains(self) -> int:
+        """Drains whose worker died: leases freed, conversations woken at once."""
+        return agent.release_dead_drains(self.ctx)
+
     def log_partial_metrics(self) -> None:
         """AURA_LOGGING_EXTRA_TIME_METRICS: the queue's figures, logged."""
         agent.log.info("queue metrics: %s", agent.partial_metrics(self.ctx))

@@ -17,6 +17,7 @@ from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json
 from worker.core.due import RedisDueSet
 from worker.core.lease import RedisLease, new_token
 from worker.core.scripts import as_text
+from worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,50 @@ def wakes(ctx: Context, enqueue: Enqueue) -> RedisDueSet:
         batch=100,
         clock=ctx.clock,
     )
+
+
+# A drain's connection is certainly gone once its backend is; the grace covers a drain that
+# claimed a head in the very instant its connection was replaced.
+DEAD_DRAIN_GRACE_MS = 1000
+
+
+def release_dead_drains(ctx: Context) -> int:
+    """Drains whose worker died, found by the PostgreSQL connection each holds: their leases
+    are freed and their conversations woken at once (the head in flight is claimed again and
+    its death counted). Entries of drains that ended by raising are dropped once their lease
+    has run out. Returns how many drains were released."""
+    k = ctx.keys
+    running = {as_text(c): as_text(v) for c, v in ctx.redis.hgetall(k.drains).items()}
+    if not running:
+        return 0
+    holders: dict[str, tuple[int, int]] = {}
+    for cid, entry in running.items():
+        fields = entry.split("|")
+        holders[cid] = (int(fields[0]), int(fields[2]))
+    with ctx.engine.connect() as conn:
+        gone = {
+            row.pid: row.server_started_ms
+            for row in conn.execute(
+                sql("drain_holders_gone"), {"pids": sorted({p for p, _ in holders.values()})}
+            )
+        }
+    now = ctx.now_ms()
+    released = 0
+    for cid, (pid, claimed_ms) in holders.items():
+        if pid in gone and claimed_ms <= now - DEAD_DRAIN_GRACE_MS:
+            died = "1" if claimed_ms >= gone[pid] else "0"
+        elif pid not in gone and claimed_ms <= now - ctx.inflight_ms:
+            died = "forget"  # a drain that ended by raising, its lease run out since
+        else:
+            continue
+        released += int(
+            ctx.scripts.run(
+                "drain_release",
+                [k.drains, k.drain_lease(cid), k.scheduled, k.response_list(cid)],
+                [cid, running[cid], now, died, k.response_prefix, ctx.settings.message_ttl],
+            )
+        )
+    return released
 
 
 def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from worker.conversations.context import Context
 from worker.conversations.model import (
     ERROR_CANCELLED,
     ERROR_RETRIES_SPENT,
+    ERROR_WORKER_LOST,
     MAX_ASYNC_ID,
     Delivery,
     DrainReport,
@@ -46,6 +47,7 @@ def _advance(
     token: str,
     outcome: tuple[str, str, str],
     check_response: str = "",
+    holder_pid: int | None = None,
 ) -> dict[str, Any]:
     k = ctx.keys
     raw = ctx.scripts.run(
@@ -57,6 +59,7 @@ def _advance(
             k.drain_lease(conversation_id),
             k.scheduled,
             k.request_seq(conversation_id),
+            k.drains,
         ],
         [
             mode,
@@ -74,6 +77,7 @@ def _advance(
             ctx.settings.awaited_time_when_retries_end,
             ctx.awaited_step_ms,
             conversation_id,
+            "" if holder_pid is None else holder_pid,
         ],
     )
     result: dict[str, Any] = json.loads(raw)
@@ -100,7 +104,7 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
         sends = 0
         while True:
             mode = "yield" if sends >= ctx.settings.drain_batch else "claim"
-            step = _advance(ctx, mode, conversation_id, token, outcome)
+            step = _advance(ctx, mode, conversation_id, token, outcome, "", conn.backend_pid)
             if after is not None:
                 after()
                 after = None
@@ -126,17 +130,33 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                 attempt=int(h["attempt"]),
                 awaited_retries=int(h["awaitedRetries"]),
                 late_ms=int(h["lateMs"]) if h.get("lateMs") not in (None, "") else None,
+                lost=int(h.get("lost", 0)),
             )
             if head.awaited_retries:
                 conn.run("conv_back_in_queue", head.msg_id)
             channel = ctx.channels.get(head.origin)
-            try:
-                result = send(channel, head)
-            except Exception as exc:  # a sender's bug must not leave the head in flight
-                log.exception("sending response %s failed", head.response_id)
-                result = SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
+            result = _send_or_quarantine(ctx, send, channel, head)
             sends += 1
             outcome, after = _apply(conn, channel, head, result, report, ctx.now_ms())
+
+
+def _send_or_quarantine(ctx: Context, send: Sender, channel: Channel, head: Head) -> SendResult:
+    """Send the head, unless its sends keep killing their worker: at ORDERLY_WORKER_LOST_LIMIT
+    lost claims it is not tried again, its group is cancelled with E_WORKER_LOST and the
+    conversation moves on, as after any fatal answer."""
+    limit = ctx.settings.worker_lost_limit
+    if head.lost >= limit:
+        log.error("response %s: its worker died %d times sending it", head.response_id, head.lost)
+        return SendResult(
+            Delivery.FATAL,
+            reason=f"quarantined: its worker died {head.lost} times while sending it",
+            error_code=ERROR_WORKER_LOST,
+        )
+    try:
+        return send(channel, head)
+    except Exception as exc:  # a sender's bug must not leave the head in flight
+        log.exception("sending response %s failed", head.response_id)
+        return SendResult(Delivery.RECOVERABLE, reason=f"{type(exc).__name__}: {exc}")
 
 
 def _apply(
@@ -190,9 +210,10 @@ def _apply(
         log.warning("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
         return ("awaited", rid, ""), None
     why = f"response {rid}: {result.reason}"
+    code = result.error_code or ERROR_CANCELLED
 
     def cancel_group() -> None:
-        conn.run("conv_group_cancel", head.request_msg_id, ERROR_CANCELLED, why)
+        conn.run("conv_group_cancel", head.request_msg_id, code, why)
 
     cancel_group()
     report.cancelled += 1

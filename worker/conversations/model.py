@@ -24,6 +24,7 @@ RESPONSE_SOURCE = "bridge.response"
 ERROR_CANCELLED = "E_CANCELLED"
 ERROR_RETRIES_SPENT = "E_RETRIES_SPENT"
 ERROR_EXPIRED = "E_AWAITED_TTL"
+ERROR_WORKER_LOST = "E_WORKER_LOST"
 # Longest async_response_id a client may give (longer ones are delivered without an ACK).
 MAX_ASYNC_ID = 255
 
@@ -33,7 +34,7 @@ ID_PATTERN = r"^[A-Za-z0-9._~@+=-]{1,100}$"
 _ID_RE = re.compile(ID_PATTERN)
 # Conversation ids that would name one of the shared keys (bridge:queue:pendingMessages, ...).
 RESERVED_CONVERSATION_IDS = frozenset(
-    {"req", "res", "asyncRequest", "pendingMessages", "scheduled"}
+    {"req", "res", "asyncRequest", "pendingMessages", "scheduled", "drains"}
 )
 ID_RULE = "1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -"
 
@@ -111,6 +112,8 @@ class SendResult:
     status: int | None = None
     async_response_id: str | None = None
     reason: str = ""
+    # FATAL: the code the cancelled group's rows record (default ERROR_CANCELLED)
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,8 @@ class Head:
     # Not None: late (its request expired, MESSAGE_TTL, before it came; it went after later
     # requests' responses); how long after the request's timestamp + MESSAGE_TTL it came.
     late_ms: int | None = None
+    # Claims of this response that died with their worker (quarantined at the limit).
+    lost: int = 0
 
 
 Sender = Callable[[Channel, Head], SendResult]

@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "expire",
     "awaited",
     "rebuild_conversation",
+    "drain_release",
     # the Redis marker (worker/rebuild.py)
     "epoch_ready",
     # due sets and leases

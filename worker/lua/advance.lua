@@ -2,6 +2,7 @@
 -- (canSendConversationMessage) and, in claim mode, take it for sending. One atomic step.
 -- KEYS[1] request list   KEYS[2] response order   KEYS[3] pendingMessages
 -- KEYS[4] drain lease    KEYS[5] scheduled        KEYS[6] request counter
+-- KEYS[7] running drains (conversation id -> 'pid|token|ms': the drain's liveness)
 -- ARGV[1] mode: 'claim' (a drain holding the lease), 'yield' (settle only, keep the lease:
 --   the drain goes on in a new task) or 'check' (validate ARGV[10] only, no lease)
 -- ARGV[2] lease token  ARGV[3] now (ms)  ARGV[4] drain lease (ms)
@@ -12,8 +13,10 @@
 -- ARGV[12] previous response id  ARGV[13] async response id ('sent') or delay ms ('retry')
 -- ARGV[14] MESSAGE_TTL (ms)  ARGV[15] AWAITED_TIME_WHEN_RETRIES_END (ms)
 -- ARGV[16] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)  ARGV[17] conversationId
+-- ARGV[18] the backend pid of the PostgreSQL connection the drain holds ('' in check mode)
 -- Returns a JSON object: code, head (the response's fields when code is SEND; its lateMs is
--- '' or the lateness add_response.lua decided), first (the first response id), due (ms, for
+-- '' or the lateness add_response.lua decided; its lost counts the claims of it that died
+-- with their worker: a head claimed again before its outcome was settled), first (the first response id), due (ms, for
 -- waits), settled (responses delivered by an ACK timeout: [msgId, completedRequestMsgId]),
 -- prev (what settling the previous outcome produced).
 -- Codes: SEND, CAN_SEND, EMPTY, WAIT_REQUEST, WAIT_RESPONSE, WAIT_ACK, WAIT_RETRY,
@@ -22,7 +25,7 @@ local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lease_ms, inflight_ms, sent_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local req_prefix, res_prefix, async_prefix = ARGV[7], ARGV[8], ARGV[9]
 local list_key, zset_key, pending_key = KEYS[1], KEYS[2], KEYS[3]
-local lease_key, sched_key, seq_key = KEYS[4], KEYS[5], KEYS[6]
+local lease_key, sched_key, seq_key, drains_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local result = {settled = {}}
 
 if mode ~= 'check' then
@@ -47,6 +50,7 @@ if outcome ~= '' then
       -- markSentConversationRegister: delivered, its ACK to follow under asyncResponseId.
       local async_id = ARGV[13]
       redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now)
+      redis.call('HDEL', res_key, 'claimedAt')
       -- An id another response is still waiting under is not taken over: this one then
       -- simply waits out SENT_MESSAGE_TTL.
       if redis.call('SET', async_prefix .. async_id, member, 'NX', 'PX', sent_ttl) then
@@ -61,6 +65,7 @@ if outcome ~= '' then
       local at = now + tonumber(ARGV[13])
       redis.call('HINCRBY', res_key, 'attempt', 1)
       redis.call('HSET', res_key, 'status', 'PENDING', 'notBefore', at)
+      redis.call('HDEL', res_key, 'claimedAt')
       local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), at)
       redis.call('ZADD', pending_key, math.min(at + inflight_ms, expires), member)
     elseif outcome == 'awaited' then
@@ -78,6 +83,7 @@ if outcome ~= '' then
           local at = math.min(now + wait, num(f[2], now + wait))
           redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries + 1,
             'awaitedToDateTS', at, 'notBefore', at, 'attempt', 0)
+          redis.call('HDEL', key, 'claimedAt')
           redis.call('ZADD', pending_key, at, m)
           ids[#ids + 1] = f[3]
         end
@@ -115,6 +121,7 @@ local function finish(code, due)
   result.due = due
   if mode == 'claim' and code ~= 'SEND' then
     redis.call('DEL', lease_key)
+    redis.call('HDEL', drains_key, ARGV[17])
     if due then
       -- Wake the conversation when due; LT keeps the earliest wake-up already there.
       redis.call('ZADD', sched_key, 'LT', due, ARGV[17])
@@ -180,8 +187,17 @@ while true do
           return finish('WAIT_RETRY', not_before)
         end
         -- Claimed: in flight until the outcome; the awaited agent looks again if the
-        -- sender dies (MAX_PENDING_TTL + margin).
+        -- sender dies (MAX_PENDING_TTL + margin), and beat as soon as the drain's connection
+        -- is gone (drain_release.lua). A claim still there when the head is claimed again
+        -- died with its worker: counted.
+        local lost = 0
+        if redis.call('HEXISTS', res_key, 'claimedAt') == 1 then
+          lost = redis.call('HINCRBY', res_key, 'lost', 1)
+        else
+          lost = num(redis.call('HGET', res_key, 'lost'), 0)
+        end
         redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now)
+        redis.call('HSET', drains_key, ARGV[17], ARGV[18] .. '|' .. token .. '|' .. now)
         local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
           'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',
           'awaitedRetries', 'lateMs')
@@ -189,7 +205,8 @@ while true do
         result.head = {
           conversationId = h[2], origin = h[3], requestId = h[4], responseId = h[5],
           taskItem = h[6], msgId = h[7], requestMsgId = h[8], last = h[9],
-          attempt = num(h[10], 0), awaitedRetries = num(h[11], 0), lateMs = h[12] or ''}
+          attempt = num(h[10], 0), awaitedRetries = num(h[11], 0), lateMs = h[12] or '',
+          lost = lost}
         return finish('SEND')
       end
     end

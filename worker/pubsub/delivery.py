@@ -100,23 +100,52 @@ consumers = Consumers()
 
 def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
     """Due push deliveries (delays, retry waits, lost hand-offs) as due work: batches of
-    ``BATCH`` go to ``hand_off`` (one task each)."""
+    ``BATCH`` go to ``hand_off`` (one task each). A delivery whose worker died while holding
+    it goes alone: if it is the one that kills its worker, the deliveries that shared its
+    batch are not lost with it again (and counted towards their own quarantine)."""
+
+    def split(items: list[tuple[int, int]]) -> None:
+        together = [delivery_id for delivery_id, lost in items if not lost]
+        if together:
+            hand_off(together)
+        for delivery_id, lost in items:
+            if lost:
+                hand_off([delivery_id])
+
     return PgDueIndex(
         "deliveries",
         engine,
         "deliveries_take_due",
         "deliveries_release",
-        hand_off,
+        split,
         batch=BATCH,
         lease_ms=int(QUEUED_LEASE_S * 1000),
     )
 
 
-def upkeep(engine: Engine) -> None:
-    """Release dead workers' claims, expire untaken pull messages, return pulled ones not
-    ACKed in time (a periodic job of the ticker, once a second)."""
+# A dead worker's claim is certain once its connection's backend is gone; the grace only
+# covers a claim committed in the same instant the worker's connection was replaced.
+ORPHAN_GRACE_S = 1.0
+# A claim held by a live worker far longer than its batch can take (a hung worker, or a
+# backend pid reused by another connection): released all the same.
+STALE_CLAIM_S = 60.0
+
+
+def upkeep(engine: Engine, lost_limit: int) -> None:
+    """Release dead workers' claims (quarantined at ``lost_limit`` deaths), expire untaken
+    pull messages, return pulled ones not ACKed in time (a periodic job of the ticker, once a
+    second)."""
     with engine.begin() as conn:
-        conn.execute(sql("deliveries_release_stuck"), {"grace": QUEUED_LEASE_S, "batch": BATCH})
+        conn.execute(
+            sql("deliveries_release_stuck"),
+            {
+                "grace_s": ORPHAN_GRACE_S,
+                "stale_s": STALE_CLAIM_S,
+                "per_batch": BATCH,
+                "limit": lost_limit,
+                "batch": 1000,
+            },
+        )
         conn.execute(sql("pulled_expire"))
         conn.execute(sql("pulled_return_unacked"))
 
@@ -153,10 +182,21 @@ def deliver_batch(
     a database crash in that instant can only make a delivery come again, never lose it.
     """
     claim = new_token()
-    with engine.begin() as conn:
-        rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim}).all()
-        claimed = [Claimed(*row) for row in rows]
-    done = [_attempt(c, push, secret, clock) for c in claimed]
+    # One connection from the claim to the last outcome: its backend pid, recorded with the
+    # claim, is this worker's liveness (a worker that dies drops it, and beat releases the
+    # claim within a second: upkeep).
+    with engine.connect() as conn:
+        with conn.begin():
+            rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim})
+            claimed = [Claimed(*row) for row in rows.all()]
+        done = [_attempt(c, push, secret, clock) for c in claimed]
+        return _record(conn, delivery_ids, done, claim, clock)
+
+
+def _record(
+    conn: Connection, delivery_ids: list[int], done: list[_Done], claim: str, clock: Clock
+) -> list[str]:
+    """The outcomes of one batch, recorded while its claim holds each delivery."""
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
     # The common case, plain pushes delivered, is recorded for the whole batch at once.
     plain = [
@@ -170,7 +210,7 @@ def deliver_batch(
     if plain:
         ids = [d.claimed.delivery_id for d in plain]
         starts = [d.started for d in plain]  # each try's own start
-        with engine.begin() as conn:
+        with conn.begin():
             held = {
                 int(r[0])
                 for r in conn.execute(
@@ -184,7 +224,7 @@ def deliver_batch(
     if not done:
         return [states[i] for i in delivery_ids]
     try:
-        with engine.begin() as conn:
+        with conn.begin():
             conn.execute(sql("async_commit"))
             for d in done:
                 states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
@@ -192,7 +232,7 @@ def deliver_batch(
         # One bad delivery must not hold back the batch: again, one savepoint each, and the
         # one that cannot be recorded is dead-lettered with the reason.
         log.exception("recording a batch of deliveries failed; recording one by one")
-        with engine.begin() as conn:
+        with conn.begin():
             conn.execute(sql("async_commit"))
             for d in done:
                 try:

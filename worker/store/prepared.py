@@ -67,6 +67,11 @@ class PreparedConnection:
         """Plain SQL on the same connection (BEGIN / COMMIT / ROLLBACK around statements)."""
         self._cursor.execute(sql, params)
 
+    @property
+    def backend_pid(self) -> int:
+        """The PostgreSQL backend pid of this connection (no round trip)."""
+        return int(self._cursor.connection.get_backend_pid())
+
     def rowcount(self) -> int:
         """Rows the last statement changed."""
         return int(self._cursor.rowcount)

@@ -131,3 +131,11 @@ UPDATE message SET state = 'OK', last_process_timestamp = now(),
    AND last_process_timestamp < now() - make_interval(secs => $1)
    AND NOT EXISTS (SELECT 1 FROM message c
                     WHERE c.parent_msg_id = message.msg_id AND c.state NOT IN ('OK', 'FAILED', 'CANCEL'));
+
+-- name: drain_holders_gone
+-- Of the backend pids running drains hold, those whose backend is gone (the drain's worker
+-- died, or PostgreSQL restarted), with the server's start (ms since the epoch).
+SELECT p AS pid,
+       (extract(epoch FROM pg_postmaster_start_time()) * 1000)::bigint AS server_started_ms
+  FROM unnest(CAST(:pids AS integer[])) AS p
+ WHERE orderly_orphaned(p);

@@ -56,7 +56,7 @@ SELECT name, confirmation_url, timeout_ms FROM source_system ORDER BY name;
 -- Due confirmations, leased (worker.core.due): due again after :lease_s should their task be
 -- lost; each try is fenced by the claim token it was taken with.
 UPDATE external_call
-   SET state = 'PROCESSING', last_update_timestamp = now(), claim = :token,
+   SET state = 'PROCESSING', last_update_timestamp = now(), claim = :token, claim_pid = NULL,
        next_attempt_at = now() + make_interval(secs => :lease_s)
  WHERE call_id IN (
        SELECT call_id FROM external_call
@@ -72,15 +72,45 @@ RETURNING call_id, claim;
 UPDATE external_call SET next_attempt_at = now()
  WHERE call_id = ANY(:ids) AND state = 'PROCESSING' AND claim = :token;
 
--- name: confirmation_load
--- The try a task was handed, only while its claim still holds it.
-SELECT c.msg_id, c.failed_count, m.correlation_id,
+-- name: confirmation_start
+-- The try a task was handed, only while its claim still holds it and no live worker is on it
+-- (a task the broker gave out twice): the claim records the backend pid of the connection the
+-- worker holds until it settles the try (its liveness; confirmations_release_orphans).
+WITH started AS (
+    UPDATE external_call
+       SET claim_pid = pg_backend_pid(), last_update_timestamp = now()
+     WHERE call_id = :id AND state = 'PROCESSING' AND claim = :claim
+       AND (claim_pid IS NULL OR orderly_orphaned(claim_pid))
+    RETURNING msg_id, failed_count)
+SELECT started.msg_id, started.failed_count, m.correlation_id,
        m.source_system, m.state, m.failed_error_code, m.failed_desc,
        s.confirmation_url, s.timeout_ms
-  FROM external_call c
-  JOIN message m ON m.msg_id = c.msg_id
-  LEFT JOIN source_system s ON s.name = m.source_system
- WHERE c.call_id = :id AND c.state = 'PROCESSING' AND c.claim = :claim;
+  FROM started
+  JOIN message m ON m.msg_id = started.msg_id
+  LEFT JOIN source_system s ON s.name = m.source_system;
+
+-- name: confirmations_release_orphans
+-- Tries whose worker died (its connection gone, for :grace_s) are due again at once, the
+-- death counted in lost_count; at :limit deaths the confirmation is FAILED_END (quarantined:
+-- no further tries). A try older than the server's start lost its connection to a PostgreSQL
+-- restart, not to its worker: not counted.
+UPDATE external_call c
+   SET state = CASE WHEN c.lost_count + x.died >= :limit THEN 'FAILED_END' ELSE c.state END,
+       lost_count = c.lost_count + x.died,
+       next_attempt_at = CASE WHEN c.lost_count + x.died >= :limit THEN NULL ELSE now() END,
+       last_update_timestamp = now(), claim = NULL, claim_pid = NULL
+  FROM (SELECT call_id,
+               CASE WHEN last_update_timestamp < pg_postmaster_start_time() THEN 0
+                    ELSE 1 END AS died
+          FROM external_call
+         WHERE operation_name = 'orderly.confirmation' AND state = 'PROCESSING'
+           AND claim IS NOT NULL AND claim_pid IS NOT NULL
+           AND last_update_timestamp <= now() - make_interval(secs => :grace_s)
+           AND orderly_orphaned(claim_pid)
+         LIMIT :batch
+         FOR UPDATE SKIP LOCKED) x
+ WHERE c.call_id = x.call_id
+RETURNING c.call_id, c.state;
 
 -- name: confirmation_settle
 -- The try this claim made: OK, FAILED (tried again after :wait_ms) or FAILED_END. A final
@@ -91,6 +121,6 @@ UPDATE external_call
        failed_count = failed_count + CASE WHEN :state = 'OK' THEN 0 ELSE 1 END,
        next_attempt_at = CASE WHEN :state = 'FAILED'
                               THEN now() + make_interval(secs => :wait_ms / 1000.0) END,
-       last_update_timestamp = now(), claim = NULL
+       last_update_timestamp = now(), claim = NULL, claim_pid = NULL
  WHERE call_id = :id AND state = 'PROCESSING' AND claim = :claim
 RETURNING state;

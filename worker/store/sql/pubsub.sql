@@ -160,7 +160,8 @@ RETURNING delivery_id, event_id, subscription_id;
 
 -- name: deliveries_take_due
 -- Due push deliveries (a $delay, a retry wait, or a lease that ran out), leased for :lease_s
--- (worker.core.due): a task lost with its worker brings them back after it.
+-- (worker.core.due): a task lost with its worker brings them back after it. With each, the
+-- claims of it that died with their worker (such a delivery goes in a batch of its own).
 UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
  WHERE d.delivery_id IN (
        SELECT delivery_id FROM delivery
@@ -168,26 +169,42 @@ UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
         ORDER BY scheduled_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-RETURNING d.delivery_id;
+RETURNING d.delivery_id, d.lost_count;
 
 -- name: deliveries_release
 UPDATE delivery SET scheduled_at = now()
  WHERE delivery_id = ANY(:ids) AND state = 'PENDING';
 
 -- name: deliveries_release_stuck
--- A claim whose worker died: back to PENDING, due at once (delivered at least once). The lost
--- try counts as an attempt: a delivery that keeps killing its worker ends DEAD with
--- E_WORKER_LOST once its attempts are spent, like one that keeps failing.
+-- A claim whose worker died (the connection it holds is gone, for :grace_s; or, whatever its
+-- worker, a claim older than its subscription's timeout per delivery of a batch plus
+-- :stale_s): back to PENDING, due at once (delivered at least once). The lost try counts as
+-- an attempt, and its death in lost_count: a delivery that keeps killing its worker ends DEAD
+-- with E_WORKER_LOST at :limit deaths or when its attempts are spent. A claim older than the
+-- server's start lost its connection to a PostgreSQL restart, not to its worker: not counted.
 UPDATE delivery d
-   SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
+   SET state = CASE WHEN d.attempt + 1 > x.attempts OR d.lost_count + x.died >= :limit
                     THEN 'DEAD' ELSE 'PENDING' END,
-       attempt = d.attempt + 1, scheduled_at = now(), next_attempt_at = now(),
-       claimed_at = NULL, claim = NULL,
-       last_error = 'E_WORKER_LOST: the worker holding this delivery died'
-  FROM subscription s, room r
- WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
-   AND d.state = 'IN_PROCESS' AND NOT d.pull
-   AND d.claimed_at < now() - make_interval(secs => s.timeout_ms * :batch / 1000.0 + :grace)
+       attempt = d.attempt + 1, lost_count = d.lost_count + x.died,
+       scheduled_at = now(), next_attempt_at = now(),
+       claimed_at = NULL, claim = NULL, claim_pid = NULL,
+       last_error = CASE WHEN d.lost_count + x.died >= :limit
+                         THEN format('E_WORKER_LOST: quarantined: its worker died %s times '
+                                     'while delivering it', d.lost_count + x.died)
+                         ELSE 'E_WORKER_LOST: the worker holding this delivery died' END
+  FROM (SELECT o.delivery_id, COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts,
+               CASE WHEN o.claimed_at < pg_postmaster_start_time() THEN 0 ELSE 1 END AS died
+          FROM delivery o
+          JOIN subscription s ON s.subscription_id = o.subscription_id
+          JOIN room r ON r.room_id = s.room_id
+         WHERE o.state = 'IN_PROCESS' AND NOT o.pull
+           AND ((o.claimed_at <= now() - make_interval(secs => :grace_s)
+                 AND orderly_orphaned(o.claim_pid))
+             OR o.claimed_at < now() - make_interval(secs => s.timeout_ms * :per_batch / 1000.0
+                                                             + :stale_s))
+         LIMIT :batch
+         FOR UPDATE OF o SKIP LOCKED) x
+ WHERE d.delivery_id = x.delivery_id
 RETURNING d.delivery_id, d.state;
 
 -- name: pulled_return_unacked
@@ -222,9 +239,12 @@ UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message 
 -- name: deliveries_claim
 -- Claim due push deliveries for one batch under the claim token :claim; an ordered
 -- subscription's delivery only when no earlier one of its key is still open. The claim
--- commits without waiting for the disk: a crash can only make a delivery come again.
+-- records the backend pid of the connection the worker holds until the batch is settled (its
+-- liveness). It commits without waiting for the disk: a crash can only make a delivery come
+-- again.
 SET LOCAL synchronous_commit TO OFF;
-UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim
+UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
+                      claim_pid = pg_backend_pid()
   FROM event e, subscription s, room r
  WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
    AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
@@ -248,7 +268,7 @@ RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key,
 SET LOCAL synchronous_commit TO OFF;
 WITH held AS (
     UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), claimed_at = NULL,
-           claim = NULL, last_error = NULL
+           claim = NULL, claim_pid = NULL, last_error = NULL
      WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
     RETURNING delivery_id, event_id, subscription_id, attempt),
 started AS (
@@ -266,7 +286,7 @@ WITH held AS (
     UPDATE delivery SET state = :state, attempt = :next_attempt,
            next_attempt_at = COALESCE(:at, next_attempt_at),
            scheduled_at = COALESCE(:at, scheduled_at),
-           claimed_at = NULL, claim = NULL,
+           claimed_at = NULL, claim = NULL, claim_pid = NULL,
            delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why
      WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim
     RETURNING delivery_id)
@@ -283,7 +303,8 @@ SELECT :c, held.delivery_id, :e, :s, :a, :started,
 SET LOCAL synchronous_commit TO OFF;
 
 -- name: delivery_dead_letter
-UPDATE delivery SET state = 'DEAD', claimed_at = NULL, claim = NULL, last_error = :why
+UPDATE delivery
+   SET state = 'DEAD', claimed_at = NULL, claim = NULL, claim_pid = NULL, last_error = :why
  WHERE delivery_id = :id AND claim = :claim;
 
 -- name: delivery_release_next
