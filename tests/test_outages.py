@@ -8,12 +8,15 @@ restart.
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from tests.helpers import message, set_config, wait_until
 from tests.stack import Stack
@@ -23,8 +26,10 @@ from worker import configuration, pool
 from worker.configuration import ConfigReader
 from worker.core.errors import ServiceUnavailable
 from worker.intake import Intake
-from worker.runtime import get_runtime
+from worker.runtime import Runtime, get_runtime
+from worker.settings import Settings
 from worker.store import schema
+from worker.store.db import engine_for
 
 
 def local_port(answer: httpx.Response) -> int:
@@ -248,3 +253,23 @@ def test_messages_the_pool_could_not_hand_over_wait_postponed_again(
     due_again()
     handed: list[int] = []
     assert pool.requeue_due(db, config, handed.append) == ids == handed
+
+
+@pytest.mark.integration  # a PostgreSQL connection attempt, to a server of its own
+def test_a_server_that_never_answers_fails_a_connection_after_the_connect_timeout() -> None:
+    """ORDERLY_CONNECT_TIMEOUT_S bounds a new connection (a /ready probe, a worker's first
+    query): a listener that accepts and never speaks is given up on, not waited for."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    try:
+        engine = engine_for(f"postgresql+psycopg2://postgres@127.0.0.1:{port}/x", 2)
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="timeout"):
+            engine.connect()
+        assert time.monotonic() - started < 30  # not forever
+        client = Runtime(Settings(ORDERLY_CONNECT_TIMEOUT_S=3)).redis
+        assert client.connection_pool.connection_kwargs["socket_connect_timeout"] == 3
+    finally:
+        silent.close()

@@ -43,7 +43,7 @@ class Runtime:
 
     @cached_property
     def engine(self) -> Engine:
-        return engine_for(self.settings.database_url)
+        return engine_for(self.settings.database_url, self.settings.connect_timeout_s)
 
     @cached_property
     def config(self) -> ConfigReader:
@@ -111,14 +111,18 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.settings.redis_url)
+        return redis.Redis.from_url(
+            self.settings.redis_url, socket_connect_timeout=self.settings.connect_timeout_s
+        )
 
     @cached_property
     def tracking_redis(self) -> Redis:
         """serviceRedis: the tracking keys' Redis (the same client when it is not separate)."""
         if self.settings.track_redis_url is None:
             return self.redis
-        return redis.Redis.from_url(self.settings.track_redis_url)
+        return redis.Redis.from_url(
+            self.settings.track_redis_url, socket_connect_timeout=self.settings.connect_timeout_s
+        )
 
     @cached_property
     def track_keys(self) -> TrackKeys:

@@ -54,6 +54,14 @@ class ServiceSettings(Section):
         description="The Retry-After (seconds) of a 503: PostgreSQL, Redis or the broker "
         "unreachable, or a node that accepts no new input.",
     )
+    connect_timeout_s: int = Field(
+        5,
+        ge=2,
+        le=300,
+        validation_alias="ORDERLY_CONNECT_TIMEOUT_S",
+        description="How long opening a connection to PostgreSQL or Redis may take before it "
+        "fails (a server that does not answer: a lost route, a dropped SYN).",
+    )
     ready_timeout_ms: int = Field(
         2_000,
         ge=50,
