@@ -164,6 +164,31 @@ def test_responses_accepted_after_the_loss_go_behind_the_rebuilt_ones(
     assert sender.sent == ["s1", "s1", "s2", "t1"]
 
 
+def test_no_drain_claims_while_redis_is_being_rebuilt(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client)
+    sender = Recorder()
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.run(sender)
+    assert sender.sent == ["s1"]
+    redis_client.flushdb()
+    h.started.clear()
+    # A rebuild is under way (the marker says so) and a response comes in meanwhile: its
+    # request is not rebuilt yet, so sending it now could overtake older responses.
+    redis_client.hset(EPOCH_KEY, mapping={"state": "rebuilding", "generation": "g"})
+    h.response("c1", "r1", "s2", last=True)
+    assert h.run(sender) == ["REBUILDING"]
+    assert sender.sent == ["s1"]
+    assert redis_client.get("bridge:queue:c1:lease") is None  # the drain gave up its lease
+    redis_client.delete(EPOCH_KEY)
+    report = rebuild.rebuild(db, h.conv, h.enqueue, lambda ids: None)
+    assert report.marked_ready and report.drains_started == ["c1"]
+    h.run(sender)
+    assert sender.sent == ["s1", "s2"]
+
+
 def test_queued_store_messages_are_sent_again_and_one_rebuilder_at_a_time(
     db: Engine, redis_client: redis.Redis, intake: Intake, queue: list[int]
 ) -> None:

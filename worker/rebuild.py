@@ -11,9 +11,10 @@ is rebuilt. :func:`check` costs one round trip; beat's agents run it every tick.
 checks again under it, marks Redis "rebuilding" under a new generation, then:
 
 1. conversations (``worker.conversations.rebuild``): requests waiting, responses not yet
-   delivered, their order, attempts, AWAITED and ACK waits; a drain is started for every
-   conversation with something to deliver (a delivered response is OK in its row: final,
-   never rebuilt, never sent again);
+   delivered, their order, attempts, AWAITED and ACK waits (a delivered response is OK in its
+   row: final, never rebuilt, never sent again); while the marker says "rebuilding" no drain
+   claims a response, and once it says "ready" a drain is started for every conversation
+   with something to deliver;
 2. the store's queued messages (NEW, IN_QUEUE): their tasks went with the broker; they are
    sent again at once (the claim takes a row only once, so a task that survived is harmless);
 3. push deliveries the broker had (due, leased): due again now;
@@ -156,9 +157,6 @@ def _rebuild(
     rebuilt = conversations_rebuild.rebuild(ctx, rows)
     report.conversations = rebuilt.conversations
     report.keys_created = rebuilt.keys_created
-    for cid in rebuilt.to_deliver:
-        if wake(ctx, cid, enqueue_drain):
-            report.drains_started.append(cid)
     # 2. The store's queued messages, page by page.
     after = 0
     while True:
@@ -180,4 +178,9 @@ def _rebuild(
     report.marked_ready = bool(
         ctx.scripts.run("epoch_ready", [EPOCH_KEY], [report.generation, run_id])
     )
+    # Drains start once Redis is whole: until then a drain claims nothing (advance.lua:
+    # REBUILDING), so a response accepted meanwhile cannot overtake older ones.
+    for cid in rebuilt.to_deliver:
+        if wake(ctx, cid, enqueue_drain):
+            report.drains_started.append(cid)
     report.done = True

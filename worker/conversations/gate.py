@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from models.keys import EPOCH_KEY
 from worker.channels import Channel
 from worker.conversations.context import Context
 from worker.conversations.model import (
@@ -60,6 +61,7 @@ def _advance(
             k.scheduled,
             k.request_seq(conversation_id),
             k.drains,
+            EPOCH_KEY,
         ],
         [
             mode,

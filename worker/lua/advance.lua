@@ -3,6 +3,7 @@
 -- KEYS[1] request list   KEYS[2] response order   KEYS[3] pendingMessages
 -- KEYS[4] drain lease    KEYS[5] scheduled        KEYS[6] request counter
 -- KEYS[7] running drains (conversation id -> 'pid|token|ms': the drain's liveness)
+-- KEYS[8] the Redis marker (orderly:epoch): while it says 'rebuilding', nothing is claimed
 -- ARGV[1] mode: 'claim' (a drain holding the lease), 'yield' (settle only, keep the lease:
 --   the drain goes on in a new task) or 'check' (validate ARGV[10] only, no lease)
 -- ARGV[2] lease token  ARGV[3] now (ms)  ARGV[4] drain lease (ms)
@@ -20,7 +21,9 @@
 -- waits), settled (responses delivered by an ACK timeout: [msgId, completedRequestMsgId]),
 -- prev (what settling the previous outcome produced).
 -- Codes: SEND, CAN_SEND, EMPTY, WAIT_REQUEST, WAIT_RESPONSE, WAIT_ACK, WAIT_RETRY,
--- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD.
+-- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD,
+-- REBUILDING (Redis is being rebuilt from PostgreSQL: the rebuild wakes the conversation
+-- once it is whole; a response sent now could overtake older ones not rebuilt yet).
 local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lease_ms, inflight_ms, sent_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local req_prefix, res_prefix, async_prefix = ARGV[7], ARGV[8], ARGV[9]
@@ -131,6 +134,10 @@ local function finish(code, due)
     end
   end
   return cjson.encode(result)
+end
+
+if mode == 'claim' and redis.call('HGET', KEYS[8], 'state') == 'rebuilding' then
+  return finish('REBUILDING')
 end
 
 while true do
