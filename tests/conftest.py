@@ -35,6 +35,8 @@ os.environ.update(
         "ORDERLY_DATABASE_URL": TEST_DB_URL,
         "ORDERLY_REDIS_URL": TEST_REDIS_URL,
         "ORDERLY_HANDLER_MODULES": "tooling.handlers",
+        # The test servers (sinks, recorders) listen on loopback: allowed explicitly.
+        "ORDERLY_OUTBOUND_ALLOW": "127.0.0.1",
         "ORDERLY_HEARTBEAT_INTERVAL": "300",
         "ORDERLY_NODE_CODE": f"pytest-{_RUN}",
     }

@@ -14,10 +14,21 @@ from sqlalchemy.orm import Session
 
 from models import Message
 from tooling.processes import BIN
+from worker.core.addresses import AddressPolicy
+from worker.core.http import HttpOptions, OutboundHttp
 from worker.handlers import HandlerRegistry
 from worker.processing import Processor
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
+
+# The test servers listen on loopback, which the outbound address policy refuses unless
+# allowed: allowed here explicitly, as ORDERLY_OUTBOUND_ALLOW does for the tests' processes.
+LOOPBACK = AddressPolicy.parse("127.0.0.1")
+
+
+def local_http(**options: Any) -> OutboundHttp:
+    """The outbound client, allowed to reach the tests' servers on 127.0.0.1."""
+    return OutboundHttp(HttpOptions(policy=LOOPBACK, **options))
 
 
 def message(n: int, **overrides: Any) -> dict[str, Any]:
@@ -61,6 +72,7 @@ def processor(engine: Engine, reg: HandlerRegistry | None = None) -> Processor:
         node_id=get_runtime().node_id,
         registry=registry if reg is None else reg,
         config=ConfigReader(engine, ttl_seconds=0),
+        http=local_http(),
     )
 
 

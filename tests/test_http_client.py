@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from worker.core.http import HttpOptions, OutboundHttp
+from tests.helpers import local_http
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -74,7 +74,7 @@ def server() -> Iterator[_Server]:
 
 
 def test_posts_json_and_reuses_the_connection(server: _Server) -> None:
-    http = OutboundHttp()
+    http = local_http()
     for _ in range(3):
         reply = http.post_json(
             f"{server.base}/in", {"a": 1}, timeout_ms=5000, headers={"Idempotency-Key": "k"}
@@ -91,13 +91,13 @@ def test_posts_json_and_reuses_the_connection(server: _Server) -> None:
 
 
 def test_a_non_2xx_answer_is_an_answer(server: _Server) -> None:
-    reply = OutboundHttp().post_json(f"{server.base}/down", {}, timeout_ms=5000)
+    reply = local_http().post_json(f"{server.base}/down", {}, timeout_ms=5000)
     assert reply.status == 503 and not reply.ok
     assert reply.describe().startswith("HTTP 503")
 
 
 def test_a_slow_answer_times_out(server: _Server) -> None:
-    reply = OutboundHttp().post_json(f"{server.base}/slow", {}, timeout_ms=300)
+    reply = local_http().post_json(f"{server.base}/slow", {}, timeout_ms=300)
     assert reply.status is None and reply.error == "timeout after 300 ms"
 
 
@@ -108,13 +108,13 @@ def test_the_total_deadline_holds_against_an_answer_that_trickles_in(
     """Each read comes quickly, the whole does not: the request ends at its deadline (5 s of
     trickle against 300 ms), not one read timeout after another."""
     started = time.monotonic()
-    reply = OutboundHttp().post_json(f"{server.base}{path}", {}, timeout_ms=300)
+    reply = local_http().post_json(f"{server.base}{path}", {}, timeout_ms=300)
     assert reply.status is None and reply.error == "timeout after 300 ms"
     assert time.monotonic() - started < 4.5  # well before the trickle would have ended
 
 
 def test_an_answer_is_read_up_to_the_limit(server: _Server) -> None:
-    http = OutboundHttp(HttpOptions(max_response_bytes=1024))
+    http = local_http(max_response_bytes=1024)
     reply = http.post_json(f"{server.base}/big", {}, timeout_ms=5000)
     assert reply.status == 202 and reply.content == b"y" * 1024
 
@@ -123,14 +123,14 @@ def test_a_refused_connection_and_a_bad_url_are_reasons_not_exceptions() -> None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
-    refused = OutboundHttp().post_json(f"http://127.0.0.1:{port}/", {}, timeout_ms=1000)
+    refused = local_http().post_json(f"http://127.0.0.1:{port}/", {}, timeout_ms=1000)
     assert refused.status is None and "ConnectError" in refused.error
-    bad = OutboundHttp().post_json("ftp://x/", {}, timeout_ms=1000)
+    bad = local_http().post_json("ftp://x/", {}, timeout_ms=1000)
     assert bad.status is None and bad.error
 
 
 def test_a_new_process_makes_its_own_connections(server: _Server, monkeypatch: Any) -> None:
-    http = OutboundHttp()
+    http = local_http()
     http.post_json(f"{server.base}/in", {}, timeout_ms=5000)
     first = http._connections()
     monkeypatch.setattr("os.getpid", lambda: -1)  # as after a fork

@@ -21,7 +21,7 @@ from prometheus_client.exposition import generate_latest
 from sqlalchemy import Engine, text
 
 from api.metrics import make_registry
-from tests.helpers import OrderlyCli, wait_until
+from tests.helpers import OrderlyCli, local_http, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import Harness, make
@@ -29,7 +29,6 @@ from tests.test_metrics import _row, parse, value
 from tooling.sink import Sink
 from worker.channels import Channel
 from worker.conversations import Delivery, Head, SendResult
-from worker.core.http import OutboundHttp
 from worker.delivery import HttpSender
 from worker.observe import Figures, store_figures
 
@@ -224,7 +223,7 @@ def _head(response_id: str, late_ms: int | None) -> Head:
 
 def test_the_post_of_a_late_response_carries_the_late_headers_and_others_none() -> None:
     with Sink() as sink:
-        send = HttpSender(OutboundHttp())
+        send = HttpSender(local_http())
         channel = Channel("chat", sink.url, 10, 2.0, 2, 5000)
         assert send(channel, _head("late", 2500)).kind is Delivery.DELIVERED
         assert send(channel, _head("in-order", None)).kind is Delivery.DELIVERED

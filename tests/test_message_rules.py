@@ -12,7 +12,16 @@ import pytest
 from sqlalchemy import Engine, text
 
 from models import MessageState
-from tests.helpers import BASE_TS, message, processor, row, set_config, states, wait_until
+from tests.helpers import (
+    BASE_TS,
+    local_http,
+    message,
+    processor,
+    row,
+    set_config,
+    states,
+    wait_until,
+)
 from tests.push_recorder import Recorder
 from worker import confirmations, extcall, operations, pool
 from worker.configuration import ConfigReader
@@ -24,7 +33,6 @@ from worker.core.errors import (
     OperationRefused,
     ResponseNotAwaited,
 )
-from worker.core.http import OutboundHttp
 from worker.extcall import CallKey, Skip
 from worker.intake import Intake
 from worker.processing import Outcome
@@ -357,7 +365,7 @@ def test_confirmations_retry_up_to_failed_end(
     processor(db).process(msg_id)
     seen = []
     config = ConfigReader(db, ttl_seconds=0)
-    http = OutboundHttp()
+    http = local_http()
     due: list[tuple[int, str]] = []
     confirming = confirmations.due_confirmations(db, due.extend)  # the ticker's due work
     for _ in range(4):
@@ -393,12 +401,12 @@ def test_a_try_in_flight_does_not_settle_a_final_state_recorded_anew(
         )
         conn.execute(text("UPDATE message SET state = 'FAILED' WHERE msg_id = :i"), {"i": msg_id})
     config = ConfigReader(db, ttl_seconds=0)
-    assert confirmations.confirm(db, call_id, claim, config, OutboundHttp()) == "NOT_DUE"
+    assert confirmations.confirm(db, call_id, claim, config, local_http()) == "NOT_DUE"
     assert recorder.arrivals == []  # the stale try sent nothing
     again: list[tuple[int, str]] = []
     drain_due(confirmations.due_confirmations(db, again.extend), 100)
     [(_, fresh)] = again
-    assert confirmations.confirm(db, call_id, fresh, config, OutboundHttp()) == "OK"
+    assert confirmations.confirm(db, call_id, fresh, config, local_http()) == "OK"
     assert [a["body"]["state"] for a in recorder.arrivals] == ["FAILED"]
 
 
@@ -431,7 +439,7 @@ def test_a_try_whose_worker_died_is_due_at_once_and_quarantined_at_the_limit(
         assert conn.execute(sql("confirmation_start"), {"id": call_id, "claim": claim}).first()
         conn.commit()
         # A second copy of the task while that worker lives starts nothing.
-        assert confirmations.confirm(db, call_id, claim, config, OutboundHttp()) == "NOT_DUE"
+        assert confirmations.confirm(db, call_id, claim, config, local_http()) == "NOT_DUE"
         conn.execute(
             text("UPDATE external_call SET last_update_timestamp = now() - interval '2 s'")
         )

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# The main job's sink and the stack it starts listen on loopback, which the outbound address
+# policy refuses unless allowed: allowed explicitly (an operator's own setting wins).
+os.environ.setdefault("ORDERLY_OUTBOUND_ALLOW", "127.0.0.1")
+
 from datetime import datetime
 from typing import Annotated
 

@@ -60,6 +60,11 @@ def validate(
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append(("url", f"{url!r} is not an http:// or https:// URL"))
+        else:
+            try:
+                settings.outbound_policy.check_url("url", url)
+            except InvalidMessage as exc:
+                problems.extend(exc.problems)
 
     def value(name: str, default: float) -> Any:
         found = data.get(name, default)

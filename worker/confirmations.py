@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 
 from worker import extcall
 from worker.configuration import ConfigReader
+from worker.core.addresses import AddressPolicy
 from worker.core.due import PgDueIndex
 from worker.core.errors import ExchangeFailed, InvalidMessage
 from worker.core.http import OutboundHttp
@@ -53,11 +54,20 @@ class SourceSystemIn(BaseModel):
         return value
 
 
-def set_source_system(engine: Engine, name: str, data: Any) -> dict[str, Any]:
-    """Create or change a source system's confirmation target."""
+def set_source_system(
+    engine: Engine, name: str, data: Any, *, policy: AddressPolicy | None = None
+) -> dict[str, Any]:
+    """Create or change a source system's confirmation target (a URL the outbound address
+    policy allows: ``policy``, by default the settings')."""
     if not 1 <= len(name) <= 100:
         raise InvalidMessage("name", "must be 1 to 100 characters")
     spec = parse_input(SourceSystemIn, data)
+    if spec.confirmation_url is not None:
+        if policy is None:
+            from worker.settings import get_settings
+
+            policy = get_settings().outbound_policy
+        policy.check_url("confirmation_url", spec.confirmation_url)
     with engine.begin() as conn:
         conn.execute(
             sql("source_system_put"),

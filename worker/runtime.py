@@ -75,6 +75,7 @@ class Runtime:
                 proxy=s.http_proxy,
                 ca_bundle=s.http_ca_bundle,
                 max_response_bytes=s.http_max_response_bytes,
+                policy=s.outbound_policy,
             )
         )
 

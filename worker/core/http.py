@@ -29,6 +29,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from worker.core.addresses import STRICT, AddressPolicy
+
 # httpx logs every request at INFO; orderly's callers log what matters (failures, retries).
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -81,10 +83,14 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's sockets, each step held to the current request's deadline."""
+    """httpcore's sockets, each step held to the current request's deadline, connecting
+    only to addresses the outbound address policy allows (the host resolved here and the
+    socket connected to a checked address; ``exempt``: the configured proxy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: AddressPolicy, exempt: str | None = None) -> None:
         self._inner = httpcore.SyncBackend()
+        self._policy = policy
+        self._exempt = exempt
 
     def connect_tcp(
         self,
@@ -95,9 +101,20 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         left = _left(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(
-            self._inner.connect_tcp(host, port, left, local_address, socket_options)
-        )
+        if host == self._exempt or self._policy.allows_host(host):
+            return _DeadlineStream(
+                self._inner.connect_tcp(host, port, left, local_address, socket_options)
+            )
+        failure: Exception | None = None
+        for _, address in self._policy.resolve(host, port):  # OutboundRefused: none made
+            try:
+                return _DeadlineStream(
+                    self._inner.connect_tcp(address, port, left, local_address, socket_options)
+                )
+            except httpcore.ConnectError as exc:
+                failure = exc
+                left = _left(timeout, httpcore.ConnectTimeout)
+        raise failure or httpcore.ConnectError(f"{host} has no address")
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -121,18 +138,20 @@ def _target(url: str) -> httpcore.URL:
     )
 
 
-def _pool(verify: ssl.SSLContext | bool, max_connections: int, proxy: str | None) -> Pool:
-    """httpx's connection pool (httpcore) on the deadline-keeping backend."""
+def _pool(
+    verify: ssl.SSLContext | bool, max_connections: int, proxy: str | None, policy: AddressPolicy
+) -> Pool:
+    """httpx's connection pool (httpcore) on the deadline-keeping, policy-checking backend."""
+    url = httpx.URL(proxy) if proxy is not None else None
     options: dict[str, Any] = {
         "ssl_context": httpx.create_ssl_context(verify=verify),
         "max_connections": max_connections,
         "max_keepalive_connections": max_connections,
         "keepalive_expiry": KEEPALIVE_EXPIRY_S,
-        "network_backend": _DeadlineBackend(),
+        "network_backend": _DeadlineBackend(policy, None if url is None else url.host),
     }
-    if proxy is None:
+    if url is None:
         return httpcore.ConnectionPool(**options)
-    url = httpx.URL(proxy)
     return httpcore.HTTPProxy(
         proxy_url=httpcore.URL(
             scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
@@ -148,6 +167,8 @@ class HttpOptions:
     ca_bundle: str | None = None  # a CA file; None: the default bundle
     max_connections: int = 100
     max_response_bytes: int = 1_048_576
+    # Where requests may go (worker.core.addresses): by default no internal address.
+    policy: AddressPolicy = STRICT
 
 
 @dataclass(frozen=True)
@@ -194,7 +215,7 @@ class OutboundHttp:
         verify: ssl.SSLContext | bool = True
         if o.ca_bundle:
             verify = ssl.create_default_context(cafile=o.ca_bundle)
-        return _pool(verify, o.max_connections, o.proxy)
+        return _pool(verify, o.max_connections, o.proxy, o.policy)
 
     def post_json(
         self,
@@ -221,6 +242,11 @@ class OutboundHttp:
         connect = min(self.options.connect_timeout_s, total)
         token = _deadline.set(time.monotonic() + total)
         try:
+            if self.options.proxy is not None:
+                # The proxy connects: its target is checked here, as the connection would.
+                target = httpx.URL(url)
+                if not self.options.policy.allows_host(target.host):
+                    self.options.policy.resolve(target.host, target.port or 443)
             sent = [(b"Content-Type", b"application/json"), (b"User-Agent", USER_AGENT_BYTES)]
             sent += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
             with self._connections().stream(

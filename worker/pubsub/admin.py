@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from models import Status, SubscriptionKind
+from worker.core.addresses import AddressPolicy
 from worker.core.errors import InvalidMessage, NotFound
 from worker.core.inputs import parse_input
 from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
@@ -182,22 +183,36 @@ def add_publisher(engine: Engine, room_name: str, name: str) -> None:
         raise InvalidMessage("name", f"publisher {name!r} exists in {room_name}")
 
 
-def _destination_problems(sub: SubscriptionIn) -> None:
+def _destination_problems(
+    sub: SubscriptionIn, policy: AddressPolicy | None, *, url_changed: bool = True
+) -> None:
     if sub.kind is SubscriptionKind.PUSH and sub.push_url is None:
         raise InvalidMessage("push_url", "a PUSH subscription needs a push_url")
     if sub.kind is not SubscriptionKind.PUSH and sub.push_url is not None:
         raise InvalidMessage("push_url", f"only a PUSH subscription has one, not {sub.kind}")
     if sub.routing_key_pattern is not None and not PATTERN.fullmatch(sub.routing_key_pattern):
         raise InvalidMessage("routing_key_pattern", PATTERN_RULE)
+    if sub.push_url is not None and url_changed:
+        (policy or _configured_policy()).check_url("push_url", sub.push_url)
 
 
-def create_subscription(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
+def _configured_policy() -> AddressPolicy:
+    from worker.settings import get_settings
+
+    return get_settings().outbound_policy
+
+
+def create_subscription(
+    engine: Engine, room_name: str, data: Any, *, policy: AddressPolicy | None = None
+) -> dict[str, Any]:
+    """A subscription; its push_url must be one the outbound address policy allows
+    (``policy``, by default the settings')."""
     sub_in = parse_input(SubscriptionIn, data)
     if sub_in.kind is SubscriptionKind.HANDLER and sub_in.handler is None:
         raise InvalidMessage("handler", "a HANDLER subscription names its handler")
     if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
         raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
-    _destination_problems(sub_in)
+    _destination_problems(sub_in, policy)
     values = sub_in.model_dump(exclude={"event_type"})
     with engine.begin() as conn:
         room = room_row(conn, room_name)
@@ -233,7 +248,9 @@ _CHANGEABLE = (
 )
 
 
-def update_subscription(engine: Engine, subscription_id: int, data: Any) -> dict[str, Any]:
+def update_subscription(
+    engine: Engine, subscription_id: int, data: Any, *, policy: AddressPolicy | None = None
+) -> dict[str, Any]:
     """Change a subscription's destination, pattern, policy overrides or status."""
     if not isinstance(data, Mapping):
         raise InvalidMessage("body", "must be a JSON object")
@@ -256,7 +273,8 @@ def update_subscription(engine: Engine, subscription_id: int, data: Any) -> dict
         }
         merged = {**current, **{k: v for k, v in data.items() if k != "status"}}
         checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
-        _destination_problems(checked)
+        # A destination is checked when it changes (one registered before is left as it is).
+        _destination_problems(checked, policy, url_changed="push_url" in data)
         values = {k: getattr(checked, k) if k in data else current[k] for k in _CHANGEABLE}
         status = data.get("status", Status(sub.status).value)
         conn.execute(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from worker.core.addresses import AddressPolicy
 from worker.settings._base import Section
 
 
@@ -34,6 +35,25 @@ class HttpSettings(Section):
         validation_alias="ORDERLY_HTTP_MAX_RESPONSE_BYTES",
         description="At most this much of an answer is read.",
     )
+
+    outbound_allow: str = Field(
+        "",
+        validation_alias="ORDERLY_OUTBOUND_ALLOW",
+        description="Internal hosts and networks outbound requests (channels, push "
+        "subscriptions, confirmations) may reach, comma-separated: addresses, CIDR networks, "
+        "host names as written in URLs. Loopback, private, shared, link-local, multicast and "
+        "reserved addresses are refused otherwise.",
+    )
+
+    @field_validator("outbound_allow")
+    @classmethod
+    def _allow(cls, value: str) -> str:
+        AddressPolicy.parse(value)  # ValueError names the bad entry
+        return value
+
+    @property
+    def outbound_policy(self) -> AddressPolicy:
+        return AddressPolicy.parse(self.outbound_allow)
 
     @field_validator("http_proxy")
     @classmethod
