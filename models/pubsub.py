@@ -167,6 +167,16 @@ class Event(Base):
     """One publish: what was sent to a room, by whom, when it may be delivered."""
 
     __tablename__ = "event"
+    __table_args__ = (
+        # a retried publish with the same key finds the event stored the first time
+        Index(
+            "ux_event_idempotency_key",
+            "room_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+    )
 
     event_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     correlation_id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -188,6 +198,8 @@ class Event(Base):
     deliver_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     unroutable: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the producer's Idempotency-Key, unique per room (None: none given)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
 
 
 class Delivery(Base):

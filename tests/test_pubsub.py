@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy import Engine, text
 from tests.helpers import OrderlyCli, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
+from worker import pubsub
 from worker.celery import DELIVER_QUEUE
 from worker.pubsub import topic_matches
 
@@ -394,3 +396,59 @@ def test_subscriptions_change_and_event_types_list(client: TestClient) -> None:
     types = client.get("/rooms/orders/event-types").json()
     assert types == [{"name": "order.created", "version": 1, "schema": SCHEMA}]
     assert client.patch("/subscriptions/999", json={"status": "PAUSED"}).status_code == 404
+
+
+def _events(db: Engine) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM event")).scalar_one())
+
+
+def test_a_publish_retried_with_its_idempotency_key_is_stored_once(
+    client: TestClient, db: Engine
+) -> None:
+    setup_room(client)
+    sub = {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in"}
+    assert client.post("/rooms/orders/subscriptions", json=sub).status_code == 201
+    body = {"routing_key": "a", "payload": {"n": 1}}
+    first = client.post("/rooms/orders/events", json=body, headers={"Idempotency-Key": "k-1"})
+    again = client.post("/rooms/orders/events", json=body, headers={"Idempotency-Key": "k-1"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()  # the same event, the same deliveries
+    assert first.json()["deliveries"] != []
+    other = client.post("/rooms/orders/events", json=body, headers={"Idempotency-Key": "k-2"})
+    plain = client.post("/rooms/orders/events", json=body)
+    assert (other.status_code, plain.status_code) == (201, 201)
+    assert _events(db) == 3
+    for bad in ("has space", "x" * 201):
+        refused = client.post("/rooms/orders/events", json=body, headers={"Idempotency-Key": bad})
+        assert refused.status_code == 422
+        assert refused.json()["errors"][0]["field"] == "Idempotency-Key"
+    assert _events(db) == 3
+
+
+def test_concurrent_publishes_with_one_key_store_one_event(db: Engine) -> None:
+    pubsub.create_room(db, {"name": "r"})
+    pubsub.create_room(db, {"name": "elsewhere"})
+    results: list[pubsub.Published] = []
+    barrier = threading.Barrier(4)
+
+    def publish() -> None:
+        barrier.wait()
+        result, _ = pubsub.publish(
+            db, "r", {"routing_key": "a", "payload": {}}, idempotency_key="same"
+        )
+        results.append(result)
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len({r.event_id for r in results}) == 1 and len(results) == 4
+    assert sorted(r.created for r in results) == [False, False, False, True]
+    # The key is the room's: the same key in another room is another event.
+    elsewhere, _ = pubsub.publish(
+        db, "elsewhere", {"routing_key": "a", "payload": {}}, idempotency_key="same"
+    )
+    assert elsewhere.created and elsewhere.event_id != results[0].event_id
+    assert _events(db) == 2

@@ -97,6 +97,7 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
             secret=runtime.settings.token_secret,
             token_ttl_ms=runtime.settings.token_ttl_ms,
             node_id=runtime.node_id,
+            idempotency_key=request.headers.get("Idempotency-Key"),
         )
     )
     try:
@@ -105,7 +106,8 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
         # Stored: the ticker sends them once their lease runs out.
         log.exception("event %s stored but not enqueued", result.event_id)
     return JSONResponse(
-        status_code=201,
+        # 200: a publish with this Idempotency-Key stored the event before
+        status_code=201 if result.created else 200,
         content={
             "correlation_id": result.correlation_id,
             "event_id": result.event_id,

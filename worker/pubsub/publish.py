@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -54,6 +55,12 @@ class Published:
     event_id: int
     deliveries: list[int]
     unroutable: bool
+    # False: a publish with the same idempotency key stored this event before
+    created: bool = True
+
+
+# An Idempotency-Key: printable ASCII, as an HTTP header carries it.
+_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
 def _schema_path(error: jsonschema.ValidationError) -> str:
@@ -82,6 +89,7 @@ def _store(
     user: str | None = None,
     impersonator: str | None = None,
     node_id: int | None = None,
+    idempotency_key: str | None = None,
 ) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
     """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
     their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
@@ -114,6 +122,7 @@ def _store(
             "deliver_ats": [e["deliver_at"] for e in events],
             "unroutables": [not m for m in matched],
             "node_id": node_id,
+            "idempotency_key": idempotency_key,
         },
     ).all()
     if not inserted and events and node_id is not None:
@@ -161,19 +170,37 @@ def publish(
     token_ttl_ms: int = 86_400_000,
     clock: Clock = SYSTEM,
     node_id: int | None = None,
+    idempotency_key: str | None = None,
 ) -> tuple[Published, list[int]]:
     """Store an event and one delivery per active matching subscription; with ``node_id``,
     only through that node in RUN (NodeNotAccepting otherwise: a draining or stopped node
-    takes no new events).
+    takes no new events). With ``idempotency_key``, a publish to the same room with the same
+    key returns the event stored the first time (``created`` False) and stores nothing.
 
     Returns the result and the deliveries due now, for the caller to enqueue after the
     commit (delayed ones are left to the ticker).
     """
     pub = parse_input(PublishIn, data)
     payload_text = _payload_text(pub.payload)
+    if idempotency_key is not None and not _KEY.fullmatch(idempotency_key):
+        raise InvalidMessage("Idempotency-Key", "1 to 200 printable ASCII characters")
     now = utcnow(clock)
     with engine.begin() as conn:
         room, publishers, subscriptions = _context(conn, room_name)
+        if idempotency_key is not None:
+            key = {"room_id": room.room_id, "key": idempotency_key}
+            conn.execute(sql("idempotency_key_lock"), key)
+            before = conn.execute(sql("event_by_idempotency_key"), key).first()
+            if before is not None:
+                # Stored before: its deliveries were handed off then (or wait for the ticker).
+                stored = Published(
+                    before.correlation_id,
+                    int(before.event_id),
+                    [int(d) for d in before.deliveries],
+                    bool(before.unroutable),
+                    created=False,
+                )
+                return stored, []
         if room.status == "PAUSED":
             raise InvalidMessage("room", f"room {room_name!r} is paused")
         publisher_id = None
@@ -233,6 +260,7 @@ def publish(
             user=pub.user,
             impersonator=pub.impersonator,
             node_id=node_id,
+            idempotency_key=idempotency_key,
         )
     event_id = inserted[0][0]
     if not deliveries:

@@ -132,10 +132,11 @@ SELECT 1 FROM event_type WHERE room_id = :room_id AND name = :name;
 -- inserted while it drains or is stopped.
 INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
                    payload, publisher_id, user_id, impersonator_id, published_at, deliver_at,
-                   expires_at, unroutable)
+                   expires_at, unroutable, idempotency_key)
 SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer), k,
        CAST(p AS jsonb), CAST(:publisher_id AS bigint), CAST(:user_id AS text),
-       CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u
+       CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u,
+       CAST(:idempotency_key AS text)
   FROM unnest(CAST(:correlation_ids AS text[]), CAST(:tokens AS text[]),
               CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
               CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
@@ -143,6 +144,20 @@ SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer)
  WHERE CAST(:node_id AS bigint) IS NULL
     OR EXISTS (SELECT 1 FROM node WHERE node_id = CAST(:node_id AS bigint) AND state = 'RUN')
 RETURNING event_id, correlation_id;
+
+-- name: idempotency_key_lock
+-- Held until the publish commits: a concurrent publish with the same key waits, and its
+-- next statement (a new snapshot) sees this one's event.
+SELECT pg_advisory_xact_lock(hashtextextended(CAST(:room_id AS text) || chr(31) || :key, 11));
+
+-- name: event_by_idempotency_key
+-- The event a publish with this key stored before, and its deliveries.
+SELECT e.event_id, e.correlation_id, e.unroutable,
+       COALESCE(array_agg(d.delivery_id ORDER BY d.delivery_id)
+                FILTER (WHERE d.delivery_id IS NOT NULL), '{}') AS deliveries
+  FROM event e LEFT JOIN delivery d ON d.event_id = e.event_id
+ WHERE e.room_id = :room_id AND e.idempotency_key = :key
+ GROUP BY e.event_id;
 
 -- name: deliveries_insert
 -- Deliveries from parallel arrays; scheduled_at is the due-time index: a PULL delivery's due
