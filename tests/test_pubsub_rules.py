@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, text
 
 from tests.helpers import ManualClock, wait_until
 from worker import pubsub, tokens
-from worker.core.errors import NotFound, Unauthorized
+from worker.core.errors import InvalidMessage, NotFound, Unauthorized
 from worker.pubsub import Attempt, Claimed
 
 SECRET = "test-secret-of-enough-length"
@@ -174,7 +174,7 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
     room: Engine, redis_client: redis.Redis
 ) -> None:
     pubsub.create_subscription(
-        room, "r", {"name": "h", "kind": "HANDLER", "handler": "test.record"}
+        room, "r", {"name": "h", "kind": "HANDLER", "handler": "test.record"}, token_secret=SECRET
     )
     import tooling.handlers  # noqa: F401 - registers the consumers
 
@@ -386,3 +386,13 @@ def test_a_live_workers_claim_stays_and_a_stale_one_goes(room: Engine) -> None:
             _claim(alive, delivery_id, 3600.0)
             pubsub.upkeep(room, 99)
             assert _lost(room, delivery_id)[:2] == ("DEAD" if attempt == 3 else "PENDING", attempt)
+
+
+def test_a_handler_subscription_without_a_token_secret_is_refused(room: Engine) -> None:
+    body = {"name": "h", "kind": "HANDLER", "handler": "test.record"}
+    with pytest.raises(InvalidMessage, match="ORDERLY_TOKEN_SECRET") as caught:
+        pubsub.create_subscription(room, "r", body, token_secret="")
+    assert caught.value.field == "kind"
+    with room.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM subscription")).scalar_one() == 0
+    assert pubsub.create_subscription(room, "r", body, token_secret=SECRET)["name"] == "h"

@@ -202,16 +202,37 @@ def _configured_policy() -> AddressPolicy:
     return get_settings().outbound_policy
 
 
+def _configured_secret() -> str:
+    from worker.settings import get_settings
+
+    return get_settings().token_secret
+
+
 def create_subscription(
-    engine: Engine, room_name: str, data: Any, *, policy: AddressPolicy | None = None
+    engine: Engine,
+    room_name: str,
+    data: Any,
+    *,
+    policy: AddressPolicy | None = None,
+    token_secret: str | None = None,
 ) -> dict[str, Any]:
     """A subscription; its push_url must be one the outbound address policy allows
-    (``policy``, by default the settings')."""
+    (``policy``, by default the settings'), and a HANDLER subscription needs a token secret
+    (``token_secret``, by default ORDERLY_TOKEN_SECRET): its consumers verify each event's
+    signed token, so without one every delivery would be dead-lettered."""
     sub_in = parse_input(SubscriptionIn, data)
     if sub_in.kind is SubscriptionKind.HANDLER and sub_in.handler is None:
         raise InvalidMessage("handler", "a HANDLER subscription names its handler")
     if sub_in.kind is not SubscriptionKind.HANDLER and sub_in.handler is not None:
         raise InvalidMessage("handler", f"only a HANDLER subscription has one, not {sub_in.kind}")
+    if sub_in.kind is SubscriptionKind.HANDLER and not (
+        _configured_secret() if token_secret is None else token_secret
+    ):
+        raise InvalidMessage(
+            "kind",
+            "a HANDLER subscription needs ORDERLY_TOKEN_SECRET (its consumers verify each "
+            "event's signed token): set it for the API and the workers first",
+        )
     _destination_problems(sub_in, policy)
     values = sub_in.model_dump(exclude={"event_type"})
     with engine.begin() as conn:
