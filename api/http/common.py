@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 
-from api.http.errors import MalformedBody
+from api.http.errors import MalformedBody, PayloadTooLarge
+from worker.core.errors import InvalidMessage
 from worker.intake import Intake
 from worker.runtime import Runtime
 
@@ -24,13 +26,85 @@ async def app_intake(request: Request) -> Intake:
 
 
 AppRuntime = Annotated[Runtime, Depends(app_runtime)]
+# A row id in a path (msg_id, subscription_id, delivery_id): a PostgreSQL bigint.
+RowId = Annotated[int, Path(ge=1, le=9_223_372_036_854_775_807)]
+# A count in a query (a page size, how many to pull): a PostgreSQL integer.
+Count = Annotated[int, Query(ge=0, le=2_147_483_647)]
 AppIntake = Annotated[Intake, Depends(app_intake)]
+
+
+# Deeper JSON is refused: nothing orderly takes needs it, and PostgreSQL, jsonschema and the
+# encoders all recurse.
+MAX_DEPTH = 64
+# A body may be this much larger than the largest payload (the envelope around it).
+ENVELOPE_BYTES = 65_536
+
+
+def _path(parent: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else key
+
+
+def _text(value: str, path: str) -> None:
+    if "\x00" in value:
+        raise InvalidMessage(path or "body", "NUL characters (\\u0000) are not accepted")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidMessage(path or "body", "holds a lone surrogate: not text") from None
+
+
+def _walk(value: Any, path: str, depth: int, escapes: bool) -> None:
+    if depth > MAX_DEPTH:
+        raise InvalidMessage(path or "body", f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidMessage(path or "body", "NaN and Infinity are not JSON numbers")
+    if isinstance(value, str):
+        if escapes:
+            _text(value, path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if escapes:
+                _text(key, _path(path, "<key>"))
+            _walk(item, _path(path, key), depth + 1, escapes)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _walk(item, _path(path, index), depth + 1, escapes)
+
+
+def parse_json(raw: bytes, limit: int) -> Any:
+    """A request body as JSON that orderly can store: at most ``limit`` bytes; no NaN,
+    Infinity or numbers beyond a double's range; no number of more than 4,300 digits; no
+    NUL character or lone surrogate in any string; at most MAX_DEPTH levels. Anything else is
+    refused naming where it is, before anything is stored."""
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"{len(raw)} bytes is over the limit of {limit} bytes")
+    nonfinite = False
+
+    def number(text: str) -> float:
+        nonlocal nonfinite
+        value = float(text)
+        nonfinite = nonfinite or not math.isfinite(value)
+        return value
+
+    try:
+        value = json.loads(raw, parse_constant=number, parse_float=number)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedBody(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidMessage("body", f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise InvalidMessage("body", f"a number is too long: {str(exc)[:80]}") from None
+    # Only \u escapes make NUL characters and lone surrogates, and only brackets nest.
+    escapes = b"\\u" in raw
+    if escapes or nonfinite or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        _walk(value, "", 0, escapes)
+    return value
 
 
 async def json_body(request: Request) -> Any:
     # Read by hand, not declared as a body model: worker.* validates and names the fields.
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedBody(f"malformed JSON: {exc}") from None
+    runtime: Runtime = request.app.state.runtime
+    limit = runtime.settings.max_payload_bytes + ENVELOPE_BYTES
+    return parse_json(await request.body(), limit)

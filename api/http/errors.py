@@ -17,6 +17,7 @@ import psycopg2  # type: ignore[import-untyped]
 import redis.exceptions
 import sqlalchemy.exc
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,6 +40,10 @@ log = logging.getLogger("orderly.api")
 
 class MalformedBody(Exception):
     """A request body that is not JSON (raised by the face, never by worker.*)."""
+
+
+class PayloadTooLarge(Exception):
+    """A request body over the size limit (raised by the face)."""
 
 
 Problems = Callable[[Any], list[tuple[str, str]]]
@@ -84,6 +89,11 @@ def _postgresql(exc: Exception) -> list[tuple[str, str]]:
     return _service(ServiceUnavailable("postgresql", first_line(orig)))
 
 
+def _data(exc: Exception) -> list[tuple[str, str]]:
+    orig = getattr(exc, "orig", None) or exc
+    return [("input", f"a value PostgreSQL cannot store: {first_line(orig)}")]
+
+
 def _unreachable(service: str) -> Problems:
     def problems(exc: Exception) -> list[tuple[str, str]]:
         return _service(ServiceUnavailable(service, first_line(exc)))
@@ -93,6 +103,11 @@ def _unreachable(service: str) -> Problems:
 
 ERRORS: dict[type[Exception], tuple[int, Field]] = {
     MalformedBody: (400, "body"),
+    PayloadTooLarge: (413, "body"),
+    # A value PostgreSQL cannot take (an integer beyond bigint, a bad date): refused, and the
+    # transaction it was in rolled back.
+    sqlalchemy.exc.DataError: (400, _data),
+    psycopg2.DataError: (400, _data),
     InvalidMessage: (422, _each_problem),
     UnknownChannel: (422, "origin"),
     NotFound: (404, _what),
@@ -136,7 +151,8 @@ def _handler(status: int, field: Field) -> Callable[[Request, Exception], Awaita
 class ContainErrors:
     """Any other exception: a 500 in the errors shape, logged, and nothing re-raised, so the
     server keeps the client's connection open (an exception escaping the app makes it close
-    the connection after the 500)."""
+    the connection after the 500). A NUL character in the path or the query (no name or id
+    holds one, and PostgreSQL refuses it) is a 400 before any route runs."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -144,6 +160,12 @@ class ContainErrors:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        query = bytes(scope.get("query_string", b"")).lower()
+        if "\x00" in scope.get("path", "") or b"%00" in query or b"\x00" in query:
+            where = "path" if "\x00" in scope.get("path", "") else "query"
+            refused = problem(400, [(where, "NUL characters are not accepted")])
+            await refused(scope, receive, send)
             return
         started = False
 
@@ -162,9 +184,20 @@ class ContainErrors:
             await answer(scope, receive, send)
 
 
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """A path or query parameter FastAPI refused: 422 in orderly's shape, naming it."""
+    assert isinstance(exc, RequestValidationError)
+    found = [
+        (str(err["loc"][-1]) if err.get("loc") else "request", str(err.get("msg", "invalid")))
+        for err in exc.errors()
+    ]
+    return problem(422, found or [("request", "invalid")])
+
+
 def install(app: FastAPI, *, retry_after_s: int) -> None:
     """Register one handler per row of :data:`ERRORS`, and a 500 for anything else."""
     app.state.retry_after_s = retry_after_s
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     for cls, (status, field) in ERRORS.items():
         app.add_exception_handler(cls, _handler(status, field))
     app.add_middleware(ContainErrors)

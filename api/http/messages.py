@@ -9,7 +9,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http.common import AppIntake, AppRuntime, json_body
+from api.http.common import AppIntake, AppRuntime, Count, RowId, json_body
 from worker import operations
 
 router = APIRouter()
@@ -45,7 +45,7 @@ async def list_messages(
     state: str | None = None,
     funnel: str | None = None,
     service: str | None = None,
-    limit: int = 100,
+    limit: Count = 100,
 ) -> JSONResponse:
     found = await run_in_threadpool(
         functools.partial(
@@ -61,13 +61,13 @@ async def list_messages(
 
 
 @router.get("/messages/{msg_id}")
-async def show(runtime: AppRuntime, msg_id: int) -> JSONResponse:
+async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
     row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id)
     return JSONResponse(jsonable_encoder(row))
 
 
 @router.post("/messages/{msg_id}/cancel")
-async def cancel(runtime: AppRuntime, msg_id: int, request: Request) -> JSONResponse:
+async def cancel(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 
     data = await json_body(request)
@@ -78,7 +78,7 @@ async def cancel(runtime: AppRuntime, msg_id: int, request: Request) -> JSONResp
 
 
 @router.post("/messages/{msg_id}/redrive")
-async def redrive_message(runtime: AppRuntime, msg_id: int, request: Request) -> JSONResponse:
+async def redrive_message(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 
     data = await json_body(request)

@@ -10,7 +10,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http.common import AppRuntime, json_body
+from api.http.common import AppRuntime, Count, RowId, json_body
 from worker import pubsub
 from worker.core.errors import InvalidMessage
 
@@ -69,7 +69,7 @@ async def list_subscriptions(runtime: AppRuntime, room: str) -> JSONResponse:
 
 @router.patch("/subscriptions/{subscription_id}")
 async def change_subscription(
-    runtime: AppRuntime, subscription_id: int, request: Request
+    runtime: AppRuntime, subscription_id: RowId, request: Request
 ) -> JSONResponse:
     data = await json_body(request)
     changed = await run_in_threadpool(
@@ -98,6 +98,7 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
             token_ttl_ms=runtime.settings.token_ttl_ms,
             node_id=runtime.node_id,
             idempotency_key=request.headers.get("Idempotency-Key"),
+            max_payload_bytes=runtime.settings.max_payload_bytes,
         )
     )
     try:
@@ -118,14 +119,14 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
 
 
 @router.get("/subscriptions/{subscription_id}/messages")
-async def pull(runtime: AppRuntime, subscription_id: int, max: int = 10) -> JSONResponse:
+async def pull(runtime: AppRuntime, subscription_id: RowId, max: Count = 10) -> JSONResponse:
     taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max)
     return JSONResponse(jsonable_encoder(taken))
 
 
 @router.post("/subscriptions/{subscription_id}/messages/{delivery_id}/ack")
 async def ack_pulled(
-    runtime: AppRuntime, subscription_id: int, delivery_id: int, request: Request
+    runtime: AppRuntime, subscription_id: RowId, delivery_id: RowId, request: Request
 ) -> JSONResponse:
     data = await json_body(request)
     receipt = data.get("receipt") if isinstance(data, dict) else None

@@ -22,6 +22,7 @@ from worker.core.addresses import AddressPolicy
 from worker.core.errors import InvalidMessage, NotFound
 from worker.core.inputs import parse_input
 from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
+from worker.pubsub import schemas
 from worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
 from worker.store.queries import sql
 
@@ -135,13 +136,14 @@ def add_event_type(engine: Engine, room_name: str, data: Any) -> dict[str, Any]:
     if isinstance(data, Mapping) and "schema" in data and not isinstance(data["schema"], dict):
         raise InvalidMessage("schema", "must be a JSON object (a JSON schema)")
     type_in = parse_input(EventTypeIn, data)
+    schemas.check_patterns(type_in.json_schema)
     try:
         cls = jsonschema.validators.validator_for(type_in.json_schema)
         cls.check_schema(type_in.json_schema)
         # References are resolved while validating: one that leads nowhere shows here.
         samples: tuple[Any, ...] = ({}, [], "", 0, None)
         for instance in samples:
-            list(cls(type_in.json_schema).iter_errors(instance))
+            list(schemas.validator(type_in.json_schema).iter_errors(instance))
     except jsonschema.SchemaError as exc:
         raise InvalidMessage("schema", f"not a valid JSON schema: {exc.message}") from None
     except Exception as exc:
