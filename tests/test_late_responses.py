@@ -21,6 +21,7 @@ from prometheus_client.exposition import generate_latest
 from sqlalchemy import Engine, text
 
 from api.metrics import make_registry
+from models.keys import EPOCH_KEY
 from tests.helpers import OrderlyCli, local_http, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
@@ -245,6 +246,13 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
         assert answer.status_code == 200, answer.text
         stack.workers({"w1": "worker-1"}, concurrency=1)
         stack.beat()
+        # Beat's first look finds this fresh Redis without its marker and rebuilds it from
+        # PostgreSQL: wait for that, or it could bring back the request this test expires.
+        wait_until(
+            lambda: redis_client.hget(EPOCH_KEY, "state") == b"ready",
+            timeout=60,
+            what="beat's first rebuild",
+        )
         ttl_ms = int(TIMINGS["AURA_QUEUE_MANAGER_MESSAGE_TTL"])
 
         # r1's timestamp is long past: counted from it, its response comes 5 s past the TTL.

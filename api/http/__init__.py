@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.http import (
     channels,
+    contract,
     conversations,
     dead_letters,
     errors,
@@ -72,10 +73,14 @@ def create_app() -> FastAPI:
     logging.basicConfig(
         level=runtime.settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = FastAPI(title="orderly", version="0.1.0", lifespan=_lifespan)
+    # /docs is served by orderly itself (contract.install), without a CDN; no ReDoc.
+    app = FastAPI(
+        title="orderly", version="0.1.0", lifespan=_lifespan, docs_url=None, redoc_url=None
+    )
     app.state.runtime = runtime
     app.state.metrics_registry = metrics.make_registry(runtime)
     errors.install(app, retry_after_s=runtime.settings.retry_after_s)
     for router in ROUTERS:
-        app.include_router(router)
+        app.include_router(router, responses=contract.ERROR_RESPONSES)
+    contract.install(app)
     return app

@@ -7,11 +7,17 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.http.common import AppRuntime, json_body
+from api.http.contract import body
+from worker.conversations.model import RequestIn, ResponseIn
 
 router = APIRouter()
 
 
-@router.post("/conversations/{conversation_id}/requests", status_code=201)
+@router.post(
+    "/conversations/{conversation_id}/requests",
+    status_code=201,
+    openapi_extra=body("ConversationRequestIn", RequestIn),
+)
 async def register_request(
     runtime: AppRuntime, conversation_id: str, request: Request
 ) -> JSONResponse:
@@ -23,7 +29,11 @@ async def register_request(
     )
 
 
-@router.post("/conversations/{conversation_id}/responses", status_code=201)
+@router.post(
+    "/conversations/{conversation_id}/responses",
+    status_code=201,
+    openapi_extra=body("ConversationResponseIn", ResponseIn),
+)
 async def add_response(runtime: AppRuntime, conversation_id: str, request: Request) -> JSONResponse:
     from worker.celery import enqueue_drain
 

@@ -10,12 +10,15 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.http.common import AppIntake, AppRuntime, Count, RowId, json_body
+from api.http.contract import body
 from worker import operations
+from worker.intake import MessageIn
+from worker.operations import CommandIn, ResponseIn
 
 router = APIRouter()
 
 
-@router.post("/messages", status_code=201)
+@router.post("/messages", status_code=201, openapi_extra=body("MessageIn", MessageIn))
 async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     data = await json_body(request)
     result = await run_in_threadpool(intake.submit, data)
@@ -25,7 +28,7 @@ async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     )
 
 
-@router.post("/messages/responses")
+@router.post("/messages/responses", openapi_extra=body("ExternalResponseIn", ResponseIn))
 async def receive_response(runtime: AppRuntime, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 
@@ -66,7 +69,7 @@ async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
     return JSONResponse(jsonable_encoder(row))
 
 
-@router.post("/messages/{msg_id}/cancel")
+@router.post("/messages/{msg_id}/cancel", openapi_extra=body("CommandIn", CommandIn))
 async def cancel(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 
@@ -77,7 +80,7 @@ async def cancel(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONRe
     return JSONResponse({"msg_id": done.msg_id, "state": done.state.value})
 
 
-@router.post("/messages/{msg_id}/redrive")
+@router.post("/messages/{msg_id}/redrive", openapi_extra=body("CommandIn", CommandIn))
 async def redrive_message(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 

@@ -11,15 +11,18 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.http.common import AppRuntime, Count, RowId, json_body
+from api.http.contract import body
 from worker import pubsub
 from worker.core.errors import InvalidMessage
+from worker.pubsub.admin import EventTypeIn, RoomIn, SubscriptionIn
+from worker.pubsub.publish import PublishIn
 
 log = logging.getLogger("orderly.api")
 
 router = APIRouter()
 
 
-@router.post("/rooms", status_code=201)
+@router.post("/rooms", status_code=201, openapi_extra=body("RoomIn", RoomIn))
 async def create_room(runtime: AppRuntime, request: Request) -> JSONResponse:
     data = await json_body(request)
     room = await run_in_threadpool(pubsub.create_room, runtime.engine, data)
@@ -37,7 +40,9 @@ async def update_room(runtime: AppRuntime, room: str, request: Request) -> JSONR
     return JSONResponse(await run_in_threadpool(pubsub.update_room, runtime.engine, room, data))
 
 
-@router.post("/rooms/{room}/event-types", status_code=201)
+@router.post(
+    "/rooms/{room}/event-types", status_code=201, openapi_extra=body("EventTypeIn", EventTypeIn)
+)
 async def add_event_type(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     added = await run_in_threadpool(pubsub.add_event_type, runtime.engine, room, data)
@@ -54,7 +59,11 @@ async def add_publisher(runtime: AppRuntime, room: str, request: Request) -> JSO
     return JSONResponse(status_code=201, content={"room": room, "name": name})
 
 
-@router.post("/rooms/{room}/subscriptions", status_code=201)
+@router.post(
+    "/rooms/{room}/subscriptions",
+    status_code=201,
+    openapi_extra=body("SubscriptionIn", SubscriptionIn),
+)
 async def create_subscription(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     sub = await run_in_threadpool(pubsub.create_subscription, runtime.engine, room, data)
@@ -83,7 +92,7 @@ async def list_event_types(runtime: AppRuntime, room: str) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(pubsub.list_event_types, runtime.engine, room))
 
 
-@router.post("/rooms/{room}/events", status_code=201)
+@router.post("/rooms/{room}/events", status_code=201, openapi_extra=body("PublishIn", PublishIn))
 async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     from worker.celery import enqueue_event_deliveries
 

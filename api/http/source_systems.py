@@ -7,12 +7,14 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.http.common import AppRuntime, json_body
+from api.http.contract import body
 from worker import confirmations
+from worker.confirmations import SourceSystemIn
 
 router = APIRouter()
 
 
-@router.put("/source-systems/{name}")
+@router.put("/source-systems/{name}", openapi_extra=body("SourceSystemIn", SourceSystemIn))
 async def put_source_system(runtime: AppRuntime, name: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     saved = await run_in_threadpool(confirmations.set_source_system, runtime.engine, name, data)

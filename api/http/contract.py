@@ -1,0 +1,89 @@
+"""The API's documented contract: request bodies, the error shape, offline /docs.
+
+The routes read their bodies by hand (worker.* validates them and names every bad field), so
+FastAPI cannot infer the bodies; each write route declares its pydantic model here
+(:func:`body`) and the OpenAPI document gets the model's schema under that name. Every error
+status answers ``{"errors": [{"field", "problem"}]}`` (:class:`Errors`). Swagger UI's assets
+(a release that reads OpenAPI 3.1) come from the ``fastapi-offline`` package, so /docs works
+without internet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import fastapi_offline
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
+
+ASSETS = "/docs-assets"
+_STATIC = Path(fastapi_offline.__file__).parent / "static"
+
+
+class Problem(BaseModel):
+    field: str
+    problem: str
+
+
+class Errors(BaseModel):
+    """Every refusal: each problem names its field (or the service that is unreachable)."""
+
+    errors: list[Problem]
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Errors, "description": text}
+    for status, text in {
+        400: "malformed input (the body is not JSON, a NUL in the path)",
+        404: "no such message, room, subscription, request or ACK id",
+        409: "the message is not in a state that allows this",
+        413: "the body is over the size limit",
+        422: "invalid input: every bad field named",
+        503: "PostgreSQL, Redis or the broker unreachable, or the node takes no new input "
+        "(with Retry-After)",
+    }.items()
+}
+
+_BODIES: dict[str, type[BaseModel]] = {}
+
+
+def body(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` of a route whose JSON body is ``model`` (documented as ``name``)."""
+    _BODIES[name] = model
+    ref = {"$ref": f"#/components/schemas/{name}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def install(app: FastAPI) -> None:
+    """The OpenAPI document with the declared bodies, and /docs served from the package."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, routes=app.routes, tags=app.openapi_tags
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, model in _BODIES.items():
+                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(found.pop("$defs", {}))
+                components[name] = found
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.mount(ASSETS, StaticFiles(directory=str(_STATIC)), "docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="orderly API",
+            swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{ASSETS}/favicon.png",
+        )
