@@ -21,7 +21,15 @@ def make_registry(runtime: Runtime) -> CollectorRegistry:
     return metrics.make_registry(functools.partial(metrics.runtime_figures, runtime))
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    responses={
+        200: {
+            "description": "Prometheus' text exposition format (OpenMetrics when asked for)",
+            "content": {"text/plain": {}, "application/openmetrics-text": {}},
+        }
+    },
+)
 async def prometheus_metrics(request: Request) -> Response:
     encode, content_type = choose_encoder(request.headers.get("accept", ""))
     # In a thread: the figures take a few database and Redis trips.
