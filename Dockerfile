@@ -6,7 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless libpostgresql-jdbc-java \
  && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml README.md alembic.ini flowerconfig.py ./
+COPY pyproject.toml README.md alembic.ini ./
 COPY models ./models
 COPY worker ./worker
 COPY beat ./beat

@@ -35,7 +35,7 @@ MESSAGES = 5
 class Flower:
     """A ``celery -A worker flower`` process on a free port, with a random password."""
 
-    def __init__(self, procs: ProcessGroup) -> None:
+    def __init__(self, procs: ProcessGroup, cwd: Path | None = None) -> None:
         self.port = free_port()
         self.password = secrets.token_urlsafe(16)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -48,6 +48,7 @@ class Flower:
                 "ORDERLY_FLOWER_ADDRESS": "127.0.0.1",
                 "ORDERLY_FLOWER_PORT": str(self.port),
             },
+            cwd=cwd,
         )
         # /healthcheck answers without credentials: it tells when Flower is up.
         wait_http(f"{self.url}/healthcheck", self.managed, timeout=60)
@@ -77,6 +78,25 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     assert driver.save_screenshot(str(path)), f"no screenshot {path}"
     print(f"screenshot: {path}")
     return path
+
+
+def test_flower_started_elsewhere_still_asks_for_the_password(
+    procs: ProcessGroup, tmp_path: Path
+) -> None:
+    """Started outside the repository (no configuration file in sight), Flower still runs with
+    orderly's basic auth, address and port."""
+    flower = Flower(procs, cwd=tmp_path)
+    assert httpx.get(f"{flower.url}/workers", timeout=10).status_code == 401
+    assert flower.http.get("/workers").status_code == 200
+    bare = subprocess.run(
+        [str(BIN / "celery"), "-A", "worker", "flower"],
+        cwd=tmp_path,
+        env={**os.environ, "ORDERLY_FLOWER_PASSWORD": "", "ORDERLY_FLOWER_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bare.returncode != 0 and "ORDERLY_FLOWER_PASSWORD" in bare.stderr
 
 
 def test_flower_refuses_to_start_without_a_password() -> None:

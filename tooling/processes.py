@@ -48,7 +48,12 @@ class ProcessGroup:
         return cls(env=merged, log_dir=log_dir)
 
     def start(
-        self, name: str, argv: list[str], extra_env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        cwd: Path | None = None,
     ) -> Managed:
         log_path = self.log_dir / f"{name}.log"
         env = dict(self.env)
@@ -56,7 +61,7 @@ class ProcessGroup:
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
                 argv,
-                cwd=ROOT,
+                cwd=cwd or ROOT,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from typing import Any
 
 from celery import Celery, bootsteps, signals
@@ -58,6 +59,27 @@ app.conf.update(
     beat_scheduler="beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
 )
+
+
+def _flower_options() -> None:
+    """``celery -A worker flower``, started from any directory, runs with orderly's basic auth,
+    address and port: Flower reads ``FLOWER_*`` variables wherever it starts (it reads
+    a configuration file only from its working directory). Without a password it does not
+    start at all: Flower without basic auth lets anyone revoke tasks and stop workers."""
+    if "flower" not in sys.argv[1:]:
+        return
+    password = _settings.flower_password.get_secret_value()
+    if not password:
+        raise SystemExit(
+            "orderly: Flower refuses to start without a password: set ORDERLY_FLOWER_PASSWORD "
+            f"(the user is ORDERLY_FLOWER_USER, now {_settings.flower_user!r})"
+        )
+    os.environ["FLOWER_BASIC_AUTH"] = f"{_settings.flower_user}:{password}"
+    os.environ["FLOWER_ADDRESS"] = _settings.flower_address
+    os.environ["FLOWER_PORT"] = str(_settings.flower_port)
+
+
+_flower_options()
 
 
 def enqueue_processing(msg_id: int) -> None:
