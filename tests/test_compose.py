@@ -91,6 +91,9 @@ def test_flower_needs_its_password_and_listens_on_every_interface(tmp_path: Path
     assert "ORDERLY_FLOWER_ADDRESS: 0.0.0.0" in flower
     # Flower's options come from the Celery app, not from a file it may not find.
     assert "- flower\n" in flower and "flowerconfig" not in flower
+    # The API and Flower are published on the host's loopback only.
+    assert "- 127.0.0.1:5555:5555" in flower
+    assert "- 127.0.0.1:8000:8000" in service_block(done.stdout, "api")
 
 
 def test_prometheus_scrapes_the_api_and_flower() -> None:
