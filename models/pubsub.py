@@ -200,6 +200,8 @@ class Event(Base):
     unroutable: Mapped[bool] = mapped_column(Boolean, default=False)
     # the producer's Idempotency-Key, unique per room (None: none given)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # SHA-256 of that publish's request: the same key with another body is refused
+    idempotency_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class Delivery(Base):

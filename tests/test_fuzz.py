@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import redis
 from sqlalchemy import Engine, text
@@ -30,7 +31,7 @@ def _tables(db: Engine) -> dict[str, int]:
         }
 
 
-def _run(stack: Stack, *args: str) -> int:
+def _run(stack: Stack, cwd: Path, *args: str) -> int:
     done = subprocess.run(
         [
             str(BIN / "st"),
@@ -52,6 +53,7 @@ def _run(stack: Stack, *args: str) -> int:
         capture_output=True,
         text=True,
         timeout=1200,
+        cwd=cwd,  # schemathesis keeps a cache directory where it runs
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
@@ -63,7 +65,7 @@ def _run(stack: Stack, *args: str) -> int:
 
 
 def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_nothing(
-    stack: Stack, db: Engine, redis_client: redis.Redis
+    stack: Stack, db: Engine, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     stack.start_api()
     assert stack.http.post("/rooms", json={"name": "r"}).status_code == 201
@@ -71,6 +73,7 @@ def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_not
     # Invalid by the document: each must be refused (4xx) and change nothing.
     refused = _run(
         stack,
+        tmp_path,
         "--mode",
         "negative",
         "--phases",
@@ -84,6 +87,7 @@ def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_not
     # Valid by the document: never a 5xx, and every answer as documented.
     accepted = _run(
         stack,
+        tmp_path,
         "--mode",
         "positive",
         "--checks",

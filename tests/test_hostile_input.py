@@ -3,6 +3,7 @@ value answers 4xx naming where it is, writes nothing, and the connection stays u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +56,11 @@ BAD_BODIES = [
     ("[" * 200_000 + "]" * 200_000, 422, "body"),
     ('{"payload": "x"', 400, "body"),
 ]
+# Not UTF-8: UTF-16 (which json.loads would take), and a surrogate encoded in UTF-8 bytes.
+BAD_BYTES = [
+    '{"correlation_id": "a\u0000b", "payload": "x"}'.encode("utf-16"),
+    b'{"payload": {"s": "ab\xed\xa0\x80"}}',
+]
 
 
 @pytest.mark.parametrize(("body", "status", "field"), BAD_BODIES)
@@ -72,6 +78,18 @@ def test_bad_json_is_refused_naming_where_and_writes_nothing(
     assert rows(db) == before and keys(redis_client) == before_keys
     # The same connection goes on.
     assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("raw", BAD_BYTES)
+def test_a_body_that_is_not_utf8_is_400_and_writes_nothing(
+    client: TestClient, db: Engine, raw: bytes
+) -> None:
+    before = rows(db)
+    for path in ("/messages", "/rooms/r/events", "/conversations/c/responses"):
+        answer = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["errors"][0]["field"] == "body"
+    assert rows(db) == before
 
 
 def test_a_body_over_the_limit_is_413(client: TestClient, db: Engine) -> None:
@@ -148,3 +166,23 @@ def test_topic_patterns_match_in_polynomial_time() -> None:
     key = ".".join(["a"] * 25)
     assert topic_matches(pattern, key) is False
     assert topic_matches(pattern, key + ".z") is True
+
+
+def test_a_schema_registered_before_patterns_were_checked_refuses_publishes_clearly(
+    client: TestClient, db: Engine
+) -> None:
+    assert client.post("/rooms", json={"name": "r"}).status_code == 201
+    ok = {"type": "object", "properties": {"s": {"type": "string"}}}
+    assert (
+        client.post("/rooms/r/event-types", json={"name": "t", "version": 1, "schema": ok})
+    ).status_code == 201
+    with db.begin() as conn:  # as an older orderly stored it: a lookahead RE2 cannot run
+        conn.execute(
+            text("UPDATE event_type_version SET json_schema = CAST(:s AS jsonb)"),
+            {"s": json.dumps({"type": "object", "properties": {"s": {"pattern": "(?=a)"}}})},
+        )
+    before = rows(db)["event"]
+    answer = client.post("/rooms/r/events", json={"event_type": "t", "payload": {"s": "a"}})
+    assert answer.status_code == 422, answer.text
+    assert "new version" in answer.json()["errors"][0]["problem"]
+    assert rows(db)["event"] == before

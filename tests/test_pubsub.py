@@ -415,6 +415,11 @@ def test_a_publish_retried_with_its_idempotency_key_is_stored_once(
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json() == first.json()  # the same event, the same deliveries
     assert first.json()["deliveries"] != []
+    # The same key with another body is a mistake, not a repeat: refused, nothing stored.
+    changed = {"routing_key": "a", "payload": {"n": 2}}
+    clash = client.post("/rooms/orders/events", json=changed, headers={"Idempotency-Key": "k-1"})
+    assert clash.status_code == 422
+    assert clash.json()["errors"][0]["field"] == "Idempotency-Key"
     other = client.post("/rooms/orders/events", json=body, headers={"Idempotency-Key": "k-2"})
     plain = client.post("/rooms/orders/events", json=body)
     assert (other.status_code, plain.status_code) == (201, 201)

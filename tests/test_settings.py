@@ -102,3 +102,10 @@ def test_channels_are_read_as_json_and_checked(clean_env: pytest.MonkeyPatch) ->
     clean_env.setenv("ORDERLY_CHANNELS", "not json")
     with pytest.raises(ValidationError, match="ORDERLY_CHANNELS"):
         Settings()
+
+
+def test_a_flower_password_with_a_comma_is_refused() -> None:
+    # Flower splits its basic_auth option on commas: "pa,ss" would admit the password "pa".
+    with pytest.raises(ValidationError, match="comma"):
+        Settings(ORDERLY_FLOWER_PASSWORD="pa,ss")
+    assert Settings(ORDERLY_FLOWER_PASSWORD="pa-ss").flower_password.get_secret_value() == "pa-ss"

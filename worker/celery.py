@@ -61,12 +61,30 @@ app.conf.update(
 )
 
 
+# Celery's global options that take a value (``celery -A worker flower``: the app, then the
+# subcommand).
+_VALUED = {"-A", "--app", "-b", "--broker", "--result-backend", "--loader", "--config", "--workdir"}
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The celery subcommand being run (``worker``, ``beat``, ``flower``...), if any."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def _flower_options() -> None:
     """``celery -A worker flower``, started from any directory, runs with orderly's basic auth,
     address and port: Flower reads ``FLOWER_*`` variables wherever it starts (it reads
     a configuration file only from its working directory). Without a password it does not
     start at all: Flower without basic auth lets anyone revoke tasks and stop workers."""
-    if "flower" not in sys.argv[1:]:
+    if _subcommand(sys.argv[1:]) != "flower":
         return
     password = _settings.flower_password.get_secret_value()
     if not password:

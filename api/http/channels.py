@@ -18,7 +18,8 @@ async def put_channel(runtime: AppRuntime, origin: str, request: Request) -> JSO
     data = await json_body(request)
     if not isinstance(data, dict):
         raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
-    channel = channel_defs.validate(origin, data, runtime.settings)
+    # In a thread: checking the URL resolves its host (the outbound address policy).
+    channel = await run_in_threadpool(channel_defs.validate, origin, data, runtime.settings)
     await run_in_threadpool(channel_defs.put_channel, runtime.engine, channel)
     runtime.channels.invalidate()
     return JSONResponse(channel.as_dict())

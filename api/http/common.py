@@ -7,6 +7,7 @@ import math
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from api.http.errors import MalformedBody, PayloadTooLarge
 from worker.core.errors import InvalidMessage
@@ -80,6 +81,11 @@ def parse_json(raw: bytes, limit: int) -> Any:
     refused naming where it is, before anything is stored."""
     if len(raw) > limit:
         raise PayloadTooLarge(f"{len(raw)} bytes is over the limit of {limit} bytes")
+    try:
+        # UTF-8 and nothing else (json.loads would also take UTF-16/32 and encoded surrogates).
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedBody(f"not UTF-8: {exc}") from None
     nonfinite = False
 
     def number(text: str) -> float:
@@ -89,22 +95,29 @@ def parse_json(raw: bytes, limit: int) -> Any:
         return value
 
     try:
-        value = json.loads(raw, parse_constant=number, parse_float=number)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        value = json.loads(body, parse_constant=number, parse_float=number)
+    except json.JSONDecodeError as exc:
         raise MalformedBody(f"malformed JSON: {exc}") from None
     except RecursionError:
         raise InvalidMessage("body", f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # an integer of more than 4,300 digits
         raise InvalidMessage("body", f"a number is too long: {str(exc)[:80]}") from None
     # Only \u escapes make NUL characters and lone surrogates, and only brackets nest.
-    escapes = b"\\u" in raw
-    if escapes or nonfinite or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+    escapes = "\\u" in body
+    if escapes or nonfinite or body.count("[") + body.count("{") > MAX_DEPTH:
         _walk(value, "", 0, escapes)
     return value
+
+
+# Bodies larger than this are parsed in a thread, off the event loop.
+THREAD_BYTES = 65_536
 
 
 async def json_body(request: Request) -> Any:
     # Read by hand, not declared as a body model: worker.* validates and names the fields.
     runtime: Runtime = request.app.state.runtime
     limit = runtime.settings.max_payload_bytes + ENVELOPE_BYTES
-    return parse_json(await request.body(), limit)
+    raw = await request.body()
+    if len(raw) > THREAD_BYTES:
+        return await run_in_threadpool(parse_json, raw, limit)
+    return parse_json(raw, limit)

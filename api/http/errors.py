@@ -106,8 +106,6 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     PayloadTooLarge: (413, "body"),
     # A value PostgreSQL cannot take (an integer beyond bigint, a bad date): refused, and the
     # transaction it was in rolled back.
-    sqlalchemy.exc.DataError: (400, _data),
-    psycopg2.DataError: (400, _data),
     InvalidMessage: (422, _each_problem),
     UnknownChannel: (422, "origin"),
     NotFound: (404, _what),
@@ -194,9 +192,26 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return problem(422, found or [("request", "invalid")])
 
 
+# SQLSTATEs of a value the caller gave that PostgreSQL cannot store: out of range, too long,
+# not a number or date, not text. Any other data error is the server's (a 500, logged).
+INPUT_SQLSTATES = frozenset(
+    {"22001", "22003", "22007", "22008", "22021", "22P02", "22P05", "2200N", "22025"}
+)
+
+
+async def _data_error(request: Request, exc: Exception) -> JSONResponse:
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "pgcode", None) in INPUT_SQLSTATES:
+        return problem(400, _data(exc))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return problem(500, [("server", "internal error (logged by the API)")])
+
+
 def install(app: FastAPI, *, retry_after_s: int) -> None:
     """Register one handler per row of :data:`ERRORS`, and a 500 for anything else."""
     app.state.retry_after_s = retry_after_s
+    app.add_exception_handler(sqlalchemy.exc.DataError, _data_error)
+    app.add_exception_handler(psycopg2.DataError, _data_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     for cls, (status, field) in ERRORS.items():
         app.add_exception_handler(cls, _handler(status, field))

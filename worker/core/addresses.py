@@ -12,7 +12,8 @@ A URL is checked when it is registered (a literal address, or every address its 
 resolves to now; a name that does not resolve yet is left to the send) and again at send
 time, by the connection itself: the name is resolved, every address checked, and the socket
 connects to a checked address, so a name that resolves elsewhere later (DNS rebinding)
-gains nothing.
+gains nothing. Through a proxy (ORDERLY_HTTP_PROXY) the target is checked before the request,
+but the proxy resolves it again: there the proxy's own egress rules are the last word.
 """
 
 from __future__ import annotations
@@ -40,8 +41,15 @@ class OutboundRefused(OSError):
 
 def _kind(address: IPAddress) -> str | None:
     """Why an address is internal, or None for a public one."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _kind(address.ipv4_mapped)
+    if isinstance(address, ipaddress.IPv6Address):
+        # An IPv4 address inside an IPv6 one (mapped, 6to4, Teredo) is judged as itself.
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is None and address.teredo is not None:
+            embedded = address.teredo[1]
+        if embedded is not None:
+            return _kind(embedded)
+        if address.is_site_local:
+            return "site-local"
     if address.is_loopback:
         return "loopback"
     if address.is_link_local:
@@ -131,7 +139,7 @@ class AddressPolicy:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as exc:
             raise InvalidMessage(field_name, f"{url!r} is not a URL: {exc}") from None
-        host = parsed.host
+        host = parsed.raw_host.decode("ascii")  # IDNA: the name that is resolved and sent
         if not host or self.allows_host(host):
             return
         try:

@@ -243,10 +243,13 @@ class OutboundHttp:
         token = _deadline.set(time.monotonic() + total)
         try:
             if self.options.proxy is not None:
-                # The proxy connects: its target is checked here, as the connection would.
+                # The proxy connects and resolves the target itself: it is checked here as
+                # the connection would check it, but the proxy must enforce egress rules of
+                # its own against a name that resolves elsewhere by then (README).
                 target = httpx.URL(url)
-                if not self.options.policy.allows_host(target.host):
-                    self.options.policy.resolve(target.host, target.port or 443)
+                host = target.raw_host.decode("ascii")  # IDNA, as the proxy is asked for it
+                if not self.options.policy.allows_host(host):
+                    self.options.policy.resolve(host, target.port or 443)
             sent = [(b"Content-Type", b"application/json"), (b"User-Agent", USER_AGENT_BYTES)]
             sent += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
             with self._connections().stream(

@@ -283,6 +283,9 @@ def update_subscription(
             raise InvalidMessage(name, f"cannot be changed (only {', '.join(sorted(allowed))})")
     if "status" in data and data["status"] not in ("ACTIVE", "PAUSED"):
         raise InvalidMessage("status", "must be ACTIVE or PAUSED")
+    if isinstance(data.get("push_url"), str):
+        # Before the row is locked: checking resolves the host, which may take a while.
+        (policy or _configured_policy()).check_url("push_url", data["push_url"])
     with engine.begin() as conn:
         sub = conn.execute(sql("subscription_lock"), {"id": subscription_id}).first()
         if sub is None:
@@ -296,8 +299,8 @@ def update_subscription(
         }
         merged = {**current, **{k: v for k, v in data.items() if k != "status"}}
         checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
-        # A destination is checked when it changes (one registered before is left as it is).
-        _destination_problems(checked, policy, url_changed="push_url" in data)
+        # The new destination was checked above (one registered before is left as it is).
+        _destination_problems(checked, policy, url_changed=False)
         values = {k: getattr(checked, k) if k in data else current[k] for k in _CHANGEABLE}
         status = data.get("status", Status(sub.status).value)
         conn.execute(

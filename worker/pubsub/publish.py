@@ -5,6 +5,7 @@ the commit, delayed ones wait in the due-time index (``delivery.scheduled_at``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -91,6 +92,7 @@ def _store(
     impersonator: str | None = None,
     node_id: int | None = None,
     idempotency_key: str | None = None,
+    idempotency_hash: str | None = None,
 ) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
     """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
     their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
@@ -124,6 +126,7 @@ def _store(
             "unroutables": [not m for m in matched],
             "node_id": node_id,
             "idempotency_key": idempotency_key,
+            "idempotency_hash": idempotency_hash,
         },
     ).all()
     if not inserted and events and node_id is not None:
@@ -195,12 +198,29 @@ def publish(
     now = utcnow(clock)
     with engine.begin() as conn:
         room, publishers, subscriptions = _context(conn, room_name)
+        publisher_id = None
+        if publishers:
+            if pub.publisher is None:
+                raise InvalidMessage("publisher", f"room {room_name!r} names its publishers")
+            if pub.publisher not in publishers:
+                raise InvalidMessage("publisher", f"{pub.publisher!r} may not publish here")
+            publisher_id = publishers[pub.publisher]
+        fingerprint = None
         if idempotency_key is not None:
+            # The same key with another body is a mistake to report, not a repeat to answer.
+            canonical = json.dumps(pub.model_dump(mode="json", by_alias=True), sort_keys=True)
+            fingerprint = hashlib.sha256(canonical.encode()).hexdigest()
             key = {"room_id": room.room_id, "key": idempotency_key}
             conn.execute(sql("idempotency_key_lock"), key)
             before = conn.execute(sql("event_by_idempotency_key"), key).first()
             if before is not None:
-                # Stored before: its deliveries were handed off then (or wait for the ticker).
+                if before.idempotency_hash != fingerprint:
+                    raise InvalidMessage(
+                        "Idempotency-Key",
+                        "was given to another publish to this room, with a different body",
+                    )
+                # Stored before (even if the room was paused since): its deliveries were
+                # handed off then, or wait for the ticker.
                 stored = Published(
                     before.correlation_id,
                     int(before.event_id),
@@ -211,13 +231,6 @@ def publish(
                 return stored, []
         if room.status == "PAUSED":
             raise InvalidMessage("room", f"room {room_name!r} is paused")
-        publisher_id = None
-        if publishers:
-            if pub.publisher is None:
-                raise InvalidMessage("publisher", f"room {room_name!r} names its publishers")
-            if pub.publisher not in publishers:
-                raise InvalidMessage("publisher", f"{pub.publisher!r} may not publish here")
-            publisher_id = publishers[pub.publisher]
         event_type_id = version = None
         if pub.event_type is not None:
             found = conn.execute(
@@ -232,7 +245,8 @@ def publish(
                     raise InvalidMessage("event_type", f"no event type {pub.event_type!r} here")
                 raise InvalidMessage("version", f"{pub.event_type} has no version {pub.version}")
             event_type_id, version, schema = found
-            validator = schemas.validator(schema)  # patterns in linear time
+            # patterns in linear time; one validator per event type version
+            validator = schemas.validator(schema, (int(event_type_id), int(version)))
             error = jsonschema.exceptions.best_match(validator.iter_errors(pub.payload))
             if error is not None:
                 raise InvalidMessage(_schema_path(error), error.message)
@@ -269,6 +283,7 @@ def publish(
             impersonator=pub.impersonator,
             node_id=node_id,
             idempotency_key=idempotency_key,
+            idempotency_hash=fingerprint,
         )
     event_id = inserted[0][0]
     if not deliveries:

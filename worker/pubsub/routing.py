@@ -27,6 +27,10 @@ def topic_matches(pattern: str, routing_key: str) -> bool:
     """AMQP topic matching: ``*`` is exactly one word, ``#`` zero or more words."""
     words = routing_key.split(".")
     parts = pattern.split(".")
+    if "#" not in parts:  # word for word: no search at all
+        return len(parts) == len(words) and all(
+            p in ("*", w) for p, w in zip(parts, words, strict=True)
+        )
 
     @functools.cache  # each (part, word) pair once: linear in their product, never exponential
     def match(i: int, j: int) -> bool:

@@ -29,8 +29,29 @@ def _compiled(pattern: str) -> Any:
     return re2.compile(pattern, _OPTIONS)
 
 
+def _search(pattern: str, text: str) -> bool | None:
+    """Does ``pattern`` occur in ``text``; None when RE2 cannot run it (a schema registered
+    before patterns were checked)."""
+    try:
+        return bool(_compiled(pattern).search(text))
+    except re2.error:
+        return None
+
+
+def _unrunnable(pattern: str) -> ValidationError:
+    return ValidationError(
+        f"the event type's schema holds {pattern[:80]!r}, which cannot run in linear time: "
+        "register a new version without backreferences or lookarounds"
+    )
+
+
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
+    if not validator.is_type(instance, "string"):
+        return
+    found = _search(pattern, instance)
+    if found is None:
+        yield _unrunnable(pattern)
+    elif not found:
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
@@ -41,7 +62,11 @@ def _pattern_properties(
         return
     for pattern, subschema in patterns.items():
         for name, value in instance.items():
-            if _compiled(pattern).search(name):
+            found = _search(pattern, name)
+            if found is None:
+                yield _unrunnable(pattern)
+                return
+            if found:
                 yield from validator.descend(value, subschema, path=name, schema_path=pattern)
 
 
@@ -86,6 +111,24 @@ def _validator(schema_text: str) -> Any:
     return linear(schema)
 
 
-def validator(schema: Any) -> Any:
-    """A validator of this schema whose patterns run in RE2 (one per distinct schema)."""
-    return _validator(json.dumps(schema, sort_keys=True))
+def validator(schema: Any, version: tuple[int, int] | None = None) -> Any:
+    """A validator of this schema whose patterns run in RE2: one per event type version
+    (``version``: its id and number; a registered version never changes), else one per
+    distinct schema."""
+    if version is None:
+        return _validator(json.dumps(schema, sort_keys=True))
+    return _by_version(version, schema)
+
+
+# (event type id, version) -> (its schema, its validator); the schema is compared on use, so
+# a database whose ids were given out again (a restore) never gets another version's rules.
+_VERSIONS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _by_version(version: tuple[int, int], schema: Any) -> Any:
+    found = _VERSIONS.get(version)
+    if found is None or found[0] != schema:
+        if len(_VERSIONS) >= 1024:
+            _VERSIONS.clear()
+        found = _VERSIONS[version] = (schema, _validator(json.dumps(schema, sort_keys=True)))
+    return found[1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from worker.settings._base import Section
 
@@ -11,15 +11,26 @@ class DashboardSettings(Section):
     flower_user: str = Field(
         "orderly",
         min_length=1,
-        pattern=r"^[^:\s]+$",
+        pattern=r"^[^:,\s]+$",
         validation_alias="ORDERLY_FLOWER_USER",
-        description="User of Flower's HTTP basic auth (no colon or blank).",
+        description="User of Flower's HTTP basic auth (no colon, comma or blank).",
     )
     flower_password: SecretStr = Field(
         SecretStr(""),
         validation_alias="ORDERLY_FLOWER_PASSWORD",
-        description="Password of Flower's HTTP basic auth; Flower refuses to start without one.",
+        description="Password of Flower's HTTP basic auth (no comma: Flower reads a list of "
+        "user:password pairs); Flower refuses to start without one.",
     )
+
+    @field_validator("flower_password")
+    @classmethod
+    def _no_comma(cls, value: SecretStr) -> SecretStr:
+        if "," in value.get_secret_value():
+            raise ValueError(
+                "ORDERLY_FLOWER_PASSWORD may not hold a comma (Flower would split it in two)"
+            )
+        return value
+
     flower_address: str = Field(
         "127.0.0.1",
         validation_alias="ORDERLY_FLOWER_ADDRESS",

@@ -132,11 +132,11 @@ SELECT 1 FROM event_type WHERE room_id = :room_id AND name = :name;
 -- inserted while it drains or is stopped.
 INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
                    payload, publisher_id, user_id, impersonator_id, published_at, deliver_at,
-                   expires_at, unroutable, idempotency_key)
+                   expires_at, unroutable, idempotency_key, idempotency_hash)
 SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer), k,
        CAST(p AS jsonb), CAST(:publisher_id AS bigint), CAST(:user_id AS text),
        CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u,
-       CAST(:idempotency_key AS text)
+       CAST(:idempotency_key AS text), CAST(:idempotency_hash AS text)
   FROM unnest(CAST(:correlation_ids AS text[]), CAST(:tokens AS text[]),
               CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
               CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
@@ -152,7 +152,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(CAST(:room_id AS text) || chr(31) 
 
 -- name: event_by_idempotency_key
 -- The event a publish with this key stored before, and its deliveries.
-SELECT e.event_id, e.correlation_id, e.unroutable,
+SELECT e.event_id, e.correlation_id, e.unroutable, e.idempotency_hash,
        COALESCE(array_agg(d.delivery_id ORDER BY d.delivery_id)
                 FILTER (WHERE d.delivery_id IS NOT NULL), '{}') AS deliveries
   FROM event e LEFT JOIN delivery d ON d.event_id = e.event_id
