@@ -6,7 +6,7 @@ import json
 import math
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Query, Request
+from fastapi import Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
 from api.http.errors import MalformedBody, PayloadTooLarge
@@ -29,8 +29,6 @@ async def app_intake(request: Request) -> Intake:
 AppRuntime = Annotated[Runtime, Depends(app_runtime)]
 # A row id in a path (msg_id, subscription_id, delivery_id): a PostgreSQL bigint.
 RowId = Annotated[int, Path(ge=1, le=9_223_372_036_854_775_807)]
-# A count in a query (a page size, how many to pull): a PostgreSQL integer.
-Count = Annotated[int, Query(ge=0, le=2_147_483_647)]
 AppIntake = Annotated[Intake, Depends(app_intake)]
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http.common import AppIntake, AppRuntime, Count, RowId, json_body
+from api.http.common import AppIntake, AppRuntime, RowId, json_body
 from api.http.contract import body
+from models import MessageState
 from worker import operations
 from worker.intake import MessageIn
 from worker.operations import CommandIn, ResponseIn
@@ -45,16 +47,16 @@ async def receive_response(runtime: AppRuntime, request: Request) -> JSONRespons
 @router.get("/messages")
 async def list_messages(
     runtime: AppRuntime,
-    state: str | None = None,
+    state: MessageState | None = None,
     funnel: str | None = None,
     service: str | None = None,
-    limit: Count = 100,
+    limit: Annotated[int, Query(ge=1, le=operations.MAX_LIST)] = 100,
 ) -> JSONResponse:
     found = await run_in_threadpool(
         functools.partial(
             operations.list_messages,
             runtime.engine,
-            state=state,
+            state=None if state is None else state.value,
             funnel=funnel,
             service=service,
             limit=limit,

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http.common import AppRuntime, Count, RowId, json_body
+from api.http.common import AppRuntime, RowId, json_body
 from api.http.contract import body
 from worker import pubsub
 from worker.core.errors import InvalidMessage
 from worker.pubsub.admin import EventTypeIn, RoomIn, SubscriptionIn
 from worker.pubsub.publish import PublishIn
+from worker.pubsub.pull import MAX_PULL
 
 log = logging.getLogger("orderly.api")
 
@@ -128,7 +130,9 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
 
 
 @router.get("/subscriptions/{subscription_id}/messages")
-async def pull(runtime: AppRuntime, subscription_id: RowId, max: Count = 10) -> JSONResponse:
+async def pull(
+    runtime: AppRuntime, subscription_id: RowId, max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10
+) -> JSONResponse:
     taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max)
     return JSONResponse(jsonable_encoder(taken))
 

@@ -12,12 +12,15 @@ from worker.core.errors import InvalidMessage, NotFound
 from worker.core.lease import new_token
 from worker.store.queries import sql
 
+# At most this many messages per pull.
+MAX_PULL = 1000
+
 
 def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
     """A PULL subscriber takes due messages; each must be ACKed within the visibility timeout
     with the receipt it came with."""
-    if not 1 <= max_messages <= 1000:
-        raise InvalidMessage("max", "must be 1 to 1000")
+    if not 1 <= max_messages <= MAX_PULL:
+        raise InvalidMessage("max", f"must be 1 to {MAX_PULL}")
     with engine.begin() as conn:
         found = conn.execute(sql("pull_subscription"), {"s": subscription_id}).first()
         if found is None:
