@@ -13,6 +13,7 @@ from tests.conftest import TEST_DB_URL
 from tests.helpers import message, processor, row, set_config, wait_until
 from worker import nodes, pool
 from worker.configuration import ConfigReader
+from worker.core.lease import ORPHAN_GRACE_S
 from worker.handlers import HandlerRegistry, MessageContext
 from worker.intake import Intake
 from worker.processing import ERROR_NO_HANDLER, Outcome
@@ -126,7 +127,7 @@ def _orphaned_by_now(db: Engine, msg_id: int) -> bool:
                     "SELECT last_process_timestamp <= now() - make_interval(secs => :g)"
                     " AND orderly_orphaned(processing_pid) FROM message WHERE msg_id = :i"
                 ),
-                {"g": pool.ORPHAN_GRACE_S, "i": msg_id},
+                {"g": ORPHAN_GRACE_S, "i": msg_id},
             ).scalar_one()
         )
 

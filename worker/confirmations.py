@@ -28,6 +28,7 @@ from worker.core.due import PgDueIndex
 from worker.core.errors import ExchangeFailed, InvalidMessage
 from worker.core.http import OutboundHttp
 from worker.core.inputs import parse_input
+from worker.core.lease import ORPHAN_GRACE_S
 from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
 from worker.store.prepared import prepared_connection
 from worker.store.queries import sql
@@ -106,9 +107,6 @@ def retry_policy(config: ConfigReader) -> RetryPolicy:
         min(max(config.get_float("asynch.confirmation.multiplier"), 1.0), MAX_MULTIPLIER),
         min(config.get_int("asynch.confirmation.failedLimit") - 1, MAX_ATTEMPTS),
     )
-
-
-ORPHAN_GRACE_S = 1.0
 
 
 def release_orphans(engine: Engine, lost_limit: int) -> tuple[int, int]:

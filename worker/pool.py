@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from worker.configuration import ConfigReader
+from worker.core.lease import ORPHAN_GRACE_S
 from worker.intake import hand_over
 from worker.processing import parse_ids
 from worker.store.queries import sql
@@ -43,9 +44,6 @@ def released_in(conn: Connection) -> list[int]:
     return parse_ids(conn.execute(sql("released_in_transaction")).scalar())
 
 
-# A claim commits its backend pid atomically, so an orphan is certain once pg_stat_activity
-# no longer shows the pid; the grace only covers a backend that connected in the same instant.
-ORPHAN_GRACE_S = 1.0
 MAX_BATCHES = 100
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from worker.conversations.context import Context
 from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
 from worker.core.due import RedisDueSet
-from worker.core.lease import RedisLease, new_token
+from worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
 from worker.core.scripts import as_text
 from worker.store.queries import sql
 
@@ -54,11 +54,6 @@ def wakes(ctx: Context, enqueue: Enqueue) -> RedisDueSet:
     )
 
 
-# A drain's connection is certainly gone once its backend is; the grace covers a drain that
-# claimed a head in the very instant its connection was replaced.
-DEAD_DRAIN_GRACE_MS = 1000
-
-
 def release_dead_drains(ctx: Context) -> int:
     """Drains whose worker died, found by the PostgreSQL connection each holds: their leases
     are freed and their conversations woken at once (the head in flight is claimed again and
@@ -82,7 +77,7 @@ def release_dead_drains(ctx: Context) -> int:
     now = ctx.now_ms()
     released = 0
     for cid, (pid, claimed_ms) in holders.items():
-        if pid in gone and claimed_ms <= now - DEAD_DRAIN_GRACE_MS:
+        if pid in gone and claimed_ms <= now - ORPHAN_GRACE_S * 1000:
             died = "1" if claimed_ms >= gone[pid] else "0"
         elif pid not in gone and claimed_ms <= now - ctx.inflight_ms:
             died = "forget"  # a drain that ended by raising, its lease run out since

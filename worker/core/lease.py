@@ -16,6 +16,12 @@ from dataclasses import dataclass
 
 from worker.core.scripts import Scripts
 
+# A claim records the backend pid of the connection its worker holds (a message, a delivery
+# batch, a confirmation try, a drain): once PostgreSQL no longer shows that backend, the
+# worker is dead. The grace only covers a claim committed in the very instant its worker's
+# connection was replaced.
+ORPHAN_GRACE_S = 1.0
+
 
 def new_token() -> str:
     """A fencing token: unique, unguessable, 32 hex characters."""

@@ -26,7 +26,7 @@ from worker import tokens
 from worker.core.clock import SYSTEM, Clock, now_ms, utcnow
 from worker.core.due import PgDueIndex
 from worker.core.errors import Unauthorized
-from worker.core.lease import new_token
+from worker.core.lease import ORPHAN_GRACE_S, new_token
 from worker.core.retry import RetryPolicy
 from worker.pubsub.publish import BATCH, QUEUED_LEASE_S
 from worker.store.queries import sql
@@ -123,9 +123,6 @@ def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgD
     )
 
 
-# A dead worker's claim is certain once its connection's backend is gone; the grace only
-# covers a claim committed in the same instant the worker's connection was replaced.
-ORPHAN_GRACE_S = 1.0
 # A claim held by a live worker far longer than its batch can take (a hung worker, or a
 # backend pid reused by another connection): released all the same.
 STALE_CLAIM_S = 60.0
