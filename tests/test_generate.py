@@ -11,6 +11,7 @@ from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 import tooling.generate as generation
+import tooling.generate.run as generation_run
 from tests.conftest import TABLES as FIXTURE_TABLES
 from tooling.cli import app
 from tooling.generate import TABLES, GenerateReport, generate
@@ -381,7 +382,7 @@ def test_a_failure_leaves_nothing(db: Engine, monkeypatch: pytest.MonkeyPatch) -
 
 def test_with_foreign_key_triggers(db: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the rights to skip them, the per-row checks run: same rows, just slower."""
-    monkeypatch.setattr(generation, "_skip_row_triggers", lambda conn: False)
+    monkeypatch.setattr(generation_run, "_skip_row_triggers", lambda conn: False)
     report = generate(db, 2000, seed=11, start=START, days=2)
     assert dict(report.rows) == counts(db)
     slow = fingerprint(db)
