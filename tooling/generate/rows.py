@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 from models import CONFIRMATION_OPERATION, FINAL_STATES
+from tooling.generate.base import Batch, _batch, _chunked, _Outcome
 from tooling.generate.catalogue import (
     _CANCEL_NOTES,
     _CHILDREN,
     _CONFIRMED_SOURCES,
     _GENERIC_FAILURES,
-    _HANDLER_ERRORS,
-    _NORMAL,
     _OP,
     _OPERATORS,
-    _OPS,
-    _ORIGINS,
     _PUSH_ERRORS,
     _SOAP_SOURCES,
     _SPLIT_SHARE,
-    AWAITED_DESC,
-    EXPIRED_DESC,
     TIMEOUT_FINAL,
     _Call,
-    _clock,
     _iso,
     _Op,
-    _table,
     _timeline,
 )
 from tooling.generate.columns import (
-    CHUNK_ROWS,
     CONFIRMATION_INTERVAL,
     CONFIRMATION_LIMIT,
     DAY,
@@ -44,145 +33,21 @@ from tooling.generate.columns import (
     NULL,
     PARTLY_FAILED_INTERVAL,
     POSTPONED_WHEN_FAILED,
-    RECENT,
-    RECENT_SHARE,
     RESPONSE_TIMEOUT,
     SECOND,
 )
-from tooling.generate.setup import _Room, _Sub
-from worker.conversations import (
-    ERROR_CANCELLED,
-    ERROR_EXPIRED,
-    ERROR_RETRIES_SPENT,
-    REQUEST_SOURCE,
-    RESPONSE_SOURCE,
-)
-from worker.conversations import SERVICE as CONVERSATION_SERVICE
-from worker.core.retry import RetryPolicy
+from tooling.generate.conversations import _ConversationRows
+from tooling.generate.pubsub import _PubsubRows
 from worker.pool import POSTPONED_CODE, REPAIR_CODE
 from worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
 from worker.processing import ERROR_HANDLER, ERROR_NO_HANDLER
 from worker.pubsub import QUEUED_LEASE_S
 from worker.timeouts import TIMEOUT_CODE
 
-# A table, its rows as COPY text (encoded) and how many there are.
-Batch = tuple[str, bytes, int]
 
-
-def _batch(table: str, rows: list[str]) -> Batch:
-    batch = (table, "".join(rows).encode(), len(rows))
-    rows.clear()
-    return batch
-
-
-def _drain(tables: Sequence[tuple[str, list[str]]]) -> Iterator[Batch]:
-    for table, rows in tables:
-        if rows:
-            yield _batch(table, rows)
-
-
-def _chunked(
-    table: str, units: Iterator[list[str]], side: Sequence[tuple[str, list[str]]]
-) -> Iterator[Batch]:
-    """``table``'s rows in chunks of about CHUNK_ROWS (a unit is never split), each chunk
-    followed by the rows made meanwhile in ``side`` that reference it."""
-    buf: list[str] = []
-    for unit in units:
-        buf.extend(unit)
-        if len(buf) >= CHUNK_ROWS:
-            yield _batch(table, buf)
-            yield from _drain(side)
-    yield _batch(table, buf)
-    yield from _drain(side)
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """How a business message's processing went."""
-
-    state: str
-    failed: int = 0
-    code: str | None = None
-    desc: str | None = None
-    done: int = 0  # last_process_timestamp (ms)
-    queued: int | None = None  # start_in_queue_timestamp
-    custom: str | None = None
-    pid: int | None = None
-    audit: str = "[]"
-    wait_id: str | None = None
-    deadline: int | None = None
-    wait_res: int | None = None
-    tries: int = 0  # handler runs that reached an external call
-    in_flight: bool = False  # a call still running (PROCESSING)
-
-
-class _Generator:
-    """Rows from one stream of randomness, keys counted on from ``ids`` (the last used)."""
-
-    def __init__(
-        self,
-        rng: random.Random,
-        *,
-        seed: int,
-        messages: int,
-        start: int,
-        end: int,
-        ids: Mapping[str, int],
-        nodes: Sequence[tuple[int, float]],
-        rooms: Sequence[_Room],
-    ) -> None:
-        self.rng = rng
-        self.seed = seed
-        self.n = messages
-        self.start = start
-        self.end = end
-        self.recent = end - max(RECENT, int((end - start) * RECENT_SHARE))
-        self.ids = dict(ids)  # the last key used per table
-        self.ts = _clock()
-        self._spreads: dict[tuple[float, float, int], list[int]] = {}
-        # the durations drawn for every message, as lookup tables (see lognormal)
-        self.sent_lag = self.spread(400, 1.2, 30 * SECOND)
-        self.queue_wait = self.spread(40, 1.5, 5 * MINUTE)
-        self.run_time = self.spread(180, 1.3, 10 * MINUTE)
-        self.node = _table([(str(i), w) for i, w in nodes])
-        self.rooms = rooms
-        # rows of the tables that reference the ones being made, copied after them
-        self.calls: list[str] = []
-        self.requests: list[str] = []
-        self.responses: list[str] = []
-        self.deliveries: list[str] = []
-        self.published: list[str] = []
-        self.queued: list[str] = []
-        # entity-keyed calls: one row per (operation, entity), the newest message's
-        self.keyed_calls: dict[tuple[str, str], str] = {}
-        # guaranteed-order funnels with a FAILED message, which holds the later ones
-        self.blocked_funnels: dict[str, int] = {}
-        pool = max(200, messages // 6)
-        self.pools = {"C": pool, "O": pool, "INV": pool, "SH": pool // 2, "SKU-": 5000}
-        self.op = _table([(op, op.weight) for op in _OPS])
-        self.origin = _table(list(_ORIGINS))
-
-    def next_id(self, table: str) -> int:
-        self.ids[table] += 1
-        return self.ids[table]
-
-    def spread(self, median_ms: float, sigma: float, cap_ms: int) -> list[int]:
-        """A log-normal distribution of durations (ms) as 4096 quantiles, at most ``cap_ms``:
-        ``table[rng.getrandbits(12)]`` is a draw."""
-        key = (median_ms, sigma, cap_ms)
-        table = self._spreads.get(key)
-        if table is None:
-            table = [min(int(median_ms * math.exp(sigma * z)) + 1, cap_ms) for z in _NORMAL]
-            self._spreads[key] = table
-        return table
-
-    def lognormal(self, median_ms: float, sigma: float, cap_ms: int) -> int:
-        """A skewed duration (ms): median, spread, at most ``cap_ms``."""
-        return self.spread(median_ms, sigma, cap_ms)[self.rng.getrandbits(12)]
-
-    def obj(self, prefix: str) -> str:
-        # squared uniform: a few hot objects get many messages (funnels fill up)
-        return f"{prefix}{int(self.pools[prefix] * self.rng.random() ** 2):06d}"
+class _Generator(_ConversationRows, _PubsubRows):
+    """Every generated row: the store's messages and what they make here, conversations and
+    publish/subscribe rows from their own modules, all from one stream of randomness."""
 
     # --- messages ------------------------------------------------------------------------
     def message_batches(self) -> Iterator[Batch]:
@@ -665,341 +530,4 @@ class _Generator:
         self.calls.append(
             f"{self.next_id('external_call')}\t{msg_id}\t{CONFIRMATION_OPERATION}\t{state}\t"
             f"{msg_id}\t{ts(sent)}\t{ts(created)}\t{ts(max(last, created))}\t{failed}\t{due}\n"
-        )
-
-    # --- conversations -------------------------------------------------------------------
-    def conversation(self, at: int, slots: Iterator[int], left: int) -> list[str]:
-        """Requests (1-5) and their responses (1-4 each), delivered one after the other."""
-        rng = self.rng
-        shape = [1 + rng.getrandbits(2) for _ in range(1 + int(rng.random() * 5))]
-        size = 0
-        for i, responses in enumerate(shape):
-            if size + 1 + responses > left:
-                shape = [*shape[:i], left - size - 1] if left - size >= 2 else shape[:i]
-                break
-            size += 1 + responses
-        origin = self.origin[rng.getrandbits(10)]
-        process = None
-        rows: list[str] = []
-        delivered = at  # the conversation's last delivery: the next one comes after it
-        blocked = False  # an undelivered response holds every later one back
-        moment = at
-        for r_index, responses in enumerate(shape):
-            if r_index:
-                moment = next(slots)
-            req_id = self.next_id("message")
-            request_key = f"rq{self.seed}-{req_id}"
-            process = process or f"cv{self.seed}-{req_id}"
-            cancel_at = (
-                int(rng.random() * responses) if rng.random() < 0.04 and not blocked else None
-            )
-            parts: list[tuple[int, str, int, _Outcome]] = []
-            req_state = "WAITING_FOR_RES"
-            req_done = moment
-            req_custom: str | None = None
-            cancel: tuple[str, int] | None = None
-            group_awaited: int | None = None  # conv_group_awaited marks the queued rest too
-            for k in range(responses):
-                arrived = next(slots)
-                res_id = self.next_id("message")
-                key = f"rs{self.seed}-{res_id}"
-                last = k == responses - 1
-                o = _Outcome("IN_QUEUE", done=arrived)
-                if cancel is not None:
-                    reason = (
-                        f"response {cancel[0]}: HTTP 400: unknown request"
-                        if arrived <= cancel[1]
-                        else "its request was cancelled"
-                    )
-                    o = _Outcome("CANCEL", code=ERROR_CANCELLED, desc=reason, done=cancel[1])
-                elif blocked:
-                    if group_awaited is not None and arrived <= group_awaited:
-                        o = _Outcome("PARTLY_FAILED", 1, ERROR_RETRIES_SPENT, AWAITED_DESC)
-                        o.done = group_awaited
-                elif cancel_at == k:
-                    done = max(arrived, delivered) + self.lognormal(80, 1.0, 30 * SECOND)
-                    if done < self.end:
-                        cancel = (key, done)
-                        o = _Outcome(
-                            "CANCEL",
-                            code=ERROR_CANCELLED,
-                            desc=f"response {key}: HTTP 400: unknown request",
-                            done=done,
-                        )
-                        req_state, req_done = "CANCEL", done
-                    else:
-                        blocked = True
-                else:
-                    done = max(arrived, delivered) + self.lognormal(80, 1.0, 30 * SECOND)
-                    if group_awaited is not None and arrived <= group_awaited:
-                        o.failed, o.code, o.desc = 1, ERROR_RETRIES_SPENT, AWAITED_DESC
-                    elif rng.random() < 0.03:
-                        # retries spent: AWAITED, with the group's queued rest; tried later
-                        o.failed, o.code, o.desc = 1, ERROR_RETRIES_SPENT, AWAITED_DESC
-                        group_awaited = done + 31 * SECOND
-                        done = group_awaited + self.lognormal(2 * MINUTE, 1.0, HOUR)
-                        if done >= self.end:
-                            o.state, blocked = "PARTLY_FAILED", True
-                            o.done = min(group_awaited, self.end - 1)
-                        elif rng.random() < 0.1:
-                            o.state, o.done, delivered = "FAILED", done, done
-                            o.code, o.desc = ERROR_EXPIRED, EXPIRED_DESC
-                    if o.state == "IN_QUEUE" and done < self.end:
-                        o.state, o.done, delivered = "OK", done, done
-                        if rng.random() < 0.2:
-                            o.custom = f"ACK ack-{res_id}"
-                    elif o.state == "IN_QUEUE":
-                        blocked = True
-                        if rng.random() < 0.5:
-                            o.state, o.done = "WAITING_FOR_RES", max(arrived, delivered)
-                            o.custom = f"asyncResponseId=ack-{res_id}"
-                    if last and req_state != "CANCEL":
-                        if o.state == "OK":
-                            req_state, req_done = "OK", o.done
-                        elif o.state == "FAILED":
-                            req_state, req_done = "OK", o.done + 5 * MINUTE
-                            req_custom = "closed without a final response"
-                parts.append((res_id, key, arrived, o))
-            if req_state == "CANCEL" and cancel is not None:
-                req_done = cancel[1]
-            request = _Outcome(
-                req_state,
-                code=ERROR_CANCELLED if req_state == "CANCEL" else None,
-                desc=f"response {cancel[0]}: HTTP 400: unknown request" if cancel else None,
-                done=min(req_done, self.end - 1) if req_state != "WAITING_FOR_RES" else moment,
-                custom=req_custom,
-            )
-            rows.append(
-                self.conversation_row(
-                    req_id, moment, "request", request_key, request_key, origin, process, request
-                )
-            )
-            for res_id, key, arrived, o in parts:
-                rows.append(
-                    self.conversation_row(
-                        res_id,
-                        arrived,
-                        "response",
-                        key,
-                        request_key,
-                        origin,
-                        process,
-                        o,
-                        parent=req_id,
-                    )
-                )
-        return rows
-
-    def conversation_row(
-        self,
-        msg_id: int,
-        at: int,
-        operation: str,
-        key: str,
-        request_key: str,
-        origin: str,
-        process: str,
-        o: _Outcome,
-        *,
-        parent: int | None = None,
-    ) -> str:
-        ts = self.ts
-        source = RESPONSE_SOURCE if parent else REQUEST_SOURCE
-        payload = f'{{"{operation}":"{key}","step":{self.rng.getrandbits(4)}}}'
-        return (
-            f"{msg_id}\t{ts(at - self.rng.getrandbits(9))}\t{ts(at)}\t{CONVERSATION_SERVICE}\t"
-            f"{operation}\t{request_key}\t{origin}\t{key}\t{process}\t{payload}\t{NULL}\t"
-            f"{source}\t{o.state}\t{o.failed}\t{o.code or NULL}\t{o.desc or NULL}\t"
-            f"{ts(max(o.done, at))}\t{NULL}\t{o.custom or NULL}\t{parent or NULL}\t"
-            f"{'HARD' if parent else NULL}\t{NULL}\t{NULL}\tf\tf\t"
-            f"{self.node[self.rng.getrandbits(10)]}\t{NULL}\t[]\t{NULL}\t{NULL}\t{NULL}\n"
-        )
-
-    # --- publish/subscribe ---------------------------------------------------------------
-    def pubsub_batches(self) -> Iterator[Batch]:
-        """Events in chunks, each followed by their deliveries, attempts and handler log."""
-        side = (
-            ("delivery", self.deliveries),
-            ("published_messages", self.published),
-            ("queue_message", self.queued),
-        )
-        yield from _chunked("event", ([row] for row in self.event_rows()), side)
-
-    def event_rows(self) -> Iterator[str]:
-        rng = self.rng
-        ts = self.ts
-        count = max(1, self.n // 10)
-        room_pick = _table([(room, room.spec.weight) for room in self.rooms])
-        for at in _timeline(rng, count, self.start, self.end):
-            room = room_pick[rng.getrandbits(10)]
-            etype_name, etype_id, subs = room.types[rng.getrandbits(8) % len(room.types)]
-            event_id = self.next_id("event")
-            correlation = f"gen{self.seed}e{event_id}"
-            obj = self.obj(room.spec.prefix)
-            payload = (
-                f'{{"{room.spec.id_field}": "{obj}", "amount": {rng.getrandbits(16) / 100}, '
-                f'"currency": "EUR"}}'
-            )
-            delayed = rng.random() < 0.05
-            deliver = at + (self.lognormal(60 * SECOND, 1.0, HOUR) if delayed else 0)
-            expires = None if not room.spec_expiration else at + room.spec_expiration
-            yield (
-                f"{event_id}\t{correlation}\t{room.room_id}\t{etype_id}\t1\t{etype_name}\t"
-                f"{payload}\tsvc-{room.spec.name}\t{ts(at)}\t{ts(deliver)}\t"
-                f"{NULL if expires is None else ts(expires)}\t{'f' if subs else 't'}\n"
-            )
-            for sub in subs:
-                self.delivery(event_id, correlation, etype_name, payload, obj, deliver, delayed,
-                              expires, room, sub)  # fmt: skip
-
-    def delivery(
-        self,
-        event_id: int,
-        correlation: str,
-        routing_key: str,
-        payload: str,
-        obj: str,
-        deliver: int,
-        delayed: bool,
-        expires: int | None,
-        room: _Room,
-        sub: _Sub,
-    ) -> None:
-        """One delivery with its attempts: published_messages rows, and for a handler the
-        queue log, as worker.pubsub settles them."""
-        rng = self.rng
-        ts = self.ts
-        delivery_id = self.next_id("delivery")
-        attempts = sub.attempts
-        r = rng.random()
-        if r < 0.85:
-            failures = 0
-        elif r < 0.95:
-            failures = 1
-        elif r < 0.975:
-            failures = 2
-        else:
-            failures = attempts + 1  # attempts spent
-        if deliver >= self.recent and sub.kind == "PUSH" and rng.random() < 0.5:
-            failures = attempts + 1  # the endpoint is down: retries are still going on
-        failures = min(failures, attempts + 1)
-        due = deliver
-        start = due + self.lognormal(30, 1.0, 10 * SECOND)
-        state = "DELIVERED"
-        last_error: str | None = None
-        delivered_at: int | None = None
-        attempt = 0
-        pull = sub.kind == "PULL"
-        errors: tuple[str, ...] = _HANDLER_ERRORS if sub.kind == "HANDLER" else _PUSH_ERRORS
-        if pull:
-            # a pulled message not ACKed within the visibility timeout comes back
-            errors = ("not ACKed in time",)
-        claimed: int | None = None
-        while True:
-            took = self.lognormal(60, 1.0, 20 * SECOND)
-            end = start + took
-            if end >= self.end:
-                # still running or waiting at the window's end
-                state = "IN_PROCESS" if start < self.end else "PENDING"
-                claimed = start if state == "IN_PROCESS" else None
-                break
-            if expires is not None and start >= expires:
-                state, last_error = "EXPIRED", "past the room's message expiration"
-                self.publish(delivery_id, correlation, event_id, sub, attempt, end, None,
-                             "EXPIRED", last_error)  # fmt: skip
-                break
-            if attempt >= failures:
-                state, delivered_at = "DELIVERED", end
-                self.publish(delivery_id, correlation, event_id, sub, attempt, end, end,
-                             "DELIVERED", None)  # fmt: skip
-                self.handler_log(delivery_id, payload, routing_key, delayed, deliver, sub,
-                                 start, end, None)  # fmt: skip
-                break
-            error = errors[rng.getrandbits(8) % len(errors)]
-            exception_id = None
-            if sub.kind == "HANDLER":
-                exception_id = f"{rng.getrandbits(128):032x}"
-                error = f"{error} [{exception_id}]"
-            nxt = attempt + 1
-            wait = (
-                30 * SECOND
-                if pull
-                else RetryPolicy(sub.delay_ms, sub.multiplier, sub.attempts).delay(nxt)
-            )
-            if attempts == 0 or nxt > attempts:
-                state = "DEAD"
-                last_error = f"{error} (attempts spent: {attempts})"
-                outcome = "DEAD"
-            elif not pull and expires is not None and end + wait >= expires:
-                state = "EXPIRED"
-                last_error = f"{error} (the next try would come after expiry)"
-                outcome = "EXPIRED"
-            else:
-                last_error, outcome = error, "FAILED"
-            self.publish(delivery_id, correlation, event_id, sub, attempt, end, None, outcome,
-                         last_error)  # fmt: skip
-            self.handler_log(delivery_id, payload, routing_key, delayed, deliver, sub, start,
-                             end, exception_id)  # fmt: skip
-            attempt = nxt
-            if outcome != "FAILED":
-                break
-            due = end + wait
-            start = due + self.lognormal(30, 1.0, 10 * SECOND)
-            if start >= self.end:
-                state = "PENDING"
-                break
-        if state == "DELIVERED":
-            last_error = None
-        elif pull and attempt:
-            last_error = "not ACKed within the visibility timeout"
-        lease = int(QUEUED_LEASE_S * SECOND)
-        order = obj if sub.order_key else None
-        self.deliveries.append(
-            f"{delivery_id}\t{event_id}\t{sub.subscription_id}\t{state}\t"
-            f"{'t' if pull else 'f'}\t{order or NULL}\t{attempt}\t{ts(due)}\t"
-            f"{ts(due if pull or state == 'PENDING' else due + lease)}\t"
-            f"{NULL if claimed is None else ts(claimed)}\t"
-            f"{NULL if claimed is None or pull else f'{rng.getrandbits(128):032x}'}\t"
-            f"{NULL if delivered_at is None else ts(delivered_at)}\t{last_error or NULL}\n"
-        )
-
-    def publish(
-        self,
-        delivery_id: int,
-        correlation: str,
-        event_id: int,
-        sub: _Sub,
-        attempt: int,
-        at: int,
-        delivered: int | None,
-        outcome: str,
-        error: str | None,
-    ) -> None:
-        ts = self.ts
-        self.published.append(
-            f"{self.next_id('published_messages')}\t{correlation}\t{delivery_id}\t{event_id}\t"
-            f"{sub.subscription_id}\t{attempt}\t{ts(at)}\t"
-            f"{NULL if delivered is None else ts(delivered)}\t{outcome}\t{error or NULL}\n"
-        )
-
-    def handler_log(
-        self,
-        delivery_id: int,
-        payload: str,
-        routing_key: str,
-        delayed: bool,
-        deliver: int,
-        sub: _Sub,
-        start: int,
-        end: int,
-        exception_id: str | None,
-    ) -> None:
-        if sub.kind != "HANDLER":
-            return
-        ts = self.ts
-        self.queued.append(
-            f"{self.next_id('queue_message')}\t{delivery_id}\t{payload}\t{routing_key}\t"
-            f"{ts(deliver) if delayed else NULL}\t{ts(start)}\t{ts(end)}\t"
-            f"{'Error' if exception_id else 'Completed'}\t{exception_id or NULL}\t"
-            f"{(60 << 20) + self.rng.getrandbits(26)}\n"
         )
