@@ -44,6 +44,7 @@ os.environ.update(
 os.environ.pop("ORDERLY_BROKER_URL", None)
 
 import redis  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from tests import kinds  # noqa: E402
@@ -279,3 +280,12 @@ def _kind_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     if broken and not request.node.stash.get(CALL_FAILED, False):
         # The code under test caught the error and went on: the test must fail all the same.
         pytest.fail(f"a {kind} test may not {broken[0]}: see tests/kinds.py", pytrace=False)
+
+
+@pytest.fixture
+def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
+    """orderly's API in this process (its lifespan run), on the test's database and Redis."""
+    from api.http import create_app
+
+    with TestClient(create_app()) as c:
+        yield c

@@ -7,12 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from sqlalchemy import Engine
 
 from tests.browser import chromium
 from tests.stack import Stack
@@ -37,13 +35,11 @@ BODIES = {
 
 
 @pytest.fixture
-def document(db: Engine, redis_client: redis.Redis) -> Iterator[dict[str, Any]]:
-    from api.http import create_app
-
-    with TestClient(create_app()) as client:
-        answer = client.get("/openapi.json")
-        assert answer.status_code == 200
-        yield answer.json()
+def document(client: TestClient) -> dict[str, Any]:
+    answer = client.get("/openapi.json")
+    assert answer.status_code == 200
+    result: dict[str, Any] = answer.json()
+    return result
 
 
 def test_write_operations_document_their_bodies(document: dict[str, Any]) -> None:
@@ -81,18 +77,15 @@ def test_every_operation_documents_the_error_shape(document: dict[str, Any]) -> 
             assert "HTTPValidationError" not in str(op["responses"])
 
 
-def test_docs_are_served_by_orderly(db: Engine, redis_client: redis.Redis) -> None:
-    from api.http import create_app
-
-    with TestClient(create_app()) as client:
-        page = client.get("/docs")
-        assert page.status_code == 200
-        assert "/docs-assets/swagger-ui-bundle.js" in page.text
-        assert "cdn" not in page.text.lower()
-        script = client.get("/docs-assets/swagger-ui-bundle.js")
-        assert script.status_code == 200 and len(script.content) > 100_000
-        assert client.get("/docs-assets/swagger-ui.css").status_code == 200
-        assert client.get("/redoc").status_code == 404
+def test_docs_are_served_by_orderly(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "/docs-assets/swagger-ui-bundle.js" in page.text
+    assert "cdn" not in page.text.lower()
+    script = client.get("/docs-assets/swagger-ui-bundle.js")
+    assert script.status_code == 200 and len(script.content) > 100_000
+    assert client.get("/docs-assets/swagger-ui.css").status_code == 200
+    assert client.get("/redoc").status_code == 404
 
 
 @pytest.fixture

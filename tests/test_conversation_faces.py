@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,12 +17,9 @@ CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attemp
 
 
 @pytest.fixture
-def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
-    from api.http import create_app
-
-    with TestClient(create_app()) as c:
-        assert c.put("/channels/chat", json=CHANNEL).status_code == 200
-        yield c
+def client(client: TestClient) -> TestClient:
+    assert client.put("/channels/chat", json=CHANNEL).status_code == 200
+    return client
 
 
 def rows(db: Engine) -> int:

@@ -4,7 +4,6 @@ value answers 4xx naming where it is, writes nothing, and the connection stays u
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,14 +15,6 @@ from tests.helpers import message
 from worker.pubsub import topic_matches
 
 TABLES = ("message", "channel", "event", "delivery", "room", "event_type_version")
-
-
-@pytest.fixture
-def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
-    from api.http import create_app
-
-    with TestClient(create_app()) as c:
-        yield c
 
 
 def rows(db: Engine) -> dict[str, int]:

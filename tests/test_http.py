@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,14 +11,6 @@ from sqlalchemy import Engine
 
 from tests.helpers import count_messages, message
 from worker.celery import PROCESS_QUEUE
-
-
-@pytest.fixture
-def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
-    from api.http import create_app
-
-    with TestClient(create_app()) as c:
-        yield c
 
 
 def queued(redis_client: redis.Redis) -> int:

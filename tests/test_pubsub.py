@@ -7,7 +7,6 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,14 +39,6 @@ from worker.pubsub import topic_matches
 )
 def test_topic_matching(pattern: str, key: str, match: bool) -> None:
     assert topic_matches(pattern, key) is match
-
-
-@pytest.fixture
-def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
-    from api.http import create_app
-
-    with TestClient(create_app()) as c:
-        yield c
 
 
 ROOM = {
