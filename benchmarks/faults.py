@@ -269,8 +269,10 @@ class Answer:
 class Producer:
     """POSTs that retry what a real producer retries: connection errors, timeouts, 429, 5xx."""
 
-    def __init__(self, base_url: str, deadline_s: float = 120.0) -> None:
-        self.client = httpx.Client(base_url=base_url, timeout=10.0)
+    def __init__(
+        self, base_url: str, headers: Mapping[str, str], deadline_s: float = 120.0
+    ) -> None:
+        self.client = httpx.Client(base_url=base_url, timeout=10.0, headers=dict(headers))
         self.deadline_s = deadline_s
         self.retries = 0
         self.lock = threading.Lock()
@@ -465,6 +467,7 @@ class System:
         self._supervising = threading.Event()
         self.group: ProcessGroup | None = None
         self.engine: Engine | None = None
+        self.auth: dict[str, str] = {}
         self.port = 0
         stack.callback(self.stop)
 
@@ -479,8 +482,10 @@ class System:
         schema.create_database(url)
         schema.upgrade(url)
         self.engine = create_engine(url, pool_pre_ping=True, pool_size=2)
+        from tooling.apikeys import bearer
         from worker.runtime import get_runtime
 
+        self.auth = bearer(self.engine)
         runtime = get_runtime()
         runtime.startup_check()
         for code, value in CONFIG.items():
@@ -498,7 +503,7 @@ class System:
         self._supervising.set()
         threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
 
-        http = httpx.Client(base_url=self.api, timeout=30)
+        http = httpx.Client(base_url=self.api, timeout=30, headers=self.auth)
         for path, body, method in (
             (f"/channels/{ORIGIN}", {"url": self.sink.url, **CHANNEL}, "PUT"),
             (
@@ -872,7 +877,7 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             system = System(stack, log_dir)
             system.start()
-            producer = Producer(system.api)
+            producer = Producer(system.api, system.auth)
             stack.callback(producer.close)
             for plan in plans:
                 rounds.append(run_round(system, plan, producer, ledger))

@@ -29,6 +29,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from tooling.apikeys import bearer  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 from worker.celery import PROCESS_QUEUE, app, enqueue_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
@@ -52,11 +53,12 @@ def measure_http(group: ProcessGroup, n: int, threads: int) -> float:
     api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
     run = uuid.uuid4().hex[:6]
     local = threading.local()
+    auth = bearer(get_runtime().engine)
 
     def post(i: int) -> None:
         client = getattr(local, "client", None)
         if client is None:
-            client = local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}")
+            client = local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth)
         answer = client.post("/messages", json=body(run, i))
         if answer.status_code != 201:
             raise RuntimeError(answer.text)

@@ -1,5 +1,6 @@
 """Tables and enums of orderly's PostgreSQL store (data only, no behaviour)."""
 
+from models.api_key import ApiKey, ChannelAckSecret
 from models.base import Base
 from models.channel import Channel
 from models.configuration import Configuration
@@ -37,9 +38,11 @@ from models.source_system import CONFIRMATION_OPERATION, SourceSystem
 __all__ = [
     "CONFIRMATION_OPERATION",
     "FINAL_STATES",
+    "ApiKey",
     "Base",
     "BindingType",
     "Channel",
+    "ChannelAckSecret",
     "ConfigDataType",
     "Configuration",
     "Delivery",

@@ -48,7 +48,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from tests import kinds  # noqa: E402
-from tests.helpers import OrderlyCli  # noqa: E402
+from tests.helpers import OrderlyCli, api_key  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
@@ -78,6 +78,8 @@ TABLES = (
     "event_type_version",
     "event_type",
     "room",
+    "api_key",
+    "channel_ack_secret",
 )
 
 
@@ -288,4 +290,12 @@ def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
     from api.http import create_app
 
     with TestClient(create_app()) as c:
+        c.headers["Authorization"] = f"Bearer {api_key(db)}"
         yield c
+
+
+@pytest.fixture
+def anonymous(client: TestClient) -> TestClient:
+    """The same API without a key."""
+    del client.headers["Authorization"]
+    return client

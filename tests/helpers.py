@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from models import Message
 from tooling.processes import BIN
+from worker import keys
 from worker.core.addresses import AddressPolicy
 from worker.core.http import HttpOptions, OutboundHttp
 from worker.handlers import HandlerRegistry
@@ -74,6 +75,12 @@ def processor(engine: Engine, reg: HandlerRegistry | None = None) -> Processor:
         config=ConfigReader(engine, ttl_seconds=0),
         http=local_http(),
     )
+
+
+def api_key(engine: Engine, *scopes: str, name: str = "tests") -> str:
+    """A new API key's token: with ``scopes``, or every scope when none is given."""
+    _, token = keys.create_key(engine, {"name": name, "scopes": list(scopes or keys.SCOPES)})
+    return token
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

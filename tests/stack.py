@@ -6,13 +6,14 @@ failed."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 from sqlalchemy import Engine
 
-from tests.helpers import wait_until
+from tests.helpers import api_key, wait_until
 from tooling.processes import Managed, ProcessGroup, free_port, wait_for_log
 
 # Starting a Celery process imports the whole app: on a loaded machine that takes a while.
@@ -27,6 +28,8 @@ class Stack:
         self.db = db
         self.port = 0
         self._http: httpx.Client | None = None
+        # An API key with every scope, made when the API first starts.
+        self.token = ""
 
     def env(self, **values: str) -> None:
         """Settings for every process started from now on."""
@@ -45,7 +48,11 @@ class Stack:
             env["ORDERLY_HANDLER_MODULES"] = handler_modules
         self.port = free_port()
         managed = self.procs.start_api(self.port, extra_env=env)
-        self._http = httpx.Client(base_url=self.url, timeout=10)
+        if not self.token:
+            self.token = api_key(self.db, name=f"stack-{uuid.uuid4().hex[:12]}")
+        self._http = httpx.Client(
+            base_url=self.url, timeout=10, headers={"Authorization": f"Bearer {self.token}"}
+        )
         return managed
 
     def worker(

@@ -31,6 +31,13 @@ BODIES = {
     ("post", "/conversations/{conversation_id}/requests"): "ConversationRequestIn",
     ("post", "/conversations/{conversation_id}/responses"): "ConversationResponseIn",
     ("put", "/source-systems/{name}"): "SourceSystemIn",
+    ("post", "/keys"): "KeyIn",
+    ("put", "/channels/{origin}"): "ChannelIn",
+    ("patch", "/rooms/{room}"): "RoomPatchIn",
+    ("post", "/rooms/{room}/publishers"): "PublisherIn",
+    ("patch", "/subscriptions/{subscription_id}"): "SubscriptionPatchIn",
+    ("post", "/subscriptions/{subscription_id}/messages/{delivery_id}/ack"): "PulledAckIn",
+    ("post", "/dead-letters/redrive"): "RedriveIn",
 }
 
 
@@ -66,12 +73,27 @@ def test_write_operations_document_their_bodies(document: dict[str, Any]) -> Non
     assert kind["$ref"].rsplit("/", 1)[1] in schemas
 
 
+def test_every_write_operation_has_a_body_a_tag_and_an_operation_id(
+    document: dict[str, Any],
+) -> None:
+    ids = []
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            if method in ("post", "put", "patch") and path != "/acks/{async_response_id}":
+                assert (method, path) in BODIES, (method, path)
+            assert len(op["tags"]) == 1 and op["tags"][0], (method, path)
+            ids.append(op["operationId"])
+    assert len(ids) == len(set(ids)) == 34
+    assert "submit" in ids and "publish" in ids
+
+
 def test_every_operation_documents_the_error_shape(document: dict[str, Any]) -> None:
     errors = document["components"]["schemas"]["Errors"]
     assert errors["properties"]["errors"]["type"] == "array"
     for path, operations in document["paths"].items():
         for method, op in operations.items():
-            for status in ("400", "422", "503"):
+            public = path in ("/health", "/ready")
+            for status in ("400", "422", "503") if public else ("400", "401", "403", "422", "503"):
                 schema = op["responses"][status]["content"]["application/json"]["schema"]
                 assert schema == {"$ref": "#/components/schemas/Errors"}, (method, path, status)
             assert "HTTPValidationError" not in str(op["responses"])

@@ -172,7 +172,7 @@ def test_nan_payload_is_refused(client: TestClient, db: Engine) -> None:
 
 
 def test_unknown_ack_is_404(client: TestClient) -> None:
-    answer = client.post("/acks/nobody-knows")
+    answer = client.post("/acks/nobody-knows", headers={"X-Orderly-Ack-Token": "anything"})
     assert answer.status_code == 404
     assert "nobody-knows" in answer.json()["errors"][0]["problem"]
 
@@ -181,6 +181,8 @@ def test_unknown_ack_is_404(client: TestClient) -> None:
     ("body", "field"),
     [
         ({"url": "ftp://x"}, "url"),
+        ({"url": "http://[::1"}, "url"),
+        ({"url": "http://127.0.0.1:99999/"}, "url"),
         ({}, "url"),
         ({"url": "http://x", "multiplier": 0.5}, "multiplier"),
         ({"url": "http://x", "attempts": -1}, "attempts"),

@@ -21,10 +21,17 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from worker import nodes
-from worker.channels import Channel, ChannelDirectory, put_channel
+from worker.channels import ACK_TOKEN_HEADER, Channel, ChannelDirectory, ack_token, put_channel
 from worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
 from worker.core.due import drain
-from worker.core.errors import InvalidMessage, UnknownAck, UnknownChannel, UnknownRequest
+from worker.core.errors import (
+    InvalidMessage,
+    Unauthenticated,
+    UnknownAck,
+    UnknownChannel,
+    UnknownRequest,
+)
+from worker.delivery import response_headers
 from worker.settings import Settings
 
 from .conftest import TEST_DB_URL, TEST_REDIS_URL
@@ -335,6 +342,34 @@ def test_ack_releases_the_next_response(h: Harness) -> None:
         h.conv.ack("ack-1", h.enqueue)  # already used
     with pytest.raises(UnknownAck):
         h.conv.ack("never-given", h.enqueue)
+
+
+def test_an_ack_must_bring_the_token_its_response_was_sent_with(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    tokens: dict[str, str] = {}
+
+    def send(channel: Channel, head: Head) -> SendResult:
+        tokens[head.response_id] = response_headers(channel, head)[ACK_TOKEN_HEADER]
+        return SendResult(Delivery.ASYNC, 202, "1")  # an id anyone could guess
+
+    assert h.run(send) == ["WAIT_ACK"]
+    with h.engine.connect() as conn:
+        secret = conn.execute(text("SELECT secret FROM channel_ack_secret")).scalar()
+    assert secret and len(secret) == 64
+    # Another conversation's token, a forged one, none: refused, and nothing released.
+    other = ack_token(str(secret), "c2", "s1")
+    for wrong in (other, ack_token("x" * 64, "c1", "s1"), tokens["s1"][:-1] + "A"):
+        with pytest.raises(Unauthenticated) as refused:
+            h.conv.ack("1", h.enqueue, wrong)
+        assert refused.value.field == ACK_TOKEN_HEADER
+    with pytest.raises(Unauthenticated, match="missing"):
+        h.conv.ack("1", h.enqueue, "")
+    assert h.state("s1") == "WAITING_FOR_RES"
+    assert h.redis.exists("bridge:queue:asyncRequest:1")
+    h.conv.ack("1", h.enqueue, tokens["s1"])
+    assert h.state("s1") == "OK"
 
 
 def test_no_ack_within_sent_ttl_counts_as_delivered(h: Harness) -> None:

@@ -1,6 +1,7 @@
 """The API fuzzed over its OpenAPI document by schemathesis, against a live API process on the
-real PostgreSQL and Redis: no 5xx, answers that match the document, and nothing written by
-the requests the document says are invalid."""
+real PostgreSQL and Redis, without a key and with a key holding every scope: no 5xx, answers
+that match the document, and nothing written by a request without a key or by the requests
+the document says are invalid."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from sqlalchemy import Engine, text
 from tests.stack import Stack
 from tooling.processes import BIN
 
-# Enough cases per operation that the two runs send more than 5,000 requests in all.
+# Enough cases per operation that the runs with a key send more than 5,000 requests in all.
 MAX_EXAMPLES = 150
+# Without a key every operation but /health and /ready is refused before it reads its input.
+ANONYMOUS_EXAMPLES = 25
 SEED = "20261124"
 
 
@@ -31,14 +34,14 @@ def _tables(db: Engine) -> dict[str, int]:
         }
 
 
-def _run(stack: Stack, cwd: Path, *args: str) -> int:
+def _run(stack: Stack, cwd: Path, *args: str, examples: int = MAX_EXAMPLES) -> int:
     done = subprocess.run(
         [
             str(BIN / "st"),
             "run",
             f"{stack.url}/openapi.json",
             "--max-examples",
-            str(MAX_EXAMPLES),
+            str(examples),
             "--seed",
             SEED,
             "--workers",
@@ -60,7 +63,8 @@ def _run(stack: Stack, cwd: Path, *args: str) -> int:
     generated = re.search(r"(\d+) generated, (\d+) passed", out)
     assert generated is not None, out[-3000:]
     assert generated.group(1) == generated.group(2), out[-3000:]
-    print(f"schemathesis {' '.join(args)}: {generated.group(0)}")
+    shown = " ".join(a if not a.startswith("Authorization") else "Authorization: ..." for a in args)
+    print(f"schemathesis {shown}: {generated.group(0)}")
     return int(generated.group(1))
 
 
@@ -70,10 +74,24 @@ def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_not
     stack.start_api()
     assert stack.http.post("/rooms", json={"name": "r"}).status_code == 201
     rows, keys = _tables(db), redis_client.dbsize()
+    checks = "not_a_server_error,content_type_conformance,response_schema_conformance"
+    # No key: valid and invalid input alike refused, and nothing changed.
+    anonymous = _run(
+        stack, tmp_path, "--mode", "all", "--checks", checks, examples=ANONYMOUS_EXAMPLES
+    )
+    assert _tables(db) == rows
+    assert redis_client.dbsize() == keys
+    # Every run with the key leaves out revoking a key: the run's links would find the run's own
+    # key in GET /keys and revoke it (tests/test_auth.py covers revocation).
+    key = f"Authorization: Bearer {stack.token}"
+    keep_key = ("--exclude-operation-id", "revoke_key")
     # Invalid by the document: each must be refused (4xx) and change nothing.
     refused = _run(
         stack,
         tmp_path,
+        "-H",
+        key,
+        *keep_key,
         "--mode",
         "negative",
         "--phases",
@@ -86,13 +104,11 @@ def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_not
     assert redis_client.dbsize() == keys
     # Valid by the document: never a 5xx, and every answer as documented.
     accepted = _run(
-        stack,
-        tmp_path,
-        "--mode",
-        "positive",
-        "--checks",
-        "not_a_server_error,content_type_conformance,response_schema_conformance",
+        stack, tmp_path, "-H", key, *keep_key, "--mode", "positive", "--checks", checks
     )
     total = refused + accepted
-    print(f"fuzzing: {total} requests ({refused} invalid, {accepted} valid), 0 failures")
+    print(
+        f"fuzzing: {anonymous} requests without a key; with one {total} "
+        f"({refused} invalid, {accepted} valid); 0 failures"
+    )
     assert total >= 5000

@@ -225,7 +225,7 @@ def _head(response_id: str, late_ms: int | None) -> Head:
 def test_the_post_of_a_late_response_carries_the_late_headers_and_others_none() -> None:
     with Sink() as sink:
         send = HttpSender(local_http())
-        channel = Channel("chat", sink.url, 10, 2.0, 2, 5000)
+        channel = Channel("chat", sink.url, 10, 2.0, 2, 5000, ack_secret="s" * 64)
         assert send(channel, _head("late", 2500)).kind is Delivery.DELIVERED
         assert send(channel, _head("in-order", None)).kind is Delivery.DELIVERED
         got = {a["response_id"]: (a["late"], a["late_by_ms"]) for a in sink.arrivals()}

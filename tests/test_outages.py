@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from tests.helpers import message, set_config, wait_until
+from tests.helpers import api_key, message, set_config, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http
 from tooling.servers import PostgresServer, RedisServer
@@ -66,6 +66,7 @@ def pg_stack(stack: Stack, pg_server: PostgresServer) -> Iterator[Stack]:
         asynch__partlyFailedIntervalSec="1",
         asynch__partlyFailedRepeatTimeSec="1",
     )
+    stack.token = api_key(engine, name="outages")  # the key lives in that database
     engine.dispose()
     stack.env(ORDERLY_DATABASE_URL=url)
     stack.start_api()

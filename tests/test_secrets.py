@@ -1,11 +1,12 @@
-"""No secret (the database password, the token secret, Flower's password) shows in the logs of
-the API, a worker and beat, in `orderly status`, or in any answer of the API, errors included."""
+"""No secret (the database password, the token secret, Flower's password, API keys, ACK
+secrets) shows in the logs of the API, a worker and beat, in `orderly status`, or in any
+answer of the API, errors included."""
 
 from __future__ import annotations
 
 import json
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import TEST_DB_URL
@@ -29,6 +30,7 @@ def test_no_secret_in_logs_status_or_answers(stack: Stack, db: Engine, cli: Orde
     stack.beat()
     http = stack.http
     answers = []
+    http.put("/channels/chat", json={"url": "http://127.0.0.1:9/"}).raise_for_status()
     msg_id = stack.submit(message(1))
     stack.wait_state(msg_id, "OK")
     answers.append(http.post("/rooms", json={"name": "r"}).text)
@@ -39,6 +41,11 @@ def test_no_secret_in_logs_status_or_answers(stack: Stack, db: Engine, cli: Orde
     answers.append(http.get("/ready").text)
     answers.append(http.get("/metrics").text)
     answers.append(json.dumps(http.get("/openapi.json").json()))
+    answers.append(http.get("/keys?revoked=true").text)
+    answers.append(http.get("/channels").text)
+    answers.append(http.get("/messages", headers={"Authorization": "Bearer orderly_x_y"}).text)
+    with db.connect() as conn:
+        ack_secrets = conn.execute(text("SELECT secret FROM channel_ack_secret")).scalars().all()
     status = cli("status", env=env)
     assert status.returncode == 0, status.stderr
     texts = {
@@ -46,7 +53,7 @@ def test_no_secret_in_logs_status_or_answers(stack: Stack, db: Engine, cli: Orde
         "orderly status": status.stdout + status.stderr,
         **{m.name: m.log_path.read_text(errors="replace") for m in stack.procs.procs},
     }
-    for where, text in texts.items():
-        assert text.strip(), f"nothing to look at in {where}"
-        for secret in (DB_PASSWORD, *SECRETS.values()):
-            assert secret not in text, f"{secret!r} shows in {where}"
+    for where, seen in texts.items():
+        assert seen.strip(), f"nothing to look at in {where}"
+        for secret in (DB_PASSWORD, *SECRETS.values(), stack.token, *ack_secrets):
+            assert secret not in seen, f"{secret!r} shows in {where}"

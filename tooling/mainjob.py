@@ -27,10 +27,11 @@ from sqlalchemy.orm import Session
 from api.metrics import runtime_figures
 from api.status import print_status
 from models import FINAL_STATES, Message
+from tooling.apikeys import bearer
 from tooling.processes import ProcessGroup, wait_for_log
 from tooling.sink import Sink
 from tooling.workload import check, generate, submit
-from worker import configuration
+from worker import configuration, keys
 from worker.runtime import get_runtime
 from worker.store import schema
 
@@ -119,6 +120,9 @@ def run_main_job(
     group = ProcessGroup.create(log_dir, env=DEMO_ENV)
     sink = Sink().start()  # configured once the API is up
     messages_ok = conversation_ok = False
+    # The run's own API key, with every scope; revoked when the run ends.
+    key_name = f"demo-{run_id}"
+    auth = bearer(runtime.engine, key_name)
     try:
         api = group.start_api(port, extra_env={"ORDERLY_NODE_CODE": f"demo-api-{run_id}"})
         started = [
@@ -136,7 +140,7 @@ def run_main_job(
         t0 = time.monotonic()
         with _progress(console) as progress:
             sub = progress.add_task("submitted", total=messages)
-            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=auth)
 
             def post(i: int) -> int:
                 service, operation = ROUTES[i % len(ROUTES)]
@@ -185,12 +189,13 @@ def run_main_job(
         if not messages_ok:
             console.print(f"[red]{accepted - final} messages not final within {timeout}s[/]")
         conversation_ok = _conversation_workload(
-            port, sink, run_id, conversations, timeout, console
+            port, auth, sink, run_id, conversations, timeout, console
         )
-        _operator_view(port, console)
+        _operator_view(port, auth, console)
     finally:
         group.stop_all()
         sink.stop()
+        keys.revoke_key(runtime.engine, key_name)
     console.print("every process stopped")
     report_ok = _report(run_started, console)
     return 0 if messages_ok and conversation_ok and report_ok else 1
@@ -220,7 +225,7 @@ def _report(since: datetime, console: Console) -> bool:
     return True
 
 
-def _operator_view(port: int, console: Console) -> None:
+def _operator_view(port: int, auth: dict[str, str], console: Console) -> None:
     """What an operator sees of the run: ``orderly status`` and the metrics endpoint."""
     console.rule("[bold]operator's view: orderly status")
     # Workers report done ids; the timeout monitor (beat, every second) counts them.
@@ -229,7 +234,7 @@ def _operator_view(port: int, console: Console) -> None:
     print_status(figures, console)
     for source, reason in figures.errors.items():
         console.print(f"[red]{source.value} could not be read: {reason}[/]")
-    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30, headers=auth)
     samples = [line for line in scraped.text.splitlines() if line and not line.startswith("#")]
     console.print(
         f"GET /metrics: HTTP {scraped.status_code}, {len(samples)} samples "
@@ -238,13 +243,19 @@ def _operator_view(port: int, console: Console) -> None:
 
 
 def _conversation_workload(
-    port: int, sink: Sink, run_id: str, conversations: int, timeout: float, console: Console
+    port: int,
+    auth: dict[str, str],
+    sink: Sink,
+    run_id: str,
+    conversations: int,
+    timeout: float,
+    console: Console,
 ) -> bool:
     """Conversations through the sink; True when every one arrived in order, nothing lost."""
     runtime = get_runtime()
     api = f"http://127.0.0.1:{port}"
     origin = f"demo-chat-{run_id}"
-    client = httpx.Client(base_url=api, timeout=30)
+    client = httpx.Client(base_url=api, timeout=30, headers=auth)
     client.put(f"/channels/{origin}", json={"url": sink.url, **DEMO_CHANNEL}).raise_for_status()
     sink.configure(**{**DEMO_SINK, "seed": int(run_id, 16), "orderly_url": api})
     workload = generate(seed=int(run_id, 16), conversations=conversations, prefix=f"{run_id}-")

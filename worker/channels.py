@@ -2,16 +2,25 @@
 
 A row in ``channel`` (``PUT /channels/{origin}``) wins over ``ORDERLY_CHANNELS``; the policy
 fields a row leaves out come from the ``ORDERLY_CHANNEL_*`` defaults.
+
+Every origin also has an ACK secret (``channel_ack_secret``, made by PostgreSQL the first
+time the origin is read): each response's POST carries ``X-Orderly-Ack-Token``, an HMAC of
+its conversation and response ids under that secret, and the client's ACK must bring it back
+(:func:`ack_token`), so that an ACK id guessed by someone else releases nothing.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import threading
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated, Any
 from urllib.parse import urlparse
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
 from worker.core.clock import SYSTEM, Clock
@@ -23,6 +32,8 @@ from worker.store.queries import sql
 log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 5.0
+# The header a response's POST carries its ACK token in, and the client's ACK brings it back in.
+ACK_TOKEN_HEADER = "X-Orderly-Ack-Token"
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class Channel:
     multiplier: float
     attempts: int
     timeout_ms: int
+    # The key of this origin's ACK tokens; never shown (not in as_dict).
+    ack_secret: str = field(default="", repr=False, compare=False)
 
     @property
     def policy(self) -> RetryPolicy:
@@ -40,7 +53,35 @@ class Channel:
         return RetryPolicy(self.delivery_delay_ms, self.multiplier, self.attempts)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(self)
+        del shown["ack_secret"]
+        return shown
+
+
+def ack_token(secret: str, conversation_id: str, response_id: str) -> str:
+    """The token a client's ACK of this response must carry (``X-Orderly-Ack-Token``)."""
+    if not secret:
+        raise ValueError("a channel without its ACK secret signs nothing")
+    mac = hmac.new(secret.encode(), f"{conversation_id}\n{response_id}".encode(), hashlib.sha256)
+    return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+
+def ack_token_matches(secret: str, conversation_id: str, response_id: str, given: str) -> bool:
+    return hmac.compare_digest(ack_token(secret, conversation_id, response_id), given)
+
+
+class ChannelIn(BaseModel):
+    """``PUT /channels/{origin}``: where that origin's responses go and how they are retried;
+    a policy field left out takes its ``ORDERLY_CHANNEL_*`` default (checked by
+    :func:`validate`, which names every bad field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=1000)]
+    delivery_delay_ms: Annotated[StrictInt, Field(ge=1)] | None = None
+    multiplier: Annotated[float, Field(ge=1, le=MAX_MULTIPLIER, allow_inf_nan=False)] | None = None
+    attempts: Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)] | None = None
+    timeout_ms: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
 def validate(
@@ -48,7 +89,7 @@ def validate(
 ) -> Channel:
     """A channel definition from input; InvalidMessage names every bad field."""
     problems: list[tuple[str, str]] = []
-    known = {"url", "delivery_delay_ms", "multiplier", "attempts", "timeout_ms"}
+    known = set(ChannelIn.model_fields)
     for name in sorted(set(data) - known):
         problems.append((name, "unknown field"))
     if not origin.strip() or len(origin) > 100:
@@ -57,7 +98,11 @@ def validate(
     if not isinstance(url, str):
         problems.append(("url", "missing" if url is None else "must be a string"))
     else:
-        parsed = urlparse(url)
+        try:
+            parsed = urlparse(url)
+            parsed.port  # noqa: B018 (raises for a port that is not one)
+        except ValueError:  # an unclosed IPv6 bracket, a port beyond 65535
+            parsed = urlparse("")
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             problems.append(("url", f"{url!r} is not an http:// or https:// URL"))
         else:
@@ -159,8 +204,23 @@ class ChannelDirectory:
         channels = {o: c for o in self._settings.channels if (c := self._from_settings(o))}
         for row in rows:
             channels[row.origin] = _within_policy(Channel(*row))
-        self._cache = {o: self._capped(c) for o, c in channels.items()}
+        secrets = self._ack_secrets(channels)
+        self._cache = {
+            o: self._capped(replace(c, ack_secret=secrets[o])) for o, c in channels.items()
+        }
         self._loaded_at = self._clock.monotonic()
+
+    def _ack_secrets(self, channels: dict[str, Channel]) -> dict[str, str]:
+        """Every origin's ACK secret; the first read of an origin makes its secret (one
+        INSERT ... ON CONFLICT DO NOTHING: every process gets the same)."""
+        with self._engine.connect() as conn:
+            found = {r.origin: r.secret for r in conn.execute(sql("ack_secrets"))}
+            missing = sorted(set(channels) - set(found))
+            if missing:
+                conn.execute(sql("ack_secrets_make"), {"origins": missing})
+                conn.commit()
+                found = {r.origin: r.secret for r in conn.execute(sql("ack_secrets"))}
+        return found
 
     def all(self) -> dict[str, Channel]:
         with self._lock:

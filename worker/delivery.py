@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.channels import Channel
+from worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
 from worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
 from worker.core.http import OutboundHttp
 from worker.pubsub import Attempt, Claimed
@@ -21,9 +21,12 @@ LATE_HEADER = "X-Orderly-Late"
 LATE_BY_HEADER = "X-Orderly-Late-By-Ms"
 
 
-def response_headers(head: Head) -> dict[str, str]:
-    """The headers of a conversation response's POST."""
-    headers = {"Idempotency-Key": head.response_id}
+def response_headers(channel: Channel, head: Head) -> dict[str, str]:
+    """The headers of a conversation response's POST: its ACK token among them."""
+    headers = {
+        "Idempotency-Key": head.response_id,
+        ACK_TOKEN_HEADER: ack_token(channel.ack_secret, head.conversation_id, head.response_id),
+    }
     if head.late_ms is not None:
         headers[LATE_HEADER] = "true"
         headers[LATE_BY_HEADER] = str(head.late_ms)
@@ -58,8 +61,8 @@ def _async_id(body: bytes) -> str | None:
 
 
 class HttpSender:
-    """POSTs ``{conversation_id, request_id, response_id, payload}`` to a channel (with
-    ``X-Orderly-Late`` when late), and events to PUSH subscriptions, each with an
+    """POSTs ``{conversation_id, request_id, response_id, payload}`` to a channel (with its
+    ACK token, and ``X-Orderly-Late`` when late), and events to PUSH subscriptions, each with an
     Idempotency-Key (a resend is safe)."""
 
     def __init__(self, http: OutboundHttp) -> None:
@@ -76,7 +79,7 @@ class HttpSender:
             channel.url,
             body,
             timeout_ms=channel.timeout_ms,
-            headers=response_headers(head),
+            headers=response_headers(channel, head),
         )
         if reply.status is None:
             return SendResult(Delivery.RECOVERABLE, reason=reply.error)

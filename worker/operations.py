@@ -77,13 +77,20 @@ class CommandIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     note: Annotated[Note, StringConstraints(max_length=1000)]
-    by: Annotated[Note, StringConstraints(max_length=100)] = "operator"
+    by: Annotated[Note, StringConstraints(max_length=100)] | None = None
 
 
-def _command(data: Any) -> CommandIn:
+def _command(data: Any, key: str | None) -> tuple[CommandIn, str]:
+    """The command and who the audit trail names: the API key's name when the command came
+    through the API (with the ``by`` it gave, if any), else ``by`` or "operator"."""
     if not isinstance(data, dict):
         raise InvalidMessage("body", "must be a JSON object with a note")
-    return parse_input(CommandIn, data)
+    command = parse_input(CommandIn, data)
+    if key is None:
+        return command, command.by or "operator"
+    if command.by is None or command.by == key:
+        return command, f"key:{key}"
+    return command, f"key:{key} for {command.by}"
 
 
 def _refusal(conn: Connection, msg_id: int, wanted: str) -> OperationRefused | MessageNotFound:
@@ -102,13 +109,21 @@ class CommandResult:
     reopened: tuple[int, ...] = ()
 
 
-def cancel(engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None]) -> CommandResult:
-    """CANCEL a message that is not final yet, with the operator's note."""
-    command = _command(data)
+def cancel(
+    engine: Engine,
+    msg_id: int,
+    data: Any,
+    enqueue: Callable[[int], None],
+    *,
+    key: str | None = None,
+) -> CommandResult:
+    """CANCEL a message that is not final yet, with the operator's note (and the name of the
+    API key that asked, ``key``)."""
+    command, by = _command(data, key)
     with engine.begin() as conn:
         conn.execute(sql("lock_funnel_of"), {"id": msg_id})
         done = conn.execute(
-            sql("message_cancel"), {"id": msg_id, "by": command.by, "note": command.note}
+            sql("message_cancel"), {"id": msg_id, "by": by, "note": command.note}
         ).first()
         if done is None:
             raise _refusal(conn, msg_id, "only a message not yet final can be cancelled")
@@ -119,12 +134,17 @@ def cancel(engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None
 
 
 def redrive(
-    engine: Engine, msg_id: int, data: Any, enqueue: Callable[[int], None]
+    engine: Engine,
+    msg_id: int,
+    data: Any,
+    enqueue: Callable[[int], None],
+    *,
+    key: str | None = None,
 ) -> CommandResult:
     """Send a FAILED or CANCEL message again (failures counted anew); the HARD ancestors that
-    its failure had failed wait for it again."""
-    command = _command(data)
-    params = {"by": command.by, "note": command.note}
+    its failure had failed wait for it again. ``key``: as for :func:`cancel`."""
+    command, by = _command(data, key)
+    params = {"by": by, "note": command.note}
     reopened: list[int] = []
     with engine.begin() as conn:
         conn.execute(sql("lock_funnel_of"), {"id": msg_id})
@@ -139,7 +159,7 @@ def redrive(
                 {
                     "id": parent,
                     "because": f"child message {child} %",
-                    "by": command.by,
+                    "by": by,
                     "note": f"child {child} re-driven: {command.note}",
                 },
             ).first()

@@ -10,6 +10,7 @@ from api.cli import (
     config,
     conversations,
     dead_letters,
+    keys,
     messages,
     migrate,
     nodes,
@@ -46,6 +47,7 @@ app.add_typer(conversations.conversation_app, name="conversation")
 app.add_typer(channels.channel_app, name="channel")
 app.add_typer(config.config_app, name="config")
 app.add_typer(nodes.node_app, name="node")
+app.add_typer(keys.key_app, name="key")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from api.http import (
     dead_letters,
     errors,
     health,
+    keys,
     messages,
     metrics,
     rooms,
@@ -33,15 +34,17 @@ __all__ = ["create_app"]
 log = logging.getLogger("orderly.api")
 
 # Mounted in this order: routes are matched in it and listed in it in /openapi.json.
-ROUTERS: tuple[APIRouter, ...] = (
-    conversations.router,
-    channels.router,
-    rooms.router,
-    dead_letters.router,
-    messages.router,
-    source_systems.router,
-    health.router,
-    metrics.router,
+# Each with its tag in the document.
+ROUTERS: tuple[tuple[APIRouter, str], ...] = (
+    (conversations.router, "conversations"),
+    (channels.router, "channels"),
+    (rooms.router, "rooms and subscriptions"),
+    (dead_letters.router, "dead letters"),
+    (messages.router, "messages"),
+    (source_systems.router, "source systems"),
+    (keys.router, "API keys"),
+    (health.router, "health"),
+    (metrics.router, "metrics"),
 )
 
 
@@ -75,12 +78,20 @@ def create_app() -> FastAPI:
     )
     # /docs is served by orderly itself (contract.install), without a CDN; no ReDoc.
     app = FastAPI(
-        title="orderly", version="0.1.0", lifespan=_lifespan, docs_url=None, redoc_url=None
+        title="orderly",
+        version="0.1.0",
+        lifespan=_lifespan,
+        docs_url=None,
+        redoc_url=None,
+        # operationId: the route function's name (unique across the routers)
+        generate_unique_id_function=lambda route: route.name,
     )
     app.state.runtime = runtime
     app.state.metrics_registry = metrics.make_registry(runtime)
     errors.install(app, retry_after_s=runtime.settings.retry_after_s)
-    for router in ROUTERS:
-        app.include_router(router, responses=contract.ERROR_RESPONSES)
+    for router, tag in ROUTERS:
+        public = router is health.router
+        documented = contract.PUBLIC_ERROR_RESPONSES if public else contract.ERROR_RESPONSES
+        app.include_router(router, tags=[tag], responses=documented)
     contract.install(app)
     return app

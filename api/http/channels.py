@@ -6,14 +6,24 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import requires
 from api.http.common import AppRuntime, json_body
+from api.http.contract import body
 from worker import channels as channel_defs
+from worker import keys
 from worker.core.errors import InvalidMessage
 
 router = APIRouter()
 
 
-@router.put("/channels/{origin}")
+@router.put(
+    "/channels/{origin}",
+    responses=answers(a.Channel),
+    openapi_extra=body("ChannelIn", channel_defs.ChannelIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def put_channel(runtime: AppRuntime, origin: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     if not isinstance(data, dict):
@@ -25,7 +35,7 @@ async def put_channel(runtime: AppRuntime, origin: str, request: Request) -> JSO
     return JSONResponse(channel.as_dict())
 
 
-@router.get("/channels")
+@router.get("/channels", responses=answers(list[a.Channel]), dependencies=requires(keys.ADMIN))
 async def list_channels(runtime: AppRuntime) -> JSONResponse:
     found = await run_in_threadpool(runtime.channels.all)
     return JSONResponse([c.as_dict() for c in found.values()])

@@ -40,6 +40,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": Errors, "description": text}
     for status, text in {
         400: "malformed input (the body is not JSON, a NUL in the path)",
+        401: "no API key, or one that is unknown, revoked or expired",
+        403: "the API key lacks the scope this operation needs (named)",
         404: "no such message, room, subscription, request or ACK id",
         409: "the message is not in a state that allows this",
         413: "the body is over the size limit",
@@ -48,6 +50,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "(with Retry-After)",
     }.items()
 }
+
+# /health and /ready take no credential: they never answer 401 or 403.
+PUBLIC_ERROR_RESPONSES = {s: r for s, r in ERROR_RESPONSES.items() if s not in (401, 403)}
 
 _BODIES: dict[str, type[BaseModel]] = {}
 

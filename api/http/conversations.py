@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import ack_header, requires
 from api.http.common import AppRuntime, json_body
 from api.http.contract import body
+from worker import keys
 from worker.conversations.model import RequestIn, ResponseIn
 
 router = APIRouter()
@@ -15,8 +21,10 @@ router = APIRouter()
 
 @router.post(
     "/conversations/{conversation_id}/requests",
+    responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("ConversationRequestIn", RequestIn),
+    dependencies=requires(keys.PRODUCE),
 )
 async def register_request(
     runtime: AppRuntime, conversation_id: str, request: Request
@@ -31,8 +39,10 @@ async def register_request(
 
 @router.post(
     "/conversations/{conversation_id}/responses",
+    responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("ConversationResponseIn", ResponseIn),
+    dependencies=requires(keys.PRODUCE),
 )
 async def add_response(runtime: AppRuntime, conversation_id: str, request: Request) -> JSONResponse:
     from worker.celery import enqueue_drain
@@ -47,15 +57,27 @@ async def add_response(runtime: AppRuntime, conversation_id: str, request: Reque
     )
 
 
-@router.get("/conversations/{conversation_id}")
+@router.get(
+    "/conversations/{conversation_id}",
+    responses=answers(a.Conversation),
+    dependencies=requires(keys.OPERATE),
+)
 async def describe_conversation(runtime: AppRuntime, conversation_id: str) -> JSONResponse:
     view = await run_in_threadpool(runtime.conversations.describe, conversation_id)
     return JSONResponse(view)
 
 
-@router.post("/acks/{async_response_id}")
-async def ack(runtime: AppRuntime, async_response_id: str) -> JSONResponse:
+@router.post("/acks/{async_response_id}", responses=answers(a.Acked))
+async def ack(
+    runtime: AppRuntime,
+    async_response_id: str,
+    token: Annotated[str, Depends(ack_header)],
+) -> JSONResponse:
+    """A client's ACK of a response it answered 202: no API key, but the response's ACK token
+    (``X-Orderly-Ack-Token``, sent with the response) brought back."""
     from worker.celery import enqueue_drain
 
-    msg_id = await run_in_threadpool(runtime.conversations.ack, async_response_id, enqueue_drain)
+    msg_id = await run_in_threadpool(
+        runtime.conversations.ack, async_response_id, enqueue_drain, token
+    )
     return JSONResponse({"msg_id": msg_id, "state": "OK"})

@@ -6,31 +6,34 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import requires
 from api.http.common import AppRuntime, json_body
-from worker import pubsub
-from worker.core.errors import InvalidMessage
+from api.http.contract import body
+from worker import keys, pubsub
+from worker.core.inputs import parse_input
+from worker.pubsub.pull import RedriveIn
 
 router = APIRouter()
 
 
-@router.get("/dead-letters")
+@router.get(
+    "/dead-letters", responses=answers(list[a.DeadLetter]), dependencies=requires(keys.OPERATE)
+)
 async def dead_letters(runtime: AppRuntime, room: str | None = None) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(pubsub.dead_letters, runtime.engine, room))
 
 
-@router.post("/dead-letters/redrive")
+@router.post(
+    "/dead-letters/redrive",
+    responses=answers(a.RedrivenDeadLetters),
+    openapi_extra=body("RedriveIn", RedriveIn),
+    dependencies=requires(keys.OPERATE),
+)
 async def redrive(runtime: AppRuntime, request: Request) -> JSONResponse:
-    data = await json_body(request)
-    if not isinstance(data, dict):
-        raise InvalidMessage("body", "must be a JSON object")
-    ids = data.get("delivery_ids")
-    if ids is not None and not (
-        isinstance(ids, list)
-        and all(isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in ids)
-    ):
-        raise InvalidMessage("delivery_ids", "must be a list of delivery ids")
-    sub = data.get("subscription_id")
-    if sub is not None and (not isinstance(sub, int) or isinstance(sub, bool)):
-        raise InvalidMessage("subscription_id", "must be an integer")
-    moved = await run_in_threadpool(pubsub.redrive, runtime.engine, ids, sub)
+    asked = parse_input(RedriveIn, await json_body(request))
+    moved = await run_in_threadpool(
+        pubsub.redrive, runtime.engine, asked.delivery_ids, asked.subscription_id
+    )
     return JSONResponse({"redriven": moved})

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.core.errors import (
+    Forbidden,
     InvalidMessage,
     MessageNotFound,
     NodeNotAccepting,
@@ -29,6 +30,7 @@ from worker.core.errors import (
     OperationRefused,
     ResponseNotAwaited,
     ServiceUnavailable,
+    Unauthenticated,
     UnknownAck,
     UnknownChannel,
     UnknownRequest,
@@ -59,6 +61,10 @@ def _each_problem(exc: InvalidMessage) -> list[tuple[str, str]]:
 
 def _what(exc: NotFound) -> list[tuple[str, str]]:
     return [(exc.what, str(exc))]
+
+
+def _credential(exc: Unauthenticated) -> list[tuple[str, str]]:
+    return [(exc.field, str(exc))]
 
 
 def _service(exc: ServiceUnavailable) -> list[tuple[str, str]]:
@@ -103,6 +109,8 @@ def _unreachable(service: str) -> Problems:
 
 ERRORS: dict[type[Exception], tuple[int, Field]] = {
     MalformedBody: (400, "body"),
+    Unauthenticated: (401, _credential),
+    Forbidden: (403, "scope"),
     PayloadTooLarge: (413, "body"),
     # A value PostgreSQL cannot take (an integer beyond bigint, a bad date): refused, and the
     # transaction it was in rolled back.
@@ -132,7 +140,11 @@ def problem(
     status: int, problems: list[tuple[str, str]], *, retry_after_s: int = 1
 ) -> JSONResponse:
     errors = [{"field": field, "problem": text} for field, text in problems]
-    headers = {"Retry-After": str(retry_after_s)} if status == 503 else None
+    headers = None
+    if status == 503:
+        headers = {"Retry-After": str(retry_after_s)}
+    elif status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="orderly"'}
     return JSONResponse(status_code=status, content={"errors": errors}, headers=headers)
 
 

@@ -11,6 +11,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
 from api.http.common import AppRuntime
 from api.http.errors import problem
 from worker import readiness
@@ -19,9 +21,9 @@ from worker.core.errors import ServiceUnavailable
 router = APIRouter()
 
 
-@router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/health", responses=answers(a.Health))
+async def health() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
 
 
 async def _probe(
@@ -34,7 +36,7 @@ async def _probe(
         return ServiceUnavailable(service, f"no answer within {round(timeout_s * 1000)} ms")
 
 
-@router.get("/ready")
+@router.get("/ready", responses=answers(a.Ready))
 async def ready(runtime: AppRuntime) -> JSONResponse:
     from worker.celery import ping_broker
 

@@ -10,17 +10,26 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import Operator, requires
 from api.http.common import AppIntake, AppRuntime, RowId, json_body
 from api.http.contract import body
 from models import MessageState
-from worker import operations
+from worker import keys, operations
 from worker.intake import MessageIn
 from worker.operations import CommandIn, ResponseIn
 
 router = APIRouter()
 
 
-@router.post("/messages", status_code=201, openapi_extra=body("MessageIn", MessageIn))
+@router.post(
+    "/messages",
+    responses=answers(a.Accepted, created=True, repeat=True),
+    status_code=201,
+    openapi_extra=body("MessageIn", MessageIn),
+    dependencies=requires(keys.PRODUCE),
+)
 async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     data = await json_body(request)
     result = await run_in_threadpool(intake.submit, data)
@@ -30,7 +39,12 @@ async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     )
 
 
-@router.post("/messages/responses", openapi_extra=body("ExternalResponseIn", ResponseIn))
+@router.post(
+    "/messages/responses",
+    responses=answers(a.ResponseAccepted, created=True, repeat=True),
+    openapi_extra=body("ExternalResponseIn", ResponseIn),
+    dependencies=requires(keys.PRODUCE),
+)
 async def receive_response(runtime: AppRuntime, request: Request) -> JSONResponse:
     from worker.celery import enqueue_processing
 
@@ -44,7 +58,7 @@ async def receive_response(runtime: AppRuntime, request: Request) -> JSONRespons
     )
 
 
-@router.get("/messages")
+@router.get("/messages", responses=answers(list[a.MessageRow]), dependencies=requires(keys.OPERATE))
 async def list_messages(
     runtime: AppRuntime,
     state: MessageState | None = None,
@@ -65,30 +79,48 @@ async def list_messages(
     return JSONResponse(jsonable_encoder(found))
 
 
-@router.get("/messages/{msg_id}")
+@router.get(
+    "/messages/{msg_id}", responses=answers(a.MessageDetail), dependencies=requires(keys.OPERATE)
+)
 async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
     row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id)
     return JSONResponse(jsonable_encoder(row))
 
 
-@router.post("/messages/{msg_id}/cancel", openapi_extra=body("CommandIn", CommandIn))
-async def cancel(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
+@router.post(
+    "/messages/{msg_id}/cancel",
+    responses=answers(a.Accepted),
+    openapi_extra=body("CommandIn", CommandIn),
+)
+async def cancel(
+    runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
+) -> JSONResponse:
     from worker.celery import enqueue_processing
 
     data = await json_body(request)
     done = await run_in_threadpool(
-        operations.cancel, runtime.engine, msg_id, data, enqueue_processing
+        functools.partial(
+            operations.cancel, runtime.engine, msg_id, data, enqueue_processing, key=key.name
+        )
     )
     return JSONResponse({"msg_id": done.msg_id, "state": done.state.value})
 
 
-@router.post("/messages/{msg_id}/redrive", openapi_extra=body("CommandIn", CommandIn))
-async def redrive_message(runtime: AppRuntime, msg_id: RowId, request: Request) -> JSONResponse:
+@router.post(
+    "/messages/{msg_id}/redrive",
+    responses=answers(a.Redriven),
+    openapi_extra=body("CommandIn", CommandIn),
+)
+async def redrive_message(
+    runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
+) -> JSONResponse:
     from worker.celery import enqueue_processing
 
     data = await json_body(request)
     done = await run_in_threadpool(
-        operations.redrive, runtime.engine, msg_id, data, enqueue_processing
+        functools.partial(
+            operations.redrive, runtime.engine, msg_id, data, enqueue_processing, key=key.name
+        )
     )
     return JSONResponse(
         {"msg_id": done.msg_id, "state": done.state.value, "reopened": list(done.reopened)}

@@ -11,6 +11,8 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from api import metrics
+from api.http.auth import requires
+from worker import keys
 from worker.runtime import Runtime
 
 router = APIRouter()
@@ -23,6 +25,7 @@ def make_registry(runtime: Runtime) -> CollectorRegistry:
 
 @router.get(
     "/metrics",
+    dependencies=requires(keys.METRICS),
     responses={
         200: {
             "description": "Prometheus' text exposition format (OpenMetrics when asked for)",

@@ -11,39 +11,65 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import caller, requires
 from api.http.common import AppRuntime, RowId, json_body
 from api.http.contract import body
-from worker import pubsub
-from worker.core.errors import InvalidMessage
-from worker.pubsub.admin import EventTypeIn, RoomIn, SubscriptionIn
+from worker import keys, pubsub
+from worker.core.inputs import parse_input
+from worker.keys import Principal
+from worker.pubsub.admin import (
+    EventTypeIn,
+    PublisherIn,
+    RoomIn,
+    RoomPatchIn,
+    SubscriptionIn,
+    SubscriptionPatchIn,
+)
 from worker.pubsub.publish import PublishIn
-from worker.pubsub.pull import MAX_PULL
+from worker.pubsub.pull import MAX_PULL, PulledAckIn
 
 log = logging.getLogger("orderly.api")
 
 router = APIRouter()
 
 
-@router.post("/rooms", status_code=201, openapi_extra=body("RoomIn", RoomIn))
+@router.post(
+    "/rooms",
+    responses=answers(a.Room, created=True),
+    status_code=201,
+    openapi_extra=body("RoomIn", RoomIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def create_room(runtime: AppRuntime, request: Request) -> JSONResponse:
     data = await json_body(request)
     room = await run_in_threadpool(pubsub.create_room, runtime.engine, data)
     return JSONResponse(status_code=201, content=room)
 
 
-@router.get("/rooms")
+@router.get("/rooms", responses=answers(list[a.Room]), dependencies=requires(keys.ADMIN))
 async def list_rooms(runtime: AppRuntime) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(pubsub.list_rooms, runtime.engine))
 
 
-@router.patch("/rooms/{room}")
+@router.patch(
+    "/rooms/{room}",
+    responses=answers(a.Room),
+    openapi_extra=body("RoomPatchIn", RoomPatchIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def update_room(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     return JSONResponse(await run_in_threadpool(pubsub.update_room, runtime.engine, room, data))
 
 
 @router.post(
-    "/rooms/{room}/event-types", status_code=201, openapi_extra=body("EventTypeIn", EventTypeIn)
+    "/rooms/{room}/event-types",
+    responses=answers(a.EventTypeAdded, created=True),
+    status_code=201,
+    openapi_extra=body("EventTypeIn", EventTypeIn),
+    dependencies=requires(keys.ADMIN),
 )
 async def add_event_type(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
@@ -51,20 +77,25 @@ async def add_event_type(runtime: AppRuntime, room: str, request: Request) -> JS
     return JSONResponse(status_code=201, content=added)
 
 
-@router.post("/rooms/{room}/publishers", status_code=201)
+@router.post(
+    "/rooms/{room}/publishers",
+    responses=answers(a.PublisherAdded, created=True),
+    status_code=201,
+    openapi_extra=body("PublisherIn", PublisherIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def add_publisher(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
-    name = data.get("name") if isinstance(data, dict) else None
-    if not isinstance(name, str):
-        raise InvalidMessage("name", "missing")
-    await run_in_threadpool(pubsub.add_publisher, runtime.engine, room, name)
+    name = await run_in_threadpool(pubsub.add_publisher, runtime.engine, room, data)
     return JSONResponse(status_code=201, content={"room": room, "name": name})
 
 
 @router.post(
     "/rooms/{room}/subscriptions",
+    responses=answers(a.Subscription, created=True),
     status_code=201,
     openapi_extra=body("SubscriptionIn", SubscriptionIn),
+    dependencies=requires(keys.ADMIN),
 )
 async def create_subscription(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
     data = await json_body(request)
@@ -72,13 +103,22 @@ async def create_subscription(runtime: AppRuntime, room: str, request: Request) 
     return JSONResponse(status_code=201, content=sub)
 
 
-@router.get("/rooms/{room}/subscriptions")
+@router.get(
+    "/rooms/{room}/subscriptions",
+    responses=answers(list[a.Subscription]),
+    dependencies=requires(keys.ADMIN),
+)
 async def list_subscriptions(runtime: AppRuntime, room: str) -> JSONResponse:
     subs = await run_in_threadpool(pubsub.list_subscriptions, runtime.engine, room)
     return JSONResponse(subs)
 
 
-@router.patch("/subscriptions/{subscription_id}")
+@router.patch(
+    "/subscriptions/{subscription_id}",
+    responses=answers(a.SubscriptionChanged),
+    openapi_extra=body("SubscriptionPatchIn", SubscriptionPatchIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def change_subscription(
     runtime: AppRuntime, subscription_id: RowId, request: Request
 ) -> JSONResponse:
@@ -89,13 +129,27 @@ async def change_subscription(
     return JSONResponse(changed)
 
 
-@router.get("/rooms/{room}/event-types")
+@router.get(
+    "/rooms/{room}/event-types",
+    responses=answers(list[a.EventTypeVersion]),
+    dependencies=requires(keys.ADMIN),
+)
 async def list_event_types(runtime: AppRuntime, room: str) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(pubsub.list_event_types, runtime.engine, room))
 
 
-@router.post("/rooms/{room}/events", status_code=201, openapi_extra=body("PublishIn", PublishIn))
-async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONResponse:
+@router.post(
+    "/rooms/{room}/events",
+    responses=answers(a.Published, created=True, repeat=True),
+    status_code=201,
+    openapi_extra=body("PublishIn", PublishIn),
+)
+async def publish(
+    runtime: AppRuntime,
+    room: str,
+    request: Request,
+    key: Annotated[Principal, caller(keys.publish_scope("{room}"))],
+) -> JSONResponse:
     from worker.celery import enqueue_event_deliveries
 
     data = await json_body(request)
@@ -110,6 +164,8 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
             node_id=runtime.node_id,
             idempotency_key=request.headers.get("Idempotency-Key"),
             max_payload_bytes=runtime.settings.max_payload_bytes,
+            caller=key.name,
+            may_impersonate=key.allows(keys.IMPERSONATE),
         )
     )
     try:
@@ -129,7 +185,11 @@ async def publish(runtime: AppRuntime, room: str, request: Request) -> JSONRespo
     )
 
 
-@router.get("/subscriptions/{subscription_id}/messages")
+@router.get(
+    "/subscriptions/{subscription_id}/messages",
+    responses=answers(list[a.Pulled]),
+    dependencies=requires(keys.CONSUME),
+)
 async def pull(
     runtime: AppRuntime, subscription_id: RowId, max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10
 ) -> JSONResponse:
@@ -137,15 +197,17 @@ async def pull(
     return JSONResponse(jsonable_encoder(taken))
 
 
-@router.post("/subscriptions/{subscription_id}/messages/{delivery_id}/ack")
+@router.post(
+    "/subscriptions/{subscription_id}/messages/{delivery_id}/ack",
+    responses=answers(a.PulledAcked),
+    openapi_extra=body("PulledAckIn", PulledAckIn),
+    dependencies=requires(keys.CONSUME),
+)
 async def ack_pulled(
     runtime: AppRuntime, subscription_id: RowId, delivery_id: RowId, request: Request
 ) -> JSONResponse:
-    data = await json_body(request)
-    receipt = data.get("receipt") if isinstance(data, dict) else None
-    if not isinstance(receipt, str):
-        raise InvalidMessage("receipt", "missing: give the receipt the pull returned")
+    acked = parse_input(PulledAckIn, await json_body(request))
     await run_in_threadpool(
-        pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, receipt
+        pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, acked.receipt
     )
     return JSONResponse({"delivery_id": delivery_id, "state": "DELIVERED"})

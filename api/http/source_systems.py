@@ -6,22 +6,32 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.http import answers as a
+from api.http.answers import answers
+from api.http.auth import requires
 from api.http.common import AppRuntime, json_body
 from api.http.contract import body
-from worker import confirmations
+from worker import confirmations, keys
 from worker.confirmations import SourceSystemIn
 
 router = APIRouter()
 
 
-@router.put("/source-systems/{name}", openapi_extra=body("SourceSystemIn", SourceSystemIn))
+@router.put(
+    "/source-systems/{name}",
+    responses=answers(a.SourceSystem),
+    openapi_extra=body("SourceSystemIn", SourceSystemIn),
+    dependencies=requires(keys.ADMIN),
+)
 async def put_source_system(runtime: AppRuntime, name: str, request: Request) -> JSONResponse:
     data = await json_body(request)
     saved = await run_in_threadpool(confirmations.set_source_system, runtime.engine, name, data)
     return JSONResponse(saved)
 
 
-@router.get("/source-systems")
+@router.get(
+    "/source-systems", responses=answers(list[a.SourceSystem]), dependencies=requires(keys.ADMIN)
+)
 async def list_source_systems(runtime: AppRuntime) -> JSONResponse:
     found = await run_in_threadpool(confirmations.list_source_systems, runtime.engine)
     return JSONResponse(found)

@@ -43,6 +43,8 @@ class _Arrival:
     # orderly's X-Orderly-Late and X-Orderly-Late-By-Ms headers, as received (None: absent).
     late: str | None = None
     late_by_ms: str | None = None
+    # X-Orderly-Ack-Token as received: the ACK brings it back.
+    ack_token: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class _State:
                 delay_ms=decision.delay_s * 1000,
                 late=(headers or {}).get("x-orderly-late"),
                 late_by_ms=(headers or {}).get("x-orderly-late-by-ms"),
+                ack_token=(headers or {}).get("x-orderly-ack-token"),
             )
             if decision.status == 202:
                 arrival.async_response_id = uuid.uuid4().hex
@@ -225,7 +228,8 @@ class _AckSender:
         for attempt in range(1, ACK_ATTEMPTS + 1):
             t_sent = time.time()
             try:
-                status = self._client().post(url).status_code
+                headers = {"X-Orderly-Ack-Token": arrival.ack_token or ""}
+                status = self._client().post(url, headers=headers).status_code
                 break
             except httpx.HTTPError as exc:
                 # Only a missing answer is retried: an HTTP status is orderly's verdict.

@@ -114,9 +114,11 @@ class Conversations:
         """Deliver the conversation's sendable heads in order while holding its lease."""
         return gate.drain(self.ctx, conversation_id, token, send)
 
-    def ack(self, async_response_id: str, enqueue: Enqueue) -> int:
-        """The client's ACK: the response is delivered and its successor released at once."""
-        return gate.ack(self.ctx, async_response_id, enqueue)
+    def ack(self, async_response_id: str, enqueue: Enqueue, token: str | None = None) -> int:
+        """The client's ACK: the response is delivered and its successor released at once.
+        ``token``: the ACK token the response was sent with (``X-Orderly-Ack-Token``); None
+        only for callers orderly trusts (in-process code)."""
+        return gate.ack(self.ctx, async_response_id, enqueue, token)
 
     def describe(self, conversation_id: str) -> dict[str, Any]:
         return agent.describe(self.ctx, conversation_id)

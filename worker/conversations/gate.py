@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models.keys import EPOCH_KEY
-from worker.channels import Channel
+from worker.channels import ACK_TOKEN_HEADER, Channel, ack_token_matches
 from worker.conversations.context import Context
 from worker.conversations.model import (
     ERROR_CANCELLED,
@@ -30,7 +30,7 @@ from worker.conversations.model import (
     SendResult,
     json_list,
 )
-from worker.core.errors import UnknownAck
+from worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
 from worker.core.lease import new_token
 from worker.core.scripts import as_text
 from worker.store.prepared import PreparedConnection
@@ -238,8 +238,27 @@ def _settled_by_timeout(
     report.ack_timeouts += len(settled)
 
 
-def ack(ctx: Context, async_response_id: str, enqueue: Enqueue) -> int:
-    """The client's ACK: the response is delivered and its successor released at once."""
+def _check_ack_token(ctx: Context, info: dict[str, Any], token: str) -> None:
+    """The ACK must bring the token its response was sent with (worker.channels.ack_token)."""
+    if not token:
+        raise Unauthenticated(
+            "missing: bring back the X-Orderly-Ack-Token the response was sent with",
+            ACK_TOKEN_HEADER,
+        )
+    origin = ctx.redis.hget(ctx.keys.response(info["rsId"]), "origin")
+    try:
+        secret = ctx.channels.get(as_text(origin)).ack_secret if origin else ""
+    except UnknownChannel:
+        secret = ""
+    if not secret or not ack_token_matches(secret, info["cnId"], info["rsId"], token):
+        raise Unauthenticated("not the token this response was sent with", ACK_TOKEN_HEADER)
+
+
+def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | None = None) -> int:
+    """The client's ACK: the response is delivered and its successor released at once.
+    ``token`` (None: a caller orderly trusts) must be the response's ACK token."""
+    if token is not None and not token:
+        _check_ack_token(ctx, {}, token)
     if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
         raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
     k = ctx.keys
@@ -254,6 +273,8 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue) -> int:
         raise UnknownAck(async_response_id)
     member = as_text(raw)
     info = json.loads(member)
+    if token is not None:
+        _check_ack_token(ctx, info, token)
     cid = info["cnId"]
     token = new_token()
     result = ctx.scripts.run(

@@ -159,6 +159,22 @@ class Unauthorized(OrderlyError):
     """A message whose token is missing, forged, expired or for someone else."""
 
 
+class Unauthenticated(OrderlyError):
+    """An HTTP request without a valid credential (an API key, an ACK token): 401."""
+
+    def __init__(self, problem: str, field: str = "Authorization") -> None:
+        self.field = field
+        super().__init__(problem)
+
+
+class Forbidden(OrderlyError):
+    """A valid API key without the scope a request needs: 403 naming the scope."""
+
+    def __init__(self, scope: str, key: str) -> None:
+        self.scope = scope
+        super().__init__(f"the key {key!r} lacks the scope {scope!r}")
+
+
 class TrackingError(OrderlyError):
     """A tracking or service key that must not exist does (e.g. its id counter was reset)."""
 

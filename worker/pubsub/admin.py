@@ -9,9 +9,8 @@ room's alone.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
@@ -65,6 +64,24 @@ class SubscriptionIn(BaseModel):
     ) = None
 
 
+class RoomPatchIn(BaseModel):
+    """What ``PATCH /rooms/{room}`` may change: the policy and the status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message_expiration_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] | None = None
+    delivery_delay_ms: Delay | None = None
+    delivery_delay_multiplier: Multiplier | None = None
+    delivery_attempts: Attempts | None = None
+    status: Literal["ACTIVE", "PAUSED"] | None = None
+
+
+class PublisherIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+
+
 class EventTypeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -108,7 +125,7 @@ def update_room(engine: Engine, name: str, data: Any) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise InvalidMessage("body", "must be a JSON object")
     for key in data:
-        if key not in RoomIn.model_fields and key != "status":
+        if key not in RoomPatchIn.model_fields:
             raise InvalidMessage(key, "unknown field" if key != "name" else "cannot be changed")
     with engine.begin() as conn:
         room = room_row(conn, name, lock=True)
@@ -173,9 +190,9 @@ def list_event_types(engine: Engine, room_name: str) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in rows]
 
 
-def add_publisher(engine: Engine, room_name: str, name: str) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9._~-]{1,100}", name):
-        raise InvalidMessage("name", "must be 1 to 100 of A-Z a-z 0-9 . _ ~ -")
+def add_publisher(engine: Engine, room_name: str, data: Any) -> str:
+    """A publisher the room accepts (``{"name": ...}``); its name."""
+    name = parse_input(PublisherIn, data).name
     with engine.begin() as conn:
         room = room_row(conn, room_name)
         added = conn.execute(
@@ -183,6 +200,7 @@ def add_publisher(engine: Engine, room_name: str, name: str) -> None:
         ).first()
     if added is None:
         raise InvalidMessage("name", f"publisher {name!r} exists in {room_name}")
+    return name
 
 
 def _destination_problems(
@@ -260,15 +278,22 @@ def create_subscription(
     return {"subscription_id": int(row[0]), "room": room_name, **values}
 
 
-_CHANGEABLE = (
-    "push_url",
-    "routing_key_pattern",
-    "delivery_delay_ms",
-    "delivery_delay_multiplier",
-    "delivery_attempts",
-    "timeout_ms",
-    "visibility_timeout_ms",
-)
+class SubscriptionPatchIn(BaseModel):
+    """What ``PATCH /subscriptions/{id}`` may change (each field as in SubscriptionIn)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    push_url: str | None = None
+    routing_key_pattern: str | None = None
+    delivery_delay_ms: Delay | None = None
+    delivery_delay_multiplier: Multiplier | None = None
+    delivery_attempts: Attempts | None = None
+    timeout_ms: StrictInt | None = None
+    visibility_timeout_ms: StrictInt | None = None
+    status: Literal["ACTIVE", "PAUSED"] | None = None
+
+
+_CHANGEABLE = tuple(f for f in SubscriptionPatchIn.model_fields if f != "status")
 
 
 def update_subscription(

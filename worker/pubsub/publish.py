@@ -21,10 +21,11 @@ from sqlalchemy import Connection, Engine
 from worker import nodes, tokens
 from worker.core.clock import SYSTEM, Clock, utcnow
 from worker.core.due import DEFAULT_LEASE_MS
-from worker.core.errors import InvalidMessage, NotFound
+from worker.core.errors import Forbidden, InvalidMessage, NotFound
 from worker.core.inputs import parse_input
 from worker.core.lease import new_token
 from worker.core.retry import MAX_DELAY_MS
+from worker.core.scopes import IMPERSONATE
 from worker.pubsub import schemas
 from worker.pubsub.routing import ROUTING_KEY, Name, Route, order_value, routes
 from worker.store.queries import sql
@@ -165,6 +166,18 @@ def _payload_text(payload: Any) -> str:
         raise InvalidMessage("payload", "NaN and Infinity are not JSON") from None
 
 
+def _as_caller(pub: PublishIn, caller: str | None, may_impersonate: bool) -> PublishIn:
+    if caller is None:
+        return pub
+    if pub.impersonator is not None:
+        raise InvalidMessage("impersonator", "is the API key's name: leave it out")
+    if pub.user is None or pub.user == caller:
+        return pub.model_copy(update={"user": caller})
+    if not may_impersonate:
+        raise Forbidden(IMPERSONATE, caller)
+    return pub.model_copy(update={"impersonator": caller})
+
+
 def publish(
     engine: Engine,
     room_name: str,
@@ -176,16 +189,23 @@ def publish(
     node_id: int | None = None,
     idempotency_key: str | None = None,
     max_payload_bytes: int | None = None,
+    caller: str | None = None,
+    may_impersonate: bool = False,
 ) -> tuple[Published, list[int]]:
     """Store an event and one delivery per active matching subscription; with ``node_id``,
     only through that node in RUN (NodeNotAccepting otherwise: a draining or stopped node
     takes no new events). With ``idempotency_key``, a publish to the same room with the same
     key returns the event stored the first time (``created`` False) and stores nothing.
 
+    ``caller``: the authenticated publisher (the API key's name). The event's user is the
+    caller; naming another ``user`` needs ``may_impersonate`` and makes the caller the
+    impersonator (both are signed into the token). Without a caller (Python code, the CLI),
+    ``user`` and ``impersonator`` are taken as given.
+
     Returns the result and the deliveries due now, for the caller to enqueue after the
     commit (delayed ones are left to the ticker).
     """
-    pub = parse_input(PublishIn, data)
+    pub = _as_caller(parse_input(PublishIn, data), caller, may_impersonate)
     payload_text = _payload_text(pub.payload)
     if max_payload_bytes is not None:
         size = len(payload_text.encode("utf-8", "surrogatepass"))

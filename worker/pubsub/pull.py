@@ -3,8 +3,9 @@ with deliveries."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
 from models import Status, SubscriptionKind
@@ -14,6 +15,24 @@ from worker.store.queries import sql
 
 # At most this many messages per pull.
 MAX_PULL = 1000
+RowId = Annotated[StrictInt, Field(ge=1, le=9_223_372_036_854_775_807)]
+
+
+class PulledAckIn(BaseModel):
+    """A pulled message processed: the receipt its pull returned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    receipt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=200)]
+
+
+class RedriveIn(BaseModel):
+    """Dead letters to send again: these deliveries, or every one of a subscription."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delivery_ids: Annotated[list[RowId], Field(max_length=10_000)] | None = None
+    subscription_id: RowId | None = None
 
 
 def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:

@@ -65,6 +65,15 @@ ON CONFLICT (origin) DO UPDATE
 -- name: channel_list
 SELECT origin, url, delivery_delay_ms, multiplier, attempts, timeout_ms FROM channel;
 
+-- name: ack_secrets
+SELECT origin, secret FROM channel_ack_secret;
+
+-- name: ack_secrets_make
+-- The secret itself comes from the column's default (256 random bits).
+INSERT INTO channel_ack_secret (origin)
+SELECT unnest(CAST(:origins AS varchar[]))
+ON CONFLICT (origin) DO NOTHING;
+
 -- name: ready_ping
 -- GET /ready: the server answers a query.
 SELECT 1;

@@ -1,0 +1,216 @@
+"""The documented answers of the API's routes (their OpenAPI response schemas).
+
+The routes build their answers from the mechanisms' rows and views; these models say what
+those answers hold, for clients and for the fuzz test, which checks every answer it gets
+against them. :func:`answers` is a route's ``responses``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from models import MessageState
+
+
+class _Open(BaseModel):
+    # A row may gain columns: clients read the fields they know.
+    model_config = ConfigDict(extra="allow")
+
+
+class Accepted(BaseModel):
+    msg_id: int
+    state: MessageState
+
+
+class ResponseAccepted(Accepted):
+    res_id: int
+
+
+class Redriven(Accepted):
+    reopened: list[int]
+
+
+class Acked(BaseModel):
+    msg_id: int
+    state: Literal["OK"]
+
+
+class MessageRow(_Open):
+    msg_id: int
+    state: MessageState
+    service_name: str
+    operation_name: str
+    correlation_id: str
+    source_system: str
+    msg_timestamp: datetime
+    funnel_value: str | None
+    guaranteed_order: bool
+    parent_msg_id: int | None
+    failed_count: int
+    failed_error_code: str | None
+    last_process_timestamp: datetime | None
+
+
+class MessageDetail(MessageRow):
+    receive_timestamp: datetime
+    start_in_queue_timestamp: datetime | None
+    object_id: str | None
+    entity_type: str | None
+    process_id: str | None
+    funnel_component_id: str | None
+    exclude_failed_state: bool
+    parent_binding_type: str | None
+    failed_desc: str | None
+    custom_data: str | None
+    node_id: int | None
+    obsolete_by: int | None
+    wait_correlation_id: str | None
+    response_deadline: datetime | None
+    wait_res_id: int | None
+    audit: list[dict[str, Any]] | None
+    payload: str | None
+    children: list[dict[str, Any]]
+    external_calls: list[dict[str, Any]]
+    exchanges: list[dict[str, Any]]
+
+
+class Conversation(BaseModel):
+    conversation_id: str
+    # What Redis holds of each request and response, field by field (text values).
+    requests: list[dict[str, str]]
+    responses: list[dict[str, str]]
+    draining: bool
+
+
+class Channel(BaseModel):
+    origin: str
+    url: str
+    delivery_delay_ms: int
+    multiplier: float
+    attempts: int
+    timeout_ms: int
+
+
+class Room(BaseModel):
+    name: str
+    message_expiration_ms: int | None
+    delivery_delay_ms: int
+    delivery_delay_multiplier: float
+    delivery_attempts: int
+    status: Literal["ACTIVE", "PAUSED"]
+
+
+class EventTypeAdded(BaseModel):
+    room: str
+    name: str
+    version: int
+
+
+class EventTypeVersion(BaseModel):
+    name: str
+    version: int
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class PublisherAdded(BaseModel):
+    room: str
+    name: str
+
+
+class Subscription(_Open):
+    subscription_id: int
+    name: str
+    kind: Literal["PUSH", "PULL", "HANDLER"]
+    push_url: str | None
+    handler: str | None
+    routing_key_pattern: str | None
+    delivery_delay_ms: int | None
+    delivery_delay_multiplier: float | None
+    delivery_attempts: int | None
+
+
+class SubscriptionChanged(_Open):
+    subscription_id: int
+    status: Literal["ACTIVE", "PAUSED"]
+
+
+class Published(BaseModel):
+    correlation_id: str
+    event_id: int
+    deliveries: list[int]
+    unroutable: bool
+
+
+class Pulled(BaseModel):
+    delivery_id: int
+    attempt: int
+    correlation_id: str
+    routing_key: str
+    payload: Any
+    user: str | None
+    impersonator: str | None
+    receipt: str
+
+
+class PulledAcked(BaseModel):
+    delivery_id: int
+    state: Literal["DELIVERED"]
+
+
+class DeadLetter(BaseModel):
+    delivery_id: int
+    subscription_id: int
+    attempt: int
+    # The receiver's answer: its status and at most 200 bytes of its body, escaped.
+    last_error: str | None
+    correlation_id: str
+    routing_key: str
+    room: str
+
+
+class RedrivenDeadLetters(BaseModel):
+    redriven: list[int]
+
+
+class SourceSystem(BaseModel):
+    name: str
+    confirmation_url: str | None
+    timeout_ms: int
+
+
+class Key(BaseModel):
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class KeyMade(Key):
+    # Shown in this answer only: orderly keeps its SHA-256, never the token.
+    token: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    checked: list[str]
+
+
+def answers(model: Any, *, created: bool = False, repeat: bool = False) -> dict[int | str, Any]:
+    """A route's documented successes: 200 (or 201 when it ``created``, and 200 too when a
+    ``repeat`` answers what was stored before) with ``model``."""
+    if not created:
+        return {200: {"model": model, "description": "done"}}
+    found: dict[int | str, Any] = {201: {"model": model, "description": "created"}}
+    if repeat:
+        found[200] = {"model": model, "description": "stored before: the same answer again"}
+    return found

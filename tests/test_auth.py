@@ -1,0 +1,308 @@
+"""API keys and scopes over every route of the OpenAPI document: no key, a malformed, unknown,
+expired or revoked key, a key without the scope (403 naming it), a key with only that scope;
+what a refused request wrote (nothing); keys from the CLI and over HTTP; the publisher's
+identity from its key; operator commands audited under the key's name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from tests.helpers import ManualClock, OrderlyCli, api_key, message
+from worker import keys, tokens
+from worker.core.errors import InvalidMessage, Unauthenticated
+
+PUBLIC = {("get", "/health"), ("get", "/ready")}
+# A value for every path parameter of the document.
+PATH_VALUES = {
+    "msg_id": "1",
+    "subscription_id": "1",
+    "delivery_id": "1",
+    "room": "r1",
+    "origin": "chat",
+    "name": "n1",
+    "conversation_id": "c1",
+    "async_response_id": "a1",
+}
+
+
+def _operations(client: TestClient) -> list[tuple[str, str, list[dict[str, list[str]]]]]:
+    document = client.get("/openapi.json").json()
+    return [
+        (method, path, op.get("security", []))
+        for path, methods in document["paths"].items()
+        for method, op in methods.items()
+    ]
+
+
+def _call(client: TestClient, method: str, path: str, token: str | None) -> Any:
+    url = path.format(**PATH_VALUES)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    body = None if method in ("get", "delete") else b"{}"
+    return client.request(method.upper(), url, content=body, headers=headers)
+
+
+def _counts(engine: Engine, r: redis.Redis) -> dict[str, int]:
+    with engine.connect() as conn:
+        tables = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        ).scalars()
+        counts = {t: conn.execute(text(f'SELECT count(*) FROM "{t}"')).scalar_one() for t in tables}
+    counts["redis keys"] = int(r.dbsize())
+    return counts
+
+
+@pytest.fixture
+def anon(client: TestClient) -> Iterator[TestClient]:
+    token = client.headers.pop("Authorization")
+    yield client
+    client.headers["Authorization"] = token
+
+
+def test_every_route_but_health_and_ready_needs_a_credential(anon: TestClient) -> None:
+    ops = _operations(anon)
+    assert len(ops) == 34
+    public = {(m, p) for m, p, security in ops if not security}
+    assert public == PUBLIC
+    for method, path, security in ops:
+        schemes = {name for requirement in security for name in requirement}
+        if (method, path) == ("post", "/acks/{async_response_id}"):
+            assert schemes == {"AckToken"}
+        elif (method, path) not in PUBLIC:
+            assert schemes == {"ApiKey"}, (method, path)
+            assert len(security[0]["ApiKey"]) == 1, (method, path)
+    # The documentation itself is public.
+    assert anon.get("/docs").status_code == 200
+    assert anon.get("/openapi.json").status_code == 200
+
+
+def test_the_scope_matrix_over_every_route(
+    anon: TestClient, db: Engine, redis_client: redis.Redis
+) -> None:
+    past = ManualClock(start=(datetime.now(UTC) - timedelta(days=2)).timestamp())
+    _, expired = keys.create_key(
+        db,
+        {
+            "name": "old",
+            "scopes": list(keys.SCOPES),
+            "expires_at": datetime.now(UTC) - timedelta(days=1),
+        },
+        clock=past,
+    )
+    revoked = api_key(db, name="gone")
+    keys.revoke_key(db, "gone")
+    unknown = "orderly_000000000000_" + "x" * 43
+    before = _counts(db, redis_client)
+    checked = 0
+    for method, path, security in _operations(anon):
+        if not security or "ApiKey" not in security[0]:
+            continue
+        scope = security[0]["ApiKey"][0]
+        needed = scope.format(**PATH_VALUES)
+        for token, why in (
+            (None, "missing"),
+            ("not-a-key", "not an orderly API key"),
+            (unknown, "unknown API key"),
+            (expired, "expired"),
+            (revoked, "revoked"),
+        ):
+            answer = _call(anon, method, path, token)
+            assert answer.status_code == 401, (method, path, why, answer.text)
+            assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+            error = answer.json()["errors"][0]
+            assert error["field"] == "Authorization" and why in error["problem"], error
+        others = [s for s in keys.SCOPES if s != scope and not scope.startswith("publish:")]
+        if scope.startswith("publish:"):
+            others = [s for s in keys.SCOPES if s != keys.PUBLISH_ANY] + ["publish:elsewhere"]
+        wrong = api_key(db, *others, name=f"wrong-{checked}")
+        answer = _call(anon, method, path, wrong)
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert answer.json()["errors"] == [
+            {"field": "scope", "problem": f"the key 'wrong-{checked}' lacks the scope '{needed}'"}
+        ]
+        checked += 1
+    assert checked == 31
+    # Refused, each of them: not a row, not a Redis key (but the keys the test made).
+    after = _counts(db, redis_client)
+    assert after == {**before, "api_key": before["api_key"] + checked}
+
+    for method, path, security in _operations(anon):
+        if not security or "ApiKey" not in security[0]:
+            continue
+        scope = security[0]["ApiKey"][0].format(**PATH_VALUES)
+        right = api_key(db, scope, name=f"right-{checked}")
+        checked += 1
+        answer = _call(anon, method, path, right)
+        assert answer.status_code not in (401, 403), (method, path, answer.text)
+    # publish:* covers every room.
+    every_room = api_key(db, keys.PUBLISH_ANY, name="any-room")
+    assert _call(anon, "post", "/rooms/{room}/events", every_room).status_code == 422
+
+
+def test_authenticate_refuses_what_it_should_and_records_use(db: Engine) -> None:
+    clock = ManualClock()
+    made, token = keys.create_key(db, {"name": "k1", "scopes": ["operate"]}, clock=clock)
+    assert made["last_used_at"] is None and token.startswith("orderly_" + made["prefix"])
+    assert keys.authenticate(db, token, clock) == keys.Principal("k1", frozenset({"operate"}))
+    used = keys.list_keys(db)[0]["last_used_at"]
+    assert used is not None
+    clock.advance(30)  # within a minute: not written again
+    keys.authenticate(db, token, clock)
+    assert keys.list_keys(db)[0]["last_used_at"] == used
+    with pytest.raises(Unauthenticated, match="unknown"):
+        keys.authenticate(db, token[:-1] + ("A" if token[-1] != "A" else "B"), clock)
+    keys.revoke_key(db, "k1")
+    with pytest.raises(Unauthenticated, match="revoked"):
+        keys.authenticate(db, token, clock)
+    # The name is free again; the revoked key keeps it in the list of all keys.
+    keys.create_key(db, {"name": "k1", "scopes": ["admin"]})
+    assert [k["name"] for k in keys.list_keys(db, revoked=True)] == ["k1", "k1"]
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "a b", "scopes": ["admin"]}, "name"),
+        ({"name": "k", "scopes": []}, "scopes"),
+        ({"name": "k", "scopes": ["root"]}, "scopes"),
+        ({"name": "k", "scopes": ["publish:"]}, "scopes"),
+        ({"name": "k", "scopes": ["admin"], "expires_at": "yesterday"}, "expires_at"),
+        ({"name": "k", "scopes": ["admin"], "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
+        ({"name": "k", "scopes": ["admin"], "extra": 1}, "extra"),
+    ],
+)
+def test_bad_keys_are_refused_naming_the_field(
+    db: Engine, data: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidMessage) as refused:
+        keys.create_key(db, data)
+    assert refused.value.field == field
+    assert keys.list_keys(db, revoked=True) == []
+
+
+def test_a_second_live_key_of_a_name_is_refused(db: Engine) -> None:
+    keys.create_key(db, {"name": "k", "scopes": ["admin"]})
+    with pytest.raises(InvalidMessage, match="revoke it first"):
+        keys.create_key(db, {"name": "k", "scopes": ["operate"]})
+    assert len(keys.list_keys(db)) == 1
+
+
+def test_keys_over_http_and_the_token_shown_once(client: TestClient) -> None:
+    made = client.post("/keys", json={"name": "svc", "scopes": ["produce"]})
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    listed = client.get("/keys").json()
+    assert "svc" in {k["name"] for k in listed}
+    assert token not in json.dumps(listed) and "secret_hash" not in json.dumps(listed)
+    submitted = client.post(
+        "/messages",
+        json=message(1),
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert submitted.status_code not in (401, 403), submitted.text
+    assert client.delete("/keys/svc").json()["revoked_at"] is not None
+    again = client.get("/messages", headers={"Authorization": f"Bearer {token}"})
+    assert again.status_code == 401 and "revoked" in again.text
+    assert client.delete("/keys/svc").status_code == 404
+
+
+def test_key_commands(cli: OrderlyCli, db: Engine) -> None:
+    made = cli("key", "create", "ops", "--scope", "operate", "--scope", "metrics")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert keys.authenticate(db, token).scopes == {"operate", "metrics"}
+    listed = cli("key", "list", "--json")
+    assert json.loads(listed.stdout)[0]["scopes"] == ["metrics", "operate"]
+    assert token not in listed.stdout
+    bad = cli("key", "create", "x", "--scope", "root")
+    assert bad.returncode == 2 and "scopes" in bad.stderr and "root" in bad.stderr
+    assert cli("key", "revoke", "ops").returncode == 0
+    with pytest.raises(Unauthenticated, match="revoked"):
+        keys.authenticate(db, token)
+    assert cli("key", "revoke", "ops").returncode == 2
+
+
+def test_the_publisher_is_the_key_and_impersonation_needs_its_scope(
+    client: TestClient, db: Engine
+) -> None:
+    assert client.post("/rooms", json={"name": "r1"}).status_code == 201
+    alice = api_key(db, "publish:r1", name="alice")
+    as_alice = {"Authorization": f"Bearer {alice}"}
+    own = client.post("/rooms/r1/events", json={"payload": 1, "routing_key": "a"}, headers=as_alice)
+    assert own.status_code == 201, own.text
+    named = client.post(
+        "/rooms/r1/events",
+        json={"payload": 1, "routing_key": "a", "user": "bob"},
+        headers=as_alice,
+    )
+    assert named.status_code == 403
+    assert named.json()["errors"][0] == {
+        "field": "scope",
+        "problem": "the key 'alice' lacks the scope 'impersonate'",
+    }
+    forged = client.post(
+        "/rooms/r1/events",
+        json={"payload": 1, "routing_key": "a", "impersonator": "carol"},
+        headers=as_alice,
+    )
+    assert forged.status_code == 422 and forged.json()["errors"][0]["field"] == "impersonator"
+    support = api_key(db, "publish:r1", "impersonate", name="support")
+    on_behalf = client.post(
+        "/rooms/r1/events",
+        json={"payload": 1, "routing_key": "a", "user": "bob"},
+        headers={"Authorization": f"Bearer {support}"},
+    )
+    assert on_behalf.status_code == 201
+    with db.connect() as conn:
+        rows = conn.execute(
+            text("SELECT user_id, impersonator_id, token FROM event ORDER BY event_id")
+        ).all()
+    assert [(r.user_id, r.impersonator_id) for r in rows] == [("alice", None), ("bob", "support")]
+
+
+def test_signed_claims_carry_the_key(client: TestClient, db: Engine, monkeypatch: Any) -> None:
+    monkeypatch.setenv("ORDERLY_TOKEN_SECRET", "s" * 32)
+    from worker.runtime import get_runtime
+    from worker.settings import get_settings
+
+    get_settings.cache_clear()
+    get_runtime.cache_clear()
+    from api.http import create_app
+
+    with TestClient(create_app()) as signed:
+        admin = {"Authorization": client.headers["Authorization"]}
+        assert signed.post("/rooms", json={"name": "r1"}, headers=admin).status_code == 201
+        support = api_key(db, "publish:r1", "impersonate", name="support")
+        answer = signed.post(
+            "/rooms/r1/events",
+            json={"payload": 1, "routing_key": "a", "user": "bob"},
+            headers={"Authorization": f"Bearer {support}"},
+        )
+        assert answer.status_code == 201, answer.text
+    with db.connect() as conn:
+        token = conn.execute(text("SELECT token FROM event")).scalar_one()
+    claims = tokens.verify("s" * 32, token, now_ms=0)
+    assert (claims.user, claims.impersonator) == ("bob", "support")
+
+
+def test_operator_commands_are_audited_under_the_key(client: TestClient, db: Engine) -> None:
+    submitted = client.post(
+        "/messages",
+        json=message(1),
+    )
+    assert submitted.status_code == 201, submitted.text
+    msg_id = submitted.json()["msg_id"]
+    cancelled = client.post(f"/messages/{msg_id}/cancel", json={"note": "wrong", "by": "ann"})
+    assert cancelled.status_code == 200, cancelled.text
+    audit = client.get(f"/messages/{msg_id}").json()["audit"]
+    assert audit[-1]["by"] == "key:tests for ann" and audit[-1]["note"] == "wrong"
+    redriven = client.post(f"/messages/{msg_id}/redrive", json={"note": "again"})
+    assert redriven.status_code == 200
+    assert client.get(f"/messages/{msg_id}").json()["audit"][-1]["by"] == "key:tests"

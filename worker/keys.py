@@ -1,0 +1,187 @@
+"""API keys: who may call orderly's HTTP API, and for what.
+
+A key is a bearer token ``orderly_<prefix>_<secret>``. PostgreSQL keeps its name, its prefix
+(to find it), the SHA-256 of the whole token (to check it: the token is 256 random bits, so a
+fast hash is enough), its scopes, an optional expiry, and when it was revoked and last used.
+The token itself is shown once, by :func:`create_key`.
+
+Scopes (:data:`SCOPES`): ``produce`` (messages, conversation requests and responses, external
+responses), ``publish:<room>`` or ``publish:*`` (events), ``consume`` (pull and acknowledge
+pulled events), ``operate`` (list, show, cancel, re-drive; conversations, dead letters),
+``admin`` (channels, rooms, event types, publishers, subscriptions, source systems, keys),
+``metrics`` (``GET /metrics``) and ``impersonate`` (publish in another user's name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from sqlalchemy import Engine
+
+from worker.core.clock import SYSTEM, Clock, utcnow
+from worker.core.errors import Forbidden, InvalidMessage, NotFound, Unauthenticated
+from worker.core.inputs import parse_input, parse_timestamp
+from worker.core.scopes import (
+    ADMIN,
+    CONSUME,
+    IMPERSONATE,
+    METRICS,
+    OPERATE,
+    PRODUCE,
+    PUBLISH_ANY,
+    SCOPES,
+    publish_scope,
+)
+from worker.pubsub.routing import NAME_PATTERN, Name
+from worker.store.queries import sql
+
+__all__ = [
+    "ADMIN",
+    "CONSUME",
+    "IMPERSONATE",
+    "METRICS",
+    "OPERATE",
+    "PRODUCE",
+    "PUBLISH_ANY",
+    "SCOPES",
+    "Principal",
+    "authenticate",
+    "create_key",
+    "list_keys",
+    "publish_scope",
+    "revoke_key",
+]
+
+_SCOPE = re.compile(
+    rf"^({'|'.join(s for s in SCOPES if s != PUBLISH_ANY)}|publish:(\*|{NAME_PATTERN[1:-1]}))$"
+)
+TOKEN_PREFIX = "orderly_"
+# How stale ``last_used_at`` may get: a key in use is written at most once per this.
+LAST_USED_EVERY = timedelta(seconds=60)
+
+
+def _scope(value: str) -> str:
+    if not _SCOPE.fullmatch(value):
+        raise ValueError(f"unknown scope {value!r}: one of {', '.join(SCOPES)} or publish:<room>")
+    return value
+
+
+Scope = Annotated[str, StringConstraints(strict=True, max_length=120), AfterValidator(_scope)]
+
+
+class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    scopes: Annotated[list[Scope], Field(min_length=1, max_length=len(SCOPES) + 100)]
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller a key stands for."""
+
+    name: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        if scope in self.scopes:
+            return True
+        return scope.startswith("publish:") and PUBLISH_ANY in self.scopes
+
+    def require(self, scope: str) -> None:
+        if not self.allows(scope):
+            raise Forbidden(scope, self.name)
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _view(row: Any) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "prefix": row.prefix,
+        "scopes": list(row.scopes),
+        "created_at": row.created_at.isoformat(),
+        "expires_at": None if row.expires_at is None else row.expires_at.isoformat(),
+        "revoked_at": None if row.revoked_at is None else row.revoked_at.isoformat(),
+        "last_used_at": None if row.last_used_at is None else row.last_used_at.isoformat(),
+    }
+
+
+def create_key(engine: Engine, data: Any, clock: Clock = SYSTEM) -> tuple[dict[str, Any], str]:
+    """A new key: its description and its token (shown this once, never stored)."""
+    if isinstance(data, dict) and isinstance(data.get("expires_at"), str):
+        try:
+            data = {**data, "expires_at": parse_timestamp(data["expires_at"])}
+        except ValueError as exc:
+            raise InvalidMessage("expires_at", str(exc)) from None
+    key = parse_input(KeyIn, data)
+    now = utcnow(clock)
+    if key.expires_at is not None:
+        if key.expires_at.tzinfo is None:
+            raise InvalidMessage("expires_at", "give a time zone (e.g. 2027-01-31T12:00:00Z)")
+        if key.expires_at <= now:
+            raise InvalidMessage("expires_at", f"{key.expires_at.isoformat()} is not ahead")
+    prefix = secrets.token_hex(6)
+    token = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    with engine.begin() as conn:
+        row = conn.execute(
+            sql("api_key_insert"),
+            {
+                "name": key.name,
+                "prefix": prefix,
+                "secret_hash": _hash(token),
+                "scopes": sorted(set(key.scopes)),
+                "created_at": now,
+                "expires_at": key.expires_at,
+            },
+        ).first()
+    if row is None:
+        raise InvalidMessage("name", f"a live key is named {key.name!r}: revoke it first")
+    return _view(row), token
+
+
+def list_keys(engine: Engine, *, revoked: bool = False) -> list[dict[str, Any]]:
+    """Keys by name (the revoked ones too with ``revoked``); never their tokens."""
+    with engine.connect() as conn:
+        return [_view(r) for r in conn.execute(sql("api_key_list"), {"revoked": revoked})]
+
+
+def revoke_key(engine: Engine, name: str, clock: Clock = SYSTEM) -> dict[str, Any]:
+    """Revoke the live key of that name: refused from its next request on."""
+    with engine.begin() as conn:
+        row = conn.execute(sql("api_key_revoke"), {"name": name, "now": utcnow(clock)}).first()
+    if row is None:
+        raise NotFound("API key", name)
+    return _view(row)
+
+
+def authenticate(engine: Engine, token: str | None, clock: Clock = SYSTEM) -> Principal:
+    """The key a bearer token stands for; Unauthenticated says why not."""
+    if not token:
+        raise Unauthenticated("missing: send Authorization: Bearer <API key>")
+    parts = token.removeprefix(TOKEN_PREFIX).split("_", 1) if token.startswith(TOKEN_PREFIX) else []
+    if len(parts) != 2 or len(token) > 200:
+        raise Unauthenticated("not an orderly API key")
+    now = utcnow(clock)
+    with engine.connect() as conn:
+        row = conn.execute(sql("api_key_by_prefix"), {"prefix": parts[0]}).first()
+        if row is None or not hmac.compare_digest(row.secret_hash, _hash(token)):
+            raise Unauthenticated("unknown API key")
+        if row.revoked_at is not None:
+            raise Unauthenticated(f"the key {row.name!r} was revoked")
+        if row.expires_at is not None and row.expires_at <= now:
+            raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
+        if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
+            conn.execute(sql("api_key_used"), {"key_id": row.key_id, "now": now})
+            conn.commit()
+    return Principal(row.name, frozenset(row.scopes))
