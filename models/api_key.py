@@ -42,8 +42,9 @@ class ApiKey(Base):
 
 
 class ChannelAckSecret(Base):
-    """The key of the ACK tokens handed to one origin's client with each response: 256 random
-    bits made by PostgreSQL the first time a response goes to that origin; never shown."""
+    """The key of the ACK tokens handed to one origin's client with each response: two random
+    UUIDs (244 random bits) made by PostgreSQL the first time a response goes to that origin;
+    never shown."""
 
     __tablename__ = "channel_ack_secret"
 

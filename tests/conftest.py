@@ -292,10 +292,3 @@ def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
     with TestClient(create_app()) as c:
         c.headers["Authorization"] = f"Bearer {api_key(db)}"
         yield c
-
-
-@pytest.fixture
-def anonymous(client: TestClient) -> TestClient:
-    """The same API without a key."""
-    del client.headers["Authorization"]
-    return client

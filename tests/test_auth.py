@@ -306,3 +306,52 @@ def test_operator_commands_are_audited_under_the_key(client: TestClient, db: Eng
     redriven = client.post(f"/messages/{msg_id}/redrive", json={"note": "again"})
     assert redriven.status_code == 200
     assert client.get(f"/messages/{msg_id}").json()["audit"][-1]["by"] == "key:tests"
+
+
+def test_in_a_room_that_names_its_publishers_the_key_is_the_publisher(
+    client: TestClient, db: Engine
+) -> None:
+    assert client.post("/rooms", json={"name": "r1"}).status_code == 201
+    assert client.post("/rooms/r1/publishers", json={"name": "alice"}).status_code == 201
+    event = {"payload": 1, "routing_key": "a"}
+    alice = {"Authorization": f"Bearer {api_key(db, 'publish:r1', name='alice')}"}
+    bob = {"Authorization": f"Bearer {api_key(db, 'publish:r1', name='bob')}"}
+    assert client.post("/rooms/r1/events", json=event, headers=alice).status_code == 201
+    refused = client.post("/rooms/r1/events", json=event, headers=bob)
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0] == {
+        "field": "publisher",
+        "problem": "'bob' may not publish here",
+    }
+    posing = client.post("/rooms/r1/events", json={**event, "publisher": "alice"}, headers=bob)
+    assert posing.status_code == 403 and "impersonate" in posing.text
+    with db.connect() as conn:
+        published = conn.execute(
+            text("SELECT p.name, e.user_id FROM event e JOIN publisher p USING (publisher_id)")
+        ).all()
+    assert [tuple(r) for r in published] == [("alice", "alice")]
+
+
+def test_an_ack_over_http_without_its_token_is_refused_and_changes_nothing(
+    client: TestClient, db: Engine, redis_client: redis.Redis
+) -> None:
+    before = _counts(db, redis_client)
+    client.headers.pop("Authorization")
+    latin = "é".encode("latin-1")  # a header is bytes: a server decodes it as latin-1
+    for token, status in ((None, 401), (b"x" * 43, 404), (latin, 401), (b"short", 401)):
+        headers = {} if token is None else {"X-Orderly-Ack-Token": token}
+        answer = client.post("/acks/1", headers=headers)
+        assert answer.status_code == status, answer.text
+        if status == 401:
+            assert answer.json()["errors"][0]["field"] == "X-Orderly-Ack-Token"
+            assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert _counts(db, redis_client) == before
+
+
+def test_a_refused_request_does_not_record_the_keys_use(anon: TestClient, db: Engine) -> None:
+    token = api_key(db, "consume", name="reader")
+    refused = _call(anon, "get", "/messages", token)
+    assert refused.status_code == 403
+    assert keys.list_keys(db)[0]["last_used_at"] is None
+    assert _call(anon, "get", "/subscriptions/{subscription_id}/messages", token).status_code == 404
+    assert keys.list_keys(db)[0]["last_used_at"] is not None

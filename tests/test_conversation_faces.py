@@ -172,7 +172,7 @@ def test_nan_payload_is_refused(client: TestClient, db: Engine) -> None:
 
 
 def test_unknown_ack_is_404(client: TestClient) -> None:
-    answer = client.post("/acks/nobody-knows", headers={"X-Orderly-Ack-Token": "anything"})
+    answer = client.post("/acks/nobody-knows", headers={"X-Orderly-Ack-Token": "A" * 43})
     assert answer.status_code == 404
     assert "nobody-knows" in answer.json()["errors"][0]["problem"]
 

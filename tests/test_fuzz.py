@@ -103,9 +103,7 @@ def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_not
     assert _tables(db) == rows
     assert redis_client.dbsize() == keys
     # Valid by the document: never a 5xx, and every answer as documented.
-    accepted = _run(
-        stack, tmp_path, "-H", key, *keep_key, "--mode", "positive", "--checks", checks
-    )
+    accepted = _run(stack, tmp_path, "-H", key, *keep_key, "--mode", "positive", "--checks", checks)
     total = refused + accepted
     print(
         f"fuzzing: {anonymous} requests without a key; with one {total} "

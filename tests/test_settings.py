@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -98,6 +100,10 @@ def test_channels_are_read_as_json_and_checked(clean_env: pytest.MonkeyPatch) ->
     assert Settings().channels == {"whatsapp": "http://127.0.0.1:9000/in"}
     clean_env.setenv("ORDERLY_CHANNELS", '{"whatsapp": "ftp://host/in"}')
     with pytest.raises(ValidationError, match="whatsapp"):
+        Settings()
+    # An origin is at most 100 characters, like a channel row's (and its ACK secret's).
+    clean_env.setenv("ORDERLY_CHANNELS", json.dumps({"o" * 101: "http://127.0.0.1:9000/in"}))
+    with pytest.raises(ValidationError, match="over 100 characters"):
         Settings()
     clean_env.setenv("ORDERLY_CHANNELS", "not json")
     with pytest.raises(ValidationError, match="ORDERLY_CHANNELS"):

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import re
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import Annotated, Any
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 CACHE_SECONDS = 5.0
 # The header a response's POST carries its ACK token in, and the client's ACK brings it back in.
 ACK_TOKEN_HEADER = "X-Orderly-Ack-Token"
+# What an ACK token looks like: a SHA-256 in unpadded base64url.
+ACK_TOKEN_FORM = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ def ack_token(secret: str, conversation_id: str, response_id: str) -> str:
 
 
 def ack_token_matches(secret: str, conversation_id: str, response_id: str, given: str) -> bool:
-    return hmac.compare_digest(ack_token(secret, conversation_id, response_id), given)
+    expected = ack_token(secret, conversation_id, response_id).encode()
+    return hmac.compare_digest(expected, given.encode("utf-8", "surrogateescape"))
 
 
 class ChannelIn(BaseModel):

@@ -165,8 +165,12 @@ def revoke_key(engine: Engine, name: str, clock: Clock = SYSTEM) -> dict[str, An
     return _view(row)
 
 
-def authenticate(engine: Engine, token: str | None, clock: Clock = SYSTEM) -> Principal:
-    """The key a bearer token stands for; Unauthenticated says why not."""
+def authenticate(
+    engine: Engine, token: str | None, clock: Clock = SYSTEM, *, scope: str | None = None
+) -> Principal:
+    """The key a bearer token stands for; Unauthenticated says why not, Forbidden when it
+    lacks ``scope``. Only a key that passes records its use: a refused request writes
+    nothing."""
     if not token:
         raise Unauthenticated("missing: send Authorization: Bearer <API key>")
     parts = token.removeprefix(TOKEN_PREFIX).split("_", 1) if token.startswith(TOKEN_PREFIX) else []
@@ -181,7 +185,10 @@ def authenticate(engine: Engine, token: str | None, clock: Clock = SYSTEM) -> Pr
             raise Unauthenticated(f"the key {row.name!r} was revoked")
         if row.expires_at is not None and row.expires_at <= now:
             raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
+        found = Principal(row.name, frozenset(row.scopes))
+        if scope is not None:
+            found.require(scope)
         if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
             conn.execute(sql("api_key_used"), {"key_id": row.key_id, "now": now})
             conn.commit()
-    return Principal(row.name, frozenset(row.scopes))
+    return found

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -34,17 +35,19 @@ __all__ = ["create_app"]
 log = logging.getLogger("orderly.api")
 
 # Mounted in this order: routes are matched in it and listed in it in /openapi.json.
-# Each with its tag in the document.
-ROUTERS: tuple[tuple[APIRouter, str], ...] = (
-    (conversations.router, "conversations"),
-    (channels.router, "channels"),
-    (rooms.router, "rooms and subscriptions"),
-    (dead_letters.router, "dead letters"),
-    (messages.router, "messages"),
-    (source_systems.router, "source systems"),
-    (keys.router, "API keys"),
-    (health.router, "health"),
-    (metrics.router, "metrics"),
+# Each with its tag in the document and the error answers it documents.
+_ERRORS = contract.ERROR_RESPONSES
+ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
+    (conversations.router, "conversations", _ERRORS),
+    (conversations.acks, "conversations", contract.ACK_ERROR_RESPONSES),
+    (channels.router, "channels", _ERRORS),
+    (rooms.router, "rooms and subscriptions", _ERRORS),
+    (dead_letters.router, "dead letters", _ERRORS),
+    (messages.router, "messages", _ERRORS),
+    (source_systems.router, "source systems", _ERRORS),
+    (keys.router, "API keys", _ERRORS),
+    (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),
+    (metrics.router, "metrics", _ERRORS),
 )
 
 
@@ -89,9 +92,7 @@ def create_app() -> FastAPI:
     app.state.runtime = runtime
     app.state.metrics_registry = metrics.make_registry(runtime)
     errors.install(app, retry_after_s=runtime.settings.retry_after_s)
-    for router, tag in ROUTERS:
-        public = router is health.router
-        documented = contract.PUBLIC_ERROR_RESPONSES if public else contract.ERROR_RESPONSES
+    for router, tag, documented in ROUTERS:
         app.include_router(router, tags=[tag], responses=documented)
     contract.install(app)
     return app

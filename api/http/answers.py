@@ -103,6 +103,11 @@ class Room(BaseModel):
     status: Literal["ACTIVE", "PAUSED"]
 
 
+class RoomListed(Room):
+    # Events of the room that matched no subscription.
+    unroutable: int
+
+
 class EventTypeAdded(BaseModel):
     room: str
     name: str

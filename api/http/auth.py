@@ -7,6 +7,7 @@ requirement. ``publish:{room}`` is filled from the path. Keys live in worker.key
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
@@ -50,10 +51,16 @@ async def _principal(
 ) -> Principal:
     runtime: Runtime = request.app.state.runtime
     token = None if credentials is None else credentials.credentials
-    found = await run_in_threadpool(keys.authenticate, runtime.engine, token, runtime.clock)
-    for scope in scopes.scopes:
-        found.require(scope.format(**request.path_params))
-    return found
+    (scope,) = scopes.scopes  # one per route
+    return await run_in_threadpool(
+        functools.partial(
+            keys.authenticate,
+            runtime.engine,
+            token,
+            runtime.clock,
+            scope=scope.format(**request.path_params),
+        )
+    )
 
 
 def caller(scope: str) -> Any:

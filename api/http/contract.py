@@ -51,8 +51,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     }.items()
 }
 
-# /health and /ready take no credential: they never answer 401 or 403.
+# /health and /ready take no credential: they never answer 401 or 403; an ACK's credential is
+# its token, which has no scopes: never 403.
 PUBLIC_ERROR_RESPONSES = {s: r for s, r in ERROR_RESPONSES.items() if s not in (401, 403)}
+ACK_ERROR_RESPONSES = {s: r for s, r in ERROR_RESPONSES.items() if s != 403}
 
 _BODIES: dict[str, type[BaseModel]] = {}
 

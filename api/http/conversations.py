@@ -17,6 +17,8 @@ from worker import keys
 from worker.conversations.model import RequestIn, ResponseIn
 
 router = APIRouter()
+# The clients' ACKs: authenticated by their ACK token, not an API key.
+acks = APIRouter()
 
 
 @router.post(
@@ -67,7 +69,7 @@ async def describe_conversation(runtime: AppRuntime, conversation_id: str) -> JS
     return JSONResponse(view)
 
 
-@router.post("/acks/{async_response_id}", responses=answers(a.Acked))
+@acks.post("/acks/{async_response_id}", responses=answers(a.Acked))
 async def ack(
     runtime: AppRuntime,
     async_response_id: str,

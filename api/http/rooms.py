@@ -48,7 +48,7 @@ async def create_room(runtime: AppRuntime, request: Request) -> JSONResponse:
     return JSONResponse(status_code=201, content=room)
 
 
-@router.get("/rooms", responses=answers(list[a.Room]), dependencies=requires(keys.ADMIN))
+@router.get("/rooms", responses=answers(list[a.RoomListed]), dependencies=requires(keys.ADMIN))
 async def list_rooms(runtime: AppRuntime) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(pubsub.list_rooms, runtime.engine))
 

@@ -5,8 +5,9 @@ Revises: 0012
 Create Date: 2026-11-26 07:00:00
 
 ``api_key``: a name, the key's prefix and the SHA-256 of its token, scopes, an optional
-expiry, revocation and last use. ``channel_ack_secret``: 256 random bits per origin, made the first
-time a response goes there, the key of the ACK tokens orderly hands to clients.
+expiry, revocation and last use. ``channel_ack_secret``: two random UUIDs (244 random bits)
+per origin, made the first time a response goes there, the key of the ACK tokens orderly
+hands to clients.
 """
 
 from collections.abc import Sequence

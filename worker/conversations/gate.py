@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models.keys import EPOCH_KEY
-from worker.channels import ACK_TOKEN_HEADER, Channel, ack_token_matches
+from worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
 from worker.conversations.context import Context
 from worker.conversations.model import (
     ERROR_CANCELLED,
@@ -245,6 +245,8 @@ def _check_ack_token(ctx: Context, info: dict[str, Any], token: str) -> None:
             "missing: bring back the X-Orderly-Ack-Token the response was sent with",
             ACK_TOKEN_HEADER,
         )
+    if not ACK_TOKEN_FORM.fullmatch(token):
+        raise Unauthenticated("not an ACK token of orderly's", ACK_TOKEN_HEADER)
     origin = ctx.redis.hget(ctx.keys.response(info["rsId"]), "origin")
     try:
         secret = ctx.channels.get(as_text(origin)).ack_secret if origin else ""
@@ -257,8 +259,8 @@ def _check_ack_token(ctx: Context, info: dict[str, Any], token: str) -> None:
 def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | None = None) -> int:
     """The client's ACK: the response is delivered and its successor released at once.
     ``token`` (None: a caller orderly trusts) must be the response's ACK token."""
-    if token is not None and not token:
-        _check_ack_token(ctx, {}, token)
+    if token is not None and not ACK_TOKEN_FORM.fullmatch(token):
+        _check_ack_token(ctx, {}, token)  # refused before any lookup
     if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
         raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
     k = ctx.keys

@@ -167,15 +167,21 @@ def _payload_text(payload: Any) -> str:
 
 
 def _as_caller(pub: PublishIn, caller: str | None, may_impersonate: bool) -> PublishIn:
+    """The publish as the authenticated ``caller`` sends it: the caller is its user and, in a
+    room that names its publishers, its publisher; another user or publisher needs
+    ``may_impersonate`` (the caller is then the impersonator)."""
     if caller is None:
         return pub
     if pub.impersonator is not None:
         raise InvalidMessage("impersonator", "is the API key's name: leave it out")
-    if pub.user is None or pub.user == caller:
-        return pub.model_copy(update={"user": caller})
+    publisher = pub.publisher or caller
+    if pub.user in (None, caller) and publisher == caller:
+        return pub.model_copy(update={"user": caller, "publisher": publisher})
     if not may_impersonate:
         raise Forbidden(IMPERSONATE, caller)
-    return pub.model_copy(update={"impersonator": caller})
+    return pub.model_copy(
+        update={"user": pub.user or caller, "publisher": publisher, "impersonator": caller}
+    )
 
 
 def publish(

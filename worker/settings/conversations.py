@@ -118,6 +118,8 @@ class ConversationSettings(Section):
         for origin, url in value.items():
             if not origin.strip():
                 raise ValueError("an origin name is empty")
+            if len(origin) > 100:
+                raise ValueError(f"the origin {origin[:20]!r}... is over 100 characters")
             if not url.startswith(("http://", "https://")):
                 raise ValueError(
                     f"the URL of origin {origin!r} must start with http:// or https://"

@@ -69,7 +69,7 @@ SELECT origin, url, delivery_delay_ms, multiplier, attempts, timeout_ms FROM cha
 SELECT origin, secret FROM channel_ack_secret;
 
 -- name: ack_secrets_make
--- The secret itself comes from the column's default (256 random bits).
+-- The secret itself comes from the column's default (two random UUIDs: 244 random bits).
 INSERT INTO channel_ack_secret (origin)
 SELECT unnest(CAST(:origins AS varchar[]))
 ON CONFLICT (origin) DO NOTHING;
