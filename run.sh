@@ -61,8 +61,8 @@ ensure_venv() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     log "installing orderly and its dependencies into $VENV"
     "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-    "$VENV/bin/python" -c 'import celery, fastapi, sqlalchemy, pytest' # fail loudly if incomplete
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[all,dev]' 2>&1 | grep -v '^WARNING: Location' || true
+    "$VENV/bin/python" -c 'import celery, fastapi, sqlalchemy, pytest, pyspark, flower' # fail loudly if incomplete
     echo "$want" > "$stamp"
   fi
 }

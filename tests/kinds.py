@@ -22,9 +22,16 @@ KINDS = (UNIT, INTEGRATION, E2E)
 E2E_FIXTURES = frozenset({"procs", "stack", "cli", "browser", "spark", "redis_server", "pg_server"})
 STORE_FIXTURES = frozenset({"pg_engine", "db", "redis_client"})
 # Their tests start processes in their own ways: the `orderly` command, docker-compose, Flower,
-# Spark (through the report's own entry points as well as the ``spark`` fixture).
+# Spark (through the report's own entry points as well as the ``spark`` fixture), pip and an
+# installed orderly.
 E2E_MODULES = frozenset(
-    {"tests.test_cli", "tests.test_compose", "tests.test_flower_browser", "tests.test_report"}
+    {
+        "tests.test_cli",
+        "tests.test_compose",
+        "tests.test_flower_browser",
+        "tests.test_install",
+        "tests.test_report",
+    }
 )
 
 

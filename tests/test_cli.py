@@ -148,3 +148,43 @@ def test_message_commands_list_cancel_redrive_and_source_systems(
     assert bad_url.returncode == 2 and "confirmation_url" in bad_url.stderr
     assert cli("source", "set", "crm", "--confirmation-url", "http://127.0.0.1:9/c").returncode == 0
     assert "http://127.0.0.1:9/c" in cli("source", "list").stdout
+
+
+def test_version_and_an_unreachable_service_in_one_line(cli: OrderlyCli, db: Engine) -> None:
+    from importlib.metadata import version
+
+    assert cli("--version").stdout.strip() == f"orderly {version('orderly')}"
+    for args, env, setting in (
+        (
+            ("message", "list"),
+            {"ORDERLY_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"},
+            "ORDERLY_DATABASE_URL",
+        ),
+        (
+            ("conversation", "show", "c1"),
+            {"ORDERLY_REDIS_URL": "redis://127.0.0.1:1/0"},
+            "ORDERLY_REDIS_URL",
+        ),
+    ):
+        done = cli(*args, env=env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot be reached" in lines[0] and setting in lines[0], lines
+        assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_node_alive_answers_by_the_heartbeat(cli: OrderlyCli, db: Engine) -> None:
+    from worker import nodes
+
+    node_id = nodes.register_node(db, "hb-node")
+    nodes.heartbeat(db, node_id)
+    assert cli("node", "alive", "hb-node").returncode == 0
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE node SET last_heartbeat = now() - interval '1 hour' WHERE code = 'hb-node'"
+            )
+        )
+    stale = cli("node", "alive", "hb-node")
+    assert stale.returncode == 1 and "no heartbeat since" in stale.stderr
+    assert cli("node", "alive", "nobody").returncode == 1

@@ -1,15 +1,18 @@
-"""docker-compose.yml is valid for Debian's docker-compose (there is no Docker engine here)."""
+"""docker-compose.yml as Debian's docker-compose resolves it, read as data: services, their
+commands, health checks, restart policies, volumes, dependencies and published ports (there
+is no Docker engine here to start them)."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import IN_CI
 
@@ -48,25 +51,77 @@ def compose(
     )
 
 
-def service_block(config: str, name: str) -> str:
-    """One service's part of ``docker-compose config`` output (services are indented by 2)."""
-    found = re.search(rf"^  {name}:\n((?:    .*\n)*)", config, re.MULTILINE)
-    assert found is not None, f"no service {name}"
-    return found.group(1)
+def resolved() -> dict[str, Any]:
+    """``docker-compose config`` (anchors merged, variables filled) as data."""
+    done = compose(ROOT / "docker-compose.yml", "config")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = yaml.safe_load(done.stdout)
+    return found
+
+
+ORDERLY = {"api", "worker", "beat", "flower"}
+LONG_RUNNING = SERVICES - {"migrate"}
 
 
 def test_compose_file_is_valid_and_has_every_service() -> None:
-    done = compose(ROOT / "docker-compose.yml", "config", "--services")
-    assert done.returncode == 0, done.stderr
-    assert set(done.stdout.split()) == SERVICES
+    assert set(resolved()["services"]) == SERVICES
 
 
 def test_services_wait_for_healthy_stores_and_the_migration() -> None:
-    done = compose(ROOT / "docker-compose.yml", "config")
-    assert done.returncode == 0, done.stderr
-    # api, worker, beat and flower wait for redis and postgres; migrate for postgres
-    assert done.stdout.count("condition: service_healthy") == 4 * 2 + 1
-    assert "condition: service_completed_successfully" in done.stdout
+    services = resolved()["services"]
+    for name in ORDERLY:
+        assert services[name]["depends_on"] == {
+            "redis": {"condition": "service_healthy"},
+            "postgres": {"condition": "service_healthy"},
+            "migrate": {"condition": "service_completed_successfully"},
+        }, name
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert services["migrate"]["command"] == ["orderly", "migrate"]
+
+
+def test_every_long_running_service_restarts_and_the_stores_and_orderly_report_health() -> None:
+    services = resolved()["services"]
+    for name in LONG_RUNNING:
+        # A worker told to exit (orderly node stop --exit) exits 0 and stays down.
+        expected = "on-failure" if name == "worker" else "unless-stopped"
+        assert services[name]["restart"] == expected, name
+    assert services["migrate"]["restart"] == "no"
+    for name in ORDERLY | {"redis", "postgres"}:
+        test = services[name]["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+    # The worker and beat are healthy while their node's heartbeat is recent.
+    for name in ("worker", "beat"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "orderly", "node", "alive"]
+    # orderly's own runners, with orderly's settings.
+    for name in ORDERLY:
+        assert services[name]["command"][:2] == ["orderly", name], name
+    # Beat exactly once: nothing scales it.
+    assert "scale" not in services["beat"] and "deploy" not in services["beat"]
+
+
+def test_volumes_for_the_stores_and_the_reports() -> None:
+    config = resolved()
+    services = config["services"]
+    assert {"redisdata", "pgdata", "reports"} <= set(config["volumes"])
+
+    def mounts(name: str) -> dict[str, str]:
+        return {v.split(":")[1]: v.split(":")[0] for v in services[name].get("volumes", [])}
+
+    assert mounts("redis")["/data"] == "redisdata"
+    assert mounts("postgres")["/var/lib/postgresql/data"] == "pgdata"
+    for name in ORDERLY:
+        assert mounts(name)["/app/reports-out"] == "reports", name
+
+
+def test_published_ports_are_on_the_hosts_loopback() -> None:
+    services = resolved()["services"]
+    published = {
+        name: [str(p) for p in service.get("ports", [])] for name, service in services.items()
+    }
+    assert {n for n, ports in published.items() if ports} == {"api", "flower", "prometheus"}
+    for name, ports in published.items():
+        for port in ports:
+            assert port.startswith("127.0.0.1:"), (name, port)
 
 
 def test_a_broken_file_is_refused(tmp_path: Path) -> None:
@@ -84,34 +139,29 @@ def test_flower_needs_its_password_and_listens_on_every_interface(tmp_path: Path
     assert refused.returncode != 0
     assert "ORDERLY_FLOWER_PASSWORD" in refused.stderr
 
-    done = compose(ROOT / "docker-compose.yml", "config")
-    assert done.returncode == 0, done.stderr
-    flower = service_block(done.stdout, "flower")
-    assert "ORDERLY_FLOWER_PASSWORD: compose-test-password" in flower
-    assert "ORDERLY_FLOWER_ADDRESS: 0.0.0.0" in flower
+    flower = resolved()["services"]["flower"]
+    assert flower["environment"]["ORDERLY_FLOWER_PASSWORD"] == "compose-test-password"
+    assert flower["environment"]["ORDERLY_FLOWER_ADDRESS"] == "0.0.0.0"
     # Flower's options come from the Celery app, not from a file it may not find.
-    assert "- flower\n" in flower and "flowerconfig" not in flower
-    # The API and Flower are published on the host's loopback only.
-    assert "- 127.0.0.1:5555:5555" in flower
-    assert "- 127.0.0.1:8000:8000" in service_block(done.stdout, "api")
+    assert flower["command"] == ["orderly", "flower"]
 
 
-def test_prometheus_scrapes_the_api_and_flower() -> None:
-    done = compose(ROOT / "docker-compose.yml", "config")
-    assert done.returncode == 0, done.stderr
-    prometheus = service_block(done.stdout, "prometheus")
-    assert "image: prom/prometheus:" in prometheus
-    assert "deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus
-    scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
-    assert '- targets: ["api:8000"]' in scrape
-    assert '- targets: ["flower:5555"]' in scrape
-    assert scrape.count("metrics_path: /metrics") == 2
+def test_prometheus_scrapes_the_api_with_a_key_and_flower() -> None:
+    prometheus = resolved()["services"]["prometheus"]
+    assert prometheus["image"].startswith("prom/prometheus:")
+    mounted = {v.split(":")[1] for v in prometheus["volumes"]}
+    assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/orderly-metrics-key"} <= mounted
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert jobs["orderly-api"]["static_configs"] == [{"targets": ["api:8000"]}]
+    assert jobs["orderly-api"]["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/prometheus/orderly-metrics-key",
+    }
+    assert jobs["flower"]["static_configs"] == [{"targets": ["flower:5555"]}]
+    assert all(job["metrics_path"] == "/metrics" for job in jobs.values())
 
 
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
-    done = compose(ROOT / "docker-compose.yml", "config")
-    assert done.returncode == 0, done.stderr
-    redis_block = service_block(done.stdout, "redis")
-    assert re.search(r"--appendonly\W+yes", redis_block), redis_block
-    assert re.search(r"--appendfsync\W+everysec", redis_block), redis_block
-    assert "redisdata" in redis_block and "/data" in redis_block
+    command = " ".join(resolved()["services"]["redis"]["command"])
+    assert "--appendonly yes" in command and "--appendfsync everysec" in command

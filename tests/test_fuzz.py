@@ -44,8 +44,11 @@ def _run(stack: Stack, cwd: Path, *args: str, examples: int = MAX_EXAMPLES) -> i
             str(examples),
             "--seed",
             SEED,
+            # One worker thread: hypothesis describes its strategies with ast.parse, and
+            # CPython 3.11's AST depth counter is shared between threads (two threads parsing
+            # at once fail with "AST constructor recursion depth mismatch").
             "--workers",
-            "2",
+            "1",
             "--request-timeout",
             "30",
             "--generation-database",

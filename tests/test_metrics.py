@@ -4,6 +4,7 @@ scrape of a real API process while real workers deliver."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -368,6 +369,16 @@ def _row(output: str, name: str) -> list[str]:
     raise AssertionError(f"no row {name!r} in:\n{output}")
 
 
+def test_status_without_a_live_worker_is_degraded(
+    cli: OrderlyCli, db: Engine, redis_client: redis.Redis
+) -> None:
+    done = cli("status")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[0] == "degraded: no live worker"
+    found = json.loads(cli("status", "--json").stdout)
+    assert (found["healthy"], found["problems"]) == (False, ["no live worker"])
+
+
 def test_status_shows_the_figures_and_names_an_unreachable_source(
     cli: OrderlyCli, db: Engine, redis_client: redis.Redis, intake: Intake
 ) -> None:
@@ -379,6 +390,7 @@ def test_status_shows_the_figures_and_names_an_unreachable_source(
 
     done = cli("status")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "healthy"
     assert _row(done.stdout, "OK") == ["2"]
     assert _row(done.stdout, "FAILED") == ["1"]
     assert _row(done.stdout, "NEW") == ["2"]
@@ -388,8 +400,13 @@ def test_status_shows_the_figures_and_names_an_unreachable_source(
     assert _row(done.stdout, PROCESS_QUEUE) == ["4"]
     assert _row(done.stdout, "status-node") == ["1"]
 
+    as_json = json.loads(cli("status", "--json").stdout)
+    assert as_json["healthy"] is True and as_json["store"]["messages"]["FAILED"] == 1
+    assert as_json["workers_alive"] == {"status-node": 1}
+
     down = cli("status", env={"ORDERLY_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert down.returncode == 2
+    assert down.stdout.splitlines()[0].startswith("degraded: redis could not be read")
     assert "redis could not be read" in down.stderr and "Connection refused" in down.stderr
     assert "Traceback" not in down.stderr + down.stdout
     assert _row(down.stdout, "OK") == ["2"]  # PostgreSQL is still shown

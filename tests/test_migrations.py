@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -103,7 +102,7 @@ def test_functions_installed_by_migrations_equal_the_canonical_file(empty_db: st
 
 def test_the_newest_functions_migration_names_the_current_file() -> None:
     """A change to functions.sql needs a migration that applies it and records its hash."""
-    versions = sorted(Path(schema.ROOT / "migrations" / "versions").glob("*.py"))
+    versions = sorted((schema.migrations_dir() / "versions").glob("*.py"))
     recorded = [
         match.group(1)
         for path in versions

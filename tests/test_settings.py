@@ -115,3 +115,12 @@ def test_a_flower_password_with_a_comma_is_refused() -> None:
     with pytest.raises(ValidationError, match="comma"):
         Settings(ORDERLY_FLOWER_PASSWORD="pa,ss")
     assert Settings(ORDERLY_FLOWER_PASSWORD="pa-ss").flower_password.get_secret_value() == "pa-ss"
+
+
+def test_a_plain_postgresql_url_means_psycopg2() -> None:
+    for given in ("postgresql://u@h:5432/d", "postgres://u@h:5432/d"):
+        assert (
+            Settings(ORDERLY_DATABASE_URL=given).database_url == "postgresql+psycopg2://u@h:5432/d"
+        )
+    kept = "postgresql+psycopg2://u@h/d"
+    assert Settings(ORDERLY_DATABASE_URL=kept).database_url == kept

@@ -65,6 +65,12 @@ def scripted(ctx: MessageContext) -> None:
         raise HandlerError(spec.get("code", "E_SCRIPTED"), f"scripted failure {ctx.failed_count}")
 
 
+@registry.register("test", "say")
+def say(ctx: MessageContext) -> None:
+    """Logs its payload (the tests of the log formats read it)."""
+    log.info("saying %s", ctx.payload)
+
+
 @registry.register("test", "crash")
 def crash(ctx: MessageContext) -> None:
     """Raises an unexpected exception (not a HandlerError)."""

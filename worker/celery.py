@@ -14,6 +14,7 @@ from kombu.entity import Exchange, Queue
 
 from models import NodeState
 from worker import nodes
+from worker.core import logs
 from worker.core.clock import now_ms
 from worker.runtime import get_runtime
 from worker.settings import get_settings
@@ -270,3 +271,36 @@ def _deregister_service(**_: Any) -> None:
 @signals.worker_process_init.connect
 def _after_fork(**_: Any) -> None:
     get_runtime().after_fork()
+
+
+# --- logs: orderly's format and the ids of the task at hand (worker.core.logs) -------------
+
+_task_logs: dict[str, Any] = {}
+# The id a task's first argument is, for its log records.
+_TASK_IDS = {"orderly.process.message": "msg_id", "orderly.deliver.conversation": "conversation_id"}
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _log_format(logger: logging.Logger | None = None, **_: Any) -> None:
+    if logger is not None:
+        logs.set_node(_settings.node_code)
+        logs.adopt(logger, _settings.log_format)
+
+
+@signals.task_prerun.connect
+def _log_task(task_id: str | None = None, task: Any = None, args: Any = None, **_: Any) -> None:
+    if task_id is None:
+        return
+    name = getattr(task, "name", None)
+    fields: dict[str, Any] = {"task": name, "task_id": task_id}
+    if name in _TASK_IDS and args:
+        fields[_TASK_IDS[name]] = args[0]
+    _task_logs[task_id] = logs.push(**fields)
+
+
+@signals.task_postrun.connect
+def _unlog_task(task_id: str | None = None, **_: Any) -> None:
+    token = _task_logs.pop(task_id or "", None)
+    if token is not None:
+        logs.pop(token)

@@ -330,3 +330,11 @@ def gather(
         errors=errors,
         gathered_at=time.time(),
     )
+
+
+def verdict(figures: Figures) -> tuple[bool, list[str]]:
+    """Healthy, or degraded and why: a source that could not be read, no live worker."""
+    why = [f"{source.value} could not be read" for source in figures.errors]
+    if figures.workers_alive is not None and not sum(figures.workers_alive.values()):
+        why.append("no live worker")
+    return not why, why

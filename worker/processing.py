@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 from models import BindingType, MessageState
 from worker import extcall
 from worker.configuration import ConfigReader
+from worker.core import logs
 from worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from worker.core.http import OutboundHttp
 from worker.core.limits import TimeLimitExceeded, TimeLimits
@@ -274,6 +275,12 @@ class Processor:
             custom_data=row["custom_data"],
             backend=_Backend(conn, self._config, self._integrity, self._http),
         )
+        with logs.bound(msg_id=ctx.msg_id, correlation_id=ctx.correlation_id):
+            return self._handle(conn, ctx, row, newer)
+
+    def _handle(
+        self, conn: PreparedConnection, ctx: MessageContext, row: dict[str, Any], newer: int | None
+    ) -> ProcessResult:
         if newer is not None:
             return self._finish(
                 conn, ctx, "OK", obsolete_by=newer, detail=f"obsolete: message {newer} is newer"

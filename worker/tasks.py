@@ -11,6 +11,7 @@ from celery.exceptions import Reject
 from models import NodeState
 from worker import confirmations, pubsub
 from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing
+from worker.core import logs
 from worker.processing import Outcome
 from worker.runtime import get_runtime
 
@@ -39,7 +40,8 @@ def refuse_if_stopped(task: Any) -> None:
 @app.task(name="orderly.process.message", bind=True)
 def process_message(self: Any, msg_id: int) -> str:
     # The claim itself refuses a STOPPED node (in its WHERE): no extra query here.
-    result = get_runtime().processor.process(msg_id, enqueue_processing)
+    with logs.bound(msg_id=msg_id):
+        result = get_runtime().processor.process(msg_id, enqueue_processing)
     if result.outcome is Outcome.NODE_STOPPED:
         _give_back(self)
     if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):
@@ -53,7 +55,10 @@ def deliver_conversation(self: Any, conversation_id: str, token: str) -> str:
     refuse_if_stopped(self)
     runtime = get_runtime()
     # Tracked by the conversation (the xid is meta.id); the lease token is no part of it.
-    with runtime.tracker.tracking({"meta": {"id": f"conversation:{conversation_id}"}}, "drain"):
+    with (
+        logs.bound(conversation_id=conversation_id),
+        runtime.tracker.tracking({"meta": {"id": f"conversation:{conversation_id}"}}, "drain"),
+    ):
         report = runtime.conversations.drain(conversation_id, token, runtime.sender)
     if report.end == "YIELD":
         # Fair to other conversations: the rest goes on in a new task, the lease kept.

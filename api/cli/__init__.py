@@ -3,6 +3,8 @@ lives in worker.*."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from api.cli import (
@@ -17,6 +19,7 @@ from api.cli import (
     rebuild,
     report,
     rooms,
+    runners,
     sources,
     status,
     subscriptions,
@@ -30,7 +33,32 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"orderly {version('orderly')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """orderly: ordered delivery over Celery, Redis and PostgreSQL."""
+
+
 # Registered here, in this order: it is the order ``orderly --help`` lists them in.
+app.command()(runners.up)
+app.command()(runners.api)
+app.command()(runners.worker)
+app.command()(runners.beat)
+app.command()(runners.flower)
 app.command()(migrate.migrate)
 app.command()(messages.submit)
 app.command()(messages.show)

@@ -13,7 +13,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from worker.core.errors import OrderlyError
+from worker.core import logs
+from worker.core.errors import OrderlyError, first_line
 from worker.settings import get_settings
 
 console = Console()
@@ -59,13 +60,28 @@ def json_option(value: str, field: str) -> Any:
         raise fail(ValueError(f"{field}: malformed JSON: {exc}")) from None
 
 
+def _unreachable(exc: Exception) -> tuple[str, str] | None:
+    """The service a driver error says is unreachable, and the setting that points at it."""
+    import kombu.exceptions
+    import redis.exceptions
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        return "PostgreSQL", "ORDERLY_DATABASE_URL"
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return "Redis", "ORDERLY_REDIS_URL"
+    if isinstance(exc, kombu.exceptions.OperationalError):
+        return "the broker", "ORDERLY_BROKER_URL (default: ORDERLY_REDIS_URL)"
+    return None
+
+
 def run(app: typer.Typer) -> None:
     """Run a command line with logging from the settings. An orderly error that escapes a
-    command, or settings that do not validate, end it with a red message and exit code 2."""
+    command, settings that do not validate, or a service that cannot be reached end it with
+    one red line (naming the setting to fix) and exit code 2."""
     try:
-        logging.basicConfig(
-            level=get_settings().log_level, format="%(levelname)s %(name)s: %(message)s"
-        )
+        settings = get_settings()
+        logs.configure(settings.log_level, settings.log_format, node=settings.node_code)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         app()
     except OrderlyError as exc:
@@ -73,4 +89,13 @@ def run(app: typer.Typer) -> None:
         raise SystemExit(2) from None
     except ValidationError as exc:
         err.print(f"[bold red]invalid settings:[/] {exc}")
+        raise SystemExit(2) from None
+    except Exception as exc:
+        found = _unreachable(exc)
+        if found is None:
+            raise
+        service, setting = found
+        reason = first_line(getattr(exc, "orig", None) or exc)
+        line = f"[bold red]error:[/] {service} cannot be reached ({reason}): check {setting}"
+        err.print(line, soft_wrap=True)
         raise SystemExit(2) from None

@@ -54,6 +54,27 @@ def node_stop(
         console.print(f"workers of node {code} told to exit: {ids}")
 
 
+@node_app.command("alive")
+def node_alive(
+    code: Annotated[
+        str | None, typer.Argument(help="Default: this process's ORDERLY_NODE_CODE.")
+    ] = None,
+) -> None:
+    """Exit 0 when the node's processes renewed its heartbeat within
+    cluster.nodeHeartbeatTimeoutSec, else 1 (a container's healthcheck)."""
+    runtime = get_runtime()
+    code = code or runtime.settings.node_code
+    timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
+    found = [n for n in nodes.list_nodes(runtime.engine, timeout) if n.code == code]
+    if not found:
+        err.print(f"no node {code!r}")
+        raise typer.Exit(code=1)
+    if not found[0].alive:
+        err.print(f"node {code!r}: no heartbeat since {found[0].last_heartbeat} (> {timeout} s)")
+        raise typer.Exit(code=1)
+    console.print(f"node {code!r} alive (heartbeat {found[0].last_heartbeat})")
+
+
 @node_app.command("list")
 def node_list() -> None:
     runtime = get_runtime()

@@ -28,6 +28,7 @@ from api.http import (
     source_systems,
 )
 from worker import nodes
+from worker.core import logs
 from worker.runtime import Runtime, get_runtime
 
 __all__ = ["create_app"]
@@ -76,9 +77,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     """A fresh app bound to the process's runtime (uvicorn ``--factory``; one per test)."""
     runtime = get_runtime()
-    logging.basicConfig(
-        level=runtime.settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    settings = runtime.settings
+    logs.configure(settings.log_level, settings.log_format, node=settings.node_code)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logs.adopt(logging.getLogger(name), settings.log_format)
     # /docs is served by orderly itself (contract.install), without a CDN; no ReDoc.
     app = FastAPI(
         title="orderly",

@@ -75,6 +75,12 @@ class ServiceSettings(Section):
         validation_alias="ORDERLY_HEARTBEAT_INTERVAL",
         description="In milliseconds, how often a worker renews its node row and checks its state.",
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        validation_alias="ORDERLY_LOG_FORMAT",
+        description="text, or json: one JSON object per line with msg_id, conversation_id, "
+        "correlation_id, task and node where known.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
         validation_alias="ORDERLY_LOG_LEVEL",
@@ -118,10 +124,13 @@ class ServiceSettings(Section):
     @field_validator("database_url")
     @classmethod
     def _postgres_only(cls, value: str) -> str:
-        if not value.startswith("postgresql"):
+        if not value.startswith(("postgresql", "postgres://")):
             raise ValueError(
                 f"ORDERLY_DATABASE_URL must be a postgresql:// URL, got {value.split(':', 1)[0]!r}"
             )
+        # orderly's driver is psycopg2: a plain postgresql:// URL means it.
+        if value.startswith(("postgresql://", "postgres://")):
+            return "postgresql+psycopg2://" + value.split("://", 1)[1]
         return value
 
     @field_validator("redis_url", "broker_url")

@@ -13,12 +13,19 @@ from sqlalchemy import create_engine, make_url, text
 
 from worker.store.queries import FUNCTIONS_FILE
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+
+def migrations_dir() -> Path:
+    """Where the migrations are: ``migrations/`` of the repository, installed as the package
+    ``orderly_migrations`` (pyproject.toml), so that an installed orderly finds them too."""
+    import orderly_migrations
+
+    return Path(orderly_migrations.__file__).resolve().parent
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    # No alembic.ini: that file serves the ``alembic`` command in a checkout.
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.attributes["url"] = url
     cfg.attributes["configure_logger"] = False
     return cfg

@@ -1,0 +1,164 @@
+"""``orderly api|worker|beat|flower|up``: orderly's processes, started with its settings applied.
+
+Each runner is the process itself (it replaces nothing and wraps nothing): ``orderly api`` is
+uvicorn serving the app factory on ``ORDERLY_API_HOST:ORDERLY_API_PORT``; ``orderly worker``,
+``orderly beat`` and ``orderly flower`` are Celery's own commands on orderly's Celery app
+(``celery -A worker ...`` does the same). ``orderly up`` runs the API, a worker and beat as
+one group for a development machine: one log stream, each line prefixed with its process,
+and Ctrl-C (or SIGTERM) stops all three.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Annotated
+
+import typer
+
+from api.cli.common import fail
+from worker.settings import get_settings
+
+# How long ``orderly up`` gives its processes to stop after SIGTERM before SIGKILL.
+STOP_GRACE_S = 20.0
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Default: ORDERLY_API_HOST.")] = None,
+    port: Annotated[int | None, typer.Option(help="Default: ORDERLY_API_PORT.")] = None,
+    access_log: Annotated[bool, typer.Option(help="One log line per request.")] = False,
+) -> None:
+    """The HTTP API (uvicorn) on ORDERLY_API_HOST:ORDERLY_API_PORT."""
+    import uvicorn
+
+    settings = get_settings()
+    uvicorn.run(
+        "api.http:create_app",
+        factory=True,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level=settings.log_level.lower(),
+        access_log=access_log,
+    )
+
+
+def _celery(*argv: str) -> None:
+    from worker.celery import app
+
+    # In the JSON log format nothing but log records on the streams: no banner.
+    quiet = ["--quiet"] if get_settings().log_format == "json" else []
+    app.start(argv=[*quiet, *argv])
+
+
+def worker(
+    concurrency: Annotated[
+        int | None, typer.Option(help="Worker processes (default: one per CPU).")
+    ] = None,
+    queues: Annotated[
+        str | None, typer.Option("--queues", "-Q", help="Comma-separated (default: all).")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Node name.")] = None,
+) -> None:
+    """A Celery worker of orderly's tasks (processing, deliveries, drains, agents)."""
+    argv = ["worker", "--loglevel", get_settings().log_level]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    if queues:
+        argv += ["-Q", queues]
+    if name:
+        argv += ["-n", name]
+    _celery(*argv)
+
+
+def beat() -> None:
+    """Celery beat: the ticker of due work and the periodic agents (run exactly one)."""
+    _celery("beat", "--loglevel", get_settings().log_level)
+
+
+def flower() -> None:
+    """Flower, Celery's dashboard, behind ORDERLY_FLOWER_USER/PASSWORD on
+    ORDERLY_FLOWER_ADDRESS:ORDERLY_FLOWER_PORT (needs orderly[dashboard])."""
+    try:
+        import flower as _flower  # noqa: F401
+    except ImportError:
+        raise fail(
+            RuntimeError("Flower is not installed: pip install 'orderly[dashboard]'")
+        ) from None
+    _celery("flower")
+
+
+def _pump(name: str, stream: IO[str], lock: threading.Lock) -> None:
+    width = len("worker")
+    for line in stream:
+        with lock:
+            sys.stdout.write(f"{name:<{width}} | {line}")
+            sys.stdout.flush()
+
+
+def up(
+    concurrency: Annotated[int, typer.Option(help="The worker's processes.")] = 2,
+) -> None:
+    """API, a worker and beat in one group, one log stream; Ctrl-C stops all three."""
+    me = [sys.executable, "-m", "api.cli"]
+    commands = {
+        "api": [*me, "api"],
+        "worker": [*me, "worker", "--concurrency", str(concurrency)],
+        "beat": [*me, "beat"],
+    }
+    lock = threading.Lock()
+    stop = threading.Event()
+    procs: dict[str, subprocess.Popen[str]] = {}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        for name, argv in commands.items():
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                # Their own group: a Ctrl-C in the terminal reaches ``up`` alone, which stops
+                # them in order.
+                start_new_session=True,
+            )
+            procs[name] = proc
+            assert proc.stdout is not None
+            threading.Thread(target=_pump, args=(name, proc.stdout, lock), daemon=True).start()
+        while not stop.is_set():
+            ended = [n for n, p in procs.items() if p.poll() is not None]
+            if ended:
+                with lock:
+                    print(f"orderly up: {', '.join(ended)} exited; stopping the others", flush=True)
+                break
+            stop.wait(0.5)
+    finally:
+        _stop_all(procs)
+    failed = {n: p.returncode for n, p in procs.items() if p.returncode not in (0, -15)}
+    if failed and not stop.is_set():
+        raise typer.Exit(code=1)
+
+
+def _stop_all(procs: dict[str, subprocess.Popen[str]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        # Whatever is left of its group (a worker's pool children): nothing stays behind.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,218 @@
+"""orderly as a user installs it: the wheel, with the core extra only, in a fresh virtualenv
+outside the repository, runs migrate, the API and a worker, and processes a message with a
+handler of the user's own module; ``orderly up`` starts and stops its three processes and leaves
+none behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from tests.conftest import PG_ADMIN_URL, TEST_DB_URL, TEST_REDIS_URL
+from tests.helpers import message, wait_until
+from tooling.processes import BIN, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+HANDLERS = """
+from worker.handlers import MessageContext, registry
+
+
+@registry.register("shop", "ship")
+def ship(ctx: MessageContext) -> None:
+    ctx.custom_data = "shipped by my own handler"
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv with the wheel built from this checkout, core dependencies only."""
+    root = tmp_path_factory.mktemp("install")
+    # Built from a copy: a build in place leaves build/ and *.egg-info in the checkout.
+    source = root / "source"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "__pycache__", "artifacts", "reports-out"
+        ),
+    )
+    wheels = root / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+        check=True,
+        timeout=600,
+        cwd=root,
+    )
+    (wheel,) = wheels.glob("orderly-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        check=True,
+        timeout=900,
+        cwd=root,
+    )
+    return venv
+
+
+def _env(venv: Path, **extra: str) -> dict[str, str]:
+    # Nothing of the checkout on the path: the installed package alone.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    return {**env, **extra}
+
+
+def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: Path) -> None:
+    bin_ = installed / "bin"
+    listed = subprocess.run(
+        [str(bin_ / "pip"), "list", "--format", "freeze"], capture_output=True, text=True
+    ).stdout.lower()
+    # The core: no Spark, no matplotlib, no Flower.
+    for heavy in ("pyspark", "matplotlib", "flower"):
+        assert f"{heavy}==" not in listed, heavy
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "my_handlers.py").write_text(textwrap.dedent(HANDLERS))
+    database = f"orderly_install_{uuid.uuid4().hex[:8]}"
+    url = make_url(TEST_DB_URL).set(database=database).render_as_string(hide_password=False)
+    env = _env(
+        installed,
+        ORDERLY_DATABASE_URL=url,
+        ORDERLY_REDIS_URL=TEST_REDIS_URL,
+        ORDERLY_HANDLER_MODULES="my_handlers",
+        PYTHONPATH=str(work),
+        ORDERLY_API_PORT=str(free_port()),
+        ORDERLY_NODE_CODE=f"install-{database}",
+    )
+
+    def orderly(*args: str) -> str:
+        done = subprocess.run(
+            [str(bin_ / "orderly"), *args], capture_output=True, text=True, env=env, cwd=work
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert orderly("--version").strip() == "orderly 0.1.0"
+    orderly("migrate", "--create-database")
+    token = orderly("key", "create", "installer", "--scope", "produce", "--scope", "operate")
+    procs = []
+    try:
+        for argv in (["api"], ["worker", "--concurrency", "1"]):
+            procs.append(
+                subprocess.Popen(
+                    [str(bin_ / "orderly"), *argv],
+                    env=env,
+                    cwd=work,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        api = f"http://127.0.0.1:{env['ORDERLY_API_PORT']}"
+        http = httpx.Client(
+            base_url=api, timeout=10, headers={"Authorization": f"Bearer {token.strip()}"}
+        )
+
+        def up() -> bool:
+            try:
+                return http.get("/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 90, "the installed API answers")
+        made = http.post("/messages", json=message(1, service="shop", operation="ship"))
+        assert made.status_code == 201, made.text
+        msg_id = made.json()["msg_id"]
+
+        def done() -> bool:
+            return bool(http.get(f"/messages/{msg_id}").json()["state"] == "OK")
+
+        wait_until(done, 90, "the message processed by the installed worker")
+        assert http.get(f"/messages/{msg_id}").json()["custom_data"] == "shipped by my own handler"
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def up_env(db: object) -> Iterator[dict[str, str]]:
+    marker = f"up-{uuid.uuid4().hex[:10]}"
+    yield {
+        **os.environ,
+        "ORDERLY_API_PORT": str(free_port()),
+        "ORDERLY_NODE_CODE": marker,
+        "ORDERLY_UP_TEST_MARKER": marker,
+    }
+
+
+def test_orderly_up_starts_three_processes_and_ctrl_c_stops_them_all(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = up_env["ORDERLY_UP_TEST_MARKER"]
+    log = tmp_path / "up.log"
+    with log.open("w") as out:
+        up = subprocess.Popen(
+            [str(BIN / "orderly"), "up", "--concurrency", "1"],
+            env=up_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        api = f"http://127.0.0.1:{up_env['ORDERLY_API_PORT']}/health"
+
+        def ready() -> bool:
+            text = log.read_text()
+            try:
+                answered = httpx.get(api, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                answered = False
+            return answered and "worker | " in text and "ready." in text and "beat   | " in text
+
+        wait_until(ready, 120, "orderly up: API answering, worker ready, beat logging")
+        assert len(_processes_with(marker)) >= 4  # up, api, worker (and its pool), beat
+        up.send_signal(signal.SIGINT)  # Ctrl-C
+        assert up.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    # Nothing left behind (a stopped process may take a moment to be reaped).
+    wait_until(lambda: not _processes_with(marker), 10, "no process of orderly up left")
+    text = log.read_text()
+    assert "api    | " in text and "worker | " in text, text[-2000:]
