@@ -30,6 +30,7 @@ E2E_MODULES = frozenset(
         "tests.test_compose",
         "tests.test_flower_browser",
         "tests.test_install",
+        "tests.test_readme",
         "tests.test_report",
     }
 )

@@ -188,3 +188,27 @@ def test_node_alive_answers_by_the_heartbeat(cli: OrderlyCli, db: Engine) -> Non
     stale = cli("node", "alive", "hb-node")
     assert stale.returncode == 1 and "no heartbeat since" in stale.stderr
     assert cli("node", "alive", "nobody").returncode == 1
+
+
+def test_settings_check_reports_every_problem_at_once(cli: OrderlyCli, db: Engine) -> None:
+    ok = cli("settings", "--check")
+    assert ok.returncode == 0, ok.stderr
+    down = cli(
+        "settings",
+        "--check",
+        env={
+            "ORDERLY_DATABASE_URL": "postgresql+psycopg2://x@127.0.0.1:1/x",
+            "ORDERLY_REDIS_URL": "redis://127.0.0.1:1/0",
+            "ORDERLY_HANDLER_MODULES": "no_such_module",
+        },
+    )
+    assert down.returncode == 2
+    named = [line.split(":", 1)[0] for line in down.stderr.strip().splitlines()]
+    for setting in ("ORDERLY_DATABASE_URL", "ORDERLY_REDIS_URL", "ORDERLY_HANDLER_MODULES"):
+        assert setting in named, down.stderr
+    invalid = cli("settings", env={"ORDERLY_API_PORT": "99999", "ORDERLY_LOG_FORMAT": "xml"})
+    assert invalid.returncode == 2
+    assert "ORDERLY_API_PORT" in invalid.stderr and "ORDERLY_LOG_FORMAT" in invalid.stderr
+    shown = json.loads(cli("settings", env={"ORDERLY_TOKEN_SECRET": "s3cr3t-value"}).stdout)
+    assert shown["ORDERLY_TOKEN_SECRET"] == "(set)"
+    assert "s3cr3t-value" not in json.dumps(shown)

@@ -20,6 +20,7 @@ from api.cli import (
     report,
     rooms,
     runners,
+    settings,
     sources,
     status,
     subscriptions,
@@ -60,6 +61,7 @@ app.command()(runners.worker)
 app.command()(runners.beat)
 app.command()(runners.flower)
 app.command()(migrate.migrate)
+app.command()(settings.settings)
 app.command()(messages.submit)
 app.command()(messages.show)
 app.command()(status.status)

@@ -88,7 +88,10 @@ def run(app: typer.Typer) -> None:
         err.print(f"[bold red]error:[/] {exc}")
         raise SystemExit(2) from None
     except ValidationError as exc:
-        err.print(f"[bold red]invalid settings:[/] {exc}")
+        # Every problem, each on its line, naming its variable.
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "settings"
+            err.print(f"[bold red]invalid setting[/] {where}: {error['msg']}", soft_wrap=True)
         raise SystemExit(2) from None
     except Exception as exc:
         found = _unreachable(exc)

@@ -35,6 +35,28 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def pending_revisions(url: str) -> list[str]:
+    """The migrations not yet applied to the database at ``url`` (oldest first)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(url))
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = set(MigrationContext.configure(conn).get_current_heads())
+    finally:
+        engine.dispose()
+    if current == set(script.get_heads()):
+        return []
+    pending = []
+    for rev in script.walk_revisions():
+        if rev.revision in current:
+            break
+        pending.append(rev.revision)
+    return list(reversed(pending))
+
+
 def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
