@@ -4,9 +4,11 @@ beat and Flower, the first API key, and a message submitted with curl that ends 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -67,10 +69,14 @@ def _json_values(out: str) -> list[object]:
     return found
 
 
+def _script(lines: list[str], port: str) -> str:
+    """The lines as one shell script for this machine: the commands on PATH, the API's port."""
+    joined = "\n".join(lines).replace(".venv/bin/", "")
+    return joined.replace("localhost:8000", f"localhost:{port}")
+
+
 def _bash(lines: list[str], env: dict[str, str], port: str) -> str:
-    script = (
-        "\n".join(lines).replace(".venv/bin/", "").replace("localhost:8000", f"localhost:{port}")
-    )
+    script = _script(lines, port)
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         capture_output=True,
@@ -80,6 +86,38 @@ def _bash(lines: list[str], env: dict[str, str], port: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def _start(lines: list[str], env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(
+            ["bash", "-c", f"exec {line}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for line in lines
+    ]
+
+
+def _stop(started: list[subprocess.Popen[bytes]]) -> None:
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code in (200, 401)
+    except httpx.HTTPError:
+        return False
 
 
 def test_the_quick_start_as_the_readme_says(quick_start_env: dict[str, str]) -> None:
@@ -92,49 +130,96 @@ def test_the_quick_start_as_the_readme_says(quick_start_env: dict[str, str]) -> 
     submit_block = block_after("Submit a message over HTTP:")
 
     _bash(processes[:1], env, port)
-    started = [
-        subprocess.Popen(
-            ["bash", "-c", f"exec {line}"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        for line in processes[1:]
-    ]
+    started = _start(processes[1:], env)
     try:
-
-        def answers(url: str) -> bool:
-            try:
-                return httpx.get(url, timeout=2).status_code in (200, 401)
-            except httpx.HTTPError:
-                return False
-
-        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 90, "the API")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), 90, "the API")
         flower = f"http://127.0.0.1:{env['ORDERLY_FLOWER_PORT']}/"
-        wait_until(lambda: answers(flower), 90, "Flower (its password asked for)")
+        wait_until(lambda: _answers(flower), 90, "Flower (its password asked for)")
         # The key block and the submit block run in one shell: the key is exported for it.
         out = _bash([*key_block, *submit_block], env, port)
         submitted = next(a for a in _json_values(out) if isinstance(a, dict) and "msg_id" in a)
         assert submitted["state"] in ("NEW", "POSTPONED"), out
-        engine = create_engine(env["ORDERLY_DATABASE_URL"])
-
-        def final() -> bool:
-            with engine.connect() as conn:
-                state = conn.execute(
-                    text("SELECT state FROM message WHERE msg_id = :id"),
-                    {"id": submitted["msg_id"]},
-                ).scalar_one()
-            return state in ("OK", "FAILED", "PARTLY_FAILED")
-
-        wait_until(final, 90, "the submitted message processed by the worker")
-        engine.dispose()
+        wait_until(
+            lambda: _state(env, submitted["msg_id"]) in ("OK", "FAILED", "PARTLY_FAILED"),
+            90,
+            "the submitted message processed by the worker",
+        )
     finally:
-        for proc in started:
-            os.killpg(proc.pid, 15)
-        for proc in started:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
+        _stop(started)
+
+
+def _state(env: dict[str, str], msg_id: int) -> str:
+    engine = create_engine(env["ORDERLY_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    text("SELECT state FROM message WHERE msg_id = :id"), {"id": msg_id}
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _delivered(env: dict[str, str]) -> set[str]:
+    engine = create_engine(env["ORDERLY_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT s.name FROM delivery d JOIN subscription s USING (subscription_id)"
+                    " WHERE d.state = 'DELIVERED'"
+                )
+            ).scalars()
+            return set(rows)
+    finally:
+        engine.dispose()
+
+
+def test_the_pub_sub_example_delivers(quick_start_env: dict[str, str], tmp_path: Path) -> None:
+    block = block_after("An example that delivers")
+    exports = [line for line in block if line.startswith("export ")]
+    assert [e.split("=")[0] for e in exports] == [
+        "export ORDERLY_OUTBOUND_ALLOW",
+        "export ORDERLY_TOKEN_SECRET",
+        "export ORDERLY_HANDLER_MODULES",
+    ]
+    # What the example exports, for the processes it runs with (the three of orderly up).
+    dumped = subprocess.run(
+        ["bash", "-c", "\n".join([*exports, "env -0"])],
+        capture_output=True,
+        env=quick_start_env,
+        check=True,
+    ).stdout.decode()
+    env = dict(item.split("=", 1) for item in dumped.split("\0") if "=" in item)
+    port = env["ORDERLY_API_PORT"]
+    _bash(block_after("terminal by terminal:")[:1], env, port)  # migrate
+    started = _start(["orderly api", "orderly worker --concurrency 1", "orderly beat"], env)
+    # The first key, as the README makes it.
+    key_line = block_after("Create the first\none from the command line")[0]
+    env["ORDERLY_KEY"] = _bash([key_line, 'printf %s "$ORDERLY_KEY"'], env, port)
+    sink_port = str(free_port())
+    rest = [line.replace("8500", sink_port) for line in block if not line.startswith("export ")]
+    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), 90, "the API")
+    log = tmp_path / "example.out"
+    with log.open("wb") as written:
+        # A file, not a pipe: the sink the script leaves in the background keeps it open.
+        script = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", _script(rest, port)],
+            env=env,
+            stdout=written,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the sink it starts is stopped with it
+        )
+    try:
+        assert script.wait(180) == 0, log.read_text()
+        out = log.read_text()
+        pulled = [v for v in _json_values(out) if isinstance(v, list) and v]
+        assert pulled, out
+        assert pulled[0][0]["payload"] == {"id": 7}
+        # Event 7 pushed to the sink and consumed by echo (event 8 waits its minute).
+        wait_until(lambda: {"billing", "audit"} <= _delivered(env), 60, "billing and audit")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+        _stop(started)
