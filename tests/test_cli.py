@@ -209,6 +209,14 @@ def test_settings_check_reports_every_problem_at_once(cli: OrderlyCli, db: Engin
     invalid = cli("settings", env={"ORDERLY_API_PORT": "99999", "ORDERLY_LOG_FORMAT": "xml"})
     assert invalid.returncode == 2
     assert "ORDERLY_API_PORT" in invalid.stderr and "ORDERLY_LOG_FORMAT" in invalid.stderr
-    shown = json.loads(cli("settings", env={"ORDERLY_TOKEN_SECRET": "s3cr3t-value"}).stdout)
+    secrets = {
+        "ORDERLY_TOKEN_SECRET": "s3cr3t-value",
+        "ORDERLY_TRACK_REDIS_URL": "redis://:trackpw1@127.0.0.1:6379/3",
+        "ORDERLY_HTTP_PROXY": "http://u:proxypw1@127.0.0.1:3128",
+    }
+    shown = json.loads(cli("settings", env=secrets).stdout)
     assert shown["ORDERLY_TOKEN_SECRET"] == "(set)"
-    assert "s3cr3t-value" not in json.dumps(shown)
+    assert shown["ORDERLY_TRACK_REDIS_URL"] == "redis://:***@127.0.0.1:6379/3"
+    assert shown["ORDERLY_TOKEN_TTL_MS"] > 0  # not a secret for holding the word TOKEN
+    for value in ("s3cr3t-value", "trackpw1", "proxypw1"):
+        assert value not in json.dumps(shown)

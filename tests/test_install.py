@@ -5,6 +5,7 @@ none behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,11 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from tests.conftest import PG_ADMIN_URL, TEST_DB_URL, TEST_REDIS_URL
 from tests.helpers import message, wait_until
 from tooling.processes import BIN, free_port
+from worker.celery import enqueue_processing
+from worker.runtime import get_runtime
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -182,7 +185,7 @@ def up_env(db: object) -> Iterator[dict[str, str]]:
 
 
 def test_orderly_up_starts_three_processes_and_ctrl_c_stops_them_all(
-    up_env: dict[str, str], tmp_path: Path
+    up_env: dict[str, str], tmp_path: Path, db: Engine
 ) -> None:
     marker = up_env["ORDERLY_UP_TEST_MARKER"]
     log = tmp_path / "up.log"
@@ -207,12 +210,31 @@ def test_orderly_up_starts_three_processes_and_ctrl_c_stops_them_all(
 
         wait_until(ready, 120, "orderly up: API answering, worker ready, beat logging")
         assert len(_processes_with(marker)) >= 4  # up, api, worker (and its pool), beat
+        # A task in hand when Ctrl-C comes is finished, not lost (a warm shutdown).
+        intake = get_runtime().intake(enqueue_processing)
+        body = message(1, service="test", operation="script", payload='{"sleep": 3}')
+        msg_id = intake.submit(body).msg_id
+        wait_until(lambda: _state(db, msg_id) == "PROCESSING", 60, "the message in hand")
         up.send_signal(signal.SIGINT)  # Ctrl-C
-        assert up.wait(60) == 0, log.read_text()[-3000:]
+        assert up.wait(90) == 0, log.read_text()[-3000:]
+        assert _state(db, msg_id) == "OK", log.read_text()[-3000:]
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
+        for pid in _processes_with(marker):  # its children run in sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     # Nothing left behind (a stopped process may take a moment to be reaped).
     wait_until(lambda: not _processes_with(marker), 10, "no process of orderly up left")
     text = log.read_text()
     assert "api    | " in text and "worker | " in text, text[-2000:]
+    assert "WorkerLostError" not in text
+
+
+def _state(db: Engine, msg_id: int) -> str:
+    with db.connect() as conn:
+        return str(
+            conn.execute(
+                text("SELECT state FROM message WHERE msg_id = :id"), {"id": msg_id}
+            ).scalar_one()
+        )

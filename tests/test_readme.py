@@ -130,8 +130,9 @@ def test_the_quick_start_as_the_readme_says(quick_start_env: dict[str, str]) -> 
     submit_block = block_after("Submit a message over HTTP:")
 
     _bash(processes[:1], env, port)
-    started = _start(processes[1:], env)
+    started: list[subprocess.Popen[bytes]] = []
     try:
+        started = _start(processes[1:], env)
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), 90, "the API")
         flower = f"http://127.0.0.1:{env['ORDERLY_FLOWER_PORT']}/"
         wait_until(lambda: _answers(flower), 90, "Flower (its password asked for)")
@@ -140,7 +141,9 @@ def test_the_quick_start_as_the_readme_says(quick_start_env: dict[str, str]) -> 
         submitted = next(a for a in _json_values(out) if isinstance(a, dict) and "msg_id" in a)
         assert submitted["state"] in ("NEW", "POSTPONED"), out
         wait_until(
-            lambda: _state(env, submitted["msg_id"]) in ("OK", "FAILED", "PARTLY_FAILED"),
+            # PARTLY_FAILED: the demo handler refused this try (it does now and then); either
+            # way the worker ran it.
+            lambda: _state(env, submitted["msg_id"]) in ("OK", "PARTLY_FAILED"),
             90,
             "the submitted message processed by the worker",
         )
@@ -176,50 +179,57 @@ def _delivered(env: dict[str, str]) -> set[str]:
         engine.dispose()
 
 
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+def _kill_all_with(marker: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _processes_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not _processes_with(marker), 30, "the example's processes gone")
+
+
 def test_the_pub_sub_example_delivers(quick_start_env: dict[str, str], tmp_path: Path) -> None:
-    block = block_after("An example that delivers")
-    exports = [line for line in block if line.startswith("export ")]
-    assert [e.split("=")[0] for e in exports] == [
-        "export ORDERLY_OUTBOUND_ALLOW",
-        "export ORDERLY_TOKEN_SECRET",
-        "export ORDERLY_HANDLER_MODULES",
-    ]
-    # What the example exports, for the processes it runs with (the three of orderly up).
-    dumped = subprocess.run(
-        ["bash", "-c", "\n".join([*exports, "env -0"])],
-        capture_output=True,
-        env=quick_start_env,
-        check=True,
-    ).stdout.decode()
-    env = dict(item.split("=", 1) for item in dumped.split("\0") if "=" in item)
+    marker = f"readme-pubsub-{uuid.uuid4().hex[:8]}"
+    env = {**quick_start_env, "ORDERLY_README_TEST": marker}
     port = env["ORDERLY_API_PORT"]
-    _bash(block_after("terminal by terminal:")[:1], env, port)  # migrate
-    started = _start(["orderly api", "orderly worker --concurrency 1", "orderly beat"], env)
-    # The first key, as the README makes it.
-    key_line = block_after("Create the first\none from the command line")[0]
-    env["ORDERLY_KEY"] = _bash([key_line, 'printf %s "$ORDERLY_KEY"'], env, port)
+    migrate = block_after("terminal by terminal:")[:1]
+    key = block_after("Create the first\none from the command line")[:1]
+    block = block_after("An example that delivers")
+    assert any(line.startswith(".venv/bin/orderly up") for line in block)
     sink_port = str(free_port())
-    rest = [line.replace("8500", sink_port) for line in block if not line.startswith("export ")]
-    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), 90, "the API")
+    example = [line.replace("8500", sink_port) for line in block]
     log = tmp_path / "example.out"
-    with log.open("wb") as written:
-        # A file, not a pipe: the sink the script leaves in the background keeps it open.
-        script = subprocess.Popen(
-            ["bash", "-euo", "pipefail", "-c", _script(rest, port)],
-            env=env,
-            stdout=written,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the sink it starts is stopped with it
-        )
     try:
-        assert script.wait(180) == 0, log.read_text()
+        with log.open("wb") as written:
+            # A file, not a pipe: what the script leaves in the background keeps it open.
+            script = subprocess.Popen(
+                ["bash", "-euo", "pipefail", "-c", _script([*migrate, *key, *example], port)],
+                env=env,
+                cwd=tmp_path,
+                stdout=written,
+                stderr=subprocess.STDOUT,
+            )
+        assert script.wait(240) == 0, log.read_text()
         out = log.read_text()
         pulled = [v for v in _json_values(out) if isinstance(v, list) and v]
         assert pulled, out
         assert pulled[0][0]["payload"] == {"id": 7}
         # Event 7 pushed to the sink and consumed by echo (event 8 waits its minute).
         wait_until(lambda: {"billing", "audit"} <= _delivered(env), 60, "billing and audit")
+        wait_until(
+            lambda: "echo order.created" in (tmp_path / "orderly-up.log").read_text(),
+            30,
+            "the echo consumer's line in orderly up's log",
+        )
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(script.pid, signal.SIGKILL)
-        _stop(started)
+        _kill_all_with(marker)

@@ -64,9 +64,10 @@ def _unreachable(exc: Exception) -> tuple[str, str] | None:
     """The service a driver error says is unreachable, and the setting that points at it."""
     import kombu.exceptions
     import redis.exceptions
-    import sqlalchemy.exc
 
-    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+    from worker.store.db import connection_lost
+
+    if connection_lost(exc):
         return "PostgreSQL", "ORDERLY_DATABASE_URL"
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return "Redis", "ORDERLY_REDIS_URL"

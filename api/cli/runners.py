@@ -52,7 +52,11 @@ def _celery(*argv: str) -> None:
 
     # In the JSON log format nothing but log records on the streams: no banner.
     quiet = ["--quiet"] if get_settings().log_format == "json" else []
-    app.start(argv=[*quiet, *argv])
+    # Celery's exit code (a worker that failed to start, a cold shutdown) is this command's:
+    # a supervisor (docker-compose's on-failure, orderly up) must see it.
+    code = app.start(argv=[*quiet, *argv])
+    if isinstance(code, int) and code:
+        raise typer.Exit(code=code)
 
 
 def worker(
@@ -93,9 +97,11 @@ def flower() -> None:
 
 
 def _pump(name: str, stream: IO[str], lock: threading.Lock) -> None:
+    """Copy a child's lines to the one stream, prefixed; read to the end whatever happens to
+    the writes, so that a child never blocks on a full pipe."""
     width = len("worker")
     for line in stream:
-        with lock:
+        with lock, contextlib.suppress(OSError):
             sys.stdout.write(f"{name:<{width}} | {line}")
             sys.stdout.flush()
 
@@ -104,7 +110,8 @@ def up(
     concurrency: Annotated[int, typer.Option(help="The worker's processes.")] = 2,
 ) -> None:
     """API, a worker and beat in one group, one log stream; Ctrl-C stops all three."""
-    me = [sys.executable, "-m", "api.cli"]
+    # -P: orderly's own modules, not those of a directory it is started in.
+    me = [sys.executable, "-P", "-m", "api.cli"]
     commands = {
         "api": [*me, "api"],
         "worker": [*me, "worker", "--concurrency", str(concurrency)],
@@ -113,12 +120,13 @@ def up(
     lock = threading.Lock()
     stop = threading.Event()
     procs: dict[str, subprocess.Popen[str]] = {}
+    pumps: list[threading.Thread] = []
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(signum, on_signal)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         for name, argv in commands.items():
@@ -127,6 +135,7 @@ def up(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                errors="replace",
                 env=env,
                 # Their own group: a Ctrl-C in the terminal reaches ``up`` alone, which stops
                 # them in order.
@@ -134,7 +143,9 @@ def up(
             )
             procs[name] = proc
             assert proc.stdout is not None
-            threading.Thread(target=_pump, args=(name, proc.stdout, lock), daemon=True).start()
+            pump = threading.Thread(target=_pump, args=(name, proc.stdout, lock), daemon=True)
+            pump.start()
+            pumps.append(pump)
         while not stop.is_set():
             ended = [n for n, p in procs.items() if p.poll() is not None]
             if ended:
@@ -144,16 +155,20 @@ def up(
             stop.wait(0.5)
     finally:
         _stop_all(procs)
+        for pump in pumps:  # their last lines (the shutdown) reach the stream
+            pump.join(5)
     failed = {n: p.returncode for n, p in procs.items() if p.returncode not in (0, -15)}
     if failed and not stop.is_set():
         raise typer.Exit(code=1)
 
 
 def _stop_all(procs: dict[str, subprocess.Popen[str]]) -> None:
+    # SIGTERM to each process alone: a worker then stops its pool after the tasks in hand
+    # (a warm shutdown); its pool children would die at once if the group were signalled.
     for proc in procs.values():
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     for proc in procs.values():
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -8,13 +8,37 @@ import functools
 import importlib
 import json
 import logging
+import re
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from pydantic import SecretStr
 
 from api.cli.common import console, err
 from worker.settings import Settings, get_settings
+
+# A query parameter of a URL that holds a credential.
+_CREDENTIAL = re.compile(r"(?i)(password|passwd|pwd|secret|token|key)=[^&]*")
+
+
+def _masked(value: Any) -> Any:
+    """A value with any credential in it hidden: a URL's password and credential parameters,
+    in nested mappings and lists too."""
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    parts = urlsplit(value)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+    query = _CREDENTIAL.sub(lambda m: f"{m.group(1)}=***", parts.query)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _shown(settings: Settings) -> dict[str, Any]:
@@ -25,16 +49,9 @@ def _shown(settings: Settings) -> dict[str, Any]:
         value = getattr(settings, name)
         if isinstance(value, SecretStr):
             value = "(set)" if value.get_secret_value() else "(empty)"
-        elif any(word in key for word in ("PASSWORD", "SECRET", "TOKEN")) and value:
+        elif key.endswith(("_PASSWORD", "_SECRET")) and value:
             value = "(set)"
-        elif name in ("database_url", "redis_url", "broker_url") and value:
-            from sqlalchemy import make_url
-
-            try:
-                value = make_url(str(value)).render_as_string(hide_password=True)
-            except Exception:
-                value = "(set)"
-        found[key] = value
+        found[key] = _masked(value)
     return found
 
 
@@ -65,9 +82,9 @@ def _problems(settings: Settings) -> list[str]:
         if down is not None:
             found.append(f"{setting}: {down}")
     if not found:
-        behind = schema.pending_revisions(settings.database_url)
-        if behind:
-            found.append(f"ORDERLY_DATABASE_URL: migrations not applied: {', '.join(behind)}")
+        problem = schema.schema_problem(settings.database_url)
+        if problem:
+            found.append(f"ORDERLY_DATABASE_URL: {problem}")
     for module in settings.handler_module_list:
         try:
             importlib.import_module(module)

@@ -36,6 +36,7 @@ from worker.core.errors import (
     UnknownRequest,
     first_line,
 )
+from worker.store.db import connection_lost
 
 log = logging.getLogger("orderly.api")
 
@@ -71,26 +72,11 @@ def _service(exc: ServiceUnavailable) -> list[tuple[str, str]]:
     return [(exc.service, str(exc))]
 
 
-# SQLSTATEs of a lost server: connection exceptions (class 08) and the server shutting down,
-# crashed or starting (57P01-57P03). A connection-level failure has no SQLSTATE at all.
-_PG_GONE = ("08", "57P01", "57P02", "57P03")
-
-
 def _postgresql(exc: Exception) -> list[tuple[str, str]]:
     """PostgreSQL is gone; any other database error (a constraint, a deadlock) is re-raised and
     answered 500."""
     orig = getattr(exc, "orig", None) or exc
-    invalidated = isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
-    code = getattr(orig, "pgcode", None)
-    lost = (
-        invalidated
-        or isinstance(orig, psycopg2.InterfaceError)
-        or (
-            isinstance(orig, psycopg2.OperationalError)
-            and (code is None or code.startswith(_PG_GONE))
-        )
-    )
-    if not lost:
+    if not connection_lost(exc):
         raise exc
     return _service(ServiceUnavailable("postgresql", first_line(orig)))
 

@@ -90,6 +90,20 @@ class TextFormatter(logging.Formatter):
         return f"{line} [{shown}]" if shown else line
 
 
+class _WithIds(logging.Formatter):
+    """Another library's formatter, with the bound ids in brackets after its line."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        fields = getattr(record, "orderly", None) or {}
+        shown = " ".join(f"{k}={v}" for k, v in fields.items() if k != "node")
+        return f"{line} [{shown}]" if shown else line
+
+
 def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
@@ -113,7 +127,10 @@ def adopt(logger: logging.Logger, fmt: str) -> None:
     for handler in logger.handlers:
         if fmt == "json":
             dress(handler, fmt)
-        elif not any(isinstance(f, ContextFilter) for f in handler.filters):
+            continue
+        if not isinstance(handler.formatter, _WithIds):
+            handler.setFormatter(_WithIds(handler.formatter or logging.Formatter()))
+        if not any(isinstance(f, ContextFilter) for f in handler.filters):
             handler.addFilter(ContextFilter())
 
 

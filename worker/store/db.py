@@ -12,6 +12,27 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from worker.settings import get_settings
 
+# SQLSTATEs of a lost server: connection exceptions (class 08) and the server shutting down,
+# crashed or starting (57P01-57P03). A connection-level failure has no SQLSTATE at all.
+_PG_GONE = ("08", "57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Does this driver error mean PostgreSQL cannot be reached (not a deadlock, a timeout or a
+    constraint: those are errors of the statement)?"""
+    import psycopg2  # type: ignore[import-untyped]
+    import sqlalchemy.exc
+
+    orig = getattr(exc, "orig", None) or exc
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(orig, psycopg2.InterfaceError):
+        return True
+    code = getattr(orig, "pgcode", None)
+    return isinstance(orig, psycopg2.OperationalError) and (
+        code is None or str(code).startswith(_PG_GONE)
+    )
+
 
 def server_left(dbapi_connection: Any) -> bool:
     """Whether the server closed this idle connection (a restart, a crash, a terminated

@@ -35,8 +35,9 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def pending_revisions(url: str) -> list[str]:
-    """The migrations not yet applied to the database at ``url`` (oldest first)."""
+def schema_problem(url: str) -> str | None:
+    """What is wrong with the schema of the database at ``url`` for this orderly (None: it is
+    at the head): migrations not applied, or a revision this orderly does not know."""
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
@@ -48,13 +49,17 @@ def pending_revisions(url: str) -> list[str]:
     finally:
         engine.dispose()
     if current == set(script.get_heads()):
-        return []
+        return None
+    known = {rev.revision for rev in script.walk_revisions()}
+    unknown = sorted(current - known)
+    if unknown:
+        return f"the database is at {', '.join(unknown)}, a revision this orderly does not know"
     pending = []
     for rev in script.walk_revisions():
         if rev.revision in current:
             break
         pending.append(rev.revision)
-    return list(reversed(pending))
+    return f"migrations not applied: {', '.join(reversed(pending))} (run orderly migrate)"
 
 
 def downgrade(url: str, revision: str = "base") -> None:
