@@ -60,6 +60,8 @@ from worker.settings import get_settings  # noqa: E402
 from worker.store import schema  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# The fixtures orderly offers handler authors (tests/test_handler_testing.py uses them).
+pytest_plugins = ["worker.pytest_plugin"]
 TABLES = (
     "report_watermark",
     "response",

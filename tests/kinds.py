@@ -20,7 +20,7 @@ UNIT, INTEGRATION, E2E = "unit", "integration", "e2e"
 KINDS = (UNIT, INTEGRATION, E2E)
 
 E2E_FIXTURES = frozenset({"procs", "stack", "cli", "browser", "spark", "redis_server", "pg_server"})
-STORE_FIXTURES = frozenset({"pg_engine", "db", "redis_client"})
+STORE_FIXTURES = frozenset({"pg_engine", "db", "redis_client", "orderly_engine"})
 # Their tests start processes in their own ways: the `orderly` command, docker-compose, Flower,
 # Spark (through the report's own entry points as well as the ``spark`` fixture), pip and an
 # installed orderly.

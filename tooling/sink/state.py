@@ -64,6 +64,7 @@ class _Arrival:
             "delay_ms": self.delay_ms,
             "late": self.late,
             "late_by_ms": self.late_by_ms,
+            "ack_token": self.ack_token,
         }
 
 

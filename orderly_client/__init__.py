@@ -1,0 +1,48 @@
+"""orderly's HTTP client for producers and consumers: sync (:class:`Client`) and async
+(:class:`AsyncClient`), on httpx.
+
+It needs nothing of orderly but its address and an API key: it imports httpx and pydantic
+only. Bodies are dicts or pydantic models (the API's own ``MessageIn``, ``PublishIn``, ... are
+sent as they dump). Every refusal of the API (``{"errors": [{"field", "problem"}]}``) is raised
+as a typed :class:`OrderlyError`; a 503 is tried again after its ``Retry-After`` (at most
+``retries`` times, each wait at most ``max_wait_s``).
+
+    with Client("http://127.0.0.1:8000", api_key) as orderly:
+        sent = orderly.submit(message)            # Submitted(msg_id, state, created)
+        orderly.message(sent.msg_id)["state"]
+"""
+
+from orderly_client.calls import Acked, Published, Submitted
+from orderly_client.client import AsyncClient, Client
+from orderly_client.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    OrderlyError,
+    PayloadTooLarge,
+    Problem,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+)
+
+__all__ = [
+    "Acked",
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "Invalid",
+    "NotFound",
+    "OrderlyError",
+    "PayloadTooLarge",
+    "Problem",
+    "Published",
+    "ServerError",
+    "Submitted",
+    "Unauthorized",
+    "Unavailable",
+]

@@ -1,0 +1,150 @@
+"""Each operation of the API as a :class:`Call`: its request and how its answer is read. The
+sync and async clients send the same calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+T = TypeVar("T")
+
+ACK_TOKEN_HEADER = "X-Orderly-Ack-Token"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A message, conversation request or response the API took (``created`` False: it had
+    it already, the same answer again)."""
+
+    msg_id: int
+    state: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class Published:
+    correlation_id: str
+    event_id: int
+    deliveries: list[int]
+    unroutable: bool
+    created: bool
+
+
+@dataclass(frozen=True)
+class Acked:
+    msg_id: int
+    state: str
+
+
+def _as_is(status: int, body: Any) -> Any:
+    return body
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    body: Any = None
+    params: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    read: Callable[[int, Any], T] = _as_is
+
+
+def segment(value: object) -> str:
+    """A path segment: every character that is not unreserved escaped (``/`` too)."""
+    return quote(str(value), safe="")
+
+
+def json_of(value: Any) -> Any:
+    """A body: a pydantic model as it dumps for JSON (aliases, only the fields set), else the
+    value itself."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return value
+
+
+def _submitted(status: int, body: Any) -> Submitted:
+    return Submitted(int(body["msg_id"]), str(body["state"]), status == 201)
+
+
+def _published(status: int, body: Any) -> Published:
+    return Published(
+        body["correlation_id"],
+        int(body["event_id"]),
+        [int(d) for d in body["deliveries"]],
+        bool(body["unroutable"]),
+        status == 201,
+    )
+
+
+def _acked(status: int, body: Any) -> Acked:
+    return Acked(int(body["msg_id"]), str(body["state"]))
+
+
+def submit(message: Any) -> Call[Submitted]:
+    return Call("POST", "/messages", json_of(message), read=_submitted)
+
+
+def respond(response: Any) -> Call[dict[str, Any]]:
+    """An external system's response to a message waiting for it (WAITING_FOR_RES)."""
+    return Call("POST", "/messages/responses", json_of(response))
+
+
+def messages(
+    state: str | None, funnel: str | None, service: str | None, limit: int
+) -> Call[list[dict[str, Any]]]:
+    params = {"state": state, "funnel": funnel, "service": service, "limit": limit}
+    return Call("GET", "/messages", params={k: v for k, v in params.items() if v is not None})
+
+
+def message(msg_id: int) -> Call[dict[str, Any]]:
+    return Call("GET", f"/messages/{segment(msg_id)}")
+
+
+def command(verb: str, msg_id: int, note: str, by: str | None) -> Call[dict[str, Any]]:
+    body = {"note": note} if by is None else {"note": note, "by": by}
+    return Call("POST", f"/messages/{segment(msg_id)}/{verb}", body)
+
+
+def conversation_request(conversation_id: str, request: Any) -> Call[Submitted]:
+    path = f"/conversations/{segment(conversation_id)}/requests"
+    return Call("POST", path, json_of(request), read=_submitted)
+
+
+def conversation_response(conversation_id: str, response: Any) -> Call[Submitted]:
+    path = f"/conversations/{segment(conversation_id)}/responses"
+    return Call("POST", path, json_of(response), read=_submitted)
+
+
+def conversation(conversation_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", f"/conversations/{segment(conversation_id)}")
+
+
+def ack(async_response_id: str, token: str) -> Call[Acked]:
+    """A client's ACK: the ACK token its response came with, no API key needed."""
+    return Call(
+        "POST",
+        f"/acks/{segment(async_response_id)}",
+        headers={ACK_TOKEN_HEADER: token},
+        read=_acked,
+    )
+
+
+def publish(room: str, event: Any, idempotency_key: str | None) -> Call[Published]:
+    headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+    path = f"/rooms/{segment(room)}/events"
+    return Call("POST", path, json_of(event), headers=headers, read=_published)
+
+
+def pull(subscription_id: int, max_messages: int) -> Call[list[dict[str, Any]]]:
+    path = f"/subscriptions/{segment(subscription_id)}/messages"
+    return Call("GET", path, params={"max": max_messages})
+
+
+def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[dict[str, Any]]:
+    path = f"/subscriptions/{segment(subscription_id)}/messages/{segment(delivery_id)}/ack"
+    return Call("POST", path, {"receipt": receipt})

@@ -1,0 +1,259 @@
+"""The sync and async clients: the same calls (orderly_client.calls), sent with httpx; a 503
+is tried again after its Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from orderly_client import calls
+from orderly_client.calls import Acked, Call, Published, Submitted
+from orderly_client.errors import OrderlyError, error_for
+
+T = TypeVar("T")
+
+
+class _Settings:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_wait_s: float = 30.0,
+    ) -> None:
+        if retries < 0 or max_wait_s < 0:
+            raise ValueError("retries and max_wait_s may not be negative")
+        self.base_url = base_url.rstrip("/")
+        self.headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+
+    def request(self, call: Call[Any]) -> dict[str, Any]:
+        return {
+            "method": call.method,
+            "url": call.path,
+            "json": call.body,
+            "params": call.params,
+            "headers": dict(call.headers),
+        }
+
+    def wait_s(self, answer: httpx.Response) -> float:
+        try:
+            wanted = float(answer.headers.get("Retry-After", "1"))
+        except ValueError:  # an HTTP date: orderly sends seconds
+            wanted = 1.0
+        return min(max(wanted, 0.0), self.max_wait_s)
+
+    def read(self, call: Call[T], answer: httpx.Response) -> T:
+        try:
+            body = answer.json() if answer.content else None
+        except ValueError:
+            body = None
+        if answer.is_success:
+            return call.read(answer.status_code, body)
+        retry_after = self.wait_s(answer) if answer.status_code == 503 else None
+        raise error_for(answer.status_code, body, retry_after)
+
+
+class Client:
+    """A synchronous client of one orderly API (a context manager; or call :meth:`close`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_wait_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._s = _Settings(
+            base_url, api_key, timeout_s=timeout_s, retries=retries, max_wait_s=max_wait_s
+        )
+        self._http = httpx.Client(
+            base_url=self._s.base_url,
+            headers=self._s.headers,
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def call(self, call: Call[T]) -> T:
+        """Send one call; a 503 is sent again after its Retry-After, ``retries`` times."""
+        for attempt in range(self._s.retries + 1):
+            answer = self._http.request(**self._s.request(call))
+            if answer.status_code != 503 or attempt == self._s.retries:
+                return self._s.read(call, answer)
+            time.sleep(self._s.wait_s(answer))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- producers -------------------------------------------------------------------------
+
+    def submit(self, message: Any) -> Submitted:
+        """``POST /messages``: a dict or a ``MessageIn``."""
+        return self.call(calls.submit(message))
+
+    def respond(self, response: Any) -> dict[str, Any]:
+        """``POST /messages/responses``: an external system's answer to a waiting message."""
+        return self.call(calls.respond(response))
+
+    def request(self, conversation_id: str, request: Any) -> Submitted:
+        """A conversation's request (``request_id``, ``origin``, ...)."""
+        return self.call(calls.conversation_request(conversation_id, request))
+
+    def response(self, conversation_id: str, response: Any) -> Submitted:
+        """A response to one of the conversation's requests (delivered in order)."""
+        return self.call(calls.conversation_response(conversation_id, response))
+
+    def publish(self, room: str, event: Any, *, idempotency_key: str | None = None) -> Published:
+        return self.call(calls.publish(room, event, idempotency_key))
+
+    # --- consumers -------------------------------------------------------------------------
+
+    def ack(self, async_response_id: str, token: str) -> Acked:
+        """A channel client's ACK, with the ``X-Orderly-Ack-Token`` its response came with."""
+        return self.call(calls.ack(async_response_id, token))
+
+    def pull(self, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
+        return self.call(calls.pull(subscription_id, max_messages))
+
+    def ack_pulled(self, subscription_id: int, delivery_id: int, receipt: str) -> dict[str, Any]:
+        return self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
+
+    # --- operators -------------------------------------------------------------------------
+
+    def message(self, msg_id: int) -> dict[str, Any]:
+        return self.call(calls.message(msg_id))
+
+    def messages(
+        self,
+        *,
+        state: str | None = None,
+        funnel: str | None = None,
+        service: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        return self.call(calls.messages(state, funnel, service, limit))
+
+    def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
+        return self.call(calls.command("cancel", msg_id, note, by))
+
+    def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
+        return self.call(calls.command("redrive", msg_id, note, by))
+
+    def conversation(self, conversation_id: str) -> dict[str, Any]:
+        return self.call(calls.conversation(conversation_id))
+
+
+class AsyncClient:
+    """The same as :class:`Client`, for asyncio (``async with``; or ``await aclose()``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_wait_s: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._s = _Settings(
+            base_url, api_key, timeout_s=timeout_s, retries=retries, max_wait_s=max_wait_s
+        )
+        self._http = httpx.AsyncClient(
+            base_url=self._s.base_url,
+            headers=self._s.headers,
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    async def call(self, call: Call[T]) -> T:
+        for attempt in range(self._s.retries + 1):
+            answer = await self._http.request(**self._s.request(call))
+            if answer.status_code != 503 or attempt == self._s.retries:
+                return self._s.read(call, answer)
+            await asyncio.sleep(self._s.wait_s(answer))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def submit(self, message: Any) -> Submitted:
+        return await self.call(calls.submit(message))
+
+    async def respond(self, response: Any) -> dict[str, Any]:
+        return await self.call(calls.respond(response))
+
+    async def request(self, conversation_id: str, request: Any) -> Submitted:
+        return await self.call(calls.conversation_request(conversation_id, request))
+
+    async def response(self, conversation_id: str, response: Any) -> Submitted:
+        return await self.call(calls.conversation_response(conversation_id, response))
+
+    async def publish(
+        self, room: str, event: Any, *, idempotency_key: str | None = None
+    ) -> Published:
+        return await self.call(calls.publish(room, event, idempotency_key))
+
+    async def ack(self, async_response_id: str, token: str) -> Acked:
+        return await self.call(calls.ack(async_response_id, token))
+
+    async def pull(self, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
+        return await self.call(calls.pull(subscription_id, max_messages))
+
+    async def ack_pulled(
+        self, subscription_id: int, delivery_id: int, receipt: str
+    ) -> dict[str, Any]:
+        return await self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
+
+    async def message(self, msg_id: int) -> dict[str, Any]:
+        return await self.call(calls.message(msg_id))
+
+    async def messages(
+        self,
+        *,
+        state: str | None = None,
+        funnel: str | None = None,
+        service: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        return await self.call(calls.messages(state, funnel, service, limit))
+
+    async def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
+        return await self.call(calls.command("cancel", msg_id, note, by))
+
+    async def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
+        return await self.call(calls.command("redrive", msg_id, note, by))
+
+    async def conversation(self, conversation_id: str) -> dict[str, Any]:
+        return await self.call(calls.conversation(conversation_id))
+
+
+__all__ = ["AsyncClient", "Client", "OrderlyError"]

@@ -1,0 +1,91 @@
+"""The API's refusals as exceptions: one class per status, each with the problems it named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One refused field (or the service that is unreachable) and why."""
+
+    field: str
+    problem: str
+
+
+class OrderlyError(Exception):
+    """An answer of the API that is not a success."""
+
+    status = 0
+
+    def __init__(self, status: int, problems: list[Problem], retry_after_s: float | None = None):
+        self.status = status
+        self.problems = problems
+        self.retry_after_s = retry_after_s
+        shown = "; ".join(f"{p.field}: {p.problem}" for p in problems) or "no detail"
+        super().__init__(f"HTTP {status}: {shown}")
+
+    @property
+    def fields(self) -> list[str]:
+        return [p.field for p in self.problems]
+
+
+class BadRequest(OrderlyError):
+    """400: malformed input (not JSON, a NUL in the path, a value PostgreSQL cannot store)."""
+
+
+class Unauthorized(OrderlyError):
+    """401: no API key (or ACK token), or one that is unknown, revoked or expired."""
+
+
+class Forbidden(OrderlyError):
+    """403: the key lacks the scope the operation needs (named in the problem)."""
+
+
+class NotFound(OrderlyError):
+    """404: no such message, room, subscription, request or ACK id."""
+
+
+class Conflict(OrderlyError):
+    """409: the message is not in a state that allows this."""
+
+
+class PayloadTooLarge(OrderlyError):
+    """413: the body is over the API's size limit."""
+
+
+class Invalid(OrderlyError):
+    """422: invalid input; every bad field is named."""
+
+
+class Unavailable(OrderlyError):
+    """503: a service orderly needs is unreachable, or the node takes no new input; still so
+    after the client's retries."""
+
+
+class ServerError(OrderlyError):
+    """Any other status of 500 and above."""
+
+
+BY_STATUS: dict[int, type[OrderlyError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: Invalid,
+    503: Unavailable,
+}
+
+
+def error_for(status: int, body: Any, retry_after_s: float | None = None) -> OrderlyError:
+    """The exception of an answer with this status and (decoded) body."""
+    problems = []
+    if isinstance(body, dict) and isinstance(body.get("errors"), list):
+        for item in body["errors"]:
+            if isinstance(item, dict):
+                problems.append(Problem(str(item.get("field", "")), str(item.get("problem", ""))))
+    cls = BY_STATUS.get(status, ServerError if status >= 500 else OrderlyError)
+    return cls(status, problems, retry_after_s)

@@ -1,0 +1,172 @@
+"""orderly_client against a live API (and a worker): every call, each refusal as its typed
+exception, a 503 tried again after its Retry-After; the async client too."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from models import NodeState
+from orderly_client import (
+    AsyncClient,
+    BadRequest,
+    Client,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from tests.helpers import api_key, message, wait_until
+from tests.stack import Stack
+from tooling.sink import Sink
+from worker import nodes
+from worker.intake import MessageIn
+
+MAX_PAYLOAD = 2000
+
+
+class Watching(httpx.HTTPTransport):
+    """The real transport, remembering every status it carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = super().handle_request(request)
+        self.statuses.append(answer.status_code)
+        return answer
+
+
+@pytest.fixture
+def live(stack: Stack) -> Iterator[Stack]:
+    stack.env(ORDERLY_MAX_PAYLOAD_BYTES=str(MAX_PAYLOAD))
+    stack.start_api()
+    stack.worker()
+    yield stack
+
+
+def test_every_call_and_every_refusal(live: Stack, db: Engine) -> None:
+    with Client(live.url, live.token, retries=0) as orderly:
+        sent = orderly.submit(message(1, service="test", operation="script", payload="{}"))
+        assert sent.created and sent.state == "NEW"
+        assert orderly.submit(message(1, service="test", operation="script", payload="{}")) == (
+            type(sent)(sent.msg_id, sent.state, False)
+        )
+        # The API's own pydantic model is a body too.
+        model = MessageIn.model_validate(message(2, service="test", operation="script"))
+        second = orderly.submit(model)
+        wait_until(lambda: orderly.message(sent.msg_id)["state"] == "OK", 60, "processed")
+        assert {m["msg_id"] for m in orderly.messages(state="OK", limit=10)} >= {sent.msg_id}
+        with pytest.raises(Conflict) as refused:
+            orderly.cancel(sent.msg_id, "too late")
+        assert refused.value.fields == ["msg_id"]
+        wait_until(lambda: orderly.message(second.msg_id)["state"] == "OK", 60, "processed")
+        with pytest.raises(Conflict):
+            orderly.redrive(second.msg_id, "not failed")
+        with pytest.raises(NotFound):
+            orderly.message(10**9)
+        with pytest.raises(Invalid) as invalid:
+            orderly.submit({"service": "test"})
+        assert {"operation", "correlation_id"} <= set(invalid.value.fields)
+        with pytest.raises(NotFound):
+            orderly.respond({"correlation_id": "nobody-waits", "payload": "x"})
+        with pytest.raises(PayloadTooLarge):
+            orderly.submit(message(3, payload="x" * (MAX_PAYLOAD + 70_000)))
+        with pytest.raises(BadRequest):
+            orderly.conversation("a\x00b")  # sent as %00: a NUL in the path
+
+        # Conversations: request, response, the client's ACK with its token.
+        with Sink() as sink:
+            sink.configure(p_async=1.0, p_never_ack=1.0)
+            channel = {"url": sink.url, "delivery_delay_ms": 20, "attempts": 3}
+            assert live.http.put("/channels/chat", json=channel).status_code == 200
+            live.worker("w2")  # drains
+            assert orderly.request("c1", {"request_id": "r1", "origin": "chat"}).created
+            response = {"request_id": "r1", "response_id": "s1", "payload": {"t": 1}}
+            assert orderly.response("c1", response).created
+            wait_until(lambda: bool(sink.arrivals()), 60, "the response at the client")
+            arrival = sink.arrivals()[0]
+            assert orderly.conversation("c1")["conversation_id"] == "c1"
+            with pytest.raises(Unauthorized):
+                orderly.ack(arrival["async_response_id"], "A" * 43)
+            acked = orderly.ack(arrival["async_response_id"], arrival["ack_token"])
+            assert acked.state == "OK"
+
+        # Publish (idempotent with a key), pull and acknowledge.
+        assert live.http.post("/rooms", json={"name": "r1"}).status_code == 201
+        sub = live.http.post("/rooms/r1/subscriptions", json={"name": "p", "kind": "PULL"}).json()
+        event = {"payload": {"n": 1}, "routing_key": "a"}
+        first = orderly.publish("r1", event, idempotency_key="k-1")
+        again = orderly.publish("r1", event, idempotency_key="k-1")
+        assert first.created and not again.created and again.event_id == first.event_id
+        (pulled,) = orderly.pull(sub["subscription_id"])
+        done = orderly.ack_pulled(sub["subscription_id"], pulled["delivery_id"], pulled["receipt"])
+        assert done["state"] == "DELIVERED"
+
+    with pytest.raises(Unauthorized) as nobody, Client(live.url) as anonymous:
+        anonymous.messages()
+    assert nobody.value.fields == ["Authorization"]
+    reader = Client(live.url, api_key(db, "consume", name="reader"))
+    with reader, pytest.raises(Forbidden) as lacking:
+        reader.submit(message(4))
+    assert "produce" in str(lacking.value)
+
+
+def test_a_503_is_tried_again_after_its_retry_after(live: Stack, db: Engine) -> None:
+    nodes.set_state(db, "api-node", NodeState.HANDLES_EXISTING_MESSAGES)  # refuses new input
+    watching = Watching()
+
+    def reopen() -> None:
+        wait_until(lambda: 503 in watching.statuses, 30, "a first 503")
+        nodes.set_state(db, "api-node", NodeState.RUN)
+
+    opener = threading.Thread(target=reopen)
+    opener.start()
+    with Client(live.url, live.token, retries=30, max_wait_s=1, transport=watching) as orderly:
+        sent = orderly.submit(message(1, service="test", operation="script"))
+    opener.join()
+    assert sent.created and watching.statuses[0] == 503 and watching.statuses[-1] == 201
+
+    nodes.set_state(db, "api-node", NodeState.HANDLES_EXISTING_MESSAGES)
+    orderly = Client(live.url, live.token, retries=1, max_wait_s=0)
+    with orderly, pytest.raises(Unavailable) as down:
+        orderly.submit(message(2, service="test", operation="script"))
+    assert down.value.fields == ["node"] and down.value.retry_after_s == 0
+
+
+def test_the_async_client(live: Stack) -> None:
+    async def run() -> dict[str, Any]:
+        async with AsyncClient(live.url, live.token) as orderly:
+            sent = await orderly.submit(message(1, service="test", operation="script"))
+            with pytest.raises(NotFound):
+                await orderly.message(10**9)
+            with pytest.raises(Invalid):
+                await orderly.submit({})
+            return await orderly.message(sent.msg_id)
+
+    found = asyncio.run(run())
+    assert found["correlation_id"] == "corr-1"
+
+
+@pytest.mark.e2e
+def test_the_client_imports_nothing_of_the_server() -> None:
+    import subprocess
+    import sys
+
+    probe = "import sys, orderly_client; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for heavy in ("worker", "api", "models", "sqlalchemy", "celery", "redis", "fastapi"):
+        assert heavy not in loaded, heavy
+    assert "httpx" in loaded and "pydantic" in loaded
