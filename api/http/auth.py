@@ -1,7 +1,7 @@
 """Who is calling: every route but /health, /ready and /docs needs an API key with a scope.
 
-A route declares its scope with :func:`requires` (or takes the caller with :data:`Caller` /
-:func:`caller`); the scope goes into the OpenAPI document as the operation's security
+A route declares its scope with :func:`requires` (or takes the caller with :func:`caller`,
+or :data:`Operator`); the scope goes into the OpenAPI document as the operation's security
 requirement. ``publish:{room}`` is filled from the path. Keys live in worker.keys.
 """
 
