@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from worker import nodes
 from worker.configuration import ConfigReader
@@ -28,6 +28,7 @@ from worker.core.http import OutboundHttp
 from worker.handlers import Handler, HandlerRegistry, registry
 from worker.intake import Intake
 from worker.processing import Processor
+from worker.store.queries import sql
 
 # The node a test's messages are stored and processed under.
 TEST_NODE = "handler-test"
@@ -80,13 +81,7 @@ def run_handler(
     )
     result = processor.process(msg_id)
     with engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT state, failed_count, failed_error_code, failed_desc, custom_data"
-                " FROM message WHERE msg_id = :id"
-            ),
-            {"id": msg_id},
-        ).one()
+        row = conn.execute(sql("message_outcome"), {"id": msg_id}).one()
     return HandlerRun(
         msg_id=msg_id,
         state=row.state,

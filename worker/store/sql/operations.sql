@@ -115,3 +115,8 @@ SELECT 'late', '', count(*)::float8 FROM message WHERE late_ms IS NOT NULL
 UNION ALL
 SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
   FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]));
+
+-- name: message_outcome
+-- What processing left on a message (worker.testing.run_handler reports it).
+SELECT state, failed_count, failed_error_code, failed_desc, custom_data
+  FROM message WHERE msg_id = :id;
