@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, func, select, text
@@ -81,6 +83,17 @@ def api_key(engine: Engine, *scopes: str, name: str = "tests") -> str:
     """A new API key's token: with ``scopes``, or every scope when none is given."""
     _, token = keys.create_key(engine, {"name": name, "scopes": list(scopes or keys.SCOPES)})
     return token
+
+
+def processes_with(marker: str) -> list[int]:
+    """The pids of the processes whose environment holds ``marker`` (a test's own value)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from tests.conftest import PG_ADMIN_URL, TEST_DB_URL, TEST_REDIS_URL
-from tests.helpers import message, wait_until
+from tests.helpers import message, processes_with, wait_until
 from tooling.processes import BIN, free_port
 from worker.celery import enqueue_processing
 from worker.runtime import get_runtime
@@ -159,20 +159,6 @@ def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: P
         admin.dispose()
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in environ:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def up_env(db: object) -> Iterator[dict[str, str]]:
     marker = f"up-{uuid.uuid4().hex[:10]}"
@@ -209,7 +195,7 @@ def test_orderly_up_starts_three_processes_and_ctrl_c_stops_them_all(
             return answered and "worker | " in text and "ready." in text and "beat   | " in text
 
         wait_until(ready, 120, "orderly up: API answering, worker ready, beat logging")
-        assert len(_processes_with(marker)) >= 4  # up, api, worker (and its pool), beat
+        assert len(processes_with(marker)) >= 4  # up, api, worker (and its pool), beat
         # A task in hand when Ctrl-C comes is finished, not lost (a warm shutdown).
         intake = get_runtime().intake(enqueue_processing)
         body = message(1, service="test", operation="script", payload='{"sleep": 3}')
@@ -221,11 +207,11 @@ def test_orderly_up_starts_three_processes_and_ctrl_c_stops_them_all(
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
-        for pid in _processes_with(marker):  # its children run in sessions of their own
+        for pid in processes_with(marker):  # its children run in sessions of their own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     # Nothing left behind (a stopped process may take a moment to be reaped).
-    wait_until(lambda: not _processes_with(marker), 10, "no process of orderly up left")
+    wait_until(lambda: not processes_with(marker), 10, "no process of orderly up left")
     text = log.read_text()
     assert "api    | " in text and "worker | " in text, text[-2000:]
     assert "WorkerLostError" not in text

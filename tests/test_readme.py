@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from tests.conftest import PG_ADMIN_URL, TEST_DB_URL
-from tests.helpers import wait_until
+from tests.helpers import processes_with, wait_until
 from tooling.processes import BIN, free_port
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -179,23 +179,13 @@ def _delivered(env: dict[str, str]) -> set[str]:
         engine.dispose()
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-    return found
-
-
 def _kill_all_with(marker: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _processes_with(marker):
+        for pid in processes_with(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: not _processes_with(marker), 30, "the example's processes gone")
+            wait_until(lambda: not processes_with(marker), 30, "the example's processes gone")
 
 
 def test_the_pub_sub_example_delivers(quick_start_env: dict[str, str], tmp_path: Path) -> None:

@@ -7,25 +7,21 @@ from collections.abc import Iterator
 from models import CONFIRMATION_OPERATION, FINAL_STATES
 from tooling.generate.base import Batch, _batch, _chunked, _Outcome
 from tooling.generate.catalogue import (
-    _CANCEL_NOTES,
     _CHILDREN,
     _CONFIRMED_SOURCES,
     _GENERIC_FAILURES,
     _OP,
-    _OPERATORS,
     _PUSH_ERRORS,
     _SOAP_SOURCES,
     _SPLIT_SHARE,
     TIMEOUT_FINAL,
     _Call,
-    _iso,
     _Op,
     _timeline,
 )
 from tooling.generate.columns import (
     CONFIRMATION_INTERVAL,
     CONFIRMATION_LIMIT,
-    DAY,
     FAILS_BEFORE_FAILED,
     HOUR,
     KEYED_CALLS,
@@ -38,14 +34,14 @@ from tooling.generate.columns import (
 )
 from tooling.generate.conversations import _ConversationRows
 from tooling.generate.pubsub import _PubsubRows
+from tooling.generate.waits import _WaitRows
 from worker.pool import POSTPONED_CODE, REPAIR_CODE
-from worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
-from worker.processing import ERROR_HANDLER, ERROR_NO_HANDLER
+from worker.processing import ERROR_NO_HANDLER
 from worker.pubsub import QUEUED_LEASE_S
 from worker.timeouts import TIMEOUT_CODE
 
 
-class _Generator(_ConversationRows, _PubsubRows):
+class _Generator(_ConversationRows, _PubsubRows, _WaitRows):
     """Every generated row: the store's messages and what they make here, conversations and
     publish/subscribe rows from their own modules, all from one stream of randomness."""
 
@@ -288,61 +284,6 @@ class _Generator(_ConversationRows, _PubsubRows):
             done = min(at + wait + run, self.end - 1)
             tries = failed
         return _Outcome(state, failed, code, desc, done, queued=at + wait, tries=tries)
-
-    def waiting(self, msg_id: int, at: int) -> _Outcome:
-        wait_id = f"gen{self.seed}-wait-{msg_id}"
-        return _Outcome(
-            "WAITING_FOR_RES",
-            done=at,
-            queued=at,
-            wait_id=wait_id,
-            deadline=at + RESPONSE_TIMEOUT,
-            tries=1,
-            custom=f"waits for {wait_id}",
-        )
-
-    def awaited(self, msg_id: int, at: int) -> _Outcome:
-        """A message that waited for an asynchronous response: it came, or the wait timed out."""
-        outcome = self.waiting(msg_id, at)
-        assert outcome.deadline is not None
-        if self.rng.random() < 0.08:
-            if outcome.deadline < self.end:
-                outcome.state, outcome.failed = "FAILED", 1
-                outcome.code = RESPONSE_TIMEOUT_CODE
-                outcome.desc = (
-                    f"no response for correlation id {outcome.wait_id} "
-                    f"by {self.ts(outcome.deadline)}"
-                )
-                outcome.done = outcome.deadline + self.lognormal(2000, 1.0, MINUTE)
-            return outcome
-        answered = at + self.lognormal(20 * SECOND, 1.5, RESPONSE_TIMEOUT - 1)
-        if answered >= self.end:
-            return outcome
-        outcome.wait_res = self.next_id("response")
-        outcome.state = "OK"
-        outcome.queued = answered
-        outcome.done = answered + self.lognormal(150, 1.0, MINUTE)
-        outcome.custom = None
-        return outcome
-
-    def cancelled(self, at: int, after_failures: bool) -> _Outcome:
-        rng = self.rng
-        failed, code, before = 0, None, "POSTPONED"
-        if after_failures:
-            failed = 1 + rng.getrandbits(1)
-            code, before = ERROR_HANDLER, "PARTLY_FAILED"
-        done = at + self.lognormal(20 * MINUTE, 1.0, 2 * DAY)
-        if done >= self.end:
-            return _Outcome(before, failed, code, None if code is None else "handler failed", at)
-        who = _OPERATORS[rng.getrandbits(8) % len(_OPERATORS)]
-        note = _CANCEL_NOTES[rng.getrandbits(8) % len(_CANCEL_NOTES)]
-        error = "null" if code is None else f'"{code}"'
-        audit = (
-            f'[{{"at": "{_iso(done)}", "by": "{who}", "from": "{before}", '
-            f'"note": "{note}", "error": {error}, "action": "CANCEL"}}]'
-        )
-        desc = None if code is None else "ConnectionError: connection reset by peer"
-        return _Outcome("CANCEL", failed, code, desc, done, audit=audit, tries=failed)
 
     def message_row(
         self,
