@@ -73,6 +73,14 @@ class Message(Base):
         ),
         # Late conversation responses, counted for GET /metrics and listed by operators.
         Index("ix_message_late", "msg_id", postgresql_where=text("late_ms IS NOT NULL")),
+        # A conversation's requests and responses (its id is their process_id), for operators.
+        Index(
+            "ix_message_conversation",
+            "process_id",
+            "msg_timestamp",
+            "msg_id",
+            postgresql_where=text("service_name = 'conversation'"),
+        ),
     )
 
     msg_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)

@@ -12,7 +12,7 @@ as a typed :class:`OrderlyError`; a 503 is tried again after its ``Retry-After``
         orderly.message(sent.msg_id)["state"]
 """
 
-from orderly_client.calls import Acked, Published, Submitted
+from orderly_client.calls import Acked, MessageFilter, Published, Submitted
 from orderly_client.client import AsyncClient, Client
 from orderly_client.errors import (
     BadRequest,
@@ -36,6 +36,7 @@ __all__ = [
     "Conflict",
     "Forbidden",
     "Invalid",
+    "MessageFilter",
     "NotFound",
     "OrderlyError",
     "PayloadTooLarge",

@@ -4,7 +4,8 @@ sync and async clients send the same calls."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -94,11 +95,26 @@ def respond(response: Any) -> Call[dict[str, Any]]:
     return Call("POST", "/messages/responses", json_of(response))
 
 
-def messages(
-    state: str | None, funnel: str | None, service: str | None, limit: int
-) -> Call[list[dict[str, Any]]]:
-    params = {"state": state, "funnel": funnel, "service": service, "limit": limit}
-    return Call("GET", "/messages", params={k: v for k, v in params.items() if v is not None})
+@dataclass(frozen=True)
+class MessageFilter:
+    """Which messages ``messages()`` lists: every field given must match (None: any)."""
+
+    state: str | None = None
+    service: str | None = None
+    operation: str | None = None
+    source_system: str | None = None
+    correlation_id: str | None = None
+    funnel: str | None = None
+    since: datetime | str | None = None  # msg_timestamp from
+    until: datetime | str | None = None  # msg_timestamp before
+
+
+def messages(found: MessageFilter, limit: int, offset: int) -> Call[list[dict[str, Any]]]:
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    for name, value in asdict(found).items():
+        if value is not None:
+            params[name] = value.isoformat() if isinstance(value, datetime) else value
+    return Call("GET", "/messages", params=params)
 
 
 def message(msg_id: int) -> Call[dict[str, Any]]:

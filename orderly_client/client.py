@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -147,11 +148,22 @@ class Client:
         self,
         *,
         state: str | None = None,
-        funnel: str | None = None,
         service: str | None = None,
+        operation: str | None = None,
+        source_system: str | None = None,
+        correlation_id: str | None = None,
+        funnel: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[dict[str, Any]]:
-        return self.call(calls.messages(state, funnel, service, limit))
+        """Messages matching every filter given, oldest msg_timestamp first; ``since`` and
+        ``until`` bound msg_timestamp (from, before)."""
+        found = calls.MessageFilter(
+            state, service, operation, source_system, correlation_id, funnel, since, until
+        )
+        return self.call(calls.messages(found, limit, offset))
 
     def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
         return self.call(calls.command("cancel", msg_id, note, by))
@@ -240,11 +252,22 @@ class AsyncClient:
         self,
         *,
         state: str | None = None,
-        funnel: str | None = None,
         service: str | None = None,
+        operation: str | None = None,
+        source_system: str | None = None,
+        correlation_id: str | None = None,
+        funnel: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[dict[str, Any]]:
-        return await self.call(calls.messages(state, funnel, service, limit))
+        """Messages matching every filter given, oldest msg_timestamp first; ``since`` and
+        ``until`` bound msg_timestamp (from, before)."""
+        found = calls.MessageFilter(
+            state, service, operation, source_system, correlation_id, funnel, since, until
+        )
+        return await self.call(calls.messages(found, limit, offset))
 
     async def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
         return await self.call(calls.command("cancel", msg_id, note, by))

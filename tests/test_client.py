@@ -67,6 +67,16 @@ def test_every_call_and_every_refusal(live: Stack, db: Engine) -> None:
         second = orderly.submit(model)
         wait_until(lambda: orderly.message(sent.msg_id)["state"] == "OK", 60, "processed")
         assert {m["msg_id"] for m in orderly.messages(state="OK", limit=10)} >= {sent.msg_id}
+        # Every filter the API takes narrows the list.
+        assert [m["msg_id"] for m in orderly.messages(correlation_id="corr-1")] == [sent.msg_id]
+        assert orderly.messages(correlation_id="corr-1", source_system="elsewhere") == []
+        assert [m["msg_id"] for m in orderly.messages(since="2026-01-01T00:00:01.5Z")] == [
+            second.msg_id
+        ]
+        assert [m["msg_id"] for m in orderly.messages(until="2026-01-01T00:00:01.5Z")] == [
+            sent.msg_id
+        ]
+        assert [m["msg_id"] for m in orderly.messages(limit=1, offset=1)] == [second.msg_id]
         with pytest.raises(Conflict) as refused:
             orderly.cancel(sent.msg_id, "too late")
         assert refused.value.fields == ["msg_id"]

@@ -144,6 +144,11 @@ def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: P
 
         wait_until(done, 90, "the message processed by the installed worker")
         assert http.get(f"/messages/{msg_id}").json()["custom_data"] == "shipped by my own handler"
+        # The console's templates and static files came with the wheel.
+        console = http.get(f"/console/messages/{msg_id}")
+        assert console.status_code == 200 and "shipped by my own handler" in console.text
+        assert "--accent" in http.get("/console/static/console.css").text
+        assert "figures.json" in http.get("/console/static/figures.js").text
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -337,6 +337,50 @@ def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
     assert row(db, waiting.msg_id).custom_data == '{"ok":1}'
 
 
+def test_an_operator_responds_by_hand_with_a_note_all_or_nothing(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    waiting = intake.submit(
+        message(1, operation="wait", payload=json.dumps({"correlation_id": "r-9"}))
+    ).msg_id
+    other = intake.submit(message(2)).msg_id
+    assert processor(db).process(waiting).outcome is Outcome.WAITING_FOR_RES
+    queue.clear()
+    # Refusals name the problem and write nothing: no note, a bad response, a message that
+    # waits for nothing, an unknown one.
+    for data, note, field in (
+        ({"payload": "x"}, None, "note"),
+        ({"payload": "x"}, "  ", "note"),
+        ({"failed": True}, "phoned", "reason"),
+        ({"correlation_id": "r-9"}, "phoned", "correlation_id"),
+    ):
+        with pytest.raises(InvalidMessage) as bad:
+            operations.respond(db, waiting, data, queue.append, note=note, key="ops")
+        assert bad.value.field == field, (data, note)
+    with pytest.raises(OperationRefused):
+        operations.respond(db, other, {}, queue.append, note="phoned")
+    with pytest.raises(MessageNotFound):
+        operations.respond(db, 10**9, {}, queue.append, note="phoned")
+    stored = row(db, waiting)
+    assert (stored.wait_res_id, stored.audit, queue) == (None, [], [])
+    got = operations.respond(
+        db, waiting, {"payload": {"ok": 2}}, queue.append, note="answered by phone", key="ops"
+    )
+    assert got.created and got.state is MessageState.IN_QUEUE and queue == [waiting]
+    entry = row(db, waiting).audit[-1]
+    assert (entry["action"], entry["by"], entry["note"], entry["from"]) == (
+        "RESPOND",
+        "key:ops",
+        "answered by phone",
+        "WAITING_FOR_RES",
+    )
+    assert processor(db).process(queue.pop()).outcome is Outcome.OK
+    assert row(db, waiting).custom_data == '{"ok":2}'
+    # Final now: nothing more to answer.
+    with pytest.raises(OperationRefused):
+        operations.respond(db, waiting, {}, queue.append, note="again")
+
+
 def test_a_wait_that_runs_out_fails(db: Engine, intake: Intake) -> None:
     waiting = intake.submit(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "r-2", "timeout_s": 1}))
@@ -495,3 +539,45 @@ def test_cancel_and_redrive_need_a_note_and_the_right_state(
     assert [m["msg_id"] for m in listed] == [head, behind]
     with pytest.raises(InvalidMessage):
         operations.list_messages(db, state="DONE")
+
+
+def test_messages_listed_by_every_filter_with_counts_by_state(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    ids = [
+        intake.submit(message(1, source_system="erp")).msg_id,
+        intake.submit(message(2, source_system="erp", operation="say")).msg_id,
+        intake.submit(message(3, source_system="shop", service="bench", operation="noop")).msg_id,
+        intake.submit(funnel_msg(4)).msg_id,
+    ]
+    operations.cancel(db, ids[1], {"note": "not wanted"}, queue.append)
+
+    def listed(**filters: Any) -> list[int]:
+        return [m["msg_id"] for m in operations.list_messages(db, **filters)]
+
+    assert listed() == ids
+    assert listed(source_system="erp") == ids[:2]
+    assert listed(operation="say") == [ids[1]]
+    assert listed(service="bench") == [ids[2]]
+    assert listed(correlation_id="corr-2") == [ids[1]]
+    assert listed(funnel="f1") == [ids[3]]
+    assert listed(state="cancel") == [ids[1]]
+    # msg_timestamp from (inclusive) and before (exclusive); a time without a zone is UTC
+    assert listed(since="2026-01-01T00:00:02", until="2026-01-01T00:00:04Z") == ids[1:3]
+    assert listed(limit=2, offset=1) == ids[1:3]
+    assert listed(newest_first=True, limit=2) == [ids[3], ids[2]]
+    chosen = operations.message_filter(source_system="erp")
+    counts = operations.count_by_state(db, chosen)
+    assert counts[MessageState.CANCEL] == 1 and sum(counts.values()) == 2
+    assert set(counts) == set(MessageState)  # every state, 0 when none
+    # Bad filters are named; nothing is listed.
+    for bad, field in (
+        ({"state": "DONE"}, "state"),
+        ({"since": "yesterday"}, "since"),
+        ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "until"),
+        ({"source_system": "x" * 101}, "source_system"),
+        ({"offset": -1}, "offset"),
+    ):
+        with pytest.raises(InvalidMessage) as refused:
+            operations.list_messages(db, **bad)
+        assert field in {f for f, _ in refused.value.problems}, (bad, refused.value.problems)

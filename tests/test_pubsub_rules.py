@@ -14,6 +14,7 @@ import pytest
 import redis
 from sqlalchemy import Connection, Engine, text
 
+from models import DeliveryState
 from tests.helpers import ManualClock, wait_until
 from worker import pubsub, tokens
 from worker.core.errors import InvalidMessage, NotFound, Unauthorized
@@ -133,6 +134,19 @@ def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Eng
         wait_until(lambda: visibility_over(room, ids[0]), timeout=10, what="visibility timeout")
         pubsub.upkeep(room, LOST_LIMIT)
     assert state(room, ids[0]) == ("DEAD", 2)
+    # What the console shows: counts per subscription and state, dead letters per room.
+    counts = pubsub.subscription_deliveries(room, "r")
+    assert counts[sub].by_state[DeliveryState.DEAD] == 1 and counts[sub].due == 0
+    assert sum(counts[sub].by_state.values()) == 1
+    assert pubsub.dead_letter_counts(room) == {"r": 1}
+    # A re-drive restricted to another room moves nothing; to its own room, it goes again.
+    pubsub.create_room(room, {"name": "elsewhere"})
+    assert pubsub.redrive(room, ids, room="elsewhere") == []
+    assert state(room, ids[0]) == ("DEAD", 2)
+    assert pubsub.redrive(room, ids, room="r") == ids
+    assert state(room, ids[0]) == ("PENDING", 0)
+    assert pubsub.subscription_deliveries(room, "r")[sub].due == 1
+    assert pubsub.dead_letter_counts(room) == {}
 
 
 def _push(results: dict[str, list[bool]], seen: list[str]) -> Any:

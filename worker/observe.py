@@ -154,20 +154,37 @@ def _int(value: Any, default: int = 0) -> int:
     return int(float(as_text(value)))
 
 
-def conversation_figures(
-    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
-) -> ConversationFigures:
-    """The conversations' state by the gate's rules (see ConversationFigures), in three
-    pipelined round trips: the pending responses; their hashes with each open conversation's
-    order and request list; the listed requests' positions."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+@dataclass(frozen=True)
+class OpenConversation:
+    """One open conversation as the gate sees it: its head response and why it waits."""
+
+    conversation_id: str
+    head_response_id: str
+    head_msg_id: int | None
+    head_status: str
+    reason: BlockReason | None  # None: not blocked (ready, or in flight)
+    in_flight: bool  # the head is being sent now
+    undelivered: int  # responses of the conversation not delivered yet
+
+
+@dataclass(frozen=True)
+class _Conversations:
+    open: list[OpenConversation]
+    live: dict[str, list[Any]]  # pendingMessages member -> its response hash's fields
+    scheduled: int
+    awaited_due: int
+
+
+def _conversations(client: redis.Redis, keys: BridgeKeys, now: int) -> _Conversations:
+    """The gate's view of every open conversation, in three pipelined round trips: the
+    pending responses; their hashes with each open conversation's order and request list;
+    the listed requests' positions."""
     pipe = client.pipeline(transaction=False)
     pipe.zrange(keys.pending_messages, 0, -1)
     pipe.zcard(keys.scheduled)
     pipe.zcard(keys.scheduled_leased)  # wake-ups being handed to the broker right now
     pipe.zcount(keys.pending_messages, "-inf", now)
     raw_members, scheduled, waking, awaited_due = pipe.execute()
-    scheduled = int(scheduled) + int(waking)
 
     members = [as_text(m) for m in raw_members]
     infos = [json.loads(m) for m in members]
@@ -200,14 +217,12 @@ def conversation_figures(
             k: (None if v is None else _int(v)) for k, v in zip(listed, pipe.execute(), strict=True)
         }
 
-    blocked: Counter[BlockReason] = Counter()
-    ready = in_flight = open_ = 0
-    heads: list[int] = []
+    found: list[OpenConversation] = []
     for cid in conversations:
-        head = next((m for m in orders[cid] if m in live), None)
-        if head is None:
+        undelivered = [m for m in orders[cid] if m in live]
+        if not undelivered:
             continue
-        open_ += 1
+        head = undelivered[0]
         status, not_before, _sent_at, claimed_at, req_seq, msg_id = (
             as_text(v) if v is not None else None for v in live[head]
         )
@@ -224,24 +239,53 @@ def conversation_figures(
             reason = BlockReason.ACK
         elif _int(not_before) > now:
             reason = BlockReason.AWAITED if status == "AWAITED" else BlockReason.RETRY
-        if reason is not None:
-            blocked[reason] += 1
-            if msg_id:
-                heads.append(_int(msg_id))
-        elif status == "PENDING" and claimed_at and _int(claimed_at) >= _int(not_before):
-            in_flight += 1
-        else:
-            ready += 1
-    awaited = sum(1 for fields in live.values() if as_text(fields[0]) == "AWAITED")
+        in_flight = (
+            reason is None
+            and status == "PENDING"
+            and bool(claimed_at)
+            and _int(claimed_at) >= _int(not_before)
+        )
+        found.append(
+            OpenConversation(
+                conversation_id=cid,
+                head_response_id=json.loads(head)["rsId"],
+                head_msg_id=_int(msg_id) if msg_id else None,
+                head_status=status or "",
+                reason=reason,
+                in_flight=in_flight,
+                undelivered=len(undelivered),
+            )
+        )
+    return _Conversations(found, live, int(scheduled) + int(waking), int(awaited_due))
+
+
+def open_conversations(
+    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
+) -> list[OpenConversation]:
+    """Every open conversation (see ConversationFigures), by conversation id."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return _conversations(client, keys, now).open
+
+
+def conversation_figures(
+    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
+) -> ConversationFigures:
+    """The conversations' state by the gate's rules (see ConversationFigures)."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    seen = _conversations(client, keys, now)
+    blocked = Counter(c.reason for c in seen.open if c.reason is not None)
+    in_flight = sum(1 for c in seen.open if c.in_flight)
+    heads = [c.head_msg_id for c in seen.open if c.reason is not None and c.head_msg_id]
+    awaited = sum(1 for fields in seen.live.values() if as_text(fields[0]) == "AWAITED")
     return ConversationFigures(
-        open=open_,
-        responses_undelivered=len(live),
+        open=len(seen.open),
+        responses_undelivered=len(seen.live),
         blocked={reason: blocked.get(reason, 0) for reason in BlockReason},
-        ready=ready,
+        ready=len(seen.open) - sum(blocked.values()) - in_flight,
         in_flight=in_flight,
         awaited=awaited,
-        scheduled=int(scheduled),
-        awaited_due=int(awaited_due),
+        scheduled=seen.scheduled,
+        awaited_due=seen.awaited_due,
         blocked_head_msg_ids=tuple(heads),
     )
 

@@ -14,44 +14,153 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 from sqlalchemy import Connection, Engine
 
-from models import MessageState
+from models import FINAL_STATES, MessageState
 from worker.core.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
-from worker.core.inputs import parse_input
+from worker.core.inputs import parse_input, parse_timestamp
 from worker.pool import released_in
 from worker.store.queries import sql
 
 MAX_LIST = 1000
+MAX_OFFSET = 1_000_000
+
+Filter = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=100)]
+# An ISO 8601 time (a number is not taken for one); without a zone, UTC.
+Moment = Annotated[datetime, BeforeValidator(parse_timestamp)]
 
 
-def _state(value: str | None) -> str | None:
-    if value is None:
-        return None
+def _state_value(value: str) -> str:
     try:
         return MessageState(value.upper()).value
     except ValueError:
         known = ", ".join(s.value for s in MessageState)
-        raise InvalidMessage("state", f"unknown state {value!r} (one of {known})") from None
+        raise ValueError(f"unknown state {value!r} (one of {known})") from None
+
+
+class MessageFilter(BaseModel):
+    """Which messages a listing shows: every field given must match (None: any)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: MessageState | None = None
+    service: Filter | None = None
+    operation: Filter | None = None
+    source_system: Filter | None = None
+    correlation_id: Filter | None = None
+    funnel: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)] | None = (
+        None
+    )
+    since: Moment | None = None  # msg_timestamp at or after
+    until: Moment | None = None  # msg_timestamp before
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return _state_value(value) if isinstance(value, str) else value
+
+    @field_validator("until")
+    @classmethod
+    def _window(cls, until: datetime | None, info: ValidationInfo) -> datetime | None:
+        since = info.data.get("since")
+        if until is not None and since is not None and until <= since:
+            raise ValueError("must be later than since")
+        return until
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "state": None if self.state is None else self.state.value,
+            "funnel": self.funnel,
+            "service": self.service,
+            "operation": self.operation,
+            "source": self.source_system,
+            "cid": self.correlation_id,
+            "since": self.since,
+            "until": self.until,
+        }
+
+
+def message_filter(**given: Any) -> MessageFilter:
+    """A MessageFilter from loose values (empty ones left out); InvalidMessage names a bad one."""
+    return parse_input(MessageFilter, {k: v for k, v in given.items() if v not in (None, "")})
 
 
 def list_messages(
     engine: Engine,
+    found: MessageFilter | None = None,
     *,
-    state: str | None = None,
-    funnel: str | None = None,
-    service: str | None = None,
     limit: int = 100,
+    offset: int = 0,
+    newest_first: bool = False,
+    **filters: Any,
 ) -> list[dict[str, Any]]:
-    """Messages by state, funnel value and service, oldest msg_timestamp first."""
+    """Messages matching ``found`` (or the ``filters`` a MessageFilter takes), oldest
+    msg_timestamp first, or newest first; ``limit`` of them after ``offset``."""
     if not 1 <= limit <= MAX_LIST:
         raise InvalidMessage("limit", f"must be 1 to {MAX_LIST}")
-    params = {"state": _state(state), "funnel": funnel, "service": service, "limit": limit}
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidMessage("offset", f"must be 0 to {MAX_OFFSET}")
+    chosen = found if found is not None else message_filter(**filters)
+    params = {**chosen.params(), "limit": limit, "offset": offset, "newest": newest_first}
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(sql("messages_list"), params)]
+
+
+def count_by_state(engine: Engine, found: MessageFilter) -> dict[MessageState, int]:
+    """How many messages match ``found`` but its state, for every state (0 when none)."""
+    counts = dict.fromkeys(MessageState, 0)
+    with engine.connect() as conn:
+        for row in conn.execute(sql("messages_count_by_state"), found.params()):
+            counts[MessageState(row.state)] = int(row.n)
+    return counts
+
+
+@dataclass(frozen=True)
+class ConversationHistory:
+    """A conversation's requests in the order they were made, each with its responses in
+    their order (``turns``); ``cut``: it has more rows than were read."""
+
+    turns: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+    cut: bool
+
+
+def conversation_history(engine: Engine, conversation_id: str) -> ConversationHistory:
+    """A conversation's request and response rows, grouped by request."""
+    with engine.connect() as conn:
+        rows = [
+            dict(r._mapping)
+            for r in conn.execute(
+                sql("conversation_messages"), {"cid": conversation_id, "limit": MAX_LIST + 1}
+            )
+        ]
+    cut = len(rows) > MAX_LIST
+    rows = rows[:MAX_LIST]
+    answers: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["operation_name"] == "response" and r["parent_msg_id"] is not None:
+            answers.setdefault(r["parent_msg_id"], []).append(r)
+    turns = [(r, answers.get(r["msg_id"], [])) for r in rows if r["operation_name"] == "request"]
+    return ConversationHistory(turns, cut)
+
+
+def late_responses(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest conversation responses that were handed to their client late."""
+    with engine.connect() as conn:
+        return [
+            dict(r._mapping) for r in conn.execute(sql("late_responses_recent"), {"limit": limit})
+        ]
 
 
 def inspect_message(engine: Engine, msg_id: int) -> dict[str, Any]:
@@ -195,10 +304,23 @@ class ResponseResult:
     created: bool  # False: this wait had its response already (nothing changed)
 
 
-def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) -> ResponseResult:
+def receive_response(
+    engine: Engine,
+    data: Any,
+    enqueue: Callable[[int], None],
+    *,
+    note: str | None = None,
+    key: str | None = None,
+    msg_id: int | None = None,
+) -> ResponseResult:
     """Store the response, end the wait and take the message up again (IN_QUEUE). A response
-    that comes before the handler has returned is kept: the message goes on when it does."""
+    that comes before the handler has returned is kept: the message goes on when it does.
+
+    ``note``: an operator answering by hand says why; it goes into the audit trail as
+    RESPOND, under the API key's name ``key`` (as for :func:`cancel`). ``msg_id``: the
+    message that must be the one waiting (else OperationRefused, and nothing is written)."""
     response = parse_input(ResponseIn, data)
+    audit = None if note is None else _command({"note": note}, key)
     if response.failed and not response.reason:
         raise InvalidMessage("reason", "required when failed is true")
     envelope = (
@@ -212,9 +334,16 @@ def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) 
         ).first()
         if waiting is None:
             raise ResponseNotAwaited(response.correlation_id)
+        if msg_id is not None and waiting.msg_id != msg_id:
+            raise OperationRefused(msg_id, "it no longer waits for that response")
         if waiting.wait_res_id is not None:
             return ResponseResult(
                 waiting.msg_id, MessageState(waiting.state), waiting.wait_res_id, created=False
+            )
+        if audit is not None:
+            conn.execute(
+                sql("message_audit"),
+                {"id": waiting.msg_id, "action": "RESPOND", "by": audit[1], "note": audit[0].note},
             )
         res_id = conn.execute(
             sql("response_insert"),
@@ -232,3 +361,28 @@ def receive_response(engine: Engine, data: Any, enqueue: Callable[[int], None]) 
     if state == MessageState.IN_QUEUE:
         enqueue(waiting.msg_id)
     return ResponseResult(waiting.msg_id, MessageState(state), res_id, created=True)
+
+
+def respond(
+    engine: Engine,
+    msg_id: int,
+    data: Any,
+    enqueue: Callable[[int], None],
+    *,
+    note: str | None,
+    key: str | None = None,
+) -> ResponseResult:
+    """An operator gives by hand the response message ``msg_id`` waits for (``data``: a
+    response without its correlation_id), with a note for the audit trail."""
+    if not isinstance(data, dict):
+        raise InvalidMessage("body", "must be a JSON object")
+    if "correlation_id" in data:
+        raise InvalidMessage("correlation_id", "the message's own wait gives it: leave it out")
+    with engine.connect() as conn:
+        found = conn.execute(sql("message_wait_of"), {"id": msg_id}).first()
+    if found is None:
+        raise MessageNotFound(msg_id)
+    if found.wait_correlation_id is None or found.state in FINAL_STATES:
+        raise OperationRefused(msg_id, "it waits for no response")
+    response = {**data, "correlation_id": found.wait_correlation_id}
+    return receive_response(engine, response, enqueue, note=note or "", key=key, msg_id=msg_id)

@@ -73,16 +73,29 @@ def message_list(
     state: Annotated[str | None, typer.Option(help="e.g. FAILED, POSTPONED")] = None,
     funnel: Annotated[str | None, typer.Option(help="funnel value")] = None,
     service: Annotated[str | None, typer.Option()] = None,
+    operation: Annotated[str | None, typer.Option()] = None,
+    source_system: Annotated[str | None, typer.Option()] = None,
+    correlation_id: Annotated[str | None, typer.Option()] = None,
+    since: Annotated[str | None, typer.Option(help="msg_timestamp from (ISO 8601)")] = None,
+    until: Annotated[str | None, typer.Option(help="msg_timestamp before (ISO 8601)")] = None,
     limit: Annotated[int, typer.Option()] = 100,
+    offset: Annotated[int, typer.Option()] = 0,
 ) -> None:
-    """Messages by state and funnel, oldest msg_timestamp first."""
+    """Messages by state, service, operation, source system, correlation id, funnel and time,
+    oldest msg_timestamp first."""
     rows = call(
         operations.list_messages,
         get_runtime().engine,
         state=state,
         funnel=funnel,
         service=service,
+        operation=operation,
+        source_system=source_system,
+        correlation_id=correlation_id,
+        since=since,
+        until=until,
         limit=limit,
+        offset=offset,
     )
     table = Table("id", "state", "service.operation", "correlation", "funnel", "fails", "error")
     for r in rows:

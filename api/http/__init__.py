@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from api import console
 from api.http import (
     channels,
     contract,
@@ -97,4 +98,5 @@ def create_app() -> FastAPI:
     for router, tag, documented in ROUTERS:
         app.include_router(router, tags=[tag], responses=documented)
     contract.install(app)
+    console.install(app)
     return app

@@ -134,9 +134,23 @@ def problem(
     return JSONResponse(status_code=status, content={"errors": errors}, headers=headers)
 
 
+def _problems(field: Field, exc: Exception) -> list[tuple[str, str]]:
+    return [(field, str(exc))] if isinstance(field, str) else field(exc)
+
+
+def explain(exc: Exception) -> tuple[int, list[tuple[str, str]]] | None:
+    """The status and the problems the API answers ``exc`` with; None for an exception it
+    does not map (a bug: a 500). The console shows refusals with it."""
+    for kind in type(exc).__mro__:
+        if kind in ERRORS:
+            status, field = ERRORS[kind]
+            return status, _problems(field, exc)
+    return None
+
+
 def _handler(status: int, field: Field) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        found = [(field, str(exc))] if isinstance(field, str) else field(exc)
+        found = _problems(field, exc)
         if status == 503:
             log.warning("%s %s: 503 %s", request.method, request.url.path, found)
         return problem(status, found, retry_after_s=request.app.state.retry_after_s)

@@ -22,6 +22,8 @@ from worker.operations import CommandIn, ResponseIn
 
 router = APIRouter()
 
+ISO_8601 = "ISO 8601 (2026-01-31T12:00:00Z; without a zone, UTC)"
+
 
 @router.post(
     "/messages",
@@ -64,19 +66,31 @@ async def list_messages(
     state: MessageState | None = None,
     funnel: str | None = None,
     service: str | None = None,
+    operation: str | None = None,
+    source_system: str | None = None,
+    correlation_id: str | None = None,
+    since: Annotated[str | None, Query(description=f"msg_timestamp from: {ISO_8601}")] = None,
+    until: Annotated[str | None, Query(description=f"msg_timestamp before: {ISO_8601}")] = None,
     limit: Annotated[int, Query(ge=1, le=operations.MAX_LIST)] = 100,
+    offset: Annotated[int, Query(ge=0, le=operations.MAX_OFFSET)] = 0,
 ) -> JSONResponse:
-    found = await run_in_threadpool(
+    """Messages matching every filter given, oldest msg_timestamp first."""
+    found = operations.message_filter(
+        state=state,
+        funnel=funnel,
+        service=service,
+        operation=operation,
+        source_system=source_system,
+        correlation_id=correlation_id,
+        since=since,
+        until=until,
+    )
+    rows = await run_in_threadpool(
         functools.partial(
-            operations.list_messages,
-            runtime.engine,
-            state=None if state is None else state.value,
-            funnel=funnel,
-            service=service,
-            limit=limit,
+            operations.list_messages, runtime.engine, found, limit=limit, offset=offset
         )
     )
-    return JSONResponse(jsonable_encoder(found))
+    return JSONResponse(jsonable_encoder(rows))
 
 
 @router.get(

@@ -46,6 +46,8 @@ def invalid_from(exc: ValidationError) -> InvalidMessage:
         problem = "missing" if err["type"] == "missing" else err["msg"]
         if err["type"] == "extra_forbidden":
             problem = "unknown field"
+        elif err["type"] == "value_error" and "error" in err.get("ctx", {}):
+            problem = str(err["ctx"]["error"])  # the validator's own words, without a prefix
         seen.setdefault(field, problem)
     items = list(seen.items())
     return InvalidMessage(items[0][0], items[0][1], *items[1:])

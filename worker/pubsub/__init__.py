@@ -26,6 +26,7 @@ from worker.pubsub.admin import (
     list_subscriptions,
     room_view,
     set_subscription_status,
+    subscription_deliveries,
     update_room,
     update_subscription,
 )
@@ -50,7 +51,7 @@ from worker.pubsub.publish import (
     publish_many,
     publish_message,
 )
-from worker.pubsub.pull import ack_pulled, dead_letters, pull, redrive
+from worker.pubsub.pull import ack_pulled, dead_letter_counts, dead_letters, pull, redrive
 from worker.pubsub.routing import order_value, topic_matches
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "consumers",
     "create_room",
     "create_subscription",
+    "dead_letter_counts",
     "dead_letters",
     "deliver",
     "deliver_batch",
@@ -87,6 +89,7 @@ __all__ = [
     "redrive",
     "room_view",
     "set_subscription_status",
+    "subscription_deliveries",
     "topic_matches",
     "update_room",
     "update_subscription",

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
-from models import Status, SubscriptionKind
+from models import DeliveryState, Status, SubscriptionKind
 from worker.core.addresses import AddressPolicy
 from worker.core.errors import InvalidMessage, NotFound
 from worker.core.inputs import parse_input
@@ -354,3 +355,28 @@ def list_subscriptions(engine: Engine, room_name: str) -> list[dict[str, Any]]:
              "status": Status(r.status).value}
             for r in rows
         ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DeliveryCounts:
+    """A subscription's deliveries by state, and (PULL) how many are due now: PENDING and
+    past their due time (``pull`` may still hold some back: expired, or behind an open one
+    of their ordering key)."""
+
+    by_state: dict[DeliveryState, int]
+    due: int
+
+
+def subscription_deliveries(engine: Engine, room_name: str) -> dict[int, DeliveryCounts]:
+    """Every subscription of the room (by id) with its delivery counts."""
+    with engine.connect() as conn:
+        room = room_row(conn, room_name)
+        rows = conn.execute(sql("subscription_deliveries"), {"room_id": room.room_id}).all()
+    counts: dict[int, dict[DeliveryState, int]] = {}
+    due: dict[int, int] = {}
+    for r in rows:
+        by_state = counts.setdefault(r.subscription_id, dict.fromkeys(DeliveryState, 0))
+        if r.state is not None:
+            by_state[DeliveryState(r.state)] = int(r.n)
+        due[r.subscription_id] = due.get(r.subscription_id, 0) + int(r.due)
+    return {i: DeliveryCounts(counts[i], due[i]) for i in counts}

@@ -67,16 +67,28 @@ def ack_pulled(engine: Engine, subscription_id: int, delivery_id: int, receipt: 
 
 
 def redrive(
-    engine: Engine, delivery_ids: list[int] | None = None, subscription_id: int | None = None
+    engine: Engine,
+    delivery_ids: list[int] | None = None,
+    subscription_id: int | None = None,
+    *,
+    room: str | None = None,
 ) -> list[int]:
-    """An operator sends dead-lettered deliveries again: attempts start over, due now."""
+    """An operator sends dead-lettered deliveries again: attempts start over, due now. With
+    ``room``, only dead letters of that room's subscriptions."""
     if not delivery_ids and subscription_id is None:
         raise InvalidMessage("delivery_ids", "name the deliveries, or a subscription_id")
     with engine.begin() as conn:
         rows = conn.execute(
-            sql("dead_letters_redrive"), {"ids": delivery_ids, "sub": subscription_id}
+            sql("dead_letters_redrive"),
+            {"ids": delivery_ids, "sub": subscription_id, "room": room},
         )
         return [int(r[0]) for r in rows]
+
+
+def dead_letter_counts(engine: Engine) -> dict[str, int]:
+    """Dead letters per room (rooms without any left out)."""
+    with engine.connect() as conn:
+        return {r.room: int(r.n) for r in conn.execute(sql("dead_letters_per_room"))}
 
 
 def dead_letters(engine: Engine, room_name: str | None = None) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 -- cancel and re-drive with an audit note, and external responses that resume a waiting one.
 
 -- name: messages_list
--- Messages by state, funnel value and service, oldest msg_timestamp first.
+-- Messages matching every filter given (NULL: any), oldest msg_timestamp first or, with
+-- :newest, newest msg_id first; a page of them.
 SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
        msg_timestamp, funnel_value, guaranteed_order, parent_msg_id, failed_count,
        failed_error_code, last_process_timestamp
@@ -10,8 +11,26 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
  WHERE (CAST(:state AS text) IS NULL OR state = :state)
    AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
    AND (CAST(:service AS text) IS NULL OR service_name = :service)
- ORDER BY msg_timestamp, msg_id
- LIMIT :limit;
+   AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
+   AND (CAST(:source AS text) IS NULL OR source_system = :source)
+   AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
+   AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
+   AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
+ ORDER BY CASE WHEN :newest THEN msg_id END DESC, msg_timestamp, msg_id
+ LIMIT :limit OFFSET :offset;
+
+-- name: messages_count_by_state
+-- How many messages match the filters of messages_list but the state, per state.
+SELECT state, count(*) AS n
+  FROM message
+ WHERE (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
+   AND (CAST(:service AS text) IS NULL OR service_name = :service)
+   AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
+   AND (CAST(:source AS text) IS NULL OR source_system = :source)
+   AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
+   AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
+   AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
+ GROUP BY state;
 
 -- name: message_show
 SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
@@ -36,6 +55,34 @@ SELECT q.req_id, q.uri, q.res_join_id, q.req_timestamp, s.res_id, s.res_timestam
        s.failed_reason
   FROM request q LEFT JOIN response s ON s.req_id = q.req_id
  WHERE q.msg_id = :id ORDER BY q.req_id, s.res_id;
+
+-- name: message_audit
+-- An operator's entry in the message's audit trail (a response given by hand).
+UPDATE message SET audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', CAST(:action AS text), 'by', CAST(:by AS text),
+           'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
+ WHERE msg_id = :id;
+
+-- name: conversation_messages
+-- A conversation's requests and responses in PostgreSQL, in the order they were sent
+-- (ix_message_conversation).
+SELECT msg_id, operation_name, correlation_id, object_id, state, msg_timestamp,
+       receive_timestamp, last_process_timestamp, late_ms, response_last, failed_error_code,
+       failed_desc, parent_msg_id
+  FROM message
+ WHERE service_name = 'conversation' AND process_id = :cid
+ ORDER BY msg_timestamp, msg_id
+ LIMIT :limit;
+
+-- name: late_responses_recent
+-- The newest conversation responses delivered after their request expired (ix_message_late).
+SELECT msg_id, process_id AS conversation_id, correlation_id AS response_id,
+       object_id AS request_id, late_ms, last_process_timestamp
+  FROM message WHERE late_ms IS NOT NULL
+ ORDER BY msg_id DESC LIMIT :limit;
+
+-- name: message_wait_of
+SELECT state, wait_correlation_id FROM message WHERE msg_id = :id;
 
 -- name: message_state_of
 SELECT state, service_name FROM message WHERE msg_id = :id;

@@ -99,6 +99,22 @@ SELECT subscription_id, name, kind, push_url, handler, routing_key_pattern, deli
        delivery_delay_multiplier, delivery_attempts, status
   FROM subscription WHERE room_id = :room_id ORDER BY subscription_id;
 
+-- name: subscription_deliveries
+-- A room's deliveries per subscription and state (a subscription without any: one row with
+-- a NULL state); for PULL subscriptions, how many are due now (ix_delivery_subscription_state).
+SELECT s.subscription_id, d.state, count(d.delivery_id) AS n,
+       count(*) FILTER (WHERE d.pull AND d.state = 'PENDING' AND d.next_attempt_at <= now())
+         AS due
+  FROM subscription s LEFT JOIN delivery d ON d.subscription_id = s.subscription_id
+ WHERE s.room_id = :room_id
+ GROUP BY s.subscription_id, d.state;
+
+-- name: dead_letters_per_room
+SELECT r.name AS room, count(*) AS n
+  FROM delivery d JOIN subscription s USING (subscription_id) JOIN room r USING (room_id)
+ WHERE d.state = 'DEAD'
+ GROUP BY r.name;
+
 -- --- publish -----------------------------------------------------------------------------------
 
 -- name: publish_context
@@ -341,6 +357,9 @@ UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),
  WHERE state = 'DEAD'
    AND (CAST(:ids AS bigint[]) IS NULL OR delivery_id = ANY(:ids))
    AND (CAST(:sub AS bigint) IS NULL OR subscription_id = :sub)
+   AND (CAST(:room AS text) IS NULL OR subscription_id IN (
+        SELECT s.subscription_id FROM subscription s JOIN room r USING (room_id)
+         WHERE r.name = :room))
 RETURNING delivery_id;
 
 -- name: dead_letters_list

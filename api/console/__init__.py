@@ -1,0 +1,28 @@
+"""The operator console: server-rendered pages under ``/console``, behind the API keys.
+
+A key with ``operate`` sees every page; changes (cancel, re-drive, respond, dead letters,
+configuration, keys) also need ``admin``, and the keys page needs it to be seen. The key
+comes in a cookie set by the login form (HttpOnly, SameSite=Strict, path /console) or in an
+``Authorization: Bearer`` header; every form carries a token derived from the key, so a page
+of another site cannot post one. Every value is escaped by the templates (Jinja2 autoescape)
+and the pages load nothing but ``/console/static`` (a Content-Security-Policy says so): it
+works with no network access. Thin: the data and the changes are worker.*'s.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.staticfiles import StaticFiles
+
+from api.console import conversations, figures, keys, messages, nodes, rooms, session
+from api.console.render import STATIC_DIR
+
+__all__ = ["install"]
+
+
+def install(app: FastAPI) -> None:
+    """Mount the console's pages and its static files on ``app`` (not in /openapi.json)."""
+    session.install(app)
+    for module in (session, messages, conversations, rooms, nodes, keys, figures):
+        app.include_router(module.router, prefix="/console", include_in_schema=False)
+    app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")

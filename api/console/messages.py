@@ -1,0 +1,142 @@
+"""Messages: a filtered, paged list with counts by state; one message with everything the
+store knows of it; cancel, re-drive and respond, each with a note."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from api.console.render import Viewer, page
+from api.console.session import Refused, Signed, act, form
+from api.http.common import RowId
+from models import MessageState
+from worker import operations
+from worker.core.errors import InvalidMessage, MessageNotFound
+from worker.runtime import Runtime
+
+router = APIRouter()
+
+# operations.cancel and operations.redrive: (engine, msg_id, body, enqueue, *, key)
+Command = Callable[..., operations.CommandResult]
+
+PAGE_SIZE = 50
+FILTERS = ("state", "service", "operation", "source_system", "correlation_id", "funnel")
+WINDOW = ("since", "until")
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+@router.get("/messages")
+async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
+    given = {name: request.query_params.get(name, "") for name in FILTERS + WINDOW}
+    try:
+        number = int(request.query_params.get("page", "1") or "1")
+    except ValueError:
+        number = 0
+    engine = _runtime(request).engine
+    problems: list[tuple[str, str]] = []
+    rows: list[dict[str, object]] = []
+    counts: dict[MessageState, int] = {}
+    try:
+        if not 1 <= number <= operations.MAX_OFFSET // PAGE_SIZE:
+            raise InvalidMessage("page", "must be a page number from 1")
+        chosen = operations.message_filter(**given)
+        rows = await run_in_threadpool(
+            functools.partial(
+                operations.list_messages,
+                engine,
+                chosen,
+                limit=PAGE_SIZE + 1,
+                offset=(number - 1) * PAGE_SIZE,
+                newest_first=True,
+            )
+        )
+        counts = await run_in_threadpool(operations.count_by_state, engine, chosen)
+    except InvalidMessage as exc:
+        problems = list(exc.problems)
+    return page(
+        request,
+        "messages.html",
+        viewer,
+        status=422 if problems else 200,
+        given=given,
+        states=list(MessageState),
+        rows=rows[:PAGE_SIZE],
+        more=len(rows) > PAGE_SIZE,
+        number=number,
+        counts=counts,
+        problems=problems,
+    )
+
+
+@router.get("/messages/{msg_id}")
+async def message_page(request: Request, viewer: Signed, msg_id: RowId) -> Response:
+    try:
+        found = await run_in_threadpool(
+            operations.inspect_message, _runtime(request).engine, msg_id
+        )
+    except MessageNotFound as exc:
+        raise Refused(404, [("msg_id", str(exc))]) from None
+    return page(request, "message.html", viewer, m=found)
+
+
+def _back(msg_id: int) -> str:
+    return f"/console/messages/{msg_id}"
+
+
+async def _command(
+    request: Request, viewer: Viewer, msg_id: int, command: Command, done: str
+) -> Response:
+    from worker.celery import enqueue_processing
+
+    note = {"note": (await form(request, viewer)).get("note")}
+    call = functools.partial(
+        command, _runtime(request).engine, msg_id, note, enqueue_processing, key=viewer.key.name
+    )
+    return await act(viewer, call, _back(msg_id), f"message {msg_id} {done}")
+
+
+@router.post("/messages/{msg_id}/cancel")
+async def cancel(request: Request, viewer: Signed, msg_id: RowId) -> Response:
+    return await _command(request, viewer, msg_id, operations.cancel, "cancelled")
+
+
+@router.post("/messages/{msg_id}/redrive")
+async def redrive(request: Request, viewer: Signed, msg_id: RowId) -> Response:
+    return await _command(request, viewer, msg_id, operations.redrive, "re-driven")
+
+
+@router.post("/messages/{msg_id}/respond")
+async def respond(request: Request, viewer: Signed, msg_id: RowId) -> Response:
+    """The response the message waits for, given by hand, with a note."""
+    from worker.celery import enqueue_processing
+
+    fields = await form(request, viewer)
+    response = {
+        "payload": fields.get("payload") or None,
+        "failed": fields.get("failed") == "on",
+        "reason": fields.text("reason"),
+    }
+    call = functools.partial(
+        operations.respond,
+        _runtime(request).engine,
+        msg_id,
+        response,
+        enqueue_processing,
+        note=fields.get("note"),
+        key=viewer.key.name,
+    )
+
+    def done(result: operations.ResponseResult) -> str:
+        if result.created:
+            return f"message {msg_id} answered"
+        return f"message {msg_id} had its response already: nothing changed"
+
+    return await act(viewer, call, _back(msg_id), done)

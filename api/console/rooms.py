@@ -1,0 +1,69 @@
+"""Rooms and subscriptions: delivery counts, pull backlogs, and dead letters to re-drive."""
+
+from __future__ import annotations
+
+import functools
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from api.console.render import page
+from api.console.session import Refused, Signed, act, form
+from models import DeliveryState
+from worker import pubsub
+from worker.core.errors import InvalidMessage, NotFound
+from worker.core.inputs import parse_input
+from worker.pubsub.pull import RedriveIn
+from worker.runtime import Runtime
+
+router = APIRouter()
+
+
+@router.get("/rooms")
+async def room_list(request: Request, viewer: Signed) -> HTMLResponse:
+    runtime: Runtime = request.app.state.runtime
+    rooms = await run_in_threadpool(pubsub.list_rooms, runtime.engine)
+    dead = await run_in_threadpool(pubsub.dead_letter_counts, runtime.engine)
+    return page(request, "rooms.html", viewer, rooms=rooms, dead=dead)
+
+
+@router.get("/rooms/{room}")
+async def room_page(request: Request, viewer: Signed, room: str) -> HTMLResponse:
+    engine = request.app.state.runtime.engine
+    try:
+        subscriptions = await run_in_threadpool(pubsub.list_subscriptions, engine, room)
+    except NotFound as exc:
+        raise Refused(404, [("room", str(exc))]) from None
+    counts = await run_in_threadpool(pubsub.subscription_deliveries, engine, room)
+    dead = await run_in_threadpool(pubsub.dead_letters, engine, room)
+    return page(
+        request,
+        "room.html",
+        viewer,
+        room=room,
+        subscriptions=subscriptions,
+        counts=counts,
+        states=list(DeliveryState),
+        dead=dead,
+    )
+
+
+@router.post("/rooms/{room}/redrive")
+async def redrive(request: Request, viewer: Signed, room: str) -> Response:
+    """The ticked dead letters sent again (only the room's own)."""
+    fields = await form(request, viewer)
+    try:
+        asked = parse_input(
+            RedriveIn, {"delivery_ids": [int(d) for d in fields.all("delivery_id")]}
+        )
+    except ValueError:
+        raise Refused(422, [("delivery_ids", "must be row ids")]) from None
+    except InvalidMessage as exc:
+        raise Refused(422, list(exc.problems)) from None
+    call = functools.partial(
+        pubsub.redrive, request.app.state.runtime.engine, asked.delivery_ids, room=room
+    )
+    return await act(
+        viewer, call, f"/console/rooms/{room}", lambda moved: f"{len(moved)} dead letters re-driven"
+    )
