@@ -1,17 +1,15 @@
-"""Publish and fan-out to PUSH subscriptions, beside raw Celery in the same run.
+"""Publish and fan-out to PUSH subscriptions, beside plain Celery in the same run.
 
     python -m benchmarks.fanout [--quick] [--events N] [--subscriptions S] [--rounds R]
 
 A room with S PUSH subscriptions on the client sink (answering 200). Events are published
-through the Python API (publishes/s); then two worker processes (two workers, one prefork
-child each) start and deliver every push: pushes/s from the first POST the sink receives to
-the last. The baseline is raw Celery no-op tasks/s with the same two workers on the same
-broker, timed the same way (full queue, first taken to last done); rounds alternate the two.
-The units differ on purpose: orderly sends a publish's whole fan-out in one task, so the
-ratio compares pushes delivered with tasks run, the cost a user of plain Celery would pay
-for one task per push.
-The last line printed is one JSON object with the figures.
-"""
+through the Python API (publishes/s); then two worker processes (two workers, one prefork child
+each) start and deliver every push: pushes/s from the first POST the sink receives to the last.
+The baseline is plain Celery no-op tasks/s (benchmarks/peers.py: tuned, two worker processes)
+on the same broker, timed the same way (full queue, first taken to last done); rounds alternate
+the two. The units differ on purpose: orderly sends a publish's whole fan-out in one task, so
+the ratio compares pushes delivered with tasks run, the cost a user of plain Celery would pay
+for one task per push. The last line printed is one JSON object with the figures."""
 
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ import argparse
 import json
 import statistics
 import time
-from types import SimpleNamespace
 
 from benchmarks.common import (
     prepare,
@@ -34,11 +31,11 @@ use_bench_services()  # before the app modules read their settings
 
 from sqlalchemy import text  # noqa: E402
 
-from benchmarks.intake import drain_rate  # noqa: E402
+from benchmarks import peers  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 from tooling.sink import Sink  # noqa: E402
 from worker import pubsub  # noqa: E402
-from worker.celery import DELIVER_QUEUE, app, enqueue_event_deliveries  # noqa: E402
+from worker.celery import DELIVER_QUEUE, enqueue_event_deliveries  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
 WORKERS = 2
@@ -122,14 +119,11 @@ def main() -> None:
                 if delivered != pushes:
                     raise RuntimeError(f"only {delivered} of {pushes} deliveries DELIVERED")
                 reset_pubsub(r)
-                for i in range(pushes):
-                    app.send_task("orderly.process.bench_noop", args=(i,))
-                layout = SimpleNamespace(workers=WORKERS, concurrency=1, pool="prefork")
-                noop_rates.append(drain_rate(group, r, pushes, layout, f"celery{round_no}"))  # type: ignore[arg-type]
+                noop_rates.append(peers.plain_celery_rate(group, pushes))
                 print(
                     f"round {round_no}: {events} events x {args.subscriptions} subscriptions: "
-                    f"publish {publish_rates[-1]:.0f}/s, pushes {push_rates[-1]:.0f}/s; raw "
-                    f"Celery no-op {noop_rates[-1]:.0f} tasks/s ({WORKERS} workers x 1 prefork)",
+                    f"publish {publish_rates[-1]:.0f}/s, pushes {push_rates[-1]:.0f}/s; plain "
+                    f"Celery no-op {noop_rates[-1]:.0f} tasks/s (2 worker processes)",
                     flush=True,
                 )
         finally:

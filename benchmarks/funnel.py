@@ -97,7 +97,7 @@ def release_figures() -> tuple[list[float], int]:
     with get_runtime().engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT funnel_value, custom_data FROM message"
+                "SELECT funnel_value, custom_data FROM message WHERE operation_name = 'stamp'"
                 " ORDER BY funnel_value, msg_timestamp, msg_id"
             )
         ).all()

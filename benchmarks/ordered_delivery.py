@@ -1,17 +1,16 @@
-"""Ordered conversation delivery, beside raw Celery in the same run.
+"""Ordered conversation delivery, beside plain Celery in the same run.
 
     python -m benchmarks.ordered_delivery [--quick] [--conversations N] [--rounds R]
 
-Two worker processes (two Celery workers, one prefork child each) deliver a seeded workload
-of conversations (1-5 requests of 1-4 responses, as in the tests) to a real HTTP sink that
-answers 200. The responses are registered first; the clock runs from the first POST the sink
-receives to the last. The baseline is raw Celery no-op tasks/s with the same two workers on
-the same broker, timed the same way (full queue, first taken to last done); rounds alternate
-the two. Also measured: release latency (the sink's answer to a predecessor -> the POST of
-its successor, and with 202 + ACK: the ACK sent -> the successor's POST), Redis commands and
-PostgreSQL statements per delivered message, and order violations. The last line printed is
-one JSON object with the figures.
-"""
+Two worker processes (two Celery workers, one prefork child each) deliver a seeded workload of
+conversations (1-5 requests of 1-4 responses, as in the tests) to a real HTTP sink that answers
+200. The responses are registered first; the clock runs from the first POST the sink receives
+to the last. The baseline is plain Celery no-op tasks/s (benchmarks/peers.py: tuned, two worker
+processes) on the same Redis, timed the same way (full queue, first taken to last done); rounds
+alternate the two. Also measured: release latency (the sink's answer to a predecessor -> the
+POST of its successor, and with 202 + ACK: the ACK sent -> the successor's POST), Redis
+commands and PostgreSQL statements per delivered message, and order violations. The last line
+printed is one JSON object with the figures."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping
-from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.common import (
@@ -44,11 +42,11 @@ os.environ.setdefault("AURA_QUEUE_MANAGER_MESSAGE_TTL", "600000")
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from benchmarks.intake import drain_rate  # noqa: E402
+from benchmarks import peers  # noqa: E402
 from tooling.processes import ProcessGroup, wait_http  # noqa: E402
 from tooling.sink import Sink  # noqa: E402
 from tooling.workload import Workload, check, generate  # noqa: E402
-from worker.celery import DELIVER_QUEUE, app, enqueue_drain  # noqa: E402
+from worker.celery import DELIVER_QUEUE, enqueue_drain  # noqa: E402
 from worker.channels import Channel, put_channel  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
@@ -164,14 +162,11 @@ def main() -> None:
 
                 reset_messages(r)
                 n = workload.responses
-                for i in range(n):
-                    app.send_task("orderly.process.bench_noop", args=(i,))
-                layout = SimpleNamespace(workers=WORKERS, concurrency=1, pool="prefork")
-                noop_rates.append(drain_rate(group, r, n, layout, f"celery{round_no}"))  # type: ignore[arg-type]
+                noop_rates.append(peers.plain_celery_rate(group, n))
                 print(
                     f"round {round_no}: {n} responses in {conversations} conversations: "
-                    f"{rate:.0f} deliveries/s; raw Celery no-op {noop_rates[-1]:.0f} tasks/s "
-                    f"({WORKERS} workers x 1 prefork); {redis_per_msg[-1]:.1f} Redis commands "
+                    f"{rate:.0f} deliveries/s; plain Celery no-op {noop_rates[-1]:.0f} tasks/s "
+                    f"(2 worker processes); {redis_per_msg[-1]:.1f} Redis commands "
                     f"and {pg_per_msg[-1]:.2f} PostgreSQL statements per delivery",
                     flush=True,
                 )
@@ -197,7 +192,7 @@ def main() -> None:
         "order_violations": violations,
     }
     print(
-        f"medians: {deliveries_per_s:.0f} deliveries/s vs raw Celery {noop_per_s:.0f}/s; "
+        f"medians: {deliveries_per_s:.0f} deliveries/s vs plain Celery {noop_per_s:.0f}/s; "
         f"release p50 {figures['release_p50_ms']} ms, p99 {figures['release_p99_ms']} ms "
         f"(after an ACK: p50 {figures['release_ack_p50_ms']} ms, "
         f"p99 {figures['release_ack_p99_ms']} ms)",

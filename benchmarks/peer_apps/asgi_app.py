@@ -1,0 +1,31 @@
+"""The ceiling of an HTTP intake: a bare ASGI app that reads a JSON body and answers 201
+(``uvicorn benchmarks.peer_apps.asgi_app:app``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if scope["method"] == "GET":  # its health check
+        status, answer = 200, b"{}"
+    else:
+        status = 201
+        answer = json.dumps({"msg_id": len(json.loads(body)), "state": "NEW"}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer})
