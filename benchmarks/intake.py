@@ -14,50 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import threading
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.common import prepare, reset_messages, use_bench_services
 
 use_bench_services()  # before the app modules read their settings
 
-import httpx  # noqa: E402
 import redis  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 
 from benchmarks import peer_apps, peers  # noqa: E402
-from tooling.apikeys import bearer  # noqa: E402
-from tooling.processes import ProcessGroup  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
-
-
-def measure_http(group: ProcessGroup, n: int, threads: int) -> float:
-    port = 18700 + os.getpid() % 1000
-    api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
-    run = uuid.uuid4().hex[:6]
-    local = threading.local()
-    auth = bearer(get_runtime().engine)
-
-    def post(i: int) -> None:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth)
-        answer = client.post("/messages", json=peers.body(run, i))
-        if answer.status_code != 201:
-            raise RuntimeError(answer.text)
-
-    for i in range(50):  # warm-up
-        post(-1 - i)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(post, range(n)))
-    elapsed = time.perf_counter() - t0
-    group.stop(api)
-    return n / elapsed
 
 
 def main() -> None:
@@ -80,7 +48,7 @@ def main() -> None:
     celery_runs: list[float] = []
     try:
         reset_messages(r)
-        api_per_s = measure_http(group, n, args.http_threads)
+        api_per_s = n / peers.http_intake(group, orderly.meter, n, args.http_threads, True).seconds
         print(
             f"HTTP API intake:    {api_per_s:8.0f} msg/s ({n} messages, "
             f"{args.http_threads} client threads, 1 API process)",

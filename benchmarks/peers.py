@@ -519,8 +519,6 @@ def order_violations_procrastinate(r: redis.Redis, keys: int, per_key: int) -> i
 
 
 def setup_peers_db() -> None:
-    from benchmarks.peer_apps import procrastinate_app
-
     admin = create_engine(PEERS_URL.set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{PEERS_URL.database}" WITH (FORCE)'))
@@ -531,7 +529,6 @@ def setup_peers_db() -> None:
          "schema", "--apply"],
         check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    del procrastinate_app
 
 
 def ratio(a: float, b: float) -> float:

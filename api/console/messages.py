@@ -11,11 +11,11 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.console.render import Viewer, page
-from api.console.session import Refused, Signed, act, form
+from api.console.session import Signed, act, attempt, form
 from api.http.common import RowId
 from models import MessageState
 from worker import operations
-from worker.core.errors import InvalidMessage, MessageNotFound
+from worker.core.errors import InvalidMessage
 from worker.runtime import Runtime
 
 router = APIRouter()
@@ -78,12 +78,9 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
 
 @router.get("/messages/{msg_id}")
 async def message_page(request: Request, viewer: Signed, msg_id: RowId) -> Response:
-    try:
-        found = await run_in_threadpool(
-            operations.inspect_message, _runtime(request).engine, msg_id
-        )
-    except MessageNotFound as exc:
-        raise Refused(404, [("msg_id", str(exc))]) from None
+    found = await attempt(
+        functools.partial(operations.inspect_message, _runtime(request).engine, msg_id)
+    )
     return page(request, "message.html", viewer, m=found)
 
 

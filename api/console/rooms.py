@@ -9,10 +9,10 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.console.render import page
-from api.console.session import Refused, Signed, act, form
+from api.console.session import Refused, Signed, act, attempt, form
 from models import DeliveryState
 from worker import pubsub
-from worker.core.errors import InvalidMessage, NotFound
+from worker.core.errors import InvalidMessage
 from worker.core.inputs import parse_input
 from worker.pubsub.pull import RedriveIn
 from worker.runtime import Runtime
@@ -31,10 +31,7 @@ async def room_list(request: Request, viewer: Signed) -> HTMLResponse:
 @router.get("/rooms/{room}")
 async def room_page(request: Request, viewer: Signed, room: str) -> HTMLResponse:
     engine = request.app.state.runtime.engine
-    try:
-        subscriptions = await run_in_threadpool(pubsub.list_subscriptions, engine, room)
-    except NotFound as exc:
-        raise Refused(404, [("room", str(exc))]) from None
+    subscriptions = await attempt(functools.partial(pubsub.list_subscriptions, engine, room))
     counts = await run_in_threadpool(pubsub.subscription_deliveries, engine, room)
     dead = await run_in_threadpool(pubsub.dead_letters, engine, room)
     return page(

@@ -7,7 +7,6 @@ form token (an HMAC of the key's token): a page elsewhere can neither read nor m
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import hmac
@@ -82,7 +81,9 @@ async def current_viewer(request: Request) -> Viewer:
         raise SignInNeeded(str(exc)) from None
     except Forbidden as exc:
         raise Refused(403, [("scope", str(exc))]) from None
-    return Viewer(key, form_token(token), by_cookie)
+    viewer = Viewer(key, form_token(token), by_cookie)
+    request.state.console_viewer = viewer  # a refusal's page shows it without asking again
+    return viewer
 
 
 Signed = Annotated[Viewer, Depends(current_viewer)]
@@ -231,9 +232,7 @@ async def _sign_in_needed(request: Request, exc: Exception) -> Response:
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refused)
-    viewer = None
-    with contextlib.suppress(SignInNeeded, Refused):
-        viewer = await current_viewer(request)
+    viewer: Viewer | None = getattr(request.state, "console_viewer", None)
     return page(request, "refused.html", viewer, status=exc.status, problems=exc.problems)
 
 
