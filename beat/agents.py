@@ -13,10 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from worker import confirmations, nodes, pool, pubsub, rebuild, timeouts
-from worker.celery import app, enqueue_drain, enqueue_processing, enqueue_processing_many
+from worker.celery import (
+    app,
+    enqueue_drain,
+    enqueue_processing,
+    enqueue_processing_many,
+    wake_processing,
+)
 from worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
+
+# How long a message waits NEW before beat wakes a worker for it.
+WAKE_AFTER_S = 1.0
 
 
 def redis_watch() -> rebuild.RebuildReport | None:
@@ -41,6 +50,15 @@ def requeue_due() -> int:
     if expired:
         log.warning("pool failed %d messages whose response did not come", expired)
     return len(moved)
+
+
+def wake_due() -> bool:
+    """Messages NEW for over a second (their wake-up was lost, their funnel was busy when a
+    worker looked, or a node ran again): wake a worker. One indexed look when there are
+    none."""
+    if not pool.due_waiting(get_runtime().engine, WAKE_AFTER_S):
+        return False
+    return wake_processing()
 
 
 def repair() -> pool.RepairReport:

@@ -44,6 +44,8 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
         # second. Stuck messages wait repairRepeatTimeSec; running repair more often than that
         # costs one indexed query.
         Job("orphans", 1.0, agents.release_orphans),
+        # Due messages whose wake-up was lost are taken up within a second or two.
+        Job("wake-due", 1.0, agents.wake_due),
         Job("repair", float(min(config.get_int("asynch.repairRepeatTimeSec"), 10)), agents.repair),
         Job(
             "node-watch",

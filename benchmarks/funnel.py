@@ -37,7 +37,7 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from tooling.processes import ProcessGroup  # noqa: E402
-from worker.celery import PROCESS_QUEUE, enqueue_processing  # noqa: E402
+from worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
@@ -45,7 +45,7 @@ BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 
 def submit(funnels: int, per_funnel: int, ordered: bool) -> dict[str, int]:
     """Store every message; how many were stored NEW (with a task) and POSTPONED."""
-    intake = get_runtime().intake(enqueue_processing)
+    intake = get_runtime().intake(enqueue_processing, wake_processing)
     run = uuid.uuid4().hex[:6]
     stored = {"NEW": 0, "POSTPONED": 0}
     for i in range(per_funnel):

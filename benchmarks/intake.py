@@ -41,14 +41,16 @@ def main() -> None:
     r, group = prepare()
     peers_redis = redis.Redis.from_url(peer_apps.REDIS_URL)
     pg_admin = create_engine(peers.PEERS_URL.set(database="postgres"))
-    orderly = peers.Orderly(group, r, peers.Meter(r, pg_admin, [get_runtime().engine]))
+    orderly = peers.OrderlyOneByOne(group, r, peers.Meter(r, pg_admin, [get_runtime().engine]))
     celery = peers.PlainCelery(group, peers_redis, peers.Meter(peers_redis, pg_admin, []))
     python_runs: list[float] = []
     processed_runs: list[float] = []
     celery_runs: list[float] = []
     try:
         reset_messages(r)
-        api_per_s = n / peers.http_intake(group, orderly.meter, n, args.http_threads, True).seconds
+        api_per_s = (
+            n / peers.http_intake(group, orderly.meter, n, args.http_threads, "messages").seconds
+        )
         print(
             f"HTTP API intake:    {api_per_s:8.0f} msg/s ({n} messages, "
             f"{args.http_threads} client threads, 1 API process)",

@@ -8,12 +8,17 @@ per message):
 - ``plain_queued`` / ``plain_submitting``: no-op tasks, all queued before the workers start
   (timed from the first taken to the last done) or submitted while they run (timed from the
   first submitted). Plain Celery (benchmarks/peer_apps/celery_app.py), dramatiq, procrastinate
-  and orderly (a durable message row per message, ``bench.noop``).
+  and orderly (a durable message row per message, ``bench.noop``): ``orderly`` submits 500 a
+  call (``Intake.submit_many``, as procrastinate's ``batch_defer``), ``orderly_1by1`` one a
+  call (as Celery sends).
 - ``ordered_queued`` / ``ordered_submitting``: K ordering keys x P messages, each key's in
   order: orderly's guaranteed order (``funnel_value``) and procrastinate's ``lock``.
-- ``http_1`` / ``http_4``: ``POST /messages`` from 1 and 4 client threads, beside a bare ASGI
-  app on the same uvicorn (benchmarks/peer_apps/asgi_app.py).
-- ``batch``: batch intake (orderly has no batch intake yet: null).
+- ``http_1`` / ``http_4``: from 1 and 4 client threads, beside a bare ASGI app on the same
+  uvicorn (benchmarks/peer_apps/asgi_app.py): ``POST /messages``, ``POST /messages:batch``
+  (1,000 a request), conversation turns (a request and its response) and published events
+  (a room with one PULL subscription), each per message.
+- ``batch``: batch intake, through the Python call (``Intake.submit_many``, 1,000 a call) and
+  the API from 1 and 4 clients.
 
 All-in CPU is every process the scenario keeps busy: the workers with their children, the
 producer (this process), the API, redis-server and the PostgreSQL processes. The Redis and
@@ -54,13 +59,14 @@ from sqlalchemy import create_engine, make_url, text  # noqa: E402
 from benchmarks import funnel  # noqa: E402
 from tooling.apikeys import bearer  # noqa: E402
 from tooling.processes import ROOT, Managed, ProcessGroup, free_port, wait_http  # noqa: E402
-from worker.celery import PROCESS_QUEUE, enqueue_processing  # noqa: E402
+from worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
 from worker.runtime import get_runtime  # noqa: E402
 
 BIN = Path(sys.executable).parent
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = os.sysconf("SC_CLK_TCK")
-PLAIN = ("celery", "dramatiq", "procrastinate", "orderly")
+PLAIN = ("celery", "dramatiq", "procrastinate", "orderly_1by1", "orderly")
+PEERS = ("celery", "dramatiq", "procrastinate")
 # procrastinate's database, reached through psycopg2 by the benchmark itself
 PEERS_URL = make_url(PEERS_DSN).set(drivername="postgresql+psycopg2")
 
@@ -351,12 +357,16 @@ class Procrastinate(System):
 
 
 class Orderly(System):
+    """orderly's producer submits in batches of 500 (``Intake.submit_many``), as
+    procrastinate's defers them (``batch_defer``)."""
+
     name = "orderly"
+    chunk = 500
 
     def __init__(self, group: ProcessGroup, r: redis.Redis, meter: Meter) -> None:
         super().__init__(group, r, meter)
         self.runtime = get_runtime()
-        self.intake = self.runtime.intake(enqueue_processing)
+        self.intake = self.runtime.intake(enqueue_processing, wake_processing)
         self.run = uuid.uuid4().hex[:6]
 
     def reset(self) -> None:
@@ -364,8 +374,9 @@ class Orderly(System):
         self.run = uuid.uuid4().hex[:6]
 
     def submit(self, first: int, count: int) -> None:
-        for i in range(first, first + count):
-            self.intake.submit(body(self.run, i))
+        for start in range(first, first + count, self.chunk):
+            end = min(start + self.chunk, first + count)
+            self.intake.submit_many([body(self.run, i) for i in range(start, end)])
 
     def start_workers(self) -> list[Managed]:
         tag = uuid.uuid4().hex[:4]
@@ -392,8 +403,20 @@ class Orderly(System):
             )
 
     def queued(self) -> int:
+        """Tasks in the broker: the wake-up (or two, should submitting outlast its mark)."""
         self.meter.own_redis += 1
         return int(self.r.llen(PROCESS_QUEUE))
+
+
+class OrderlyOneByOne(Orderly):
+    """orderly's producer submitting one message per call (``Intake.submit``), as plain
+    Celery's sends one task per call."""
+
+    name = "orderly_1by1"
+
+    def submit(self, first: int, count: int) -> None:
+        for i in range(first, first + count):
+            self.intake.submit(body(self.run, i))
 
 
 def body(run: str, i: int) -> dict[str, object]:
@@ -469,41 +492,106 @@ def plain_celery_rate(group: ProcessGroup, n: int) -> float:
         r.close()
 
 
-def http_intake(group: ProcessGroup, meter: Meter, n: int, threads: int, orderly_api: bool) -> Cost:
+# What one HTTP request of each intake carries, and how many messages that is.
+HTTP_KINDS = ("messages", "batch", "conversation", "publish")
+BATCH_SIZE = 1000
+
+
+def _http_setup(client: httpx.Client, kind: str) -> None:
+    """What the intake needs first: a channel for the conversations' origin, a room with a
+    PULL subscription for the events (each event then has a delivery, as in use)."""
+    if kind == "conversation":
+        channel = {"url": "http://127.0.0.1:9/", "delivery_delay_ms": 1000, "attempts": 1}
+        client.put("/channels/bench", json=channel).raise_for_status()
+    elif kind == "publish":
+        client.post("/rooms", json={"name": "bench"}).raise_for_status()
+        sub = {"name": "pull", "kind": "PULL"}
+        client.post("/rooms/bench/subscriptions", json=sub).raise_for_status()
+
+
+def _http_unit(client: httpx.Client, kind: str, run: str, i: int) -> None:
+    """The i-th unit of ``kind``: one message, a batch of BATCH_SIZE, a conversation turn (a
+    request and its response: two messages) or one published event."""
+    if kind == "messages":
+        answers = [client.post("/messages", json=body(run, i))]
+    elif kind == "batch":
+        batch = [body(run, i * BATCH_SIZE + j) for j in range(BATCH_SIZE)]
+        answers = [client.post("/messages:batch", json={"messages": batch})]
+    elif kind == "conversation":
+        conversation = f"/conversations/{run}-c{i % 64}"
+        request = {"request_id": f"{run}-r{i}", "origin": "bench"}
+        response = {"request_id": f"{run}-r{i}", "response_id": f"{run}-s{i}", "payload": {"i": i}}
+        answers = [client.post(f"{conversation}/requests", json=request)]
+        answers.append(client.post(f"{conversation}/responses", json=response))
+    else:
+        event = {"payload": {"i": i}, "routing_key": "bench.event"}
+        answers = [client.post("/rooms/bench/events", json=event)]
+    for answer in answers:
+        if answer.status_code != 201:
+            raise RuntimeError(f"{kind}: {answer.status_code} {answer.text[:300]}")
+
+
+def http_per_unit(kind: str) -> int:
+    return {"batch": BATCH_SIZE, "conversation": 2}.get(kind, 1)
+
+
+def http_intake(
+    group: ProcessGroup, meter: Meter, units: int, threads: int, kind: str = "messages"
+) -> Cost:
+    """``units`` of ``kind`` POSTed by ``threads`` clients to orderly's API, or (``asgi``)
+    single messages to the bare ASGI app; timed from the first to the last answer."""
     port = free_port()
-    if orderly_api:
-        api = group.start_api(port, name=f"api-{threads}", extra_env={"ORDERLY_NODE_CODE": "b-api"})
+    if kind != "asgi":
+        api = group.start_api(port, name=f"api-{kind}-{threads}",
+                              extra_env={"ORDERLY_NODE_CODE": "b-api"})  # fmt: skip
         headers = bearer(get_runtime().engine)
     else:
         argv = [str(BIN / "uvicorn"), "benchmarks.peer_apps.asgi_app:app", "--port", str(port),
                 "--log-level", "warning", "--no-access-log"]  # fmt: skip
         api = group.start(f"asgi-{threads}", argv)
         headers = {}
-    wait_http(f"http://127.0.0.1:{port}/health" if orderly_api else f"http://127.0.0.1:{port}/",
+    wait_http(f"http://127.0.0.1:{port}/health" if kind != "asgi" else f"http://127.0.0.1:{port}/",
               api, 60)  # fmt: skip
     run = uuid.uuid4().hex[:6]
     local = threading.local()
+    unit_kind = "messages" if kind == "asgi" else kind
+
+    def client() -> httpx.Client:
+        found = getattr(local, "client", None)
+        if found is None:
+            found = local.client = httpx.Client(
+                base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=120
+            )
+        return found
 
     def post(i: int) -> None:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(
-                base_url=f"http://127.0.0.1:{port}", headers=headers
-            )
-        answer = client.post("/messages", json=body(run, i))
-        if answer.status_code != 201:
-            raise RuntimeError(answer.text)
+        _http_unit(client(), unit_kind, run, i)
 
-    for i in range(20):  # warm-up
+    if kind != "asgi":
+        _http_setup(client(), kind)
+    for i in range(1 if kind == "batch" else 20):  # warm-up
         post(-1 - i)
     meter.start([api.proc.pid])
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(post, range(n)))
+        list(pool.map(post, range(units)))
     seconds = time.perf_counter() - t0
     cpu = meter.sample([api.proc.pid])
     group.stop(api)
     return meter.stop(cpu, seconds)
+
+
+def python_batch_intake(system: Orderly, n: int) -> Cost:
+    """``Intake.submit_many`` in this process, BATCH_SIZE messages a call."""
+    system.reset()
+    meter = system.meter
+    meter.start()
+    t0 = time.perf_counter()
+    for start in range(0, n, BATCH_SIZE):
+        end = min(start + BATCH_SIZE, n)
+        system.intake.submit_many([body(system.run, i) for i in range(start, end)])
+    seconds = time.perf_counter() - t0
+    return meter.stop(meter.sample([]), seconds)
 
 
 def order_violations_procrastinate(r: redis.Redis, keys: int, per_key: int) -> int:
@@ -542,6 +630,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=None)
     parser.add_argument("--per-key", type=int, default=None)
     parser.add_argument("--posts", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None, help="messages of batch intake")
     args = parser.parse_args()
     n = args.messages or (600 if args.quick else 20000)
     # Not 1,000 keys: procrastinate's lock check grows with the queue's depth (1,000 x 20
@@ -549,6 +638,7 @@ def main() -> None:
     keys = args.keys or (30 if args.quick else 200)
     per_key = args.per_key or (10 if args.quick else 20)
     posts = args.posts or (300 if args.quick else 5000)
+    batch_n = args.batch or (5 * BATCH_SIZE if args.quick else 20 * BATCH_SIZE)
 
     runtime = get_runtime()
     orderly_redis, group = prepare()
@@ -564,9 +654,16 @@ def main() -> None:
         "dramatiq": Dramatiq(group, r, meters["peers"]),
         "procrastinate": Procrastinate(group, r, meters["peers"]),
         "orderly": Orderly(group, orderly_redis, meters["orderly"]),
+        "orderly_1by1": OrderlyOneByOne(group, orderly_redis, meters["orderly"]),
     }
     meters["peers"].engines.append(systems["procrastinate"].engine)  # type: ignore[attr-defined]
-    out: dict[str, Any] = {"messages": n, "keys": keys, "per_key": per_key, "posts": posts}
+    out: dict[str, Any] = {
+        "messages": n,
+        "keys": keys,
+        "per_key": per_key,
+        "posts": posts,
+        "batch": batch_n,
+    }
     scenarios: dict[str, dict[str, Any]] = {}
     try:
         for mode, run in (("plain_queued", queued_first), ("plain_submitting", while_submitting)):
@@ -578,13 +675,18 @@ def main() -> None:
                 print(f"{mode:18} {name:14} {scenarios[mode][name]}", flush=True)
             o = scenarios[mode]["orderly"]["per_s"]
             scenarios[mode]["orderly_ratios"] = {
-                f"vs_{p}": ratio(o, scenarios[mode][p]["per_s"]) for p in PLAIN[:-1]
+                f"vs_{p}": ratio(o, scenarios[mode][p]["per_s"]) for p in PEERS
+            }
+            single = scenarios[mode]["orderly_1by1"]["per_s"]
+            scenarios[mode]["orderly_1by1_ratios"] = {
+                f"vs_{p}": ratio(single, scenarios[mode][p]["per_s"]) for p in PEERS
             }
 
         total = keys * per_key
         proc = systems["procrastinate"]
         assert isinstance(proc, Procrastinate)
         orderly = systems["orderly"]
+        assert isinstance(orderly, Orderly)
         for mode, run in (
             ("ordered_queued", queued_first),
             ("ordered_submitting", while_submitting),
@@ -605,16 +707,25 @@ def main() -> None:
 
         for threads in (1, 4):
             mode = f"http_{threads}"
-            asgi = figures(posts, http_intake(group, meters["peers"], posts, threads, False))
-            reset_messages(orderly_redis)
-            mine = figures(posts, http_intake(group, meters["orderly"], posts, threads, True))
-            scenarios[mode] = {
-                "asgi": asgi,
-                "orderly": mine,
-                "orderly_ratios": {"vs_asgi": ratio(mine["per_s"], asgi["per_s"])},
-            }
-            print(f"{mode:18} asgi {asgi} orderly {mine}", flush=True)
-        scenarios["batch"] = {"orderly": None, "note": "no batch intake yet"}
+            asgi = figures(posts, http_intake(group, meters["peers"], posts, threads, "asgi"))
+            scenarios[mode] = {"asgi": asgi}
+            for kind in HTTP_KINDS:
+                reset_messages(orderly_redis)
+                units = max(1, batch_n // BATCH_SIZE) if kind == "batch" else posts
+                if kind == "conversation":
+                    units = posts // 2
+                cost = http_intake(group, meters["orderly"], units, threads, kind)
+                scenarios[mode][kind] = figures(units * http_per_unit(kind), cost)
+            mine = scenarios[mode]["messages"]
+            scenarios[mode]["orderly_ratios"] = {"vs_asgi": ratio(mine["per_s"], asgi["per_s"])}
+            print(f"{mode:18} {scenarios[mode]}", flush=True)
+        python = figures(batch_n, python_batch_intake(orderly, batch_n))
+        scenarios["batch"] = {
+            "python": python,
+            "http_1": scenarios["http_1"]["batch"],
+            "http_4": scenarios["http_4"]["batch"],
+        }
+        print(f"{'batch':18} {scenarios['batch']}", flush=True)
     finally:
         group.stop_all()
 
@@ -628,9 +739,15 @@ def main() -> None:
             s["orderly_ratios"]["vs_procrastinate_lock"] for s in ordered
         ),
         "api_vs_asgi": scenarios["http_4"]["orderly_ratios"]["vs_asgi"],
-        "batch_intake_per_s": None,
-        "pg_commits_per_msg": scenarios["plain_queued"]["orderly"]["pg_commits_per_msg"],
-        "redis_cmds_per_msg": scenarios["plain_queued"]["orderly"]["redis_cmds_per_msg"],
+        # Through the API, the face producers use: the better of 1 and 4 clients.
+        "batch_intake_per_s": max(scenarios["batch"][m]["per_s"] for m in ("http_1", "http_4")),
+        # The plain path's worst of both producers and both modes, intake included.
+        "pg_commits_per_msg": max(
+            s[o]["pg_commits_per_msg"] for s in plain for o in ("orderly", "orderly_1by1")
+        ),
+        "redis_cmds_per_msg": max(
+            s[o]["redis_cmds_per_msg"] for s in plain for o in ("orderly", "orderly_1by1")
+        ),
     }
     print(json.dumps(out))
 

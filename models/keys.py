@@ -81,6 +81,10 @@ class BridgeKeys:
 # (INFO server's run_id) means Redis lost (some of) what it held.
 EPOCH_KEY = "orderly:epoch"
 
+# Set while a worker has been woken to claim due messages and has not claimed yet
+# (worker/wake.py): intake wakes a worker only when no wake-up is pending.
+PROCESS_WAKE_KEY = "orderly:process:wake"
+
 
 def min_message_info(request_id: str, response_id: str, conversation_id: str) -> str:
     """The seed's MinMessageInfo string: fixed field order, so equal messages are equal strings."""

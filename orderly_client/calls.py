@@ -3,7 +3,7 @@ sync and async clients send the same calls."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -88,6 +88,19 @@ def _acked(status: int, body: Any) -> Acked:
 
 def submit(message: Any) -> Call[Submitted]:
     return Call("POST", "/messages", json_of(message), read=_submitted)
+
+
+def _submitted_many(status: int, body: Any) -> list[Submitted]:
+    return [
+        Submitted(int(item["msg_id"]), str(item["state"]), bool(item["created"]))
+        for item in body["results"]
+    ]
+
+
+def submit_many(messages: Sequence[Any]) -> Call[list[Submitted]]:
+    """Up to 1,000 messages in one request: all stored, or none (one invalid refuses all)."""
+    body = {"messages": [json_of(message) for message in messages]}
+    return Call("POST", "/messages:batch", body, read=_submitted_many)
 
 
 def respond(response: Any) -> Call[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -111,6 +112,11 @@ class Client:
     def submit(self, message: Any) -> Submitted:
         """``POST /messages``: a dict or a ``MessageIn``."""
         return self.call(calls.submit(message))
+
+    def submit_many(self, messages: Sequence[Any]) -> list[Submitted]:
+        """``POST /messages:batch``: up to 1,000 messages, all stored or none; a result per
+        message, in order (``created`` False: it had it already)."""
+        return self.call(calls.submit_many(messages))
 
     def respond(self, response: Any) -> dict[str, Any]:
         """``POST /messages/responses``: an external system's answer to a waiting message."""
@@ -219,6 +225,9 @@ class AsyncClient:
 
     async def submit(self, message: Any) -> Submitted:
         return await self.call(calls.submit(message))
+
+    async def submit_many(self, messages: Sequence[Any]) -> list[Submitted]:
+        return await self.call(calls.submit_many(messages))
 
     async def respond(self, response: Any) -> dict[str, Any]:
         return await self.call(calls.respond(response))

@@ -132,6 +132,33 @@ def test_every_call_and_every_refusal(live: Stack, db: Engine) -> None:
     assert "produce" in str(lacking.value)
 
 
+def test_a_batch_is_stored_whole_or_refused_whole(live: Stack, db: Engine) -> None:
+    batch = [message(n, service="test", operation="script") for n in range(1, 4)]
+    with Client(live.url, live.token, retries=0) as orderly:
+        sent = orderly.submit_many(batch)
+        assert [s.created for s in sent] == [True, True, True]
+        assert len({s.msg_id for s in sent}) == 3
+        # Each idempotent: the same batch again is the same answer, created False.
+        again = orderly.submit_many([*batch, message(4, service="test", operation="script")])
+        assert [(a.msg_id, a.created) for a in again[:3]] == [(s.msg_id, False) for s in sent]
+        assert again[3].created
+        # The worker claims them in a batch and processes them.
+        ids = [s.msg_id for s in again]
+        wait_until(lambda: all(orderly.message(i)["state"] == "OK" for i in ids), 60, "OK")
+        # One bad message refuses the whole batch, naming it; nothing is stored.
+        bad = [message(10, service="test", operation="script"), message(11, service="nosuch")]
+        with pytest.raises(Invalid) as invalid:
+            orderly.submit_many(bad)
+        assert invalid.value.fields == ["messages[1].service"]
+        assert orderly.messages(correlation_id="corr-10") == []
+        with pytest.raises(Invalid) as empty:
+            orderly.submit_many([])
+        assert empty.value.fields == ["messages"]
+    answer = live.http.post("/messages:batch", json={"messages": batch, "extra": 1})
+    assert answer.status_code == 422 and "extra" in answer.text
+    assert live.http.post("/messages:batch", json=[batch]).status_code == 422
+
+
 def test_a_503_is_tried_again_after_its_retry_after(live: Stack, db: Engine) -> None:
     nodes.set_state(db, "api-node", NodeState.HANDLES_EXISTING_MESSAGES)  # refuses new input
     watching = Watching()

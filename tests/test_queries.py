@@ -67,7 +67,7 @@ def test_every_prepared_statement_prepares_on_the_migrated_database(db: Engine) 
         for query in prepared:
             conn._statement(query.name)  # PREPARE: the text and its types are valid
     with pytest.raises(ValueError, match="is a prepared statement"):
-        queries.sql("orderly_claim")
+        queries.sql("orderly_claim_ids")
 
 
 def test_the_codes_python_names_are_the_ones_the_queries_write() -> None:

@@ -105,6 +105,16 @@ def enqueue_processing(msg_id: int) -> None:
     app.send_task("orderly.process.message", args=(msg_id,))
 
 
+def send_process_due() -> None:
+    app.send_task("orderly.process.due")
+
+
+def wake_processing() -> bool:
+    """Wake a worker to claim due messages, unless one is woken already (worker/wake.py);
+    whether a task was sent."""
+    return get_runtime().wake.wake(send_process_due)
+
+
 def enqueue_processing_many(msg_ids: list[int]) -> None:
     """One task per message, sent over one producer connection."""
     with app.producer_or_acquire() as producer:

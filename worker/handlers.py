@@ -214,6 +214,10 @@ class HandlerRegistry:
     def has_service(self, service: str) -> bool:
         return any(s == service for s, _ in self._handlers)
 
+    def all_limited(self) -> bool:
+        """Whether every handler declares its own time limit."""
+        return all(key in self._limits for key in self._handlers)
+
     def routes(self) -> list[tuple[str, str]]:
         return sorted(self._handlers)
 

@@ -1,15 +1,19 @@
 """Intake: the one synchronous path by which a message enters orderly.
 
-Validate, insert NEW (idempotent on correlation_id + source_system), commit, then enqueue.
-Bad input raises InvalidMessage before anything is written. The HTTP API, the CLI and the
-Python API are thin faces over :class:`Intake`.
+Validate, insert NEW (or POSTPONED behind its funnel; idempotent on correlation_id +
+source_system), commit, then wake a worker that claims due messages in batches (worker.wake,
+worker.batches); a POSTPONED message waits for its funnel to release it. Bad input raises
+InvalidMessage before anything is written. ``submit_many`` takes up to MAX_BATCH messages at
+once: all validated first (one bad item refuses them all), stored in one transaction, the
+plain ones in one statement. The HTTP API, the CLI and the Python API are thin faces over
+:class:`Intake`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
@@ -34,6 +38,9 @@ from worker.store.prepared import PreparedConnection, prepared_connection
 from worker.store.queries import sql
 
 log = logging.getLogger(__name__)
+
+# The most messages one ``submit_many`` takes.
+MAX_BATCH = 1000
 
 Name = Annotated[
     str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
@@ -72,6 +79,29 @@ class MessageIn(BaseModel):
         if isinstance(self.payload, str):
             return self.payload
         return json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False)
+
+
+class MessageBatchIn(BaseModel):
+    """Messages submitted together (``POST /messages:batch``, ``Intake.submit_many``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: Annotated[list[MessageIn], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+def batch_items(data: Any) -> list[Any]:
+    """The items of a batch body ``{"messages": [...]}``, each validated by ``submit_many``."""
+    if not isinstance(data, dict):
+        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"messages"})
+    if unknown:
+        raise InvalidMessage(unknown[0], "extra inputs are not permitted")
+    if "messages" not in data:
+        raise InvalidMessage("messages", "missing")
+    items = data["messages"]
+    if not isinstance(items, list):
+        raise InvalidMessage("messages", f"must be a list, got {type(items).__name__}")
+    return items
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,37 @@ def insert_values(message: MessageIn, node_id: int, binding: str | None = None) 
     )
 
 
+def batchable(message: MessageIn) -> bool:
+    """Whether a message is stored with others in one statement and claimed in batches: no
+    funnel (its lock and order) and no parent (whose existence its insert checks)."""
+    return message.funnel_value is None and message.parent_msg_id is None
+
+
+def insert_plain_many(
+    conn: PreparedConnection, messages: Sequence[MessageIn], node_id: int
+) -> dict[tuple[str, str], int]:
+    """Insert plain messages NEW in one statement, in order; the msg_id of each one inserted,
+    by (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
+    columns: list[list[Any]] = [[] for _ in range(10)]
+    for m in messages:
+        row = (
+            m.msg_timestamp,
+            m.service,
+            m.operation,
+            m.object_id,
+            m.entity_type,
+            m.correlation_id,
+            m.process_id,
+            m.payload_text,
+            m.envelope,
+            m.source_system,
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    rows = conn.run_all("orderly_insert_messages", *columns, node_id)
+    return {(str(r[1]), str(r[2])): int(r[0]) for r in rows}
+
+
 def insert_message(
     conn: PreparedConnection, values: tuple[Any, ...], *, require_run: bool
 ) -> tuple[int, MessageState] | None:
@@ -158,7 +219,9 @@ def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
 
 
 class Intake:
-    """Accepts messages through one node; ``enqueue`` is called with the msg_id after commit."""
+    """Accepts messages through one node. After commit, ``wake`` is called when new messages
+    are due (a worker claims them in batches); without ``wake``, ``enqueue`` is called with the
+    msg_id of each."""
 
     def __init__(
         self,
@@ -168,58 +231,132 @@ class Intake:
         enqueue: Callable[[int], None],
         registry: HandlerRegistry,
         max_payload_bytes: int,
+        wake: Callable[[], object] | None = None,
     ) -> None:
         self._engine = engine
         self._node_id = node_id
         self._enqueue = enqueue
+        self._wake = wake
         self._registry = registry
         self._max_payload_bytes = max_payload_bytes
 
-    def submit(self, data: Any) -> SubmitResult:
-        message = parse_message(
+    def _parse(self, data: Any) -> MessageIn:
+        return parse_message(
             data, max_payload_bytes=self._max_payload_bytes, registry=self._registry
         )
+
+    def submit(self, data: Any) -> SubmitResult:
+        message = self._parse(data)
         result = self._store(message)
-        # A POSTPONED message waits for its funnel to release it; it has no task until then.
-        if result.created and result.state is MessageState.NEW:
-            self._hand_over(result.msg_id)
+        self._hand_over([result])
         return result
 
-    def _hand_over(self, msg_id: int) -> None:
-        try:
-            self._enqueue(msg_id)
-        except Exception as exc:
-            # The row is durable and stays processed: POSTPONED, the re-processing pool hands
-            # it to the broker again once it answers (or, should even this fail, repair takes
-            # up the NEW message). The producer is told; submitting again answers 200.
-            log.warning("message %s stored but not handed to the broker: %s", msg_id, exc)
+    def submit_many(self, items: Any) -> list[SubmitResult]:
+        """Store up to MAX_BATCH messages at once, each idempotent as with ``submit``; the
+        result of each, in order. Every item is validated before anything is stored: one bad
+        item refuses them all, its problems named ``messages[i].field``."""
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+            got = f"{len(items)}" if isinstance(items, list) else type(items).__name__
+            problem = f"must be a list of 1 to {MAX_BATCH} messages, got {got}"
+            raise InvalidMessage("messages", problem)
+        messages: list[MessageIn] = []
+        problems: list[tuple[str, str]] = []
+        for i, item in enumerate(items):
             try:
-                hand_over_later(self._engine, [msg_id])
+                messages.append(self._parse(item))
+            except InvalidMessage as exc:
+                problems += [(f"messages[{i}].{name}", problem) for name, problem in exc.problems]
+        if problems:
+            raise InvalidMessage(*problems[0], *problems[1:])
+        results = self._store_many(messages)
+        self._hand_over(results)
+        return results
+
+    def _hand_over(self, results: Sequence[SubmitResult]) -> None:
+        """Wake a worker for the new messages (or, without ``wake``, send each its task). What
+        could not be handed over waits POSTPONED: the re-processing pool hands it to the broker
+        again once it answers (or, should even that fail, repair takes up the NEW message).
+        The producer is told; submitting again answers 200."""
+        woken: list[int] = []
+        tasks: list[int] = []
+        for result in results:
+            if result.created and result.state is MessageState.NEW:
+                (woken if self._wake is not None else tasks).append(result.msg_id)
+        sent, woke = 0, False
+        try:
+            if woken:
+                assert self._wake is not None
+                self._wake()
+            woke = True
+            for msg_id in tasks:
+                self._enqueue(msg_id)
+                sent += 1
+        except Exception as exc:
+            left = ([] if woke else woken) + tasks[sent:]
+            log.warning("messages %s stored but not handed to the broker: %s", left, exc)
+            try:
+                hand_over_later(self._engine, left)
             except Exception:
-                log.exception("message %s: left NEW for repair", msg_id)
+                log.exception("messages %s: left NEW for repair", left)
+            stored = f"message {left[0]} is" if len(left) == 1 else f"messages {left} are"
             raise ServiceUnavailable(
                 "broker",
-                f"{first_line(exc)}; message {msg_id} is stored and will be processed when "
-                "the broker answers again (submitting it again answers 200 with this msg_id)",
+                f"{first_line(exc)}; {stored} stored and will be processed when the broker "
+                "answers again (submitting again answers 200 with the same msg_id)",
             ) from exc
 
     def _store(self, message: MessageIn) -> SubmitResult:
         with prepared_connection(self._engine) as conn:
+            return self._store_one(conn, message)
+
+    def _store_one(self, conn: PreparedConnection, message: MessageIn) -> SubmitResult:
+        try:
+            inserted = insert_message(conn, insert_values(message, self._node_id), require_run=True)
+        except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
+            if "parent_msg_id" in str(exc):
+                raise InvalidMessage(
+                    "parent_msg_id", f"no message {message.parent_msg_id} exists"
+                ) from None
+            raise
+        if inserted is not None:
+            return SubmitResult(inserted[0], inserted[1], created=True)
+        return self._existing(conn, message)
+
+    def _existing(self, conn: PreparedConnection, message: MessageIn) -> SubmitResult:
+        """The message stored before under the same ids; or why the node refused it."""
+        existing = conn.run("orderly_find_message", message.correlation_id, message.source_system)
+        if existing is not None:
+            return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
+        raise nodes.refusal(conn, self._node_id)
+
+    def _store_many(self, messages: list[MessageIn]) -> list[SubmitResult]:
+        """One transaction: the plain messages in one statement, the others one by one in
+        their order (a funnel's lock and order, a parent's check)."""
+        results: list[SubmitResult | None] = [None] * len(messages)
+        plain = [i for i, m in enumerate(messages) if batchable(m)]
+        with prepared_connection(self._engine) as conn:
+            conn.execute("BEGIN")
             try:
-                inserted = insert_message(
-                    conn, insert_values(message, self._node_id), require_run=True
-                )
-            except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
-                if "parent_msg_id" in str(exc):
-                    raise InvalidMessage(
-                        "parent_msg_id", f"no message {message.parent_msg_id} exists"
-                    ) from None
+                if plain:
+                    inserted = insert_plain_many(conn, [messages[i] for i in plain], self._node_id)
+                    for i in plain:
+                        m = messages[i]
+                        msg_id = inserted.pop((m.correlation_id, m.source_system), None)
+                        if msg_id is not None:
+                            results[i] = SubmitResult(msg_id, MessageState.NEW, created=True)
+                for i, m in enumerate(messages):
+                    if results[i] is None and not batchable(m):
+                        try:
+                            results[i] = self._store_one(conn, m)
+                        except InvalidMessage as exc:
+                            field = f"messages[{i}].{exc.field}"
+                            raise InvalidMessage(field, exc.problem) from None
+                for i, m in enumerate(messages):
+                    if results[i] is None:
+                        # Stored before, or an earlier item of this batch with the same ids.
+                        results[i] = self._existing(conn, m)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
                 raise
-            if inserted is not None:
-                return SubmitResult(inserted[0], inserted[1], created=True)
-            existing = conn.run(
-                "orderly_find_message", message.correlation_id, message.source_system
-            )
-            if existing is not None:
-                return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
-            raise nodes.refusal(conn, self._node_id)
+        return [r for r in results if r is not None]

@@ -47,6 +47,13 @@ def released_in(conn: Connection) -> list[int]:
 MAX_BATCHES = 100
 
 
+def due_waiting(engine: Engine, after_s: float) -> bool:
+    """Whether a message has waited NEW longer than ``after_s`` (no worker was woken for it:
+    worker/wake.py)."""
+    with engine.connect() as conn:
+        return bool(conn.execute(sql("due_waiting"), {"after_s": after_s}).scalar())
+
+
 @dataclass(frozen=True)
 class RepairReport:
     messages: int

@@ -14,6 +14,9 @@ The outcome (``orderly_finish``) takes the same lock; the trigger on ``message.s
 releases the funnel's next POSTPONED message in the same transaction, and this worker goes
 on with it at once on the same connection (up to CHAIN_LIMIT in a row), with no broker trip
 and no poll in between.
+
+Batches: due messages are claimed several at a time, tracked as one claim, and their OK
+outcomes written together (worker.batches, on ``run_claimed``).
 """
 
 from __future__ import annotations
@@ -23,18 +26,17 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 
 from models import BindingType, MessageState
-from worker import extcall
+from worker.backend import HandlerBackend
 from worker.configuration import ConfigReader
 from worker.core import logs
 from worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from worker.core.http import OutboundHttp
 from worker.core.limits import TimeLimitExceeded, TimeLimits
-from worker.extcall import CallKey, CallResult
 from worker.handlers import ExternalResponse, Handler, HandlerRegistry, MessageContext
 from worker.intake import insert_message, insert_values, parse_message
 from worker.store.prepared import PreparedConnection, prepared_connection
@@ -42,13 +44,11 @@ from worker.tracking import Tracker, claim_of
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # Released funnel messages one worker goes on with in a row before handing the next to the
 # broker (fair to the messages waiting there).
 CHAIN_LIMIT = 100
 
-_CLAIM_COLUMNS = (
+CLAIM_COLUMNS = (
     "msg_id",
     "service_name",
     "operation_name",
@@ -87,7 +87,6 @@ class Outcome(enum.StrEnum):
 ERROR_NO_HANDLER = "E_NO_HANDLER"
 ERROR_HANDLER = "E_HANDLER"
 ERROR_INVALID_CHILD = "E_INVALID_CHILD"
-ERROR_WAIT_CONFLICT = "E_WAIT_CONFLICT"
 ERROR_TIME_LIMIT = "E_TIME_LIMIT"
 
 # Added to a time-limited message's tracking deadline beyond its limit and the kill grace:
@@ -111,52 +110,6 @@ class ProcessResult:
 def parse_ids(text: str | None) -> list[int]:
     """The comma-separated ids a transaction collected in 'orderly.released'."""
     return [int(part) for part in (text or "").split(",") if part]
-
-
-class _Backend:
-    """What a running handler may ask of orderly, on the connection holding its claim."""
-
-    def __init__(
-        self, conn: PreparedConnection, config: ConfigReader, integrity: Any, http: OutboundHttp
-    ) -> None:
-        self._conn = conn
-        self._config = config
-        self._integrity = integrity
-        self._http = http
-
-    def register_wait(self, ctx: MessageContext, correlation_id: str, timeout_s: int) -> None:
-        if not correlation_id or len(correlation_id) > 255:
-            raise InvalidMessage("correlation_id", "must be 1 to 255 characters")
-        timeout = timeout_s if timeout_s > 0 else self._config.get_int("asynch.responseTimeoutSec")
-        try:
-            held = self._conn.run("orderly_register_wait", ctx.msg_id, correlation_id, timeout)
-        except self._integrity:
-            raise HandlerError(
-                ERROR_WAIT_CONFLICT,
-                f"another message already waits for a response to {correlation_id!r}",
-            ) from None
-        if held is None:
-            raise HandlerError("E_LOST_CLAIM", "the message was taken over while its handler ran")
-
-    def external_call(
-        self, ctx: MessageContext, operation: str, key: CallKey, call: Callable[[], T]
-    ) -> CallResult[T]:
-        return extcall.external_call(
-            self._conn, ctx.msg_id, ctx.msg_timestamp, operation, key, call
-        )
-
-    def post(
-        self, ctx: MessageContext, uri: str, body: Any, res_join_id: str | None, timeout_s: float
-    ) -> tuple[int, str]:
-        return extcall.post_logged(
-            self._conn,
-            self._http,
-            ctx.msg_id,
-            uri,
-            body,
-            res_join_id=res_join_id,
-            timeout_ms=max(1, round(timeout_s * 1000)),
-        )
 
 
 class Processor:
@@ -218,30 +171,53 @@ class Processor:
                 for left in ready:
                     enqueue(left)
 
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def tracker(self) -> Tracker | None:
+        return self._tracker
+
+    def all_limited(self) -> bool:
+        """Whether every handler runs under a time limit in this process (worker.batches)."""
+        if self._limits is None:
+            return False
+        return self._default_time_limit_s is not None or self._registry.all_limited()
+
+    def limited_deadline_ms(self, claimed: Any) -> int | None:
+        """The tracking deadline a claimed message's time-limited handler needs: its limit,
+        the kill grace and the margin (None: it runs unlimited, messageTimeout applies)."""
+        limit_s = self._time_limit_s(
+            claimed[1 + CLAIM_COLUMNS.index("service_name")],
+            claimed[1 + CLAIM_COLUMNS.index("operation_name")],
+        )
+        if limit_s is None or self._limits is None:
+            return None
+        return round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
+
     def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        claimed = conn.run("orderly_claim", msg_id, self._node_id, self._worker_lost_limit)
+        claimed = conn.run("orderly_claim_ids", [msg_id], self._node_id, self._worker_lost_limit)
         if claimed is None:
             return self._not_claimed(conn, msg_id)
         if claimed[0] == MessageState.POSTPONED:
             return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
         if self._tracker is None:
-            return self._run_claimed(conn, claimed)
+            return self.run_claimed(conn, claimed)
         # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
         # Never before its handler's time limit and kill grace have passed: the limits stop a
         # hung handler; taking its message back while it may still run would run it twice.
-        pid = claimed[1 + _CLAIM_COLUMNS.index("processing_pid")]
-        at = claimed[1 + _CLAIM_COLUMNS.index("last_process_timestamp")]
-        limit_s = self._time_limit_s(
-            claimed[1 + _CLAIM_COLUMNS.index("service_name")],
-            claimed[1 + _CLAIM_COLUMNS.index("operation_name")],
-        )
-        timeout_ms = None
-        if limit_s is not None and self._limits is not None:
-            timeout_ms = round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
+        pid = claimed[1 + CLAIM_COLUMNS.index("processing_pid")]
+        at = claimed[1 + CLAIM_COLUMNS.index("last_process_timestamp")]
+        timeout_ms = self.limited_deadline_ms(claimed)
         with self._tracker.tracking(
             msg_id, "message", claim=claim_of(pid, at), timeout_ms=timeout_ms
         ):
-            return self._run_claimed(conn, claimed)
+            return self.run_claimed(conn, claimed)
 
     def _time_limit_s(self, service: str, operation: str) -> float | None:
         declared = self._registry.time_limit_s(service, operation)
@@ -256,8 +232,12 @@ class Processor:
         what = f"handler {ctx.service}.{ctx.operation} (message {ctx.msg_id})"
         self._limits.run(limit_s, what, lambda: handler(ctx))
 
-    def _run_claimed(self, conn: PreparedConnection, claimed: Any) -> ProcessResult:
-        row = dict(zip(_CLAIM_COLUMNS, claimed[1:-1], strict=True))
+    def run_claimed(
+        self, conn: PreparedConnection, claimed: Any, held: list[tuple[int, Any]] | None = None
+    ) -> ProcessResult:
+        """Run a claimed message's handler and record its outcome (a plain OK goes to ``held``
+        instead, when given: worker.batches writes a batch's OK outcomes together)."""
+        row = dict(zip(CLAIM_COLUMNS, claimed[1:-1], strict=True))
         newer: int | None = claimed[-1]
         ctx = MessageContext(
             msg_id=row["msg_id"],
@@ -273,14 +253,21 @@ class Processor:
             funnel_value=row["funnel_value"],
             failed_count=row["failed_count"],
             custom_data=row["custom_data"],
-            backend=_Backend(conn, self._config, self._integrity, self._http),
+            backend=HandlerBackend(conn, self._config, self._integrity, self._http),
         )
         with logs.bound(msg_id=ctx.msg_id, correlation_id=ctx.correlation_id):
-            return self._handle(conn, ctx, row, newer)
+            return self._handle(conn, ctx, row, newer, held)
 
     def _handle(
-        self, conn: PreparedConnection, ctx: MessageContext, row: dict[str, Any], newer: int | None
+        self,
+        conn: PreparedConnection,
+        ctx: MessageContext,
+        row: dict[str, Any],
+        newer: int | None,
+        held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
+        """Run the handler and record the outcome; a plain OK goes to ``held`` instead, when
+        given (a batch writes its OK outcomes together: ``process_due``)."""
         if newer is not None:
             return self._finish(
                 conn, ctx, "OK", obsolete_by=newer, detail=f"obsolete: message {newer} is newer"
@@ -313,6 +300,9 @@ class Processor:
             return self._split(conn, ctx)
         if ctx.waits_for is not None:
             return self._finish(conn, ctx, "WAITING_FOR_RES", detail=f"waits for {ctx.waits_for}")
+        if held is not None:
+            held.append((ctx.msg_id, ctx.custom_data))
+            return ProcessResult(ctx.msg_id, Outcome.OK)
         return self._finish(conn, ctx, "OK")
 
     def _finish(

@@ -29,6 +29,7 @@ from worker.processing import Processor
 from worker.settings import Settings, get_settings
 from worker.store.db import engine_for
 from worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
+from worker.wake import Wake
 
 
 class Runtime:
@@ -171,14 +172,22 @@ class Runtime:
             clock=self.clock,
         )
 
-    def intake(self, enqueue: Callable[[int], None]) -> Intake:
+    def intake(
+        self, enqueue: Callable[[int], None], wake: Callable[[], object] | None = None
+    ) -> Intake:
         return Intake(
             self.engine,
             node_id=self.node_id,
             enqueue=enqueue,
             registry=self.registry,
             max_payload_bytes=self.settings.max_payload_bytes,
+            wake=wake,
         )
+
+    @cached_property
+    def wake(self) -> Wake:
+        """The wake-up of workers for due messages (one pending at a time)."""
+        return Wake(self.redis)
 
     def after_fork(self) -> None:
         """A forked child must not share its parent's database connections."""

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 from celery.exceptions import Reject
 
 from models import NodeState
-from worker import confirmations, pubsub
-from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing
+from worker import batches, confirmations, pubsub
+from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing, wake_processing
 from worker.core import logs
 from worker.processing import Outcome
 from worker.runtime import get_runtime
@@ -47,6 +47,22 @@ def process_message(self: Any, msg_id: int) -> str:
     if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):
         log.info("message %s not processed: %s %s", msg_id, result.outcome, result.detail)
     return result.outcome.value
+
+
+@app.task(name="orderly.process.due", bind=True)
+def process_due(self: Any) -> int:
+    """Claim a batch of due messages and process it (woken by intake: worker/wake.py)."""
+    refuse_if_stopped(self)
+    runtime = get_runtime()
+    try:
+        # Before the claim: a message committed from now on wakes a worker of its own.
+        runtime.wake.clear()
+    except Exception:
+        log.exception("clearing the wake-up failed; claiming anyway")
+    results = batches.process_due(
+        runtime.processor, runtime.settings.claim_batch, wake_processing, enqueue_processing
+    )
+    return len(results)
 
 
 @app.task(name="orderly.deliver.conversation", bind=True)

@@ -8,7 +8,8 @@ back from its worker (``processing_pid`` cleared, so a late outcome is
 dropped as LOST_CLAIM) and retried after ``delay * multiplier^n`` (the retry policy), up to
 the retry attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of
 timeouts lives on the row (``timeout_count``) and the retry-or-fail decision is part of the
-take-back statement.
+take-back statement. A batch of due messages is tracked as one claim (worker.processing
+``process_due``); when it times out, each message that claim still holds is taken back.
 The store is the authority: only the claim that timed out is taken back, so a message that
 reached its outcome meanwhile, or was claimed again since, is left alone.
 """
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Engine
 
+from worker.batches import BATCH_KIND
 from worker.core.clock import now_ms
 from worker.pool import released_in
 from worker.store.queries import sql
@@ -30,8 +32,9 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_CODE = "E_TIMEOUT"
 
-# Only tracked message processing is retried here; conversation drains and event deliveries
-# are counted, and their own leases give them back (worker.conversations, worker.pubsub).
+# Only tracked message processing is retried here, one message or a batch claim of them;
+# conversation drains and event deliveries are counted, and their own leases give them back
+# (worker.conversations, worker.pubsub).
 RETRIED_KIND = "message"
 
 
@@ -83,6 +86,39 @@ def _take_back(
         return state, number, released_in(conn)
 
 
+def _claim_members(engine: Engine, claim: str) -> list[int]:
+    pid, _, claimed_at = claim.partition(" ")
+    with engine.connect() as conn:
+        rows = conn.execute(sql("claim_members"), {"pid": int(pid), "claimed_at": claimed_at})
+        return [int(row[0]) for row in rows]
+
+
+def _retry_or_fail(
+    engine: Engine,
+    tracker: Tracker,
+    t: TimedOut,
+    now: int,
+    enqueue: Callable[[int], None],
+    report: TimeoutReport,
+) -> None:
+    msg_id = int(t.xid)
+    try:
+        state, _, released = _take_back(engine, tracker, t, now)
+    except Exception:
+        # One message's trouble must not cost the others their turn.
+        log.exception("taking back timed-out message %s failed", msg_id)
+        report.errors += 1
+        return
+    if state == "IN_QUEUE":
+        report.retried.append(msg_id)
+    elif state == "FAILED":
+        report.failed.append(msg_id)
+        for next_id in released:
+            enqueue(next_id)
+    else:
+        report.settled.append(msg_id)
+
+
 def monitor(
     engine: Engine,
     tracker: Tracker,
@@ -95,24 +131,20 @@ def monitor(
     turn = tracker.monitor_turn(now)
     report = TimeoutReport(done=turn.done, expired=turn.expired, timeouts=len(turn.timed_out))
     for t in turn.timed_out:
-        if t.kind != RETRIED_KIND or not t.xid.isdigit() or " " not in t.claim:
+        if " " not in t.claim:
             continue
-        msg_id = int(t.xid)
-        try:
-            state, _, released = _take_back(engine, tracker, t, now)
-        except Exception:
-            # One message's trouble must not cost the others their turn.
-            log.exception("taking back timed-out message %s failed", msg_id)
-            report.errors += 1
-            continue
-        if state == "IN_QUEUE":
-            report.retried.append(msg_id)
-        elif state == "FAILED":
-            report.failed.append(msg_id)
-            for next_id in released:
-                enqueue(next_id)
-        else:
-            report.settled.append(msg_id)
+        if t.kind == BATCH_KIND:
+            # A batch's claim: every message it still holds timed out with it.
+            try:
+                members = _claim_members(engine, t.claim)
+            except Exception:
+                log.exception("finding the messages of timed-out claim %s failed", t.xid)
+                report.errors += 1
+                continue
+            for msg_id in members:
+                _retry_or_fail(engine, tracker, replace(t, xid=str(msg_id)), now, enqueue, report)
+        elif t.kind == RETRIED_KIND and t.xid.isdigit():
+            _retry_or_fail(engine, tracker, t, now, enqueue, report)
     tracker.count("retry", len(report.retried))
     tracker.count("gaveup", len(report.failed))
     return report

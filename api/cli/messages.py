@@ -35,7 +35,7 @@ def submit(
     ] = None,
 ) -> None:
     """Submit one message (the same path as POST /messages)."""
-    from worker.celery import enqueue_processing
+    from worker.celery import enqueue_processing, wake_processing
 
     data: Any
     if as_json is not None:
@@ -54,7 +54,7 @@ def submit(
         data = {k: v for k, v in options.items() if v is not None}
     runtime = get_runtime()
     try:
-        result = runtime.intake(enqueue_processing).submit(data)
+        result = runtime.intake(enqueue_processing, wake_processing).submit(data)
     except OrderlyError as exc:
         raise fail(exc) from None
     show_result(

@@ -36,7 +36,7 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("orderly.api")
 
-# Mounted in this order: routes are matched in it and listed in it in /openapi.json.
+# Listed in this order in /openapi.json, and matched in it but for MATCHED_FIRST.
 # Each with its tag in the document and the error answers it documents.
 _ERRORS = contract.ERROR_RESPONSES
 ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
@@ -51,6 +51,10 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),
     (metrics.router, "metrics", _ERRORS),
 )
+# A request tries the routes one by one, each its path's pattern: POST /messages, by far the
+# busiest route, is tried first rather than after twenty others. No other router has a path
+# under /messages, so this shadows none.
+MATCHED_FIRST = messages.router
 
 
 async def _heartbeat(runtime: Runtime) -> None:
@@ -65,11 +69,11 @@ async def _heartbeat(runtime: Runtime) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from worker.celery import enqueue_processing
+    from worker.celery import enqueue_processing, wake_processing
 
     runtime: Runtime = app.state.runtime
     runtime.startup_check()
-    app.state.intake = runtime.intake(enqueue_processing)
+    app.state.intake = runtime.intake(enqueue_processing, wake_processing)
     app.state.heartbeat = asyncio.create_task(_heartbeat(runtime))
     yield
     app.state.heartbeat.cancel()
@@ -95,8 +99,8 @@ def create_app() -> FastAPI:
     app.state.runtime = runtime
     app.state.metrics_registry = metrics.make_registry(runtime)
     errors.install(app, retry_after_s=runtime.settings.retry_after_s)
-    for router, tag, documented in ROUTERS:
+    for router, tag, documented in sorted(ROUTERS, key=lambda r: r[0] is not MATCHED_FIRST):
         app.include_router(router, tags=[tag], responses=documented)
-    contract.install(app)
+    contract.install(app, [tag for _, tag, _ in ROUTERS])
     console.install(app)
     return app

@@ -25,6 +25,16 @@ class Accepted(BaseModel):
     state: MessageState
 
 
+class BatchItem(Accepted):
+    created: bool
+
+
+class BatchAccepted(BaseModel):
+    """One result per message, in the order sent."""
+
+    results: list[BatchItem]
+
+
 class ResponseAccepted(Accepted):
     res_id: int
 

@@ -111,10 +111,13 @@ def parse_json(raw: bytes, limit: int) -> Any:
 THREAD_BYTES = 65_536
 
 
-async def json_body(request: Request) -> Any:
+async def json_body(request: Request, limit: int | None = None) -> Any:
+    """The request's JSON body, read strictly; at most ``limit`` bytes (default: one
+    message's payload limit and its envelope)."""
     # Read by hand, not declared as a body model: worker.* validates and names the fields.
     runtime: Runtime = request.app.state.runtime
-    limit = runtime.settings.max_payload_bytes + ENVELOPE_BYTES
+    if limit is None:
+        limit = runtime.settings.max_payload_bytes + ENVELOPE_BYTES
     raw = await request.body()
     if len(raw) > THREAD_BYTES:
         return await run_in_threadpool(parse_json, raw, limit)

@@ -17,7 +17,7 @@ from api.http.common import AppIntake, AppRuntime, RowId, json_body
 from api.http.contract import body
 from models import MessageState
 from worker import keys, operations
-from worker.intake import MessageIn
+from worker.intake import MessageBatchIn, MessageIn, batch_items
 from worker.operations import CommandIn, ResponseIn
 
 router = APIRouter()
@@ -38,6 +38,29 @@ async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},
+    )
+
+
+@router.post(
+    "/messages:batch",
+    responses=answers(a.BatchAccepted, created=True, repeat=True),
+    status_code=201,
+    openapi_extra=body("MessageBatchIn", MessageBatchIn),
+    dependencies=requires(keys.PRODUCE),
+)
+async def submit_batch(intake: AppIntake, runtime: AppRuntime, request: Request) -> JSONResponse:
+    """Up to 1,000 messages at once, each idempotent as with POST /messages: all are
+    validated first (one bad message refuses them all, named ``messages[i].field``), then
+    stored in one transaction. 201 when any was stored now, 200 when all were stored before."""
+    data = await json_body(request, runtime.settings.max_batch_bytes)
+    results = await run_in_threadpool(intake.submit_many, batch_items(data))
+    return JSONResponse(
+        status_code=201 if any(r.created for r in results) else 200,
+        content={
+            "results": [
+                {"msg_id": r.msg_id, "state": r.state.value, "created": r.created} for r in results
+            ]
+        },
     )
 
 

@@ -44,6 +44,14 @@ class ServiceSettings(Section):
         validation_alias="ORDERLY_MAX_PAYLOAD_BYTES",
         description="Largest payload accepted at intake, in bytes (UTF-8).",
     )
+    max_batch_bytes: int = Field(
+        16_777_216,
+        ge=65_536,
+        le=1_073_741_824,
+        validation_alias="ORDERLY_MAX_BATCH_BYTES",
+        description="Largest body of POST /messages:batch, in bytes (each message's payload "
+        "still within ORDERLY_MAX_PAYLOAD_BYTES).",
+    )
     api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
     api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
     retry_after_s: int = Field(
@@ -112,6 +120,16 @@ class ServiceSettings(Section):
         validation_alias="ORDERLY_HANDLER_KILL_GRACE_MS",
         description="How long a handler past its time limit has to stop before its worker "
         "process is killed (the hard limit).",
+    )
+
+    claim_batch: int = Field(
+        100,
+        ge=1,
+        le=1000,
+        validation_alias="ORDERLY_CLAIM_BATCH",
+        description="The most due messages a worker claims at once and processes as one "
+        "batch (their OK outcomes written in one statement; at most one of a funnel). A claim "
+        "takes one at a time while some handler runs without a time limit.",
     )
 
     broker_visibility_timeout_s: int = Field(

@@ -63,6 +63,20 @@ class PreparedConnection:
         params = (*before_args, *args[: stmt.prefix.count("%s")], *args)
         self._cursor.execute(f"{before}{stmt.prefix}EXECUTE {name}({placeholders})", params)
 
+    def run_all(self, name: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Execute a prepared statement; every row it returns."""
+        self._send(name, args, "", ())
+        if self._cursor.description is None:
+            return []
+        return [tuple(row) for row in self._cursor.fetchall()]
+
+    def value(self, name: str) -> Any:
+        """The one value a named query without parameters returns (not prepared: for the
+        rare statement, such as reading a setting of the transaction)."""
+        self._cursor.execute(query(name).sql)
+        row = self._cursor.fetchone()
+        return None if row is None else row[0]
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Plain SQL on the same connection (BEGIN / COMMIT / ROLLBACK around statements)."""
         self._cursor.execute(sql, params)

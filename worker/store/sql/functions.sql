@@ -31,6 +31,19 @@ LANGUAGE sql AS $$
       FROM message WHERE msg_id = p_msg_id AND funnel_value IS NOT NULL
 $$;
 
+-- Take the funnel locks of several messages (those without a funnel have none), in key order:
+-- whoever takes more than one funnel lock takes them so, and two such transactions cannot
+-- deadlock. A batch claim and a batch outcome take them before touching a row.
+CREATE OR REPLACE FUNCTION orderly_lock_funnels_of(p_msg_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(s.k)
+       FROM (SELECT DISTINCT orderly_funnel_key(funnel_value, funnel_component_id) AS k
+               FROM message WHERE msg_id = ANY(p_msg_ids) AND funnel_value IS NOT NULL
+              ORDER BY 1) s;
+END
+$$;
+
 -- May this message (p_msg_id NULL: one not yet stored, newer than all) not go on now?
 --   funnel: another message of the funnel is active (PROCESSING, WAITING, WAITING_FOR_RES)
 --           and was started within asynch.funnelIdleIntervalSec;

@@ -23,6 +23,27 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $1
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, state;
 
+-- name: orderly_insert_messages
+-- Plain messages (no funnel, no parent) NEW in one statement, in the order given (their
+-- msg_ids ascend in it); the node must be in RUN, checked in the same statement. One already
+-- stored under its (correlation_id, source_system), or twice in the arrays, is inserted once.
+-- Returns msg_id, correlation_id, source_system of each inserted.
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint
+INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
+                     correlation_id, process_id, payload, envelope, source_system, node_id,
+                     guaranteed_order, exclude_failed_state,
+                     receive_timestamp, last_process_timestamp, state, failed_count)
+SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
+       i.process_id, i.payload, i.envelope, i.source_system, $11,
+       false, false, now(), now(), 'NEW', 0
+  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) WITH ORDINALITY
+       AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
+            payload, envelope, source_system, n)
+ WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $11 AND state = 'RUN')
+ ORDER BY i.n
+ON CONFLICT (correlation_id, source_system) DO NOTHING
+RETURNING msg_id, correlation_id, source_system;
+
 -- name: orderly_find_message
 -- prepare: text, text
 SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2;
@@ -31,18 +52,41 @@ SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = 
 -- prepare: bigint
 SELECT code, state FROM node WHERE node_id = $1;
 
--- name: orderly_claim
--- NEW or IN_QUEUE (or PROCESSING by a dead worker: its backend pid is gone; that death is
--- counted in lost_count, and a message whose next death would reach $3 is left to
--- worker.pool.release_orphans, which quarantines it) -> PROCESSING,
--- or POSTPONED when its funnel holds it back; never on a STOPPED node. The claim records the
--- claiming connection's backend pid: only that connection may finish it. Returns the claim
+-- name: orderly_due_candidates
+-- Up to $2 due messages (NEW, not conversation rows), oldest first, row-locked (rows another
+-- worker is claiming are skipped: SKIP LOCKED) for orderly_claim_ids in the same transaction;
+-- a funnel message only when its funnel's lock is free now (tried, never waited for: no row
+-- lock is held while waiting for a funnel). A STOPPED node finds none. Returns msg_id, the
+-- funnel's lock key (NULL without a funnel) and msg_timestamp.
+-- prepare: bigint, integer
+SELECT x.msg_id,
+       CASE WHEN x.funnel_value IS NOT NULL
+            THEN orderly_funnel_key(x.funnel_value, x.funnel_component_id) END,
+       x.msg_timestamp
+  FROM message x
+ WHERE x.state = 'NEW' AND x.service_name <> 'conversation'
+   AND (x.funnel_value IS NULL
+        OR pg_try_advisory_xact_lock(orderly_funnel_key(x.funnel_value, x.funnel_component_id)))
+   AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $1 AND n.state = 'STOPPED')
+ ORDER BY x.last_process_timestamp
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED;
+
+-- name: orderly_claim_ids
+-- Messages NEW or IN_QUEUE (due, or released by their funnel; or PROCESSING by a dead worker:
+-- its backend pid is gone; that death is counted in lost_count, and a message whose next
+-- death would reach $3 is left to worker.pool.release_orphans, which quarantines it) ->
+-- PROCESSING in one statement, or POSTPONED when their funnel holds them back; never on a
+-- STOPPED node. One message's claim, or a batch's (worker.batches): at most one message of a
+-- funnel among them. Their funnels' locks come first, in key order (whoever takes more than
+-- one takes them so: no deadlock), so that the funnel checks see every transition committed
+-- before. The claim records the claiming connection's backend pid and time (now(): the same
+-- for every row of a batch): only that connection may finish it. Returns each claim
 -- (worker.processing.CLAIM_COLUMNS) and the newer processed message of the same object, if
--- any (this one is then obsolete). The claim's commit need not wait for the disk: a server
--- crash that loses it leaves the message where it was. The funnel lock (a no-op without a
--- funnel) comes first, so the funnel check sees every transition committed before it.
--- prepare: bigint, bigint, integer
--- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnel_of(%s);
+-- any (the message is then obsolete). The claim's commit need not wait for the disk: a
+-- server crash that loses it leaves the messages where they were.
+-- prepare: bigint[], bigint, integer
+-- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnels_of(CAST(%s AS bigint[]));
 UPDATE message m
    SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
        lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING'
@@ -51,13 +95,13 @@ UPDATE message m
                                         THEN 1 ELSE 0 END,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
-  FROM (SELECT x.funnel_value IS NOT NULL
-               AND orderly_funnel_blocked(x.msg_id, x.funnel_value,
-                                          x.funnel_component_id, x.msg_timestamp,
-                                          x.guaranteed_order, x.exclude_failed_state)
-               AS blocked
-          FROM message x WHERE x.msg_id = $1) b
- WHERE m.msg_id = $1
+  FROM (SELECT x.msg_id,
+               x.funnel_value IS NOT NULL
+               AND orderly_funnel_blocked(x.msg_id, x.funnel_value, x.funnel_component_id,
+                                          x.msg_timestamp, x.guaranteed_order,
+                                          x.exclude_failed_state) AS blocked
+          FROM message x WHERE x.msg_id = ANY($1)) b
+ WHERE m.msg_id = b.msg_id
    AND (m.state IN ('NEW', 'IN_QUEUE')
         OR (m.state = 'PROCESSING' AND m.lost_count + 1 < $3
             AND orderly_orphaned(m.processing_pid)))
@@ -75,6 +119,38 @@ RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
               AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
             ORDER BY o.msg_timestamp DESC, o.msg_id DESC
             LIMIT 1);
+
+-- name: orderly_postpone_ids
+-- Due messages a claim passed over because an older one of their funnel goes first: POSTPONED,
+-- so that its outcome releases the next of them (a claim holds their funnel locks).
+-- prepare: bigint[]
+UPDATE message SET state = 'POSTPONED', last_process_timestamp = now()
+ WHERE msg_id = ANY($1) AND state = 'NEW' AND funnel_value IS NOT NULL
+RETURNING msg_id;
+
+-- name: orderly_finish_ok
+-- The OK outcomes of a batch in one statement, each only while this connection holds its
+-- claim (as orderly_finish does for one); $2 holds each one's custom_data. Their funnels'
+-- locks come first, in key order; the trigger then releases each funnel's next message (into
+-- the transaction's 'orderly.released'). Returns the ids it changed: one missing was taken
+-- over while its handler ran.
+-- prepare: bigint[], text[]
+-- prefix: SELECT orderly_lock_funnels_of(CAST(%s AS bigint[]));
+UPDATE message m
+   SET state = 'OK', custom_data = o.custom_data, last_process_timestamp = now(),
+       processing_pid = NULL
+  FROM unnest($1, $2) AS o(msg_id, custom_data)
+ WHERE m.msg_id = o.msg_id AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()
+RETURNING m.msg_id;
+
+-- name: orderly_unclaim
+-- Claimed messages whose handlers did not start (the batch ran out of time) go back to NEW
+-- where they were in the queue (last_process_timestamp: when they came), for the next claim.
+-- prepare: bigint[]
+UPDATE message SET state = 'NEW', processing_pid = NULL,
+                   last_process_timestamp = receive_timestamp
+ WHERE msg_id = ANY($1) AND state = 'PROCESSING' AND processing_pid = pg_backend_pid()
+RETURNING msg_id;
 
 -- name: orderly_why_not_claimed
 -- prepare: bigint, bigint

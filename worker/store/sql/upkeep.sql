@@ -161,6 +161,20 @@ SELECT current_setting('orderly.released', true);
 -- A message's funnel lock (a no-op without a funnel), before any row lock of the funnel.
 SELECT orderly_lock_funnel_of(:id);
 
+-- name: due_waiting
+-- Whether a message has waited NEW (due: what workers claim in batches) longer than :after_s.
+SELECT EXISTS (SELECT 1 FROM message
+                WHERE state = 'NEW' AND service_name <> 'conversation'
+                  AND last_process_timestamp <= now() - make_interval(secs => :after_s));
+
+-- name: claim_members
+-- The messages one claim (its backend pid and claim time) still holds: a batch's, when the
+-- timeout monitor takes it back.
+SELECT msg_id FROM message
+ WHERE state = 'PROCESSING' AND processing_pid = :pid
+   AND last_process_timestamp = CAST(:claimed_at AS timestamptz)
+ ORDER BY msg_id;
+
 -- name: timeout_take_back
 -- A timed-out claim taken back: IN_QUEUE with timeout_count + 1 (FAILED at the last
 -- attempt), only the very claim that timed out (pid and claim time), never a message of a

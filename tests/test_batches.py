@@ -1,0 +1,379 @@
+"""Plain messages in batches, against the real store and Redis: the wake-up intake sends, the
+batch claim, OK outcomes written together, the time budget, the batch's tracking and its
+take-back on timeout, and batch intake (all or nothing, idempotent)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine, text
+
+from models import MessageState, NodeState
+from models.keys import TrackKeys
+from tests.helpers import count_messages, message, row, states
+from worker import nodes, pool, timeouts
+from worker.batches import BATCH_KIND, process_due
+from worker.configuration import ConfigReader
+from worker.core.clock import now_ms
+from worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable
+from worker.core.limits import TimeLimits
+from worker.core.scripts import as_text
+from worker.handlers import HandlerRegistry, MessageContext, registry
+from worker.intake import MAX_BATCH, Intake
+from worker.processing import Outcome, Processor
+from worker.runtime import get_runtime
+from worker.tracking import Tracker, TrackingPolicy, snapshot
+from worker.wake import Wake
+
+KEYS = TrackKeys("test:batches")
+
+
+def ignore(msg_id: int) -> None:
+    """An enqueue that sends nothing (no message here is released or has children)."""
+
+
+class Woken:
+    """A Wake on the test's Redis whose task is a count."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.wake = Wake(client, "test:wake")
+        self.sent = 0
+
+    def __call__(self) -> bool:
+        return self.wake.wake(self._send)
+
+    def _send(self) -> None:
+        self.sent += 1
+
+
+@pytest.fixture
+def woken(redis_client: redis.Redis) -> Woken:
+    return Woken(redis_client)
+
+
+@pytest.fixture
+def plain_intake(db: Engine, woken: Woken, queue: list[int]) -> Intake:
+    runtime = get_runtime()
+    return Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=queue.append,
+        registry=runtime.registry,
+        max_payload_bytes=10_000,
+        wake=woken,
+    )
+
+
+def batch_processor(
+    db: Engine,
+    redis_client: redis.Redis,
+    reg: HandlerRegistry | None = None,
+    *,
+    time_limit_s: float | None = 5.0,
+    timeout_ms: int = 10_000,
+) -> Processor:
+    """A processor as a worker has it: tracked, handlers under time limits."""
+    return Processor(
+        db,
+        node_id=get_runtime().node_id,
+        registry=registry if reg is None else reg,
+        config=ConfigReader(db, ttl_seconds=0),
+        tracker=Tracker(redis_client, KEYS, TrackingPolicy(timeout_ms, timeout_ms * 6)),
+        limits=TimeLimits(1.0),
+        default_time_limit_s=time_limit_s,
+    )
+
+
+def test_messages_wake_one_worker_not_one_task_each(
+    db: Engine, plain_intake: Intake, woken: Woken, queue: list[int]
+) -> None:
+    first = [plain_intake.submit(message(n)).msg_id for n in range(1, 6)]
+    assert woken.sent == 1  # the others found the wake-up pending
+    plain_intake.submit(message(9, funnel_value="f", guaranteed_order=True))
+    assert queue == [] and woken.sent == 1  # no task of its own either
+    woken.wake.clear()  # a worker took the wake-up and is about to claim
+    plain_intake.submit(message(10))
+    assert woken.sent == 2
+    assert all(row(db, m).state is MessageState.NEW for m in first)
+    # One held back by its funnel is POSTPONED: nothing to wake a worker for.
+    woken.wake.clear()
+    held = plain_intake.submit(message(11, funnel_value="f", guaranteed_order=True))
+    assert held.state is MessageState.POSTPONED and woken.sent == 2
+
+
+def test_funnels_advance_side_by_side_each_in_its_order(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    # Three funnels of four, in guaranteed order, and two plain messages; stored round-robin,
+    # so each funnel's first is NEW and the rest POSTPONED behind it.
+    ids: dict[str, list[int]] = {}
+    for i in range(4):
+        for f in "abc":
+            body = message(10 * i + ord(f), funnel_value=f, guaranteed_order=True)
+            body["msg_timestamp"] = f"2026-01-01T00:00:{i:02d}+00:00"
+            ids.setdefault(f, []).append(plain_intake.submit(body).msg_id)
+    plain = [plain_intake.submit(message(100 + n)).msg_id for n in range(2)]
+    proc = batch_processor(db, redis_client)
+    leftover: list[int] = []
+    done = process_due(proc, 10, lambda: None, leftover.append)
+    assert leftover == []
+    assert states(db) == {m: "OK" for m in [*plain, *(i for f in ids.values() for i in f)]}
+    ran = [r.msg_id for r in done]
+    # Round by round: the heads and the plain ones, then each funnel's next, released by the
+    # round's one outcome statement and claimed together.
+    assert set(ran[:5]) == {*plain, ids["a"][0], ids["b"][0], ids["c"][0]}
+    for n in range(1, 4):
+        assert set(ran[5 + 3 * (n - 1) : 5 + 3 * n]) == {ids[f][n] for f in "abc"}
+    for f in "abc":
+        order = [ran.index(m) for m in ids[f]]
+        assert order == sorted(order)
+
+
+def test_a_claim_takes_one_message_of_a_funnel_and_postpones_one_held_back(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    # Out of order: the newer came first, so both are NEW; the older must go first.
+    newer = message(2, funnel_value="f", guaranteed_order=True)
+    older = message(1, funnel_value="f", guaranteed_order=True)
+    newer_id = plain_intake.submit(newer).msg_id
+    older_id = plain_intake.submit(older).msg_id
+    assert {row(db, m).state for m in (newer_id, older_id)} == {MessageState.NEW}
+    busy = HandlerRegistry()
+    seen: list[int] = []
+    busy.add("test", "script", lambda ctx: seen.append(ctx.msg_id))
+    done = process_due(batch_processor(db, redis_client, busy), 10, lambda: None, ignore)
+    assert seen == [older_id, newer_id]  # the older, then the newer its outcome released
+    assert [r.outcome for r in done] == [Outcome.OK, Outcome.OK]
+
+
+def test_a_claim_takes_a_batch_oldest_first_and_writes_its_outcomes_together(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    ids = [plain_intake.submit(message(n)).msg_id for n in range(1, 6)]
+    wakes: list[int] = []
+    proc = batch_processor(db, redis_client)
+    done = process_due(proc, 3, lambda: wakes.append(1), ignore)
+    assert [r.msg_id for r in done] == ids[:3]
+    assert {r.outcome for r in done} == {Outcome.OK}
+    assert wakes == [1]  # a full claim: more may be due
+    got = states(db)
+    assert [got[m] for m in ids] == ["OK", "OK", "OK", "NEW", "NEW"]
+    assert row(db, ids[0]).custom_data == "0;" and row(db, ids[0]).processing_pid is None
+    rest = process_due(proc, 3, lambda: wakes.append(1), ignore)
+    assert [r.msg_id for r in rest] == ids[3:]
+    assert wakes == [1]  # a short claim: nothing more was due
+    assert process_due(proc, 3, lambda: wakes.append(1), ignore) == []
+    # One tracked unit per claim, done.
+    snap = snapshot(redis_client, KEYS)
+    assert snap.done_waiting == 2 and snap.listed == 2
+
+
+def test_other_outcomes_are_written_as_they_come_beside_the_batch(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    ok = plain_intake.submit(message(1)).msg_id
+    failing = plain_intake.submit(message(2, payload=json.dumps({"fail_times": 1}))).msg_id
+    crash = plain_intake.submit(message(3, operation="crash")).msg_id
+    done = process_due(batch_processor(db, redis_client), 10, lambda: None, ignore)
+    assert {r.msg_id: r.outcome for r in done} == {
+        ok: Outcome.OK,
+        failing: Outcome.PARTLY_FAILED,
+        crash: Outcome.PARTLY_FAILED,
+    }
+    assert row(db, failing).failed_desc == "scripted failure 0"
+    assert row(db, crash).failed_error_code == "E_HANDLER"
+    assert row(db, ok).state is MessageState.OK
+
+
+def test_past_its_budget_a_batch_starts_no_handler_and_gives_the_rest_back(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    ids = [plain_intake.submit(message(n)).msg_id for n in range(1, 5)]
+    wakes: list[int] = []
+    done = process_due(
+        batch_processor(db, redis_client), 10, lambda: wakes.append(1), ignore, budget_s=0.0
+    )
+    assert [r.msg_id for r in done] == ids[:1]
+    assert wakes == [1]  # the rest are due again: another worker is woken
+    rest = [row(db, m) for m in ids[1:]]
+    assert {(r.state, r.processing_pid) for r in rest} == {(MessageState.NEW, None)}
+    # Back where they were in the queue: claimed again first, in their order.
+    again = process_due(batch_processor(db, redis_client), 10, lambda: None, ignore)
+    assert [r.msg_id for r in again] == ids[1:]
+
+
+def test_while_a_handler_may_run_unlimited_a_claim_takes_one(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    for n in range(1, 4):
+        plain_intake.submit(message(n))
+    unlimited = batch_processor(db, redis_client, time_limit_s=None)
+    wakes: list[int] = []
+    assert len(process_due(unlimited, 10, lambda: wakes.append(1), ignore)) == 1
+    assert wakes == [1]
+    own = HandlerRegistry()
+    own.add("test", "script", lambda ctx: None, time_limit_s=2)
+    declared = batch_processor(db, redis_client, own, time_limit_s=None)
+    assert len(process_due(declared, 10, lambda: None, ignore)) == 2
+
+
+def test_a_stopped_node_claims_nothing(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    msg_id = plain_intake.submit(message(1)).msg_id
+    nodes.set_state(db, get_runtime().settings.node_code, NodeState.STOPPED)
+    assert process_due(batch_processor(db, redis_client), 10, lambda: None, ignore) == []
+    assert row(db, msg_id).state is MessageState.NEW
+
+
+def test_a_timed_out_batch_is_taken_back_message_by_message(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    ids = [plain_intake.submit(message(n)).msg_id for n in range(1, 4)]
+    proc_ref: list[Processor] = []
+    turns: list[timeouts.TimeoutReport] = []
+
+    def hang(ctx: MessageContext) -> None:
+        # The monitor's turn long after the deadline, while this batch still runs.
+        tracker = Tracker(redis_client, KEYS, TrackingPolicy(1000, 6000))
+        turns.append(timeouts.monitor(db, tracker, ignore, now=now_ms() + 60_000))
+
+    own = HandlerRegistry()
+    own.add("test", "script", hang)
+    proc_ref.append(batch_processor(db, redis_client, own, timeout_ms=1000))
+    done = process_due(proc_ref[0], 10, lambda: None, ignore)
+    [turn] = turns[:1]
+    assert turn.timeouts == 1 and sorted(turn.retried) == ids
+    # The batch's late outcomes are dropped: the messages were taken back.
+    assert {r.outcome for r in done} == {Outcome.LOST_CLAIM}
+    for msg_id in ids:
+        stored = row(db, msg_id)
+        assert (stored.state, stored.timeout_count) == (MessageState.IN_QUEUE, 1)
+        assert stored.failed_error_code == "E_TIMEOUT"
+    timed = snapshot(redis_client, KEYS).timeout
+    assert timed.count == 1
+
+
+def test_the_batch_tracking_names_its_claim(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    plain_intake.submit(message(1))
+    plain_intake.submit(message(2))
+    seen: list[dict[str, Any]] = []
+
+    def look(ctx: MessageContext) -> None:
+        listed = [int(x) for x in redis_client.lrange(KEYS.message_ids, 0, -1)]
+        seen.extend(
+            {as_text(k): as_text(v) for k, v in redis_client.hgetall(KEYS.message(i)).items()}
+            for i in listed
+        )
+
+    own = HandlerRegistry()
+    own.add("test", "script", look)
+    process_due(batch_processor(db, redis_client, own, timeout_ms=2000), 10, lambda: None, ignore)
+    first = seen[0]
+    assert first["kind"] == BATCH_KIND
+    pid, at = first["claim"].split(" ")
+    assert first["xid"] == f"claim:{pid}:{at}"
+    # The deadline covers the longest handler's limit and grace, the margin and the budget
+    # (messageTimeout, 2 s here, is shorter).
+    assert int(first["deadline"]) - int(first["timestamp"]) == 5_000 + 1_000 + 2_000 + 1_000
+
+
+def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake: Intake) -> None:
+    assert not pool.due_waiting(db, 1.0)
+    msg_id = plain_intake.submit(message(1)).msg_id
+    assert not pool.due_waiting(db, 1.0)
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET last_process_timestamp = now() - interval '2 seconds'"
+                " WHERE msg_id = :i"
+            ),
+            {"i": msg_id},
+        )
+    assert pool.due_waiting(db, 1.0)
+
+
+def test_a_wake_up_that_cannot_be_sent_leaves_no_mark_and_postpones(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    wake = Wake(redis_client, "test:wake")
+
+    def refuse() -> None:
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    runtime = get_runtime()
+    intake = Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=ignore,
+        registry=runtime.registry,
+        max_payload_bytes=1000,
+        wake=lambda: wake.wake(refuse),
+    )
+    with pytest.raises(ServiceUnavailable) as info:
+        intake.submit(message(1))
+    assert "is stored and will be processed" in str(info.value)
+    assert not wake.pending()
+    assert list(states(db).values()) == ["POSTPONED"]
+
+
+# --- batch intake --------------------------------------------------------------------------
+
+
+def test_a_batch_is_stored_in_order_each_idempotent(
+    db: Engine, plain_intake: Intake, woken: Woken, queue: list[int]
+) -> None:
+    items = [message(n) for n in range(1, 4)]
+    items.append(message(7, funnel_value="f"))
+    items.append(message(1))  # the first item again, in the same batch
+    results = plain_intake.submit_many(items)
+    assert [r.created for r in results] == [True, True, True, True, False]
+    assert results[4].msg_id == results[0].msg_id
+    assert results[0].msg_id < results[1].msg_id < results[2].msg_id
+    assert woken.sent == 1 and queue == []  # one wake-up for the batch, funnel or not
+    assert count_messages(db) == 4
+    again = plain_intake.submit_many(items[:2])
+    assert [(r.msg_id, r.created) for r in again] == [(r.msg_id, False) for r in results[:2]]
+    assert count_messages(db) == 4
+
+
+def test_one_bad_item_refuses_the_whole_batch_and_stores_nothing(
+    db: Engine, plain_intake: Intake, woken: Woken, queue: list[int]
+) -> None:
+    items = [message(1), message(2, service="nosuch"), message(3, msg_timestamp="noon")]
+    with pytest.raises(InvalidMessage) as info:
+        plain_intake.submit_many(items)
+    fields = [f for f, _ in info.value.problems]
+    assert fields == ["messages[1].service", "messages[2].msg_timestamp"]
+    assert count_messages(db) == 0 and woken.sent == 0 and queue == []
+
+
+def test_a_batch_with_a_missing_parent_is_refused_whole(
+    db: Engine, plain_intake: Intake, woken: Woken
+) -> None:
+    with pytest.raises(InvalidMessage) as info:
+        plain_intake.submit_many([message(1), message(2, parent_msg_id=999)])
+    assert info.value.field == "messages[1].parent_msg_id"
+    assert count_messages(db) == 0 and woken.sent == 0
+
+
+@pytest.mark.parametrize("items", [[], [message(n) for n in range(MAX_BATCH + 1)], {"a": 1}])
+def test_a_batch_must_hold_1_to_max_messages(db: Engine, plain_intake: Intake, items: Any) -> None:
+    with pytest.raises(InvalidMessage) as info:
+        plain_intake.submit_many(items)
+    assert info.value.field == "messages"
+    assert count_messages(db) == 0
+
+
+def test_a_node_that_accepts_no_input_refuses_a_batch(
+    db: Engine, plain_intake: Intake, woken: Woken
+) -> None:
+    nodes.set_state(db, get_runtime().settings.node_code, NodeState.HANDLES_EXISTING_MESSAGES)
+    with pytest.raises(NodeNotAccepting):
+        plain_intake.submit_many([message(1), message(2)])
+    assert count_messages(db) == 0 and woken.sent == 0

@@ -1,0 +1,218 @@
+"""Due messages in batches: what a woken worker does (``process_due``).
+
+Intake stores a message NEW and wakes a worker (worker.wake) instead of sending it a task of
+its own. The worker claims up to ``limit`` due messages at once, one per funnel (a funnel's
+message only when its funnel lets it go, as the single claim decides), runs their handlers one
+after another on the claiming connection, and writes their OK outcomes together in one
+statement; any other outcome is written as it comes. The funnel messages those outcomes
+release are claimed together next, on the same connection, and so on: many funnels advance
+side by side, each in its order, with one commit per round instead of one per message.
+
+A batch starts no handler after its budget: what it claimed and did not start goes back to NEW
+where it was in line, and what was released and not taken up gets a task of its own. Each
+round is tracked as one claim (kind ``batch``): a handler starts within the budget and runs
+within its time limit, so a round is done within its longest deadline plus the budget; when one
+times out, worker.timeouts takes back every message it still holds. A batch needs every
+handler under a time limit, so that no OK outcome held for the round's write can be taken back
+from a live worker: while some handler may run unlimited, a claim takes one message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from worker.processing import CLAIM_COLUMNS, Outcome, Processor, ProcessResult, parse_ids
+from worker.store.prepared import PreparedConnection, prepared_connection
+from worker.tracking import claim_of
+
+log = logging.getLogger(__name__)
+
+# A batch starts no handler after this long: the rest go back to NEW for the next claim (fair
+# to other work, and the bound of a batch's tracked deadline).
+BATCH_BUDGET_S = 1.0
+
+# What a batch claim is tracked as (worker.timeouts takes a timed-out one back).
+BATCH_KIND = "batch"
+
+_STATE = 0
+_MSG_ID = 1 + CLAIM_COLUMNS.index("msg_id")
+_PID = 1 + CLAIM_COLUMNS.index("processing_pid")
+_CLAIMED_AT = 1 + CLAIM_COLUMNS.index("last_process_timestamp")
+
+
+def one_per_funnel(candidates: Sequence[Sequence[Any]]) -> tuple[list[int], list[int]]:
+    """Of candidates (msg_id, funnel key or None, msg_timestamp): those to claim, every one
+    without a funnel and the oldest of each funnel, in the candidates' order; and the rest,
+    which wait behind the oldest of their funnel (its outcome releases the next)."""
+    oldest: dict[int, tuple[Any, int]] = {}
+    for msg_id, key, at in candidates:
+        if key is not None and (key not in oldest or (at, msg_id) < oldest[key]):
+            oldest[key] = (at, msg_id)
+    first = {msg_id for _, msg_id in oldest.values()}
+    chosen = [int(c[0]) for c in candidates if c[1] is None or c[0] in first]
+    behind = [int(c[0]) for c in candidates if c[1] is not None and c[0] not in first]
+    return chosen, behind
+
+
+def claim_due(conn: PreparedConnection, node_id: int, size: int) -> tuple[list[Any], int]:
+    """Claim up to ``size`` due messages in one transaction: the claimed rows (PROCESSING, or
+    POSTPONED for a funnel message its funnel holds back), and how many were due."""
+    conn.execute("BEGIN")
+    try:
+        found = conn.run_all("orderly_due_candidates", node_id, size)
+        chosen, behind = one_per_funnel(found)
+        rows = claim_ids(conn, node_id, chosen) if chosen else []
+        if behind:
+            conn.run_all("orderly_postpone_ids", behind)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return rows, len(found)
+
+
+def claim_ids(conn: PreparedConnection, node_id: int, msg_ids: list[int]) -> list[Any]:
+    """Claim the messages chosen from the due ones, or released to this worker (one
+    statement; a dead worker's message is left to the orphan job here: a limit of 1)."""
+    return conn.run_all("orderly_claim_ids", msg_ids, node_id, 1)
+
+
+def finish_held(
+    conn: PreparedConnection, held: list[tuple[int, Any]]
+) -> tuple[set[int], list[int]]:
+    """Write held OK outcomes (msg_id, custom_data) in one statement, each only while this
+    connection holds its claim: the ids whose claim was lost, and the funnel messages the
+    outcomes released (a funnel's next; a HARD child's OK may settle its parent, and that the
+    parent's funnel)."""
+    ids = [msg_id for msg_id, _ in held]
+    conn.execute("BEGIN")
+    try:
+        customs = [custom for _, custom in held]
+        done = {int(row[0]) for row in conn.run_all("orderly_finish_ok", ids, customs)}
+        released = parse_ids(conn.value("released_in_transaction"))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return set(ids) - done, released
+
+
+def give_back(conn: PreparedConnection, msg_ids: list[int]) -> None:
+    """Claimed messages whose handlers did not start: NEW again, where they were in line."""
+    conn.run_all("orderly_unclaim", msg_ids)
+
+
+def wake_quietly(wake: Callable[[], object]) -> None:
+    """Wake another worker; should that fail, beat's wake-up of waiting messages covers it."""
+    try:
+        wake()
+    except Exception:
+        log.exception("waking a worker for the messages still due failed (beat will)")
+
+
+@contextlib.contextmanager
+def tracked(processor: Processor, claimed: list[Any], budget_s: float) -> Iterator[None]:
+    """Track a claim as one unit (kind ``batch``; its xid names the claim)."""
+    tracker = processor.tracker
+    if tracker is None:
+        yield
+        return
+    claim = claim_of(claimed[0][_PID], claimed[0][_CLAIMED_AT])
+    deadlines = (processor.limited_deadline_ms(row) or 0 for row in claimed)
+    timeout_ms = max(tracker.policy.timeout_ms, *deadlines)
+    if len(claimed) > 1:
+        timeout_ms += round(budget_s * 1000)
+    xid = {"meta": {"id": f"claim:{claim.replace(' ', ':')}"}}
+    with tracker.tracking(xid, BATCH_KIND, claim=claim, timeout_ms=timeout_ms):
+        yield
+
+
+def process_due(
+    processor: Processor,
+    limit: int,
+    wake: Callable[[], object],
+    enqueue: Callable[[int], None],
+    *,
+    budget_s: float = BATCH_BUDGET_S,
+) -> list[ProcessResult]:
+    """Claim up to ``limit`` due messages and process them, then the funnel messages their
+    outcomes released, round after round until none is left or the budget is spent. A full
+    claim calls ``wake`` first (more may be due: another worker claims the next batch
+    meanwhile), and so does a batch that gave messages back. Children go to ``enqueue``, and so
+    do released messages not taken up here."""
+    size = limit if processor.all_limited() else 1
+    deadline = time.monotonic() + budget_s
+    results: list[ProcessResult] = []
+    ready: list[int] = []
+    node_id = processor.node_id
+    with prepared_connection(processor.engine) as conn:
+        claimed, due = claim_due(conn, node_id, size)
+        if due >= size:
+            wake_quietly(wake)
+        try:
+            while claimed:
+                runnable = [row for row in claimed if row[_STATE] == "PROCESSING"]
+                if runnable:
+                    with tracked(processor, runnable, budget_s):
+                        done, left, released = _run(processor, conn, runnable, enqueue, deadline)
+                    results += done
+                    ready += released
+                    if left:
+                        wake_quietly(wake)
+                        break
+                if not ready or time.monotonic() > deadline:
+                    break
+                claimed = claim_ids(conn, node_id, ready[:size])
+                ready = ready[size:]
+        finally:
+            # Released messages have no task of their own: never leave one behind.
+            for msg_id in ready:
+                enqueue(msg_id)
+    return results
+
+
+def _run(
+    processor: Processor,
+    conn: PreparedConnection,
+    claimed: list[Any],
+    enqueue: Callable[[int], None],
+    deadline: float,
+) -> tuple[list[ProcessResult], list[int], list[int]]:
+    """Run claimed messages in order: their results, the ids given back unstarted, and the
+    messages their outcomes released."""
+    results: list[ProcessResult] = []
+    held: list[tuple[int, Any]] = []
+    released: list[int] = []
+    pending = list(claimed)
+    lost: set[int] = set()
+    try:
+        while pending:
+            if results and time.monotonic() > deadline:
+                break
+            result = processor.run_claimed(conn, pending.pop(0), held)
+            results.append(result)
+            released += result.ready
+            for child in result.spawned:
+                enqueue(child)
+    finally:
+        # Even when something failed on the way: what ran keeps its outcome, and what did not
+        # start is not left claimed.
+        left = [int(row[_MSG_ID]) for row in pending]
+        try:
+            if held:
+                lost, more = finish_held(conn, held)
+                released += more
+        finally:
+            if left:
+                give_back(conn, left)
+    for msg_id in sorted(lost):
+        log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
+    if lost:
+        results = [
+            ProcessResult(r.msg_id, Outcome.LOST_CLAIM) if r.msg_id in lost else r for r in results
+        ]
+    return results, left, released
