@@ -43,11 +43,13 @@ from worker.runtime import get_runtime  # noqa: E402
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def submit(funnels: int, per_funnel: int, ordered: bool) -> dict[str, int]:
-    """Store every message; how many were stored NEW (with a task) and POSTPONED."""
+def submit(funnels: int, per_funnel: int, ordered: bool, batch: int = 1) -> dict[str, int]:
+    """Store every message, round-robin over the funnels, ``batch`` a call (1: ``submit``,
+    more: ``submit_many``); how many were stored NEW and POSTPONED."""
     intake = get_runtime().intake(enqueue_processing, wake_processing)
     run = uuid.uuid4().hex[:6]
     stored = {"NEW": 0, "POSTPONED": 0}
+    bodies: list[dict[str, object]] = []
     for i in range(per_funnel):
         for f in range(funnels):
             body: dict[str, object] = {
@@ -60,7 +62,14 @@ def submit(funnels: int, per_funnel: int, ordered: bool) -> dict[str, int]:
             }
             if ordered:
                 body.update(funnel_value=f"funnel-{f}", guaranteed_order=True)
+            bodies.append(body)
+    if batch <= 1:
+        for body in bodies:
             stored[intake.submit(body).state.value] += 1
+        return stored
+    for start in range(0, len(bodies), batch):
+        for result in intake.submit_many(bodies[start : start + batch]):
+            stored[result.state.value] += 1
     return stored
 
 

@@ -14,7 +14,8 @@ per message):
 - ``ordered_queued`` / ``ordered_submitting``: K ordering keys x P messages, each key's in
   order: orderly's guaranteed order (``funnel_value``) and procrastinate's ``lock``.
 - ``http_1`` / ``http_4``: from 1 and 4 client threads, beside a bare ASGI app on the same
-  uvicorn (benchmarks/peer_apps/asgi_app.py): ``POST /messages``, ``POST /messages:batch``
+  uvicorn (benchmarks/peer_apps/asgi_app.py), both with API_PROCESSES processes:
+  ``POST /messages``, ``POST /messages:batch``
   (1,000 a request), conversation turns (a request and its response) and published events
   (a room with one PULL subscription), each per message.
 - ``batch``: batch intake, through the Python call (``Intake.submit_many``, 1,000 a call) and
@@ -32,6 +33,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -141,6 +143,19 @@ class Meter:
                 ).scalar_one()
             )
 
+    def _settled_commits(self) -> int:
+        """The commits once the backends of stopped processes have handed theirs over (a
+        backend reports when it ends, a moment after its process): read until two reads half
+        a second apart agree, at most a few seconds."""
+        last = self._commits()
+        for _ in range(6):
+            time.sleep(0.5)
+            now = self._commits()  # read in another database: not counted
+            if now == last:
+                break
+            last = now
+        return last
+
     def _cpu(self, roots: Iterable[int]) -> dict[int, int]:
         pids = {p for root in roots for p in _children(root)}
         pids |= set(_by_name("redis-server", "postgres"))
@@ -166,7 +181,7 @@ class Meter:
         cmds = int(self.r.info("stats")["total_commands_processed"]) - self.cmds0 - 1
         for engine in self.engines:
             engine.dispose()
-        commits = self._commits() - self.commits0
+        commits = self._settled_commits() - self.commits0
         ticks = sum(t - self.cpu0.get(p, 0) for p, t in cpu_then.items())
         cpu = ticks / TICK + (time.process_time() - self.self0)
         return Cost(seconds, cpu, commits - self.own_commits, cmds - self.own_redis)
@@ -494,19 +509,21 @@ def plain_celery_rate(group: ProcessGroup, n: int) -> float:
 
 # What one HTTP request of each intake carries, and how many messages that is.
 HTTP_KINDS = ("messages", "batch", "conversation", "publish")
+# uvicorn processes of orderly's API and of the bare ASGI app alike (one per core).
+API_PROCESSES = 2
 BATCH_SIZE = 1000
 
 
-def _http_setup(client: httpx.Client, kind: str) -> None:
-    """What the intake needs first: a channel for the conversations' origin, a room with a
-    PULL subscription for the events (each event then has a delivery, as in use)."""
+def _http_setup(client: httpx.Client, kind: str, run: str) -> None:
+    """What the intake needs first: a channel for the conversations' origin, a room of the run
+    with a PULL subscription for the events (each event then has a delivery, as in use)."""
     if kind == "conversation":
         channel = {"url": "http://127.0.0.1:9/", "delivery_delay_ms": 1000, "attempts": 1}
         client.put("/channels/bench", json=channel).raise_for_status()
     elif kind == "publish":
-        client.post("/rooms", json={"name": "bench"}).raise_for_status()
+        client.post("/rooms", json={"name": f"bench-{run}"}).raise_for_status()
         sub = {"name": "pull", "kind": "PULL"}
-        client.post("/rooms/bench/subscriptions", json=sub).raise_for_status()
+        client.post(f"/rooms/bench-{run}/subscriptions", json=sub).raise_for_status()
 
 
 def _http_unit(client: httpx.Client, kind: str, run: str, i: int) -> None:
@@ -525,7 +542,7 @@ def _http_unit(client: httpx.Client, kind: str, run: str, i: int) -> None:
         answers.append(client.post(f"{conversation}/responses", json=response))
     else:
         event = {"payload": {"i": i}, "routing_key": "bench.event"}
-        answers = [client.post("/rooms/bench/events", json=event)]
+        answers = [client.post(f"/rooms/bench-{run}/events", json=event)]
     for answer in answers:
         if answer.status_code != 201:
             raise RuntimeError(f"{kind}: {answer.status_code} {answer.text[:300]}")
@@ -543,11 +560,13 @@ def http_intake(
     port = free_port()
     if kind != "asgi":
         api = group.start_api(port, name=f"api-{kind}-{threads}",
-                              extra_env={"ORDERLY_NODE_CODE": "b-api"})  # fmt: skip
+                              extra_env={"ORDERLY_NODE_CODE": "b-api"},
+                              workers=API_PROCESSES)  # fmt: skip
         headers = bearer(get_runtime().engine)
     else:
         argv = [str(BIN / "uvicorn"), "benchmarks.peer_apps.asgi_app:app", "--port", str(port),
-                "--log-level", "warning", "--no-access-log"]  # fmt: skip
+                "--log-level", "warning", "--no-access-log",
+                "--workers", str(API_PROCESSES)]  # fmt: skip
         api = group.start(f"asgi-{threads}", argv)
         headers = {}
     wait_http(f"http://127.0.0.1:{port}/health" if kind != "asgi" else f"http://127.0.0.1:{port}/",
@@ -568,7 +587,7 @@ def http_intake(
         _http_unit(client(), unit_kind, run, i)
 
     if kind != "asgi":
-        _http_setup(client(), kind)
+        _http_setup(client(), kind, run)
     for i in range(1 if kind == "batch" else 20):  # warm-up
         post(-1 - i)
     meter.start([api.proc.pid])
@@ -695,15 +714,18 @@ def main() -> None:
             bad = order_violations_procrastinate(r, keys, per_key)
             lock = figures(total, cost, extra_redis=1) | {"order_violations": bad}
             print(f"{mode:18} {'procrastinate':14} {lock}", flush=True)
-            cost = run(orderly, total, lambda: funnel.submit(keys, per_key, ordered=True))
-            _, violations = funnel.release_figures()
-            mine = figures(total, cost) | {"order_violations": violations}
-            print(f"{mode:18} {'orderly':14} {mine}", flush=True)
-            scenarios[mode] = {
-                "procrastinate_lock": lock,
-                "orderly": mine,
-                "orderly_ratios": {"vs_procrastinate_lock": ratio(mine["per_s"], lock["per_s"])},
-            }
+            scenarios[mode] = {"procrastinate_lock": lock}
+            # orderly's producer one message a call, as procrastinate's defers, and 500 a call.
+            for name, batch in (("orderly_1by1", 1), ("orderly", Orderly.chunk)):
+                submit = functools.partial(funnel.submit, keys, per_key, True, batch)
+                cost = run(orderly, total, submit)
+                _, violations = funnel.release_figures()
+                mine = figures(total, cost) | {"order_violations": violations}
+                print(f"{mode:18} {name:14} {mine}", flush=True)
+                scenarios[mode][name] = mine
+                scenarios[mode][f"{name}_ratios"] = {
+                    "vs_procrastinate_lock": ratio(mine["per_s"], lock["per_s"])
+                }
 
         for threads in (1, 4):
             mode = f"http_{threads}"
@@ -737,6 +759,14 @@ def main() -> None:
         "plain_vs_procrastinate": min(s["orderly_ratios"]["vs_procrastinate"] for s in plain),
         "ordered_vs_procrastinate": min(
             s["orderly_ratios"]["vs_procrastinate_lock"] for s in ordered
+        ),
+        # The same with orderly's producer submitting one message a call.
+        "plain_1by1_vs_celery": min(s["orderly_1by1_ratios"]["vs_celery"] for s in plain),
+        "plain_1by1_vs_procrastinate": min(
+            s["orderly_1by1_ratios"]["vs_procrastinate"] for s in plain
+        ),
+        "ordered_1by1_vs_procrastinate": min(
+            s["orderly_1by1_ratios"]["vs_procrastinate_lock"] for s in ordered
         ),
         "api_vs_asgi": scenarios["http_4"]["orderly_ratios"]["vs_asgi"],
         # Through the API, the face producers use: the better of 1 and 4 clients.

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
@@ -68,7 +69,7 @@ def anon(client: TestClient) -> Iterator[TestClient]:
 
 def test_every_route_but_health_and_ready_needs_a_credential(anon: TestClient) -> None:
     ops = _operations(anon)
-    assert len(ops) == 34
+    assert len(ops) == 35
     public = {(m, p) for m, p, security in ops if not security}
     assert public == PUBLIC
     for method, path, security in ops:
@@ -128,7 +129,7 @@ def test_the_scope_matrix_over_every_route(
             {"field": "scope", "problem": f"the key 'wrong-{checked}' lacks the scope '{needed}'"}
         ]
         checked += 1
-    assert checked == 31
+    assert checked == 32
     # Refused, each of them: not a row, not a Redis key (but the keys the test made).
     after = _counts(db, redis_client)
     assert after == {**before, "api_key": before["api_key"] + checked}
@@ -355,3 +356,76 @@ def test_a_refused_request_does_not_record_the_keys_use(anon: TestClient, db: En
     assert keys.list_keys(db)[0]["last_used_at"] is None
     assert _call(anon, "get", "/subscriptions/{subscription_id}/messages", token).status_code == 404
     assert keys.list_keys(db)[0]["last_used_at"] is not None
+
+
+def _keys_held_on_a_manual_clock(client: TestClient, monkeypatch: Any) -> ManualClock:
+    """The app's verified keys, and their expiry checks, on a clock the test moves."""
+    from api.http.auth import KeyCache
+
+    app = cast(FastAPI, client.app)
+    clock = ManualClock()
+    monkeypatch.setattr(app.state.runtime, "clock", clock)
+    app.state.key_cache = KeyCache(clock)
+    return clock
+
+
+def test_a_verified_key_is_held_briefly_and_a_revocation_elsewhere_holds_within_that(
+    client: TestClient, db: Engine, monkeypatch: Any
+) -> None:
+    from api.http.auth import KEY_CACHE_S
+
+    clock = _keys_held_on_a_manual_clock(client, monkeypatch)
+    lookups: list[str | None] = []
+    authenticate = keys.authenticate
+
+    def counted(*args: Any, **kwargs: Any) -> keys.Principal:
+        lookups.append(kwargs.get("scope"))
+        return authenticate(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "authenticate", counted)
+    busy = {"Authorization": f"Bearer {api_key(db, keys.OPERATE, name='busy')}"}
+    for _ in range(3):
+        assert client.get("/messages", headers=busy).status_code == 200
+    assert lookups == [keys.OPERATE]
+    # A scope the held key lacks: refused from memory, naming it.
+    refused = client.get("/keys", headers=busy)
+    assert refused.status_code == 403 and "lacks the scope 'admin'" in refused.text
+    assert len(lookups) == 1
+    # Revoked by another process (orderly key revoke): held until the window ends.
+    keys.revoke_key(db, "busy")
+    assert client.get("/messages", headers=busy).status_code == 200
+    clock.advance(KEY_CACHE_S)
+    again = client.get("/messages", headers=busy)
+    assert again.status_code == 401 and "revoked" in again.text
+    # Nor is a refusal held: each one asks PostgreSQL again.
+    assert client.get("/messages", headers=busy).status_code == 401
+    assert len(lookups) == 3
+
+
+def test_a_held_key_stops_at_its_expiry(client: TestClient, db: Engine, monkeypatch: Any) -> None:
+    clock = _keys_held_on_a_manual_clock(client, monkeypatch)
+    expires = datetime.now(UTC) + timedelta(minutes=1)
+    _, token = keys.create_key(
+        db, {"name": "brief", "scopes": [keys.OPERATE], "expires_at": expires}
+    )
+    brief = {"Authorization": f"Bearer {token}"}
+    assert client.get("/messages", headers=brief).status_code == 200
+    clock.now = expires.timestamp()  # the wall clock alone: the key is still held
+    expired = client.get("/messages", headers=brief)
+    assert expired.status_code == 401 and "expired" in expired.text
+
+
+def test_the_key_cache_forgets_at_a_revocation_and_stays_bounded() -> None:
+    from api.http.auth import KeyCache
+
+    cache = KeyCache(ManualClock(), size=2)
+    one, two, three = (KeyCache.digest(f"orderly_x_{i}") for i in range(3))
+    key = keys.Principal("k", frozenset({keys.OPERATE}))
+    # A lookup that began before a revocation through this process does not store its key.
+    began = cache.generation
+    cache.clear()
+    cache.put(one, key, began)
+    assert cache.get(one) is None
+    for digest in (one, two, three):
+        cache.put(digest, key, cache.generation)
+    assert cache.get(one) is None and cache.get(two) == key and cache.get(three) == key

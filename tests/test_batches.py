@@ -15,7 +15,7 @@ from models import MessageState, NodeState
 from models.keys import TrackKeys
 from tests.helpers import count_messages, message, row, states
 from worker import nodes, pool, timeouts
-from worker.batches import BATCH_KIND, process_due
+from worker.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
 from worker.configuration import ConfigReader
 from worker.core.clock import now_ms
 from worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable
@@ -47,6 +47,46 @@ class Woken:
 
     def _send(self) -> None:
         self.sent += 1
+
+
+class Run:
+    """``run_woken`` as a worker runs it, on the test's Redis, with a clock that moves only by
+    the sleeps it asks for (each sleep may also run ``meanwhile``: a producer submitting)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.waker = Wake(client, "test:wake")
+        self.owners = 0
+        self.helpers = 0
+        self.now = 0.0
+        self.sleeps = 0
+        self.meanwhile: list[Any] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += seconds
+        if self.meanwhile:
+            self.meanwhile.pop(0)()
+
+    def _owner(self) -> None:
+        self.owners += 1
+
+    def _helper(self) -> None:
+        self.helpers += 1
+
+    def __call__(
+        self, proc: Processor, limit: int, *, owner: bool = True, pace: Pace = Pace()
+    ) -> WokenRun:
+        return run_woken(
+            proc, limit, ignore, waker=self.waker, owner=owner,
+            send_owner=self._owner, send_helper=self._helper,
+            pace=pace, clock=self, sleep=self.sleep,
+        )  # fmt: skip
 
 
 @pytest.fixture
@@ -91,17 +131,29 @@ def test_messages_wake_one_worker_not_one_task_each(
     db: Engine, plain_intake: Intake, woken: Woken, queue: list[int]
 ) -> None:
     first = [plain_intake.submit(message(n)).msg_id for n in range(1, 6)]
-    assert woken.sent == 1  # the others found the wake-up pending
+    assert woken.sent == 1 and woken.wake.value() == "woken"  # the others found it woken
     plain_intake.submit(message(9, funnel_value="f", guaranteed_order=True))
     assert queue == [] and woken.sent == 1  # no task of its own either
-    woken.wake.clear()  # a worker took the wake-up and is about to claim
+    # The woken worker begins: while it looks (between claims), submissions wake no one.
+    holder = woken.wake.hold()
     plain_intake.submit(message(10))
-    assert woken.sent == 2
+    assert woken.sent == 1
+    # While it is busy (claiming, running handlers), the next one wakes another worker, and
+    # the one after that finds that worker woken.
+    assert holder.busy()
+    plain_intake.submit(message(12))
+    plain_intake.submit(message(13))
+    assert woken.sent == 2 and woken.wake.value() == "woken"
+    assert not holder.looking() and not holder.held  # the mark is the new worker's now
+    assert not holder.release() and woken.wake.value() == "woken"
     assert all(row(db, m).state is MessageState.NEW for m in first)
-    # One held back by its funnel is POSTPONED: nothing to wake a worker for.
-    woken.wake.clear()
+    # Let go of: the next submission wakes again; one held back by its funnel is POSTPONED
+    # and wakes no one.
+    assert woken.wake.hold().release()
     held = plain_intake.submit(message(11, funnel_value="f", guaranteed_order=True))
     assert held.state is MessageState.POSTPONED and woken.sent == 2
+    plain_intake.submit(message(14))
+    assert woken.sent == 3
 
 
 def test_funnels_advance_side_by_side_each_in_its_order(
@@ -118,7 +170,7 @@ def test_funnels_advance_side_by_side_each_in_its_order(
     plain = [plain_intake.submit(message(100 + n)).msg_id for n in range(2)]
     proc = batch_processor(db, redis_client)
     leftover: list[int] = []
-    done = process_due(proc, 10, lambda: None, leftover.append)
+    done, _ = process_batch(proc, 10, leftover.append)
     assert leftover == []
     assert states(db) == {m: "OK" for m in [*plain, *(i for f in ids.values() for i in f)]}
     ran = [r.msg_id for r in done]
@@ -144,7 +196,7 @@ def test_a_claim_takes_one_message_of_a_funnel_and_postpones_one_held_back(
     busy = HandlerRegistry()
     seen: list[int] = []
     busy.add("test", "script", lambda ctx: seen.append(ctx.msg_id))
-    done = process_due(batch_processor(db, redis_client, busy), 10, lambda: None, ignore)
+    done, _ = process_batch(batch_processor(db, redis_client, busy), 10, ignore)
     assert seen == [older_id, newer_id]  # the older, then the newer its outcome released
     assert [r.outcome for r in done] == [Outcome.OK, Outcome.OK]
 
@@ -153,19 +205,16 @@ def test_a_claim_takes_a_batch_oldest_first_and_writes_its_outcomes_together(
     db: Engine, plain_intake: Intake, redis_client: redis.Redis
 ) -> None:
     ids = [plain_intake.submit(message(n)).msg_id for n in range(1, 6)]
-    wakes: list[int] = []
     proc = batch_processor(db, redis_client)
-    done = process_due(proc, 3, lambda: wakes.append(1), ignore)
-    assert [r.msg_id for r in done] == ids[:3]
+    done, due = process_batch(proc, 3, ignore)
+    assert [r.msg_id for r in done] == ids[:3] and due == 3
     assert {r.outcome for r in done} == {Outcome.OK}
-    assert wakes == [1]  # a full claim: more may be due
     got = states(db)
     assert [got[m] for m in ids] == ["OK", "OK", "OK", "NEW", "NEW"]
     assert row(db, ids[0]).custom_data == "0;" and row(db, ids[0]).processing_pid is None
-    rest = process_due(proc, 3, lambda: wakes.append(1), ignore)
-    assert [r.msg_id for r in rest] == ids[3:]
-    assert wakes == [1]  # a short claim: nothing more was due
-    assert process_due(proc, 3, lambda: wakes.append(1), ignore) == []
+    rest, due = process_batch(proc, 3, ignore)
+    assert [r.msg_id for r in rest] == ids[3:] and due == 2
+    assert process_batch(proc, 3, ignore) == ([], 0)
     # One tracked unit per claim, done.
     snap = snapshot(redis_client, KEYS)
     assert snap.done_waiting == 2 and snap.listed == 2
@@ -177,7 +226,7 @@ def test_other_outcomes_are_written_as_they_come_beside_the_batch(
     ok = plain_intake.submit(message(1)).msg_id
     failing = plain_intake.submit(message(2, payload=json.dumps({"fail_times": 1}))).msg_id
     crash = plain_intake.submit(message(3, operation="crash")).msg_id
-    done = process_due(batch_processor(db, redis_client), 10, lambda: None, ignore)
+    done, _ = process_batch(batch_processor(db, redis_client), 10, ignore)
     assert {r.msg_id: r.outcome for r in done} == {
         ok: Outcome.OK,
         failing: Outcome.PARTLY_FAILED,
@@ -192,16 +241,12 @@ def test_past_its_budget_a_batch_starts_no_handler_and_gives_the_rest_back(
     db: Engine, plain_intake: Intake, redis_client: redis.Redis
 ) -> None:
     ids = [plain_intake.submit(message(n)).msg_id for n in range(1, 5)]
-    wakes: list[int] = []
-    done = process_due(
-        batch_processor(db, redis_client), 10, lambda: wakes.append(1), ignore, budget_s=0.0
-    )
-    assert [r.msg_id for r in done] == ids[:1]
-    assert wakes == [1]  # the rest are due again: another worker is woken
+    done, due = process_batch(batch_processor(db, redis_client), 10, ignore, budget_s=0.0)
+    assert [r.msg_id for r in done] == ids[:1] and due == 4
     rest = [row(db, m) for m in ids[1:]]
     assert {(r.state, r.processing_pid) for r in rest} == {(MessageState.NEW, None)}
     # Back where they were in the queue: claimed again first, in their order.
-    again = process_due(batch_processor(db, redis_client), 10, lambda: None, ignore)
+    again, _ = process_batch(batch_processor(db, redis_client), 10, ignore)
     assert [r.msg_id for r in again] == ids[1:]
 
 
@@ -210,14 +255,82 @@ def test_while_a_handler_may_run_unlimited_a_claim_takes_one(
 ) -> None:
     for n in range(1, 4):
         plain_intake.submit(message(n))
+    run = Run(redis_client)
     unlimited = batch_processor(db, redis_client, time_limit_s=None)
-    wakes: list[int] = []
-    assert len(process_due(unlimited, 10, lambda: wakes.append(1), ignore)) == 1
-    assert wakes == [1]
+    done = run(unlimited, 10)
+    assert len(done.results) == 3 and done.claims[:4] == [1, 1, 1, 0]  # one a claim: full
+    assert run.helpers == 1  # one helper however often a claim came back full
+    for n in range(4, 7):
+        plain_intake.submit(message(n))
     own = HandlerRegistry()
     own.add("test", "script", lambda ctx: None, time_limit_s=2)
     declared = batch_processor(db, redis_client, own, time_limit_s=None)
-    assert len(process_due(declared, 10, lambda: None, ignore)) == 2
+    assert run(declared, 10).claims[0] == 3
+
+
+def test_the_woken_worker_keeps_its_wake_up_while_messages_keep_coming(
+    db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
+) -> None:
+    plain_intake.submit(message(1))
+    plain_intake.submit(message(2))
+    assert woken.sent == 1
+    run = Run(redis_client)
+    # While the worker waits for more, a producer submits: its wake-up finds the mark held.
+    run.meanwhile = [lambda: plain_intake.submit(message(3)), lambda: None]
+    done = run(batch_processor(db, redis_client), 10)
+    assert len(done.results) == 3 and woken.sent == 1
+    assert done.claims[:2] == [2, 1]  # the look after the sleep found the third
+    assert set(done.claims[2:]) == {0}
+    # It waited linger_s after the last message it found (polls of poll_s), then let go of
+    # the mark and looked once more: the next submission wakes a worker again.
+    assert run.now >= Pace().linger_s and run.sleeps >= 10
+    assert not run.waker.pending()
+    plain_intake.submit(message(4))
+    assert woken.sent == 2 and run.owners == 0 and run.helpers == 0
+
+
+def test_a_message_that_comes_while_a_handler_runs_wakes_another_worker(
+    db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
+) -> None:
+    plain_intake.submit(message(1))
+    late: list[int] = []
+
+    def slow(ctx: MessageContext) -> None:
+        if not late:  # the first handler: meanwhile a producer submits
+            late.append(plain_intake.submit(message(2)).msg_id)
+
+    own = HandlerRegistry()
+    own.add("test", "script", slow)
+    run = Run(redis_client)
+    done = run(batch_processor(db, redis_client, own), 10)
+    assert woken.sent == 2  # the second woke a worker of its own: this one was busy
+    # This worker no longer held the mark: it went on while it found messages (the late one,
+    # here, no other worker running), then stopped without a last look or a linger.
+    assert [r.msg_id for r in done.results] == [1, late[0]]
+    assert done.claims == [1, 1, 0] and run.sleeps == 2
+    assert woken.wake.value() == "woken"  # the new worker's
+
+
+def test_after_its_active_time_the_woken_worker_hands_the_wake_up_over(
+    db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
+) -> None:
+    for n in range(1, 4):
+        plain_intake.submit(message(n))
+    run = Run(redis_client)
+    done = run(batch_processor(db, redis_client), 2, pace=Pace(active_s=0.0))
+    assert len(done.results) == 2 and done.claims == [2]  # one batch, then the hand-over
+    assert run.helpers == 1  # the claim was full
+    assert run.owners == 1 and run.waker.pending()  # a new task holds the wake-up now
+
+
+def test_a_helper_stops_at_its_first_empty_claim_and_leaves_the_mark(
+    db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
+) -> None:
+    plain_intake.submit(message(1))
+    run = Run(redis_client)
+    done = run(batch_processor(db, redis_client), 10, owner=False)
+    assert done.claims == [1, 0] and run.sleeps == 1
+    assert run.waker.pending()  # the owner's, untouched
 
 
 def test_a_stopped_node_claims_nothing(
@@ -225,7 +338,7 @@ def test_a_stopped_node_claims_nothing(
 ) -> None:
     msg_id = plain_intake.submit(message(1)).msg_id
     nodes.set_state(db, get_runtime().settings.node_code, NodeState.STOPPED)
-    assert process_due(batch_processor(db, redis_client), 10, lambda: None, ignore) == []
+    assert process_batch(batch_processor(db, redis_client), 10, ignore) == ([], 0)
     assert row(db, msg_id).state is MessageState.NEW
 
 
@@ -244,7 +357,7 @@ def test_a_timed_out_batch_is_taken_back_message_by_message(
     own = HandlerRegistry()
     own.add("test", "script", hang)
     proc_ref.append(batch_processor(db, redis_client, own, timeout_ms=1000))
-    done = process_due(proc_ref[0], 10, lambda: None, ignore)
+    done, _ = process_batch(proc_ref[0], 10, ignore)
     [turn] = turns[:1]
     assert turn.timeouts == 1 and sorted(turn.retried) == ids
     # The batch's late outcomes are dropped: the messages were taken back.
@@ -273,7 +386,7 @@ def test_the_batch_tracking_names_its_claim(
 
     own = HandlerRegistry()
     own.add("test", "script", look)
-    process_due(batch_processor(db, redis_client, own, timeout_ms=2000), 10, lambda: None, ignore)
+    process_batch(batch_processor(db, redis_client, own, timeout_ms=2000), 10, ignore)
     first = seen[0]
     assert first["kind"] == BATCH_KIND
     pid, at = first["claim"].split(" ")

@@ -97,6 +97,7 @@ def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: P
         ORDERLY_HANDLER_MODULES="my_handlers",
         PYTHONPATH=str(work),
         ORDERLY_API_PORT=str(free_port()),
+        ORDERLY_API_WORKERS="2",
         ORDERLY_NODE_CODE=f"install-{database}",
     )
 
@@ -135,6 +136,11 @@ def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: P
                 return False
 
         wait_until(up, 90, "the installed API answers")
+        # ORDERLY_API_WORKERS: two processes serve the port, under the one started.
+        api_pid = procs[0].pid
+        kids = Path(f"/proc/{api_pid}/task/{api_pid}/children").read_text().split()
+        served = [k for k in kids if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
+        assert len(served) == 2
         made = http.post("/messages", json=message(1, service="shop", operation="ship"))
         assert made.status_code == 201, made.text
         msg_id = made.json()["msg_id"]

@@ -114,7 +114,11 @@ class ProcessGroup:
         return self.start(name, argv, extra_env)
 
     def start_api(
-        self, port: int, name: str = "api", extra_env: Mapping[str, str] | None = None
+        self,
+        port: int,
+        name: str = "api",
+        extra_env: Mapping[str, str] | None = None,
+        workers: int = 1,
     ) -> Managed:
         argv = [
             str(BIN / "uvicorn"),
@@ -127,6 +131,8 @@ class ProcessGroup:
             "--log-level",
             "warning",
             "--no-access-log",
+            "--workers",
+            str(workers),
         ]
         managed = self.start(name, argv, extra_env)
         wait_http(f"http://127.0.0.1:{port}/health", managed)

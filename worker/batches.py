@@ -23,11 +23,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from worker.core.clock import SYSTEM, Clock
 from worker.processing import CLAIM_COLUMNS, Outcome, Processor, ProcessResult, parse_ids
 from worker.store.prepared import PreparedConnection, prepared_connection
 from worker.tracking import claim_of
+from worker.wake import Holder, Wake
 
 log = logging.getLogger(__name__)
 
@@ -131,28 +134,38 @@ def tracked(processor: Processor, claimed: list[Any], budget_s: float) -> Iterat
         yield
 
 
-def process_due(
+@dataclass(frozen=True)
+class Pace:
+    """How a woken worker paces its claims."""
+
+    # No handler of a batch starts after this long.
+    budget_s: float = BATCH_BUDGET_S
+    # After a claim that was not full: let more come before the next one (a claim that found
+    # one message costs as much as one that found fifty).
+    poll_s: float = 0.005
+    # The woken worker (the owner of the wake-up) keeps looking this long after it last found
+    # a due message: a steady stream is claimed by one looping worker, not a task per message.
+    linger_s: float = 0.05
+    # Then it hands the wake-up over to a new task (fair to the other tasks of its queue).
+    active_s: float = 5.0
+
+
+def process_batch(
     processor: Processor,
-    limit: int,
-    wake: Callable[[], object],
+    size: int,
     enqueue: Callable[[int], None],
-    *,
     budget_s: float = BATCH_BUDGET_S,
-) -> list[ProcessResult]:
-    """Claim up to ``limit`` due messages and process them, then the funnel messages their
-    outcomes released, round after round until none is left or the budget is spent. A full
-    claim calls ``wake`` first (more may be due: another worker claims the next batch
-    meanwhile), and so does a batch that gave messages back. Children go to ``enqueue``, and so
+) -> tuple[list[ProcessResult], int]:
+    """Claim up to ``size`` due messages and process them, then the funnel messages their
+    outcomes released, round after round until none is left or ``budget_s`` is spent: the
+    results, and how many messages were due at the claim. Children go to ``enqueue``, and so
     do released messages not taken up here."""
-    size = limit if processor.all_limited() else 1
     deadline = time.monotonic() + budget_s
     results: list[ProcessResult] = []
     ready: list[int] = []
     node_id = processor.node_id
     with prepared_connection(processor.engine) as conn:
         claimed, due = claim_due(conn, node_id, size)
-        if due >= size:
-            wake_quietly(wake)
         try:
             while claimed:
                 runnable = [row for row in claimed if row[_STATE] == "PROCESSING"]
@@ -162,7 +175,6 @@ def process_due(
                     results += done
                     ready += released
                     if left:
-                        wake_quietly(wake)
                         break
                 if not ready or time.monotonic() > deadline:
                     break
@@ -172,7 +184,131 @@ def process_due(
             # Released messages have no task of their own: never leave one behind.
             for msg_id in ready:
                 enqueue(msg_id)
-    return results
+    return results, due
+
+
+@dataclass
+class WokenRun:
+    """What a woken worker did: every result, and how many messages were due at each claim."""
+
+    results: list[ProcessResult] = field(default_factory=list)
+    claims: list[int] = field(default_factory=list)
+
+    def add(self, found: tuple[list[ProcessResult], int]) -> int:
+        self.results += found[0]
+        self.claims.append(found[1])
+        return found[1]
+
+
+def run_woken(
+    processor: Processor,
+    limit: int,
+    enqueue: Callable[[int], None],
+    *,
+    waker: Wake,
+    owner: bool,
+    send_owner: Callable[[], object],
+    send_helper: Callable[[], object],
+    pace: Pace = Pace(),
+    clock: Clock = SYSTEM,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WokenRun:
+    """What a woken worker does: claim and process due messages, batch after batch, while
+    there are any. A claim that comes back full sends one helper (another worker joins; it
+    stops at its first empty claim). The owner of the wake-up keeps its mark while it loops,
+    so that intake wakes no one else meanwhile; once nothing was due for ``pace.linger_s`` it
+    clears the mark and looks once more (what was committed before the clear is seen then;
+    what comes after wakes a worker of its own). After ``pace.active_s`` it hands the
+    wake-up over to a new task. A claim takes one message while some handler may run
+    unlimited (see the module's note)."""
+    woken = _Woken(
+        processor,
+        limit if processor.all_limited() else 1,
+        enqueue,
+        waker,
+        send_owner,
+        send_helper,
+        pace,
+        clock,
+        sleep,
+    )
+    run = WokenRun()
+    holder = waker.hold() if owner else None
+    try:
+        woken.loop(run, holder)
+    except BaseException:
+        if holder is not None:
+            _release(holder)  # the next submission wakes a worker again
+        raise
+    return run
+
+
+@dataclass(frozen=True)
+class _Woken:
+    processor: Processor
+    size: int
+    enqueue: Callable[[int], None]
+    waker: Wake
+    send_owner: Callable[[], object]
+    send_helper: Callable[[], object]
+    pace: Pace
+    clock: Clock
+    sleep: Callable[[float], None]
+
+    def batch(self, run: WokenRun, holder: Holder | None = None) -> int:
+        """One claim and its rounds; a holder is busy meanwhile (what comes then wakes
+        another worker) and looking again after."""
+        if holder is not None:
+            _move(holder.busy)
+        due = run.add(process_batch(self.processor, self.size, self.enqueue, self.pace.budget_s))
+        if holder is not None:
+            _move(holder.looking)
+        return due
+
+    def loop(self, run: WokenRun, holder: Holder | None) -> None:
+        pace = self.pace
+        started = last_due = self.clock.monotonic()
+        helped = False
+        while True:
+            due = self.batch(run, holder)
+            owner = holder is not None and holder.held
+            now = self.clock.monotonic()
+            if due:
+                last_due = now
+            if due >= self.size and not helped:
+                wake_quietly(self.send_helper)
+                helped = True
+            if now - started >= pace.active_s:
+                if holder is not None and _release(holder):
+                    wake_quietly(lambda: self.waker.wake(self.send_owner))
+                return
+            if due >= self.size:
+                continue
+            if not due and (not owner or now - last_due >= pace.linger_s):
+                break
+            self.sleep(pace.poll_s)
+        if holder is not None and _release(holder):
+            self.batch(run)
+
+
+def _move(move: Callable[[], bool]) -> None:
+    try:
+        move()
+    except Exception:
+        # The mark stays as it was: at worst a submission meanwhile waits for this worker's
+        # next claim, or wakes one more worker than needed.
+        log.exception("moving the wake-up mark failed")
+
+
+def _release(holder: Holder) -> bool:
+    """Let go of the mark; whether this worker still held it (then it looks once more)."""
+    held = holder.held
+    try:
+        holder.release()
+    except Exception:
+        # The mark expires by itself; until then beat's wake-up covers what comes.
+        log.exception("letting go of the wake-up failed")
+    return held
 
 
 def _run(

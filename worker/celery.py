@@ -109,6 +109,11 @@ def send_process_due() -> None:
     app.send_task("orderly.process.due")
 
 
+def send_process_helper() -> None:
+    """A second worker for due messages, beside the one woken (worker.batches.run_woken)."""
+    app.send_task("orderly.process.due", kwargs={"owner": False})
+
+
 def wake_processing() -> bool:
     """Wake a worker to claim due messages, unless one is woken already (worker/wake.py);
     whether a task was sent."""

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -90,6 +90,8 @@ class Principal:
 
     name: str
     scopes: frozenset[str]
+    # Kept so that a verified key held in memory (api.http.auth) stops at its expiry exactly.
+    expires_at: datetime | None = field(default=None, compare=False)
 
     def allows(self, scope: str) -> bool:
         if scope in self.scopes:
@@ -157,7 +159,8 @@ def list_keys(engine: Engine, *, revoked: bool = False) -> list[dict[str, Any]]:
 
 
 def revoke_key(engine: Engine, name: str, clock: Clock = SYSTEM) -> dict[str, Any]:
-    """Revoke the live key of that name: refused from its next request on."""
+    """Revoke the live key of that name: refused from its next lookup on (an API process
+    holds a key it verified for a few seconds: api.http.auth)."""
     with engine.begin() as conn:
         row = conn.execute(sql("api_key_revoke"), {"name": name, "now": utcnow(clock)}).first()
     if row is None:
@@ -185,7 +188,7 @@ def authenticate(
             raise Unauthenticated(f"the key {row.name!r} was revoked")
         if row.expires_at is not None and row.expires_at <= now:
             raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
-        found = Principal(row.name, frozenset(row.scopes))
+        found = Principal(row.name, frozenset(row.scopes), row.expires_at)
         if scope is not None:
             found.require(scope)
         if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:

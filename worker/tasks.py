@@ -10,7 +10,14 @@ from celery.exceptions import Reject
 
 from models import NodeState
 from worker import batches, confirmations, pubsub
-from worker.celery import QUEUES, app, enqueue_drain, enqueue_processing, wake_processing
+from worker.celery import (
+    QUEUES,
+    app,
+    enqueue_drain,
+    enqueue_processing,
+    send_process_due,
+    send_process_helper,
+)
 from worker.core import logs
 from worker.processing import Outcome
 from worker.runtime import get_runtime
@@ -50,19 +57,21 @@ def process_message(self: Any, msg_id: int) -> str:
 
 
 @app.task(name="orderly.process.due", bind=True)
-def process_due(self: Any) -> int:
-    """Claim a batch of due messages and process it (woken by intake: worker/wake.py)."""
+def process_due(self: Any, owner: bool = True) -> int:
+    """Claim and process due messages while there are any (woken by intake, worker/wake.py;
+    or, ``owner`` False, a helper a full claim sent)."""
     refuse_if_stopped(self)
     runtime = get_runtime()
-    try:
-        # Before the claim: a message committed from now on wakes a worker of its own.
-        runtime.wake.clear()
-    except Exception:
-        log.exception("clearing the wake-up failed; claiming anyway")
-    results = batches.process_due(
-        runtime.processor, runtime.settings.claim_batch, wake_processing, enqueue_processing
+    run = batches.run_woken(
+        runtime.processor,
+        runtime.settings.claim_batch,
+        enqueue_processing,
+        waker=runtime.wake,
+        owner=owner,
+        send_owner=send_process_due,
+        send_helper=send_process_helper,
     )
-    return len(results)
+    return len(run.results)
 
 
 @app.task(name="orderly.deliver.conversation", bind=True)

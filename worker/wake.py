@@ -1,15 +1,23 @@
-"""Waking a worker to claim due messages: one wake-up pending at a time.
+"""Waking a worker to claim due messages: one mark in Redis says whether one is looking.
 
 Intake stores a message NEW and wakes a worker instead of sending a task per message; the
-woken worker claims due messages from PostgreSQL in batches (worker.batches).
-:meth:`Wake.wake` sends a task only when no wake-up is pending (``SET NX``), so a burst of
-submissions costs one task, not one per message. The woken worker clears the mark before it
-claims: a message committed before the clear is seen by its claim, and one committed after it
-finds no mark and wakes a worker of its own. No message can fall between the two.
+woken worker claims due messages from PostgreSQL in batches (worker.batches). The mark
+(``wake.lua``) is absent (nobody looks), ``woken`` (a task was sent and has not begun),
+``looking:<token>`` (the woken worker, between claims, claims again soon) or
+``busy:<token>`` (it claims or runs handlers now). :meth:`Wake.wake` sends a task only when
+the mark is absent or its holder busy: a steady stream costs one script a message while a
+worker polls for it, and a message that comes while the worker runs a slow handler wakes
+another worker instead of waiting behind it.
 
-The mark expires (``ttl_ms``): a wake-up whose task was lost is replaced by the next
-submission after that, and beat wakes a worker whenever messages have waited NEW for longer
-than a second (``beat.agents.wake_due``).
+The rule that loses nothing: whoever moves the mark away from ``looking`` (to ``busy``, or
+away altogether) claims afterwards, so a message committed while it looked (whose wake-up
+sent nothing) is seen by that claim; one committed while it is busy, or after it let go,
+wakes a worker of its own. The holder moves the mark only while it is still its own
+(``wake_swap.lua``, ``lease_give_up.lua``): a task woken while it was busy takes over.
+
+The mark expires: a wake-up whose task was lost is replaced by the next submission after
+that, and beat wakes a worker whenever messages have waited NEW for longer than a second
+(``beat.agents.wake_due``).
 """
 
 from __future__ import annotations
@@ -20,10 +28,14 @@ from collections.abc import Callable
 import redis
 
 from models.keys import PROCESS_WAKE_KEY
+from worker.core.lease import RedisLease, new_token
+from worker.core.scripts import Scripts
 
-# Long enough that a busy queue does not collect a second wake-up per burst; short enough that
-# a lost one is replaced soon.
+# Long enough that a worker's looking outlives no mark (every move renews it), short enough
+# that a lost wake-up is replaced soon.
 WAKE_TTL_MS = 10_000
+
+WOKEN = "woken"
 
 
 class Wake:
@@ -31,26 +43,75 @@ class Wake:
         self, client: redis.Redis, key: str = PROCESS_WAKE_KEY, ttl_ms: int = WAKE_TTL_MS
     ) -> None:
         self._client = client
+        self._scripts = Scripts(client)
         self._key = key
         self._ttl_ms = ttl_ms
 
     def wake(self, send: Callable[[], object]) -> bool:
-        """Mark a wake-up pending and ``send`` its task, unless one is pending already.
-        Whether a task was sent. Raises what Redis or ``send`` raised (no mark is left)."""
-        if not self._client.set(self._key, b"1", nx=True, px=self._ttl_ms):
+        """Send a task (``send``) unless a worker is looking or one was woken already; whether
+        one was sent. Raises what Redis or ``send`` raised (a mark it set is taken back)."""
+        if not int(self._scripts.run("wake", [self._key], [self._ttl_ms])):
             return False
         try:
             send()
         except BaseException:
             # No task went out: the mark must not hold back the next wake-up.
             with contextlib.suppress(redis.RedisError):
-                self._client.delete(self._key)
+                RedisLease(self._scripts, self._key).give_up(WOKEN)
             raise
         return True
 
-    def clear(self) -> None:
-        """The woken worker is about to claim: what comes from now on wakes a worker anew."""
-        self._client.delete(self._key)
+    def hold(self) -> Holder:
+        """The woken worker takes the mark: it is looking."""
+        return Holder(self, new_token())
 
     def pending(self) -> bool:
         return bool(self._client.exists(self._key))
+
+    def value(self) -> str | None:
+        found = self._client.get(self._key)
+        return None if found is None else (found.decode() if isinstance(found, bytes) else found)
+
+    def _set(self, value: str) -> None:
+        self._client.set(self._key, value, px=self._ttl_ms)
+
+    def _swap(self, old: str, new: str) -> bool:
+        return bool(int(self._scripts.run("wake_swap", [self._key], [old, new, self._ttl_ms])))
+
+    def _give_up(self, value: str) -> bool:
+        return RedisLease(self._scripts, self._key).give_up(value)
+
+
+class Holder:
+    """The woken worker's side of the mark. ``held`` turns False for good once the mark is
+    another's (a worker woken while this one was busy took over)."""
+
+    def __init__(self, wake: Wake, token: str) -> None:
+        self._wake = wake
+        self._looking = f"looking:{token}"
+        self._busy = f"busy:{token}"
+        self._state = self._looking
+        wake._set(self._looking)
+        self.held = True
+
+    def busy(self) -> bool:
+        """About to claim and run handlers: what comes meanwhile wakes another worker."""
+        return self._move(self._busy)
+
+    def looking(self) -> bool:
+        """Between claims: what comes meanwhile waits for this worker's next claim."""
+        return self._move(self._looking)
+
+    def _move(self, new: str) -> bool:
+        if self.held and self._state != new:
+            self.held = self._wake._swap(self._state, new)
+            self._state = new
+        return self.held
+
+    def release(self) -> bool:
+        """Let go of the mark (if still held): from now on every submission wakes a worker.
+        The caller claims once more afterwards."""
+        if not self.held:
+            return False
+        self.held = False
+        return self._wake._give_up(self._state)

@@ -32,6 +32,9 @@ def api(
     host: Annotated[str | None, typer.Option(help="Default: ORDERLY_API_HOST.")] = None,
     port: Annotated[int | None, typer.Option(help="Default: ORDERLY_API_PORT.")] = None,
     access_log: Annotated[bool, typer.Option(help="One log line per request.")] = False,
+    workers: Annotated[
+        int | None, typer.Option(min=1, max=64, help="Processes. Default: ORDERLY_API_WORKERS.")
+    ] = None,
 ) -> None:
     """The HTTP API (uvicorn) on ORDERLY_API_HOST:ORDERLY_API_PORT."""
     import uvicorn
@@ -44,6 +47,7 @@ def api(
         port=port or settings.api_port,
         log_level=settings.log_level.lower(),
         access_log=access_log,
+        workers=workers or settings.api_workers,
     )
 
 

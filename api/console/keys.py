@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.console.render import page
 from api.console.session import Signed, act, attempt, form, require_admin
+from api.http.auth import key_cache
 from worker import keys
 from worker.runtime import Runtime
 
@@ -52,4 +53,6 @@ async def revoke(request: Request, viewer: Signed, name: str) -> Response:
     await form(request, viewer)
     runtime: Runtime = request.app.state.runtime
     call = functools.partial(keys.revoke_key, runtime.engine, name, runtime.clock)
-    return await act(viewer, call, "/console/keys", f"key {name} revoked")
+    answer = await act(viewer, call, "/console/keys", f"key {name} revoked")
+    key_cache(request.app).clear()  # the API refuses it from its next request on
+    return answer

@@ -3,23 +3,99 @@
 A route declares its scope with :func:`requires` (or takes the caller with :func:`caller`,
 or :data:`Operator`); the scope goes into the OpenAPI document as the operation's security
 requirement. ``publish:{room}`` is filled from the path. Keys live in worker.keys.
+
+A key PostgreSQL verified is held in memory by the app (:class:`KeyCache`) for
+:data:`KEY_CACHE_S` seconds, so that a busy producer costs no database trip and no thread per
+request. Its expiry is still honoured to the instant; a revocation through this process (the
+API or the console) is at once; one through another process (``orderly key revoke``, another
+API process) takes effect here within :data:`KEY_CACHE_S`.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Annotated, Any
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer, SecurityScopes
+from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
 from worker import keys
 from worker.channels import ACK_TOKEN_HEADER
+from worker.core.clock import Clock
 from worker.keys import Principal
 from worker.runtime import Runtime
 
 SCHEME = "ApiKey"
+
+# How long a verified key is taken from memory: the longest a key revoked by another process
+# may still be accepted here. ``last_used_at`` is written on the next lookup after it, so it
+# may lag by this much beyond its minute.
+KEY_CACHE_S = 5.0
+# Keys held at most: a producer uses one key, so this is far above what a process sees; a
+# flood of distinct valid keys costs their lookups, never memory.
+KEY_CACHE_SIZE = 1024
+
+
+class KeyCache:
+    """Keys PostgreSQL verified lately, by the SHA-256 of their token (never the token).
+    Refusals are not kept: each one asks PostgreSQL again and answers why. Used from the event
+    loop only, so it needs no lock."""
+
+    def __init__(
+        self, clock: Clock, ttl_s: float = KEY_CACHE_S, size: int = KEY_CACHE_SIZE
+    ) -> None:
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._size = size
+        # digest -> (the key, when verified on the monotonic clock, expiry as epoch seconds)
+        self._held: dict[bytes, tuple[Principal, float, float | None]] = {}
+        # Moved by clear(): a lookup that began before a revocation does not store its key.
+        self.generation = 0
+
+    @staticmethod
+    def digest(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def get(self, digest: bytes) -> Principal | None:
+        held = self._held.get(digest)
+        if held is None:
+            return None
+        principal, verified, expires = held
+        # A clock moved back (a test's) counts as stale, like one moved past the window.
+        fresh = 0.0 <= self._clock.monotonic() - verified < self._ttl_s
+        if fresh and (expires is None or self._clock.time() < expires):
+            return principal
+        # Asked again, PostgreSQL says why it is refused now (expired, revoked) or renews it.
+        del self._held[digest]
+        return None
+
+    def put(self, digest: bytes, principal: Principal, generation: int) -> None:
+        """Keep a key verified by a lookup that began at ``generation``."""
+        if generation != self.generation:
+            return
+        if len(self._held) >= self._size:
+            self._held.pop(next(iter(self._held)))  # the oldest verified
+        expires = None if principal.expires_at is None else principal.expires_at.timestamp()
+        self._held[digest] = (principal, self._clock.monotonic(), expires)
+
+    def clear(self) -> None:
+        """Forget every key: after a revocation through this process, so that it holds from
+        the next request on."""
+        self._held.clear()
+        self.generation += 1
+
+
+def key_cache(app: Starlette) -> KeyCache:
+    """The app's cache of verified keys (made on its first request, on the runtime's clock)."""
+    cache: KeyCache | None = getattr(app.state, "key_cache", None)
+    if cache is None:
+        runtime: Runtime = app.state.runtime
+        cache = app.state.key_cache = KeyCache(runtime.clock)
+    return cache
+
 
 bearer = HTTPBearer(
     scheme_name=SCHEME,
@@ -49,18 +125,25 @@ async def _principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    runtime: Runtime = request.app.state.runtime
-    token = None if credentials is None else credentials.credentials
     (scope,) = scopes.scopes  # one per route
-    return await run_in_threadpool(
-        functools.partial(
-            keys.authenticate,
-            runtime.engine,
-            token,
-            runtime.clock,
-            scope=scope.format(**request.path_params),
-        )
+    scope = scope.format(**request.path_params)
+    token = None if credentials is None else credentials.credentials
+    cache = key_cache(request.app)
+    digest = None
+    if token:
+        digest = cache.digest(token)
+        held = cache.get(digest)
+        if held is not None:
+            held.require(scope)
+            return held
+    generation = cache.generation
+    runtime: Runtime = request.app.state.runtime
+    found = await run_in_threadpool(
+        functools.partial(keys.authenticate, runtime.engine, token, runtime.clock, scope=scope)
     )
+    if digest is not None:
+        cache.put(digest, found, generation)
+    return found
 
 
 def caller(scope: str) -> Any:

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.http import answers as a
 from api.http.answers import answers
-from api.http.auth import requires
+from api.http.auth import key_cache, requires
 from api.http.common import AppRuntime, json_body
 from api.http.contract import body
 from worker import keys
@@ -36,6 +36,7 @@ async def list_keys(runtime: AppRuntime, revoked: bool = False) -> JSONResponse:
 
 
 @router.delete("/keys/{name}", responses=answers(a.Key))
-async def revoke_key(runtime: AppRuntime, name: str) -> JSONResponse:
+async def revoke_key(runtime: AppRuntime, name: str, request: Request) -> JSONResponse:
     revoked = await run_in_threadpool(keys.revoke_key, runtime.engine, name, runtime.clock)
+    key_cache(request.app).clear()
     return JSONResponse(revoked)

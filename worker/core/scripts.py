@@ -34,6 +34,9 @@ SCRIPT_NAMES = (
     "due_release",
     "lease_take",
     "lease_give_up",
+    # the wake-up of workers for due messages (worker/wake.py)
+    "wake",
+    "wake_swap",
     # message tracking and service lifecycle
     "track_register",
     "track_done",

@@ -52,6 +52,14 @@ class ServiceSettings(Section):
         description="Largest body of POST /messages:batch, in bytes (each message's payload "
         "still within ORDERLY_MAX_PAYLOAD_BYTES).",
     )
+    api_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        validation_alias="ORDERLY_API_WORKERS",
+        description="Processes of `orderly api` (uvicorn's --workers): one serves requests on "
+        "one core; more share the port.",
+    )
     api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
     api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
     retry_after_s: int = Field(

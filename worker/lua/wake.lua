@@ -1,0 +1,13 @@
+-- Wake a worker for due messages, unless one is looking for them already.
+-- KEYS[1] the wake-up mark (models.keys.PROCESS_WAKE_KEY)
+-- ARGV[1] the mark's life (ms)
+-- The mark: absent (nobody looks), 'woken' (a task was sent and has not begun),
+-- 'looking:<token>' (the woken worker claims again soon), 'busy:<token>' (it claims or runs
+-- handlers now: what comes meanwhile needs another worker).
+-- Returns 1 when the caller must send a task (the mark is now 'woken'), 0 when not.
+local mark = redis.call('GET', KEYS[1])
+if mark and string.sub(mark, 1, 5) ~= 'busy:' then
+  return 0
+end
+redis.call('SET', KEYS[1], 'woken', 'PX', tonumber(ARGV[1]))
+return 1
