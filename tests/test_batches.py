@@ -184,6 +184,20 @@ def test_funnels_advance_side_by_side_each_in_its_order(
         assert order == sorted(order)
 
 
+def test_a_batchs_funnel_messages_are_stored_new_and_go_in_their_order(
+    db: Engine, plain_intake: Intake, redis_client: redis.Redis
+) -> None:
+    # Stored in one statement, without the funnel's lock: the claim orders them.
+    items = [message(n, funnel_value="f", guaranteed_order=True) for n in (3, 1, 2)]
+    assert {r.state for r in plain_intake.submit_many(items)} == {MessageState.NEW}
+    seen: list[str] = []
+    own = HandlerRegistry()
+    own.add("test", "script", lambda ctx: seen.append(ctx.correlation_id))
+    done, due = process_batch(batch_processor(db, redis_client, own), 10, ignore)
+    assert seen == ["corr-1", "corr-2", "corr-3"] and due == 3
+    assert {r.outcome for r in done} == {Outcome.OK}
+
+
 def test_a_claim_takes_one_message_of_a_funnel_and_postpones_one_held_back(
     db: Engine, plain_intake: Intake, redis_client: redis.Redis
 ) -> None:

@@ -4,8 +4,9 @@ Validate, insert NEW (or POSTPONED behind its funnel; idempotent on correlation_
 source_system), commit, then wake a worker that claims due messages in batches (worker.wake,
 worker.batches); a POSTPONED message waits for its funnel to release it. Bad input raises
 InvalidMessage before anything is written. ``submit_many`` takes up to MAX_BATCH messages at
-once: all validated first (one bad item refuses them all), stored in one transaction, the
-plain ones in one statement. The HTTP API, the CLI and the Python API are thin faces over
+once: all validated first (one bad item refuses them all), stored in one transaction, those
+without a parent in one statement (a funnel's stored NEW: the claim holds back, under its
+lock, those that may not go yet). The HTTP API, the CLI and the Python API are thin faces over
 :class:`Intake`.
 """
 
@@ -154,17 +155,18 @@ def insert_values(message: MessageIn, node_id: int, binding: str | None = None) 
 
 
 def batchable(message: MessageIn) -> bool:
-    """Whether a message is stored with others in one statement and claimed in batches: no
-    funnel (its lock and order) and no parent (whose existence its insert checks)."""
-    return message.funnel_value is None and message.parent_msg_id is None
+    """Whether a message is stored with others in one statement: one without a parent (whose
+    existence its own insert checks). A funnel's messages are stored NEW that way; the claim
+    holds back under the funnel's lock those that may not go yet (worker.batches)."""
+    return message.parent_msg_id is None
 
 
-def insert_plain_many(
+def insert_many(
     conn: PreparedConnection, messages: Sequence[MessageIn], node_id: int
 ) -> dict[tuple[str, str], int]:
-    """Insert plain messages NEW in one statement, in order; the msg_id of each one inserted,
-    by (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
-    columns: list[list[Any]] = [[] for _ in range(10)]
+    """Insert messages NEW in one statement, in order; the msg_id of each one inserted, by
+    (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
+    columns: list[list[Any]] = [[] for _ in range(14)]
     for m in messages:
         row = (
             m.msg_timestamp,
@@ -177,6 +179,10 @@ def insert_plain_many(
             m.payload_text,
             m.envelope,
             m.source_system,
+            m.funnel_value,
+            m.funnel_component_id,
+            m.guaranteed_order,
+            m.exclude_failed_state,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -330,15 +336,15 @@ class Intake:
         raise nodes.refusal(conn, self._node_id)
 
     def _store_many(self, messages: list[MessageIn]) -> list[SubmitResult]:
-        """One transaction: the plain messages in one statement, the others one by one in
-        their order (a funnel's lock and order, a parent's check)."""
+        """One transaction: the messages without a parent in one statement, the others one by
+        one in their order (a parent's check)."""
         results: list[SubmitResult | None] = [None] * len(messages)
         plain = [i for i, m in enumerate(messages) if batchable(m)]
         with prepared_connection(self._engine) as conn:
             conn.execute("BEGIN")
             try:
                 if plain:
-                    inserted = insert_plain_many(conn, [messages[i] for i in plain], self._node_id)
+                    inserted = insert_many(conn, [messages[i] for i in plain], self._node_id)
                     for i in plain:
                         m = messages[i]
                         msg_id = inserted.pop((m.correlation_id, m.source_system), None)

@@ -24,22 +24,24 @@ ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, state;
 
 -- name: orderly_insert_messages
--- Plain messages (no funnel, no parent) NEW in one statement, in the order given (their
--- msg_ids ascend in it); the node must be in RUN, checked in the same statement. One already
--- stored under its (correlation_id, source_system), or twice in the arrays, is inserted once.
--- Returns msg_id, correlation_id, source_system of each inserted.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint
+-- Messages without a parent NEW in one statement, in the order given (their msg_ids ascend in
+-- it); the node must be in RUN, checked in the same statement. A funnel's messages are stored
+-- NEW too, without its lock: the claim decides under the lock which one goes first and holds
+-- the others back (POSTPONED), as the insert of one message would have (worker.batches). One
+-- already stored under its (correlation_id, source_system), or twice in the arrays, is
+-- inserted once. Returns msg_id, correlation_id, source_system of each inserted.
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
-                     correlation_id, process_id, payload, envelope, source_system, node_id,
-                     guaranteed_order, exclude_failed_state,
-                     receive_timestamp, last_process_timestamp, state, failed_count)
+                     correlation_id, process_id, payload, envelope, source_system,
+                     funnel_value, funnel_component_id, guaranteed_order, exclude_failed_state,
+                     node_id, receive_timestamp, last_process_timestamp, state, failed_count)
 SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
-       i.process_id, i.payload, i.envelope, i.source_system, $11,
-       false, false, now(), now(), 'NEW', 0
-  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) WITH ORDINALITY
+       i.process_id, i.payload, i.envelope, i.source_system, i.funnel, i.component,
+       i.guaranteed, i.exclude_failed, $15, now(), now(), 'NEW', 0
+  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) WITH ORDINALITY
        AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
-            payload, envelope, source_system, n)
- WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $11 AND state = 'RUN')
+            payload, envelope, source_system, funnel, component, guaranteed, exclude_failed, n)
+ WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $15 AND state = 'RUN')
  ORDER BY i.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, correlation_id, source_system;
