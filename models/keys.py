@@ -81,8 +81,8 @@ class BridgeKeys:
 # (INFO server's run_id) means Redis lost (some of) what it held.
 EPOCH_KEY = "orderly:epoch"
 
-# Set while a worker has been woken to claim due messages and has not claimed yet
-# (worker/wake.py): intake wakes a worker only when no wake-up is pending.
+# Whether a worker is woken, or looking, for due messages (worker/wake.py): intake wakes one
+# only when none is, or when the one looking is busy running handlers.
 PROCESS_WAKE_KEY = "orderly:process:wake"
 
 

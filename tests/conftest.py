@@ -15,7 +15,7 @@ import socket
 import subprocess
 import threading
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -183,9 +183,9 @@ def queue() -> list[int]:
     return []
 
 
-@pytest.fixture
-def intake(db: Engine, queue: list[int]) -> Intake:
-    """Intake through this process's node, enqueuing into ``queue`` instead of the broker."""
+def make_intake(db: Engine, queue: list[int], wake: Callable[[], object] | None = None) -> Intake:
+    """Intake through this process's node, enqueuing into ``queue`` instead of the broker
+    (and waking through ``wake``, when given)."""
     runtime = get_runtime()
     return Intake(
         db,
@@ -193,7 +193,14 @@ def intake(db: Engine, queue: list[int]) -> Intake:
         enqueue=queue.append,
         registry=runtime.registry,
         max_payload_bytes=10_000,
+        wake=wake,
     )
+
+
+@pytest.fixture
+def intake(db: Engine, queue: list[int]) -> Intake:
+    """Intake through this process's node, enqueuing into ``queue`` instead of the broker."""
+    return make_intake(db, queue)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 
 from models import MessageState, NodeState
 from models.keys import TrackKeys
+from tests.conftest import make_intake
 from tests.helpers import count_messages, message, row, states
 from worker import nodes, pool, timeouts
 from worker.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
@@ -96,15 +97,8 @@ def woken(redis_client: redis.Redis) -> Woken:
 
 @pytest.fixture
 def plain_intake(db: Engine, woken: Woken, queue: list[int]) -> Intake:
-    runtime = get_runtime()
-    return Intake(
-        db,
-        node_id=runtime.node_id,
-        enqueue=queue.append,
-        registry=runtime.registry,
-        max_payload_bytes=10_000,
-        wake=woken,
-    )
+    """The ``intake`` fixture's, waking a worker as the product's does."""
+    return make_intake(db, queue, wake=woken)
 
 
 def batch_processor(
@@ -298,7 +292,7 @@ def test_the_woken_worker_keeps_its_wake_up_while_messages_keep_coming(
     # It waited linger_s after the last message it found (polls of poll_s), then let go of
     # the mark and looked once more: the next submission wakes a worker again.
     assert run.now >= Pace().linger_s and run.sleeps >= 10
-    assert not run.waker.pending()
+    assert run.waker.value() is None
     plain_intake.submit(message(4))
     assert woken.sent == 2 and run.owners == 0 and run.helpers == 0
 
@@ -334,7 +328,7 @@ def test_after_its_active_time_the_woken_worker_hands_the_wake_up_over(
     done = run(batch_processor(db, redis_client), 2, pace=Pace(active_s=0.0))
     assert len(done.results) == 2 and done.claims == [2]  # one batch, then the hand-over
     assert run.helpers == 1  # the claim was full
-    assert run.owners == 1 and run.waker.pending()  # a new task holds the wake-up now
+    assert run.owners == 1 and run.waker.value() == "woken"  # a new task holds it now
 
 
 def test_a_helper_stops_at_its_first_empty_claim_and_leaves_the_mark(
@@ -344,7 +338,7 @@ def test_a_helper_stops_at_its_first_empty_claim_and_leaves_the_mark(
     run = Run(redis_client)
     done = run(batch_processor(db, redis_client), 10, owner=False)
     assert done.claims == [1, 0] and run.sleeps == 1
-    assert run.waker.pending()  # the owner's, untouched
+    assert run.waker.value() == "woken"  # the owner's, untouched
 
 
 def test_a_stopped_node_claims_nothing(
@@ -445,7 +439,7 @@ def test_a_wake_up_that_cannot_be_sent_leaves_no_mark_and_postpones(
     with pytest.raises(ServiceUnavailable) as info:
         intake.submit(message(1))
     assert "is stored and will be processed" in str(info.value)
-    assert not wake.pending()
+    assert wake.value() is None
     assert list(states(db).values()) == ["POSTPONED"]
 
 

@@ -1,4 +1,4 @@
-"""Due messages in batches: what a woken worker does (``process_due``).
+"""Due messages in batches: what a woken worker does (``run_woken``, ``process_batch``).
 
 Intake stores a message NEW and wakes a worker (worker.wake) instead of sending it a task of
 its own. The worker claims up to ``limit`` due messages at once, one per funnel (a funnel's

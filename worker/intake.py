@@ -283,28 +283,23 @@ class Intake:
         could not be handed over waits POSTPONED: the re-processing pool hands it to the broker
         again once it answers (or, should even that fail, repair takes up the NEW message).
         The producer is told; submitting again answers 200."""
-        woken: list[int] = []
-        tasks: list[int] = []
-        for result in results:
-            if result.created and result.state is MessageState.NEW:
-                (woken if self._wake is not None else tasks).append(result.msg_id)
-        sent, woke = 0, False
+        new = [r.msg_id for r in results if r.created and r.state is MessageState.NEW]
+        if not new:
+            return
         try:
-            if woken:
-                assert self._wake is not None
+            if self._wake is not None:
                 self._wake()
-            woke = True
-            for msg_id in tasks:
-                self._enqueue(msg_id)
-                sent += 1
+            else:
+                for msg_id in new:
+                    self._enqueue(msg_id)
         except Exception as exc:
-            left = ([] if woke else woken) + tasks[sent:]
-            log.warning("messages %s stored but not handed to the broker: %s", left, exc)
+            # All of them: one a task reached meanwhile has moved on and is left alone.
+            log.warning("messages %s stored but not handed to the broker: %s", new, exc)
             try:
-                hand_over_later(self._engine, left)
+                hand_over_later(self._engine, new)
             except Exception:
-                log.exception("messages %s: left NEW for repair", left)
-            stored = f"message {left[0]} is" if len(left) == 1 else f"messages {left} are"
+                log.exception("messages %s: left NEW for repair", new)
+            stored = f"message {new[0]} is" if len(new) == 1 else f"messages {new} are"
             raise ServiceUnavailable(
                 "broker",
                 f"{first_line(exc)}; {stored} stored and will be processed when the broker "

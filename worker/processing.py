@@ -267,7 +267,7 @@ class Processor:
         held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
         """Run the handler and record the outcome; a plain OK goes to ``held`` instead, when
-        given (a batch writes its OK outcomes together: ``process_due``)."""
+        given (a batch writes its OK outcomes together: worker.batches)."""
         if newer is not None:
             return self._finish(
                 conn, ctx, "OK", obsolete_by=newer, detail=f"obsolete: message {newer} is newer"

@@ -8,8 +8,8 @@ back from its worker (``processing_pid`` cleared, so a late outcome is
 dropped as LOST_CLAIM) and retried after ``delay * multiplier^n`` (the retry policy), up to
 the retry attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of
 timeouts lives on the row (``timeout_count``) and the retry-or-fail decision is part of the
-take-back statement. A batch of due messages is tracked as one claim (worker.processing
-``process_due``); when it times out, each message that claim still holds is taken back.
+take-back statement. A batch of due messages is tracked as one claim (worker.batches); when
+it times out, each message that claim still holds is taken back.
 The store is the authority: only the claim that timed out is taken back, so a message that
 reached its outcome meanwhile, or was claimed again since, is left alone.
 """

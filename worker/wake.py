@@ -29,10 +29,10 @@ import redis
 
 from models.keys import PROCESS_WAKE_KEY
 from worker.core.lease import RedisLease, new_token
-from worker.core.scripts import Scripts
+from worker.core.scripts import Scripts, as_text
 
-# Long enough that a worker's looking outlives no mark (every move renews it), short enough
-# that a lost wake-up is replaced soon.
+# Longer than a worker stays between two moves of its mark (every move renews it), short
+# enough that a lost wake-up is replaced soon.
 WAKE_TTL_MS = 10_000
 
 WOKEN = "woken"
@@ -65,12 +65,10 @@ class Wake:
         """The woken worker takes the mark: it is looking."""
         return Holder(self, new_token())
 
-    def pending(self) -> bool:
-        return bool(self._client.exists(self._key))
-
     def value(self) -> str | None:
+        """The mark as it stands (None: absent)."""
         found = self._client.get(self._key)
-        return None if found is None else (found.decode() if isinstance(found, bytes) else found)
+        return None if found is None else as_text(found)
 
     def _set(self, value: str) -> None:
         self._client.set(self._key, value, px=self._ttl_ms)
