@@ -1,9 +1,9 @@
 """Operator commands on the message store, and external responses that resume messages.
 
-List and inspect messages by state and funnel; cancel a message not yet final (CANCEL);
-re-drive a FAILED or CANCEL message (IN_QUEUE again, failures counted anew, an earlier wait
-for a response forgotten, and the HARD ancestors it had failed waiting again). Each command
-stores an audit note on the message.
+List and inspect messages by state and funnel; cancel a message not yet final (CANCEL), and
+its HARD descendants not final with it; re-drive a FAILED or CANCEL message (IN_QUEUE again,
+failures counted anew, an earlier wait for a response forgotten, and the HARD ancestors it had
+failed waiting again). Each command stores an audit note on every message it changes.
 A response (``POST /messages/responses``) resumes the message waiting for its correlation
 id. Every change runs under the message's funnel lock and enqueues what it releases after
 commit.
@@ -216,6 +216,7 @@ class CommandResult:
     msg_id: int
     state: MessageState
     reopened: tuple[int, ...] = ()
+    cancelled: tuple[int, ...] = ()  # a cancel's HARD descendants, cancelled with it
 
 
 def cancel(
@@ -227,19 +228,32 @@ def cancel(
     key: str | None = None,
 ) -> CommandResult:
     """CANCEL a message that is not final yet, with the operator's note (and the name of the
-    API key that asked, ``key``)."""
+    API key that asked, ``key``), and with it its HARD children not final yet, theirs, and so
+    on down (each with an audit entry naming its parent); SOFT children go on. One
+    transaction: the funnel locks of the whole tree first (in key order), then the rows."""
     command, by = _command(data, key)
+    params = {"by": by, "note": command.note}
+    cancelled: list[int] = []
     with engine.begin() as conn:
-        conn.execute(sql("lock_funnel_of"), {"id": msg_id})
-        done = conn.execute(
-            sql("message_cancel"), {"id": msg_id, "by": by, "note": command.note}
-        ).first()
+        tree = [r.msg_id for r in conn.execute(sql("cancel_hard_descendants"), {"id": msg_id})]
+        conn.execute(sql("lock_funnels_of_ids"), {"ids": [msg_id, *tree]})
+        done = conn.execute(sql("message_cancel"), {"id": msg_id, **params}).first()
         if done is None:
             raise _refusal(conn, msg_id, "only a message not yet final can be cancelled")
+        # Level by level, each statement seeing what committed since the last: a child
+        # stored meanwhile (by a handler that finished) is reached too.
+        level = [msg_id]
+        while level:
+            conn.execute(sql("lock_funnels_of_hard_children"), {"ids": level})
+            level = [
+                r.msg_id
+                for r in conn.execute(sql("message_cancel_hard_children"), {"ids": level, **params})
+            ]
+            cancelled.extend(level)
         released = released_in(conn)
     for other in released:
         enqueue(other)
-    return CommandResult(msg_id, MessageState.CANCEL)
+    return CommandResult(msg_id, MessageState.CANCEL, cancelled=tuple(sorted(cancelled)))
 
 
 def redrive(

@@ -23,8 +23,8 @@ err = Console(stderr=True)
 T = TypeVar("T")
 
 
-def show_result(msg_id: int, state: str, verb: str) -> None:
-    console.print_json(json.dumps({"msg_id": msg_id, "state": state, "result": verb}))
+def show_result(msg_id: int, state: str, verb: str, **more: Any) -> None:
+    console.print_json(json.dumps({"msg_id": msg_id, "state": state, "result": verb, **more}))
 
 
 def fail(exc: Exception) -> typer.Exit:

@@ -122,7 +122,8 @@ def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
 
     command = operations.cancel if verb == "cancel" else operations.redrive
     done = call(command, get_runtime().engine, msg_id, {"note": note, "by": by}, enqueue_processing)
-    show_result(done.msg_id, done.state.value, verb)
+    extra = {"cancelled": list(done.cancelled)} if verb == "cancel" else {}
+    show_result(done.msg_id, done.state.value, verb, **extra)
 
 
 @message_app.command("cancel")

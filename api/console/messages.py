@@ -97,7 +97,12 @@ async def _command(
     call = functools.partial(
         command, _runtime(request).engine, msg_id, note, enqueue_processing, key=viewer.key.name
     )
-    return await act(viewer, call, _back(msg_id), f"message {msg_id} {done}")
+
+    def said(result: operations.CommandResult) -> str:
+        with_it = ", ".join(map(str, result.cancelled))
+        return f"message {msg_id} {done}" + (f" with {with_it}" if with_it else "")
+
+    return await act(viewer, call, _back(msg_id), said)
 
 
 @router.post("/messages/{msg_id}/cancel")

@@ -43,6 +43,10 @@ class Redriven(Accepted):
     reopened: list[int]
 
 
+class Cancelled(Accepted):
+    cancelled: list[int]  # its HARD descendants, cancelled with it
+
+
 class Acked(BaseModel):
     msg_id: int
     state: Literal["OK"]

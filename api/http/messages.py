@@ -126,7 +126,7 @@ async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
 
 @router.post(
     "/messages/{msg_id}/cancel",
-    responses=answers(a.Accepted),
+    responses=answers(a.Cancelled),
     openapi_extra=body("CommandIn", CommandIn),
 )
 async def cancel(
@@ -140,7 +140,9 @@ async def cancel(
             operations.cancel, runtime.engine, msg_id, data, enqueue_processing, key=key.name
         )
     )
-    return JSONResponse({"msg_id": done.msg_id, "state": done.state.value})
+    return JSONResponse(
+        {"msg_id": done.msg_id, "state": done.state.value, "cancelled": list(done.cancelled)}
+    )
 
 
 @router.post(

@@ -98,6 +98,45 @@ UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timesta
    AND service_name <> 'conversation'
 RETURNING msg_id;
 
+-- name: cancel_hard_descendants
+-- The messages a cancel of :id cascades to: its HARD children not final yet, and theirs, down
+-- through messages not final (a final child's children belong to its outcome). Read before
+-- any lock, so that the funnel locks of the whole tree are taken at once, in key order.
+WITH RECURSIVE tree AS (
+    SELECT msg_id FROM message
+     WHERE parent_msg_id = :id AND parent_binding_type = 'HARD'
+       AND state NOT IN ('OK', 'FAILED', 'CANCEL') AND service_name <> 'conversation'
+    UNION
+    SELECT c.msg_id FROM message c JOIN tree t ON c.parent_msg_id = t.msg_id
+     WHERE c.parent_binding_type = 'HARD'
+       AND c.state NOT IN ('OK', 'FAILED', 'CANCEL') AND c.service_name <> 'conversation'
+)
+SELECT msg_id FROM tree ORDER BY msg_id;
+
+-- name: lock_funnels_of_ids
+-- The funnel locks of these messages, in key order (orderly_lock_funnels_of).
+SELECT orderly_lock_funnels_of(CAST(:ids AS bigint[]));
+
+-- name: lock_funnels_of_hard_children
+-- The funnel locks of the HARD children not final of :ids (those a cancel reaches next), in
+-- key order; a lock this transaction holds already is taken again at no cost.
+SELECT orderly_lock_funnels_of(ARRAY(
+    SELECT msg_id FROM message
+     WHERE parent_msg_id = ANY(CAST(:ids AS bigint[])) AND parent_binding_type = 'HARD'
+       AND state NOT IN ('OK', 'FAILED', 'CANCEL') AND service_name <> 'conversation'));
+
+-- name: message_cancel_hard_children
+-- CANCEL the HARD children not final yet of messages just cancelled (:ids), each with an
+-- audit entry naming its parent and the operator's note; SOFT children go on.
+UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timestamp = now(),
+       audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', 'CANCEL', 'by', CAST(:by AS text),
+           'note', format('parent message %s cancelled: %s', parent_msg_id, CAST(:note AS text)),
+           'from', state, 'error', failed_error_code))
+ WHERE parent_msg_id = ANY(CAST(:ids AS bigint[])) AND parent_binding_type = 'HARD'
+   AND state NOT IN ('OK', 'FAILED', 'CANCEL') AND service_name <> 'conversation'
+RETURNING msg_id;
+
 -- name: message_redrive
 -- A FAILED or CANCEL message IN_QUEUE again: failures counted anew, an earlier wait for a
 -- response forgotten, the operator's audit entry.
