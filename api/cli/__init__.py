@@ -16,6 +16,7 @@ from api.cli import (
     messages,
     migrate,
     nodes,
+    purge,
     rebuild,
     report,
     rooms,
@@ -68,6 +69,7 @@ app.command()(status.status)
 app.command()(report.report)
 app.command()(rooms.publish)
 app.command()(rebuild.rebuild)
+app.command()(purge.purge)
 app.add_typer(messages.message_app, name="message")
 app.add_typer(sources.source_app, name="source")
 app.add_typer(rooms.room_app, name="room")
