@@ -134,6 +134,12 @@ class Subscription(Base):
             name="multiplier",
         ),
         CheckConstraint("delivery_attempts IS NULL OR delivery_attempts >= 0", name="attempts"),
+        CheckConstraint(
+            "(min_version IS NULL AND max_version IS NULL) OR (event_type_id IS NOT NULL"
+            " AND COALESCE(min_version, 1) >= 1"
+            " AND COALESCE(min_version, 1) <= COALESCE(max_version, 2147483647))",
+            name="versions",
+        ),
     )
 
     subscription_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -142,11 +148,14 @@ class Subscription(Base):
     kind: Mapped[SubscriptionKind] = mapped_column(str_enum(SubscriptionKind, "subscription_kind"))
     push_url: Mapped[str | None] = mapped_column(String(1000))
     handler: Mapped[str | None] = mapped_column(String(200))
-    # selection: an event type (any version), a routing-key pattern (topic: * one word,
-    # # zero or more), or both; neither selects every event of the room
+    # selection: an event type (any version, or the versions min_version..max_version,
+    # either end open), a routing-key pattern (topic: * one word, # zero or more), or both;
+    # neither selects every event of the room
     event_type_id: Mapped[int | None] = mapped_column(
         BigInteger, ForeignKey("event_type.event_type_id")
     )
+    min_version: Mapped[int | None] = mapped_column(Integer)
+    max_version: Mapped[int | None] = mapped_column(Integer)
     routing_key_pattern: Mapped[str | None] = mapped_column(String(255))
     # overrides of the room's policy (never of its expiration)
     delivery_delay_ms: Mapped[int | None] = mapped_column(Integer)
@@ -264,7 +273,9 @@ class Delivery(Base):
 
 
 class PublishedMessage(Base):
-    """Every publish and republish of an event to a subscription (one row per attempt)."""
+    """Every publish and republish of an event to a subscription: one row per attempt, written
+    PENDING when the attempt is scheduled (at the publish, a $delay included; at a retry or a
+    re-drive) and updated with its outcome when the attempt ends."""
 
     __tablename__ = "published_messages"
     __table_args__ = (Index("ix_published_messages_delivery", "delivery_id"),)
@@ -277,7 +288,10 @@ class PublishedMessage(Base):
         BigInteger, ForeignKey("subscription.subscription_id")
     )
     attempt: Mapped[int] = mapped_column(Integer)
+    # when this attempt was published (accepted, or republished after a failed one)
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # when this attempt is due (a $delay, a retry's wait)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[Outcome] = mapped_column(str_enum(Outcome, "publish_outcome"))
     error: Mapped[str | None] = mapped_column(Text)
@@ -285,18 +299,48 @@ class PublishedMessage(Base):
     next_delay_ms: Mapped[int | None] = mapped_column(Integer)
 
 
+class LogException(Base):
+    """What went wrong in one attempt of a delivery: the queue log's Error rows point here.
+
+    ``traceback`` is the Python traceback when an exception was thrown (a consumer's, a
+    sender's, a token refused); a failure nothing threw (an HTTP status, a pull not ACKed, an
+    expiry, a worker lost) has its type and message only."""
+
+    __tablename__ = "log_exception"
+    __table_args__ = (Index("ix_log_exception_delivery_id", "delivery_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    type: Mapped[str] = mapped_column(String(200))
+    message: Mapped[str] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    # the message it belongs to: one event for one subscription (gone with it when purged)
+    delivery_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("delivery.delivery_id", ondelete="CASCADE")
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+
+
 class QueueMessage(Base):
-    """The broker seed's queue message log: one row per message a consumer processed."""
+    """The broker seed's queue message log: one row per state a delivery enters (Pending,
+    In process, Completed, Error), for every consumer kind (PUSH, PULL, HANDLER)."""
 
     __tablename__ = "queue_message"
+    __table_args__ = (Index("ix_queue_message_delivery_id", "delivery_id"),)
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     delivery_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("delivery.delivery_id"))
+    attempt: Mapped[int | None] = mapped_column(Integer)
     message: Mapped[str] = mapped_column(Text)
     routing_key: Mapped[str] = mapped_column(String(255))
+    # Pending: when it is due (a $delay's or a retry's due time; None: at once)
     scheduled_start_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     start_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     end_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     state: Mapped[QueueState] = mapped_column(str_enum(QueueState, "queue_state"))
-    exception_id: Mapped[str | None] = mapped_column(String(64))
+    exception_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("log_exception.id", ondelete="SET NULL")
+    )
+    # bytes the attempt itself allocated at its peak (tracemalloc), None where orderly did
+    # not run it (a PULL subscriber's processing)
     memory_used: Mapped[int | None] = mapped_column(BigInteger)

@@ -72,6 +72,7 @@ TABLES = (
     "configuration",
     "channel",
     "queue_message",
+    "log_exception",
     "published_messages",
     "delivery",
     "event",

@@ -10,7 +10,8 @@ memory nor in the broker.
 
 ``admin`` defines rooms, event types, publishers and subscriptions; ``publish`` stores
 events; ``delivery`` sends them and records every attempt; ``pull`` serves PULL subscribers
-and dead letters; ``routing`` matches routing keys.
+and dead letters; ``routing`` matches routing keys; ``logs`` reads the queue log, its
+exceptions and the published_messages rows.
 """
 
 from worker.pubsub.admin import (
@@ -41,6 +42,7 @@ from worker.pubsub.delivery import (
     due_deliveries,
     upkeep,
 )
+from worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
 from worker.pubsub.publish import (
     BATCH,
     QUEUED_LEASE_S,
@@ -77,6 +79,8 @@ __all__ = [
     "deliver",
     "deliver_batch",
     "due_deliveries",
+    "exception_get",
+    "exception_list",
     "hand_off",
     "list_event_types",
     "list_rooms",
@@ -85,7 +89,9 @@ __all__ = [
     "publish",
     "publish_many",
     "publish_message",
+    "published_log",
     "pull",
+    "queue_log",
     "redrive",
     "room_view",
     "set_subscription_status",

@@ -32,6 +32,7 @@ Delay = Annotated[StrictInt, Field(ge=1, le=MAX_DELIVERY_DELAY_MS)]
 # The public schema's floor: a multiplier of 1 would be a constant delay, not a backoff.
 Multiplier = Annotated[float, Field(ge=1.01, le=MAX_MULTIPLIER, allow_inf_nan=False)]
 Attempts = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)]
+Version = Annotated[StrictInt, Field(ge=1, le=2_147_483_647)]
 
 
 class RoomIn(BaseModel):
@@ -54,6 +55,10 @@ class SubscriptionIn(BaseModel):
     ) = None
     handler: Name | None = None
     event_type: Name | None = None
+    # the event type's versions: one (event_version), or a range (either end may be open)
+    event_version: Version | None = None
+    min_version: Version | None = None
+    max_version: Version | None = None
     routing_key_pattern: Annotated[str, StringConstraints(max_length=255)] | None = None
     delivery_delay_ms: Delay | None = None
     delivery_delay_multiplier: Multiplier | None = None
@@ -229,6 +234,27 @@ def _configured_secret() -> str:
     return get_settings().token_secret
 
 
+def _version_range(sub: SubscriptionIn) -> tuple[int | None, int | None]:
+    """The versions a subscription selects, as (min, max); refused naming the field."""
+    for field in ("event_version", "min_version", "max_version"):
+        if getattr(sub, field) is not None and sub.event_type is None:
+            raise InvalidMessage(field, "selects versions of an event_type: name one")
+    if sub.event_version is not None:
+        if sub.min_version is not None or sub.max_version is not None:
+            field = "min_version" if sub.min_version is not None else "max_version"
+            raise InvalidMessage(field, "give event_version or a min_version/max_version range")
+        return sub.event_version, sub.event_version
+    if (
+        sub.min_version is not None
+        and sub.max_version is not None
+        and sub.min_version > sub.max_version
+    ):
+        raise InvalidMessage(
+            "max_version", f"{sub.max_version} is below min_version {sub.min_version}"
+        )
+    return sub.min_version, sub.max_version
+
+
 def create_subscription(
     engine: Engine,
     room_name: str,
@@ -255,7 +281,12 @@ def create_subscription(
             "event's signed token): set it for the API and the workers first",
         )
     _destination_problems(sub_in, policy)
-    values = sub_in.model_dump(exclude={"event_type"})
+    min_version, max_version = _version_range(sub_in)
+    values = {
+        **sub_in.model_dump(exclude={"event_type", "event_version"}),
+        "min_version": min_version,
+        "max_version": max_version,
+    }
     with engine.begin() as conn:
         room = room_row(conn, room_name)
         event_type_id = None
@@ -265,6 +296,16 @@ def create_subscription(
             ).scalar()
             if event_type_id is None:
                 raise InvalidMessage("event_type", f"no event type {sub_in.event_type!r}")
+        if sub_in.event_version is not None:
+            versions = list(
+                conn.execute(sql("event_type_versions"), {"event_type_id": event_type_id}).scalars()
+            )
+            if sub_in.event_version not in versions:
+                raise InvalidMessage(
+                    "event_version",
+                    f"{sub_in.event_type} has no version {sub_in.event_version} "
+                    f"(it has {', '.join(map(str, versions))})",
+                )
         row = conn.execute(
             sql("subscription_insert"),
             {
@@ -276,7 +317,12 @@ def create_subscription(
         ).first()
     if row is None:
         raise InvalidMessage("name", f"subscription {sub_in.name!r} exists")
-    return {"subscription_id": int(row[0]), "room": room_name, **values}
+    return {
+        "subscription_id": int(row[0]),
+        "room": room_name,
+        "event_type": sub_in.event_type,
+        **values,
+    }
 
 
 class SubscriptionPatchIn(BaseModel):

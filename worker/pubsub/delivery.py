@@ -10,10 +10,8 @@ ordered subscription's next delivery of a key is released at once when its head 
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,6 +26,7 @@ from worker.core.due import PgDueIndex
 from worker.core.errors import Unauthorized
 from worker.core.lease import ORPHAN_GRACE_S, new_token
 from worker.core.retry import RetryPolicy
+from worker.pubsub.measure import Measure
 from worker.pubsub.publish import BATCH, QUEUED_LEASE_S
 from worker.store.queries import sql
 
@@ -69,6 +68,9 @@ class Claimed:
 class Attempt:
     ok: bool
     error: str = ""
+    # what the failure's log_exception row is typed as (nothing was thrown: a status, a
+    # connection refused)
+    error_type: str = "PushFailed"
 
 
 Push = Callable[[Claimed], Attempt]
@@ -150,12 +152,23 @@ def upkeep(engine: Engine, lost_limit: int) -> None:
 # --- delivery ------------------------------------------------------------------------------------
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-    except OSError:
-        return 0
+@dataclass(frozen=True)
+class Failure:
+    """What a failed attempt's log_exception row records; ``traceback`` when it was thrown."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        kind = type(exc)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else (f"{kind.__module__}.{kind.__qualname__}")
+        )
+        return cls(name, str(exc), "".join(traceback.format_exception(exc)))
 
 
 @dataclass
@@ -166,8 +179,8 @@ class _Done:
     started: datetime
     attempt: Attempt | None = None  # None: not sent (expired or refused)
     refused: str | None = None
-    handler_ran: bool = False
-    exception_id: str | None = None
+    failure: Failure | None = None
+    memory: int | None = None  # bytes the attempt allocated at its peak
 
 
 def deliver_batch(
@@ -195,25 +208,21 @@ def _record(
 ) -> list[str]:
     """The outcomes of one batch, recorded while its claim holds each delivery."""
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
-    # The common case, plain pushes delivered, is recorded for the whole batch at once.
+    # The common case, deliveries sent without an ordering key, is recorded for the whole
+    # batch at once.
     plain = [
-        d
-        for d in done
-        if d.attempt is not None
-        and d.attempt.ok
-        and not d.handler_ran
-        and d.claimed.order_value is None
+        d for d in done if d.attempt is not None and d.attempt.ok and d.claimed.order_value is None
     ]
     if plain:
         ids = [d.claimed.delivery_id for d in plain]
-        starts = [d.started for d in plain]  # each try's own start
+        values = {
+            "ids": ids,
+            "claim": claim,
+            "starts": [d.started for d in plain],  # each try's own start
+            "memory": [d.memory for d in plain],
+        }
         with conn.begin():
-            held = {
-                int(r[0])
-                for r in conn.execute(
-                    sql("deliveries_delivered"), {"ids": ids, "claim": claim, "starts": starts}
-                )
-            }
+            held = {int(r[0]) for r in conn.execute(sql("deliveries_delivered"), values)}
         for delivery_id in ids:
             states[delivery_id] = "DELIVERED" if delivery_id in held else "LOST_CLAIM"
         recorded = set(ids)
@@ -237,7 +246,7 @@ def _record(
                         states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
                 except Exception as exc:
                     log.exception("recording delivery %s failed", d.claimed.delivery_id)
-                    states[d.claimed.delivery_id] = _dead_letter(conn, d.claimed, claim, exc)
+                    states[d.claimed.delivery_id] = _dead_letter(conn, d, claim, exc)
     return [states[i] for i in delivery_ids]
 
 
@@ -247,22 +256,30 @@ def deliver(
     return deliver_batch(engine, [delivery_id], push, secret, clock)[0]
 
 
-def _dead_letter(conn: Connection, c: Claimed, claim: str, exc: Exception) -> str:
+def _dead_letter(conn: Connection, d: _Done, claim: str, exc: Exception) -> str:
+    failure = Failure.of(exc)
     why = f"cannot be recorded: {type(exc).__name__}: {exc}"
-    conn.execute(sql("delivery_dead_letter"), {"why": why, "id": c.delivery_id, "claim": claim})
+    conn.execute(
+        sql("delivery_dead_letter"),
+        {
+            "why": why,
+            "id": d.claimed.delivery_id,
+            "claim": claim,
+            "exc_type": failure.type,
+            "exc_traceback": failure.traceback,
+            "started": d.started,
+        },
+    )
     return DeliveryState.DEAD.value
 
 
 def _attempt(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
     started = utcnow(clock)
     if c.expires_at is not None and c.expires_at <= started:
-        return _Done(c, started)
+        expired = Failure("MessageExpired", f"past the room's message expiration ({c.expires_at})")
+        return _Done(c, started, failure=expired)
     if c.kind != SubscriptionKind.HANDLER.value:
-        try:
-            return _Done(c, started, push(c))
-        except Exception as exc:  # a sender's bug must not leave the delivery claimed
-            log.exception("pushing delivery %s failed", c.delivery_id)
-            return _Done(c, started, Attempt(False, f"{type(exc).__name__}: {exc}"))
+        return _measured(c, started, lambda: push(c))
     try:
         claims = tokens.verify(secret, c.token, now_ms=now_ms(clock))
         if (claims.user, claims.impersonator, claims.correlation_id) != (
@@ -273,36 +290,34 @@ def _attempt(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
             raise Unauthorized("the token was signed for another message or user")
     except Unauthorized as exc:
         log.warning("delivery %s refused: %s", c.delivery_id, exc)
-        return _Done(c, started, refused=f"unauthorized: {exc}")
+        return _Done(c, started, refused=f"unauthorized: {exc}", failure=Failure.of(exc))
     handler = consumers.get(c.handler or "")
-    try:
+
+    def consume() -> Attempt:
         if handler is None:
             raise LookupError(f"no consumer registered for {c.handler!r}")
         handler(c)
-        return _Done(c, started, Attempt(True), handler_ran=True)
-    except Exception as exc:
-        exception_id = uuid.uuid4().hex
-        log.error("consumer %s failed [%s]: %s", c.handler, exception_id, traceback.format_exc())
-        failed = Attempt(False, f"{type(exc).__name__}: {exc} [{exception_id}]")
-        return _Done(c, started, failed, handler_ran=True, exception_id=exception_id)
+        return Attempt(True)
+
+    return _measured(c, started, consume)
 
 
-def _log_queue(
-    conn: Connection, c: Claimed, started: datetime, *, ok: bool, exception_id: str | None
-) -> None:
-    conn.execute(
-        sql("queue_message_log"),
-        {
-            "d": c.delivery_id,
-            "m": json.dumps(c.payload),
-            "rk": c.routing_key,
-            "sched": c.deliver_at if c.delayed else None,  # a $delay's due time
-            "start": started,
-            "state": "Completed" if ok else "Error",
-            "exc": exception_id,
-            "mem": _rss_bytes(),
-        },
-    )
+def _measured(c: Claimed, started: datetime, run: Callable[[], Attempt]) -> _Done:
+    """One try (a push, a consumer), with the memory it allocated; what it raises is its
+    failure (a sender's bug, a consumer's error: never a delivery left claimed)."""
+    sent = Attempt(False)
+    failure: Failure | None = None
+    with Measure() as used:
+        try:
+            sent = run()
+        except Exception as exc:
+            failure = Failure.of(exc)
+    if failure is not None:
+        log.error("delivery %s (%s) failed: %s", c.delivery_id, c.kind, failure.traceback)
+        sent = Attempt(False, f"{failure.type}: {failure.message}")
+    elif not sent.ok:
+        failure = Failure(sent.error_type, sent.error)
+    return _Done(c, started, sent, failure=failure, memory=used.bytes)
 
 
 def _set_state(
@@ -316,10 +331,12 @@ def _set_state(
     outcome: str,
     clock: Clock,
 ) -> bool:
-    """Record the outcome and its published_messages row in one statement, only while this
-    claim still holds the delivery."""
+    """Record the outcome, its published_messages rows and its queue log rows (with the
+    failure's log_exception row) in one statement, only while this claim still holds the
+    delivery."""
     c = d.claimed
     at = None if wait_ms is None else utcnow(clock) + timedelta(milliseconds=wait_ms)
+    failure = d.failure
     done = conn.execute(
         sql("delivery_settle"),
         {
@@ -330,15 +347,17 @@ def _set_state(
             "id": c.delivery_id,
             "claim": claim,
             "c": c.correlation_id,
-            "e": c.event_id,
-            "s": c.subscription_id,
             "a": c.attempt,
             "started": d.started,
             "o": outcome,
             "next_delay_ms": wait_ms if state == "PENDING" else None,
+            "exc_type": None if failure is None else failure.type[:200],
+            "exc_message": None if failure is None else failure.message,
+            "exc_traceback": None if failure is None else failure.traceback,
+            "memory": d.memory,
         },
     )
-    return bool(done.rowcount)
+    return done.first() is not None
 
 
 def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
@@ -347,8 +366,6 @@ def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
         # Consumer authorization failed: never processed, dead-lettered with the reason.
         state = "DEAD"
         held = _set_state(conn, d, claim, state, c.attempt, None, d.refused, "DEAD", clock)
-        if held:
-            _log_queue(conn, c, d.started, ok=False, exception_id=None)
     elif d.attempt is None:
         state, why = "EXPIRED", "past the room's message expiration"
         held = _set_state(conn, d, claim, state, c.attempt, None, why, "EXPIRED", clock)
@@ -373,8 +390,6 @@ def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
         # outcome now belongs to the new holder.
         log.warning("delivery %s was taken over; this outcome is dropped", c.delivery_id)
         return "LOST_CLAIM"
-    if d.handler_ran:
-        _log_queue(conn, c, d.started, ok=state == "DELIVERED", exception_id=d.exception_id)
     if state != "PENDING" and c.order_value is not None:
         # An ordered key's head is final: its successor is due at once (a retry waiting at
         # the head keeps holding its key).

@@ -106,7 +106,8 @@ def _store(
         else None
     )
     matched = [
-        [s for s in subscriptions if s.selects(event_type_id, e["routing_key"])] for e in events
+        [s for s in subscriptions if s.selects(event_type_id, version, e["routing_key"])]
+        for e in events
     ]
     inserted = conn.execute(
         sql("events_insert"),

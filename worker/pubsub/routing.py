@@ -1,7 +1,7 @@
 """Names, routing keys and topic patterns: which subscriptions an event reaches.
 
-A subscription selects events by event type and/or routing-key pattern (topic rules: ``*``
-one word, ``#`` zero or more).
+A subscription selects events by event type (every version, or a range of them) and/or
+routing-key pattern (topic rules: ``*`` one word, ``#`` zero or more).
 """
 
 from __future__ import annotations
@@ -64,16 +64,26 @@ class Route:
     event_type_id: int | None
     routing_key_pattern: str | None
     order_key: str | None
+    # the event type's versions it selects (None: that end is open)
+    min_version: int | None = None
+    max_version: int | None = None
 
     @property
     def pull(self) -> bool:
         return self.kind == "PULL"
 
-    def selects(self, event_type_id: int | None, routing_key: str) -> bool:
-        return (self.event_type_id is None or self.event_type_id == event_type_id) and (
-            self.routing_key_pattern is None or topic_matches(self.routing_key_pattern, routing_key)
+    def selects(self, event_type_id: int | None, version: int | None, routing_key: str) -> bool:
+        if self.event_type_id is not None:
+            if self.event_type_id != event_type_id or version is None:
+                return False
+            if self.min_version is not None and version < self.min_version:
+                return False
+            if self.max_version is not None and version > self.max_version:
+                return False
+        return self.routing_key_pattern is None or topic_matches(
+            self.routing_key_pattern, routing_key
         )
 
 
 def routes(rows: Sequence[Sequence[Any]]) -> list[Route]:
-    return [Route(int(r[0]), str(r[1]), r[2], r[3], r[4]) for r in rows]
+    return [Route(int(r[0]), str(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows]

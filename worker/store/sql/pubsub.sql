@@ -1,6 +1,12 @@
 -- Publish/subscribe (worker.pubsub): rooms, event types, publishers and subscriptions; the
 -- events and one delivery per matching subscription; the due-time index the ticker moves to
 -- the broker; the claim, the outcome and its published_messages row; pull subscriptions.
+--
+-- Every statement that changes a delivery's state writes its logs in the same statement:
+-- published_messages (one row per attempt, PENDING from when the attempt is scheduled, then
+-- its outcome; at most one PENDING row per delivery, its current attempt), queue_message (a
+-- row per state entered: Pending, In process, Completed, Error) and, for an Error, the
+-- log_exception row it points at.
 
 -- --- administration --------------------------------------------------------------------------
 
@@ -67,12 +73,12 @@ RETURNING publisher_id;
 
 -- name: subscription_insert
 INSERT INTO subscription (room_id, name, kind, push_url, handler, event_type_id,
-                          routing_key_pattern, delivery_delay_ms, delivery_delay_multiplier,
-                          delivery_attempts, timeout_ms, visibility_timeout_ms, order_key,
-                          status, created_at)
-VALUES (:room_id, :name, :kind, :push_url, :handler, :event_type_id, :routing_key_pattern,
-        :delivery_delay_ms, :delivery_delay_multiplier, :delivery_attempts, :timeout_ms,
-        :visibility_timeout_ms, :order_key, 'ACTIVE', now())
+                          min_version, max_version, routing_key_pattern, delivery_delay_ms,
+                          delivery_delay_multiplier, delivery_attempts, timeout_ms,
+                          visibility_timeout_ms, order_key, status, created_at)
+VALUES (:room_id, :name, :kind, :push_url, :handler, :event_type_id, :min_version,
+        :max_version, :routing_key_pattern, :delivery_delay_ms, :delivery_delay_multiplier,
+        :delivery_attempts, :timeout_ms, :visibility_timeout_ms, :order_key, 'ACTIVE', now())
 ON CONFLICT (room_id, name) DO NOTHING
 RETURNING subscription_id;
 
@@ -95,9 +101,11 @@ UPDATE subscription
 UPDATE subscription SET status = :status WHERE subscription_id = :id RETURNING subscription_id;
 
 -- name: subscription_list
-SELECT subscription_id, name, kind, push_url, handler, routing_key_pattern, delivery_delay_ms,
-       delivery_delay_multiplier, delivery_attempts, status
-  FROM subscription WHERE room_id = :room_id ORDER BY subscription_id;
+SELECT s.subscription_id, s.name, s.kind, s.push_url, s.handler, t.name AS event_type,
+       s.min_version, s.max_version, s.routing_key_pattern, s.delivery_delay_ms,
+       s.delivery_delay_multiplier, s.delivery_attempts, s.status
+  FROM subscription s LEFT JOIN event_type t USING (event_type_id)
+ WHERE s.room_id = :room_id ORDER BY s.subscription_id;
 
 -- name: subscription_deliveries
 -- A room's deliveries per subscription and state (a subscription without any: one row with
@@ -124,7 +132,8 @@ SELECT r.room_id, r.status, r.message_expiration_ms,
        COALESCE((SELECT json_object_agg(p.name, p.publisher_id)
                    FROM publisher p WHERE p.room_id = r.room_id), '{}') AS publishers,
        COALESCE((SELECT json_agg(json_build_array(s.subscription_id, s.kind, s.event_type_id,
-                                                  s.routing_key_pattern, s.order_key)
+                                                  s.routing_key_pattern, s.order_key,
+                                                  s.min_version, s.max_version)
                                  ORDER BY s.subscription_id)
                    FROM subscription s
                   WHERE s.room_id = r.room_id AND s.status = 'ACTIVE'), '[]') AS subscriptions
@@ -141,6 +150,11 @@ SELECT t.event_type_id, v.version, v.json_schema
 
 -- name: event_type_exists
 SELECT 1 FROM event_type WHERE room_id = :room_id AND name = :name;
+
+-- name: event_type_versions
+-- The versions an event type has, ascending.
+SELECT v.version FROM event_type_version v WHERE v.event_type_id = :event_type_id
+ ORDER BY v.version;
 
 -- name: events_insert
 -- Events from parallel arrays (one row per index), returning their ids by correlation id.
@@ -178,14 +192,30 @@ SELECT e.event_id, e.correlation_id, e.unroutable, e.idempotency_hash,
 -- name: deliveries_insert
 -- Deliveries from parallel arrays; scheduled_at is the due-time index: a PULL delivery's due
 -- time, a push delivery's lease (due now: handed to the broker after the commit) or due time.
-INSERT INTO delivery (event_id, subscription_id, state, pull, order_value, attempt,
-                      next_attempt_at, scheduled_at)
-SELECT e, s, 'PENDING', pl, ov, 0, n, sc
-  FROM unnest(CAST(:event_ids AS bigint[]), CAST(:subscription_ids AS bigint[]),
-              CAST(:pulls AS boolean[]), CAST(:order_values AS text[]),
-              CAST(:next_attempt_ats AS timestamptz[]), CAST(:scheduled_ats AS timestamptz[]))
-       AS x(e, s, pl, ov, n, sc)
-RETURNING delivery_id, event_id, subscription_id;
+-- Each is accepted PENDING: its first attempt's published_messages row and its Pending row
+-- in the queue log (scheduled for a $delay's due time).
+WITH made AS (
+    INSERT INTO delivery (event_id, subscription_id, state, pull, order_value, attempt,
+                          next_attempt_at, scheduled_at)
+    SELECT e, s, 'PENDING', pl, ov, 0, n, sc
+      FROM unnest(CAST(:event_ids AS bigint[]), CAST(:subscription_ids AS bigint[]),
+                  CAST(:pulls AS boolean[]), CAST(:order_values AS text[]),
+                  CAST(:next_attempt_ats AS timestamptz[]), CAST(:scheduled_ats AS timestamptz[]))
+           AS x(e, s, pl, ov, n, sc)
+    RETURNING delivery_id, event_id, subscription_id, next_attempt_at),
+published AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT e.correlation_id, m.delivery_id, m.event_id, m.subscription_id, 0, e.published_at,
+           m.next_attempt_at, 'PENDING'
+      FROM made m JOIN event e USING (event_id)),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key,
+                               scheduled_start_time, state)
+    SELECT m.delivery_id, 0, CAST(e.payload AS text), e.routing_key,
+           CASE WHEN e.deliver_at > e.published_at THEN e.deliver_at END, 'Pending'
+      FROM made m JOIN event e USING (event_id))
+SELECT delivery_id, event_id, subscription_id FROM made;
 
 -- --- due work and upkeep -----------------------------------------------------------------------
 
@@ -213,34 +243,68 @@ UPDATE delivery SET scheduled_at = now()
 -- an attempt, and its death in lost_count: a delivery that keeps killing its worker ends DEAD
 -- with E_WORKER_LOST at :limit deaths or when its attempts are spent. A claim older than the
 -- server's start lost its connection to a PostgreSQL restart, not to its worker: not counted.
-UPDATE delivery d
-   SET state = CASE WHEN d.attempt + 1 > x.attempts OR d.lost_count + x.died >= :limit
-                    THEN 'DEAD' ELSE 'PENDING' END,
-       attempt = d.attempt + 1, lost_count = d.lost_count + x.died,
-       scheduled_at = now(), next_attempt_at = now(),
-       claimed_at = NULL, claim = NULL, claim_pid = NULL,
-       last_error = CASE WHEN d.lost_count + x.died >= :limit
-                         THEN format('E_WORKER_LOST: quarantined: its worker died %s times '
-                                     'while delivering it', d.lost_count + x.died)
-                         ELSE 'E_WORKER_LOST: the worker holding this delivery died' END
-  FROM (SELECT o.delivery_id, COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts,
-               CASE WHEN o.claimed_at < pg_postmaster_start_time() THEN 0 ELSE 1 END AS died
-          FROM delivery o
-          JOIN subscription s ON s.subscription_id = o.subscription_id
-          JOIN room r ON r.room_id = s.room_id
-         WHERE o.state = 'IN_PROCESS' AND NOT o.pull
-           AND ((o.claimed_at <= now() - make_interval(secs => :grace_s)
-                 AND orderly_orphaned(o.claim_pid))
-             OR o.claimed_at < now() - make_interval(secs => s.timeout_ms * :per_batch / 1000.0
-                                                             + :stale_s))
-         LIMIT :batch
-         FOR UPDATE OF o SKIP LOCKED) x
- WHERE d.delivery_id = x.delivery_id
-RETURNING d.delivery_id, d.state;
+-- The lost attempt is logged FAILED (or DEAD) with a WorkerLost exception.
+WITH back AS (
+    UPDATE delivery d
+       SET state = CASE WHEN d.attempt + 1 > x.attempts OR d.lost_count + x.died >= :limit
+                        THEN 'DEAD' ELSE 'PENDING' END,
+           attempt = d.attempt + 1, lost_count = d.lost_count + x.died,
+           scheduled_at = now(), next_attempt_at = now(),
+           claimed_at = NULL, claim = NULL, claim_pid = NULL,
+           last_error = CASE WHEN d.lost_count + x.died >= :limit
+                             THEN format('E_WORKER_LOST: quarantined: its worker died %s times '
+                                         'while delivering it', d.lost_count + x.died)
+                             ELSE 'E_WORKER_LOST: the worker holding this delivery died' END
+      FROM (SELECT o.delivery_id, COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts,
+                   CASE WHEN o.claimed_at < pg_postmaster_start_time() THEN 0 ELSE 1 END AS died,
+                   o.claimed_at AS started
+              FROM delivery o
+              JOIN subscription s ON s.subscription_id = o.subscription_id
+              JOIN room r ON r.room_id = s.room_id
+             WHERE o.state = 'IN_PROCESS' AND NOT o.pull
+               AND ((o.claimed_at <= now() - make_interval(secs => :grace_s)
+                     AND orderly_orphaned(o.claim_pid))
+                 OR o.claimed_at < now() - make_interval(secs => s.timeout_ms * :per_batch / 1000.0
+                                                                 + :stale_s))
+             LIMIT :batch
+             FOR UPDATE OF o SKIP LOCKED) x
+     WHERE d.delivery_id = x.delivery_id
+    RETURNING d.delivery_id, d.event_id, d.subscription_id, d.state, d.attempt, d.last_error,
+              d.next_attempt_at, x.started),
+logged AS (
+    UPDATE published_messages p
+       SET outcome = CASE WHEN back.state = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END,
+           error = back.last_error
+      FROM back
+     WHERE p.delivery_id = back.delivery_id AND p.outcome = 'PENDING'),
+republished AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT e.correlation_id, back.delivery_id, back.event_id, back.subscription_id,
+           back.attempt, now(), back.next_attempt_at, 'PENDING'
+      FROM back JOIN event e USING (event_id)
+     WHERE back.state = 'PENDING'),
+failure AS (
+    INSERT INTO log_exception (time, type, message, delivery_id, attempt)
+    SELECT now(), 'WorkerLost', back.last_error, back.delivery_id, back.attempt - 1 FROM back
+    RETURNING id, delivery_id),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key,
+                               scheduled_start_time, start_time, end_time, state, exception_id)
+    SELECT back.delivery_id, back.attempt - 1, CAST(e.payload AS text), e.routing_key,
+           CAST(NULL AS timestamptz), back.started, now(), 'Error', failure.id
+      FROM back JOIN event e USING (event_id) JOIN failure USING (delivery_id)
+    UNION ALL
+    SELECT back.delivery_id, back.attempt, CAST(e.payload AS text), e.routing_key,
+           back.next_attempt_at, NULL, NULL, 'Pending', NULL
+      FROM back JOIN event e USING (event_id)
+     WHERE back.state = 'PENDING')
+SELECT delivery_id, state FROM back;
 
 -- name: pulled_return_unacked
 -- A pulled delivery not ACKed within its subscription's visibility timeout comes back (or,
--- its attempts spent, is dead-lettered); its pull's log row records that attempt's end.
+-- its attempts spent, is dead-lettered): its pull's attempt is logged FAILED (or DEAD) with a
+-- NotAcknowledged exception, and the next one PENDING.
 WITH back AS (
     UPDATE delivery d
        SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
@@ -251,19 +315,66 @@ WITH back AS (
      WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
        AND d.pull AND d.state = 'IN_PROCESS'
        AND d.claimed_at < now() - make_interval(secs => s.visibility_timeout_ms / 1000.0)
-    RETURNING d.delivery_id, d.state)
-UPDATE published_messages p
-   SET outcome = CASE WHEN back.state = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END,
-       error = 'not ACKed in time'
-  FROM back
- WHERE p.id = (SELECT max(id) FROM published_messages WHERE delivery_id = back.delivery_id);
+    RETURNING d.delivery_id, d.event_id, d.subscription_id, d.state, d.attempt,
+              d.next_attempt_at, s.visibility_timeout_ms),
+logged AS (
+    UPDATE published_messages p
+       SET outcome = CASE WHEN back.state = 'DEAD' THEN 'DEAD' ELSE 'FAILED' END,
+           error = 'not ACKed in time'
+      FROM back
+     WHERE p.delivery_id = back.delivery_id AND p.outcome = 'PENDING'),
+republished AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT e.correlation_id, back.delivery_id, back.event_id, back.subscription_id,
+           back.attempt, now(), back.next_attempt_at, 'PENDING'
+      FROM back JOIN event e USING (event_id)
+     WHERE back.state = 'PENDING'),
+failure AS (
+    INSERT INTO log_exception (time, type, message, delivery_id, attempt)
+    SELECT now(), 'NotAcknowledged',
+           format('not ACKed within the visibility timeout (%s ms)', back.visibility_timeout_ms),
+           back.delivery_id, back.attempt - 1
+      FROM back
+    RETURNING id, delivery_id),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key,
+                               scheduled_start_time, start_time, end_time, state, exception_id)
+    SELECT back.delivery_id, back.attempt - 1, CAST(e.payload AS text), e.routing_key,
+           CAST(NULL AS timestamptz), CAST(NULL AS timestamptz), now(), 'Error', failure.id
+      FROM back JOIN event e USING (event_id) JOIN failure USING (delivery_id)
+    UNION ALL
+    SELECT back.delivery_id, back.attempt, CAST(e.payload AS text), e.routing_key, NULL, NULL,
+           NULL, 'Pending', NULL
+      FROM back JOIN event e USING (event_id)
+     WHERE back.state = 'PENDING')
+SELECT count(*) FROM back;
 
 -- name: pulled_expire
--- Pull deliveries nobody took before their room's expiration.
-UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message expiration'
-  FROM event e
- WHERE e.event_id = d.event_id AND d.pull AND d.state = 'PENDING'
-   AND e.expires_at IS NOT NULL AND e.expires_at <= now();
+-- Pull deliveries nobody took before their room's expiration: EXPIRED, their attempt logged
+-- EXPIRED, and an Error in the queue log with a MessageExpired exception.
+WITH gone AS (
+    UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message expiration'
+      FROM event e
+     WHERE e.event_id = d.event_id AND d.pull AND d.state = 'PENDING'
+       AND e.expires_at IS NOT NULL AND e.expires_at <= now()
+    RETURNING d.delivery_id, d.event_id, d.attempt, e.expires_at),
+logged AS (
+    UPDATE published_messages p SET outcome = 'EXPIRED', error = 'expired untaken'
+      FROM gone
+     WHERE p.delivery_id = gone.delivery_id AND p.outcome = 'PENDING'),
+failure AS (
+    INSERT INTO log_exception (time, type, message, delivery_id, attempt)
+    SELECT now(), 'MessageExpired',
+           format('not pulled before the room''s message expiration (%s)', gone.expires_at),
+           gone.delivery_id, gone.attempt
+      FROM gone
+    RETURNING id, delivery_id)
+INSERT INTO queue_message (delivery_id, attempt, message, routing_key, end_time, state,
+                           exception_id)
+SELECT gone.delivery_id, gone.attempt, CAST(e.payload AS text), e.routing_key, now(), 'Error',
+       failure.id
+  FROM gone JOIN event e USING (event_id) JOIN failure USING (delivery_id);
 
 -- --- delivery ------------------------------------------------------------------------------------
 
@@ -271,48 +382,67 @@ UPDATE delivery d SET state = 'EXPIRED', last_error = 'past the room''s message 
 -- Claim due push deliveries for one batch under the claim token :claim; an ordered
 -- subscription's delivery only when no earlier one of its key is still open. The claim
 -- records the backend pid of the connection the worker holds until the batch is settled (its
--- liveness). It commits without waiting for the disk: a crash can only make a delivery come
--- again.
+-- liveness), and each claimed delivery's In process row in the queue log. It commits without
+-- waiting for the disk: a crash can only make a delivery come again.
 SET LOCAL synchronous_commit TO OFF;
-UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
-                      claim_pid = pg_backend_pid()
-  FROM event e, subscription s, room r
- WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
-   AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
-   AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
-   AND r.room_id = e.room_id
-   AND (d.order_value IS NULL OR NOT EXISTS (
-         SELECT 1 FROM delivery o
-          WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
-            AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))
-RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
-          e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
-          s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
-          COALESCE(s.delivery_delay_ms, r.delivery_delay_ms),
-          COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier),
-          COALESCE(s.delivery_attempts, r.delivery_attempts), r.name, e.token,
-          d.order_value, e.deliver_at > e.published_at;
+WITH claimed AS (
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
+                          claim_pid = pg_backend_pid()
+      FROM event e, subscription s, room r
+     WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
+       AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
+       AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
+       AND r.room_id = e.room_id
+       AND (d.order_value IS NULL OR NOT EXISTS (
+             SELECT 1 FROM delivery o
+              WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
+                AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))
+    RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
+              e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
+              s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
+              COALESCE(s.delivery_delay_ms, r.delivery_delay_ms) AS delay_ms,
+              COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier) AS multiplier,
+              COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts, r.name AS room,
+              e.token, d.order_value, e.deliver_at > e.published_at AS delayed,
+              d.claimed_at),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
+    SELECT delivery_id, attempt, CAST(payload AS text), routing_key, claimed_at, 'In process'
+      FROM claimed)
+SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, user_id,
+       impersonator_id, deliver_at, expires_at, version, subscription_id, kind, push_url,
+       handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed
+  FROM claimed;
 
 -- name: deliveries_delivered
--- Plain push deliveries delivered, and their published_messages rows, in one statement, only
+-- Plain push deliveries delivered, their attempts' published_messages rows and their
+-- Completed rows in the queue log (each try's start and memory), in one statement, only
 -- while this claim holds them (committed without waiting for the disk, like the claim).
 SET LOCAL synchronous_commit TO OFF;
 WITH held AS (
     UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), claimed_at = NULL,
            claim = NULL, claim_pid = NULL, last_error = NULL
      WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
-    RETURNING delivery_id, event_id, subscription_id, attempt),
-started AS (
-    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:starts AS timestamptz[])) AS s(id, at))
-INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
-                                attempt, published_at, delivered_at, outcome)
-SELECT e.correlation_id, held.delivery_id, held.event_id, held.subscription_id,
-       held.attempt, started.at, now(), 'DELIVERED'
-  FROM held JOIN event e USING (event_id) JOIN started ON started.id = held.delivery_id
-RETURNING delivery_id;
+    RETURNING delivery_id, event_id, attempt, delivered_at),
+tried AS (
+    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:starts AS timestamptz[]),
+                         CAST(:memory AS bigint[])) AS t(id, at, mem)),
+logged AS (
+    UPDATE published_messages p SET outcome = 'DELIVERED', delivered_at = held.delivered_at
+      FROM held
+     WHERE p.delivery_id = held.delivery_id AND p.outcome = 'PENDING'),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time,
+                               end_time, state, memory_used)
+    SELECT held.delivery_id, held.attempt, CAST(e.payload AS text), e.routing_key, tried.at,
+           held.delivered_at, 'Completed', tried.mem
+      FROM held JOIN event e USING (event_id) JOIN tried ON tried.id = held.delivery_id)
+SELECT delivery_id FROM held;
 
 -- name: delivery_settle
--- One delivery's outcome and its published_messages row, only while this claim holds it.
+-- One delivery's outcome, only while this claim holds it: its attempt's published_messages
+-- row (and, for a retry, the next attempt's, PENDING), its queue log rows (Completed, or
+-- Error pointing at its log_exception row; and Pending for a retry).
 WITH held AS (
     UPDATE delivery SET state = :state, attempt = :next_attempt,
            next_attempt_at = COALESCE(:at, next_attempt_at),
@@ -320,13 +450,41 @@ WITH held AS (
            claimed_at = NULL, claim = NULL, claim_pid = NULL,
            delivered_at = CASE WHEN :state = 'DELIVERED' THEN now() END, last_error = :why
      WHERE delivery_id = :id AND state = 'IN_PROCESS' AND claim = :claim
-    RETURNING delivery_id)
-INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
-                                attempt, published_at, delivered_at, outcome, error,
-                                next_delay_ms)
-SELECT :c, held.delivery_id, :e, :s, :a, :started,
-       CASE WHEN :state = 'DELIVERED' THEN now() END, :o, :why, :next_delay_ms
-  FROM held;
+    RETURNING delivery_id, event_id, subscription_id, next_attempt_at, delivered_at),
+logged AS (
+    UPDATE published_messages p
+       SET outcome = :o, delivered_at = held.delivered_at, error = :why,
+           next_delay_ms = :next_delay_ms
+      FROM held
+     WHERE p.delivery_id = held.delivery_id AND p.outcome = 'PENDING'),
+republished AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT :c, held.delivery_id, held.event_id, held.subscription_id, :next_attempt, now(),
+           held.next_attempt_at, 'PENDING'
+      FROM held
+     WHERE :state = 'PENDING'),
+failure AS (
+    INSERT INTO log_exception (time, type, message, traceback, delivery_id, attempt)
+    SELECT now(), :exc_type, :exc_message, :exc_traceback, held.delivery_id, :a
+      FROM held
+     WHERE CAST(:exc_type AS text) IS NOT NULL
+    RETURNING id),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key,
+                               scheduled_start_time, start_time, end_time, state,
+                               exception_id, memory_used)
+    SELECT held.delivery_id, :a, CAST(e.payload AS text), e.routing_key,
+           CAST(NULL AS timestamptz), CAST(:started AS timestamptz), now(),
+           CASE WHEN :state = 'DELIVERED' THEN 'Completed' ELSE 'Error' END,
+           (SELECT id FROM failure), CAST(:memory AS bigint)
+      FROM held JOIN event e USING (event_id)
+    UNION ALL
+    SELECT held.delivery_id, :next_attempt, CAST(e.payload AS text), e.routing_key,
+           held.next_attempt_at, NULL, NULL, 'Pending', NULL, NULL
+      FROM held JOIN event e USING (event_id)
+     WHERE :state = 'PENDING')
+SELECT delivery_id FROM held;
 
 -- name: async_commit
 -- This transaction commits without waiting for the disk: a database crash in that instant can
@@ -334,9 +492,26 @@ SELECT :c, held.delivery_id, :e, :s, :a, :started,
 SET LOCAL synchronous_commit TO OFF;
 
 -- name: delivery_dead_letter
-UPDATE delivery
-   SET state = 'DEAD', claimed_at = NULL, claim = NULL, claim_pid = NULL, last_error = :why
- WHERE delivery_id = :id AND claim = :claim;
+-- A delivery whose outcome cannot be recorded: DEAD, its attempt logged DEAD, an Error in the
+-- queue log with the recording's exception.
+WITH held AS (
+    UPDATE delivery
+       SET state = 'DEAD', claimed_at = NULL, claim = NULL, claim_pid = NULL, last_error = :why
+     WHERE delivery_id = :id AND claim = :claim
+    RETURNING delivery_id, event_id, attempt),
+logged AS (
+    UPDATE published_messages p SET outcome = 'DEAD', error = :why
+      FROM held
+     WHERE p.delivery_id = held.delivery_id AND p.outcome = 'PENDING'),
+failure AS (
+    INSERT INTO log_exception (time, type, message, traceback, delivery_id, attempt)
+    SELECT now(), :exc_type, :why, :exc_traceback, held.delivery_id, held.attempt FROM held
+    RETURNING id)
+INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, end_time,
+                           state, exception_id)
+SELECT held.delivery_id, held.attempt, CAST(e.payload AS text), e.routing_key, :started, now(),
+       'Error', (SELECT id FROM failure)
+  FROM held JOIN event e USING (event_id);
 
 -- name: delivery_release_next
 -- An ordered key's head reached a final state: its successor is due at once.
@@ -345,22 +520,30 @@ UPDATE delivery SET next_attempt_at = now(), scheduled_at = now()
        SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s
           AND order_value = :v AND state = 'PENDING' AND delivery_id > :d);
 
--- name: queue_message_log
-INSERT INTO queue_message (delivery_id, message, routing_key, scheduled_start_time,
-                           start_time, end_time, state, exception_id, memory_used)
-VALUES (:d, :m, :rk, :sched, :start, now(), :state, :exc, :mem);
-
 -- name: dead_letters_redrive
--- An operator sends dead-lettered deliveries again: attempts start over, due now.
-UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),
-       scheduled_at = now(), last_error = 'redriven: ' || COALESCE(last_error, '')
- WHERE state = 'DEAD'
-   AND (CAST(:ids AS bigint[]) IS NULL OR delivery_id = ANY(:ids))
-   AND (CAST(:sub AS bigint) IS NULL OR subscription_id = :sub)
-   AND (CAST(:room AS text) IS NULL OR subscription_id IN (
-        SELECT s.subscription_id FROM subscription s JOIN room r USING (room_id)
-         WHERE r.name = :room))
-RETURNING delivery_id;
+-- An operator sends dead-lettered deliveries again: attempts start over, due now (published
+-- again: a PENDING attempt 0, and Pending in the queue log).
+WITH moved AS (
+    UPDATE delivery SET state = 'PENDING', attempt = 0, next_attempt_at = now(),
+           scheduled_at = now(), last_error = 'redriven: ' || COALESCE(last_error, '')
+     WHERE state = 'DEAD'
+       AND (CAST(:ids AS bigint[]) IS NULL OR delivery_id = ANY(:ids))
+       AND (CAST(:sub AS bigint) IS NULL OR subscription_id = :sub)
+       AND (CAST(:room AS text) IS NULL OR subscription_id IN (
+            SELECT s.subscription_id FROM subscription s JOIN room r USING (room_id)
+             WHERE r.name = :room))
+    RETURNING delivery_id, event_id, subscription_id, next_attempt_at),
+republished AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT e.correlation_id, m.delivery_id, m.event_id, m.subscription_id, 0, now(),
+           m.next_attempt_at, 'PENDING'
+      FROM moved m JOIN event e USING (event_id)),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, state)
+    SELECT m.delivery_id, 0, CAST(e.payload AS text), e.routing_key, 'Pending'
+      FROM moved m JOIN event e USING (event_id))
+SELECT delivery_id FROM moved ORDER BY delivery_id;
 
 -- name: dead_letters_list
 SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
@@ -376,7 +559,8 @@ SELECT kind, status FROM subscription WHERE subscription_id = :s;
 
 -- name: pull_take
 -- A PULL subscriber takes up to :max due messages under the receipt :receipt (its fencing
--- token), each logged as a PENDING publish; an ordered key's next only when none is open.
+-- token), each In process in the queue log (its attempt's published_messages row has been
+-- PENDING since it was scheduled); an ordered key's next only when none is open.
 WITH taken AS (
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), receipt = :receipt
      WHERE d.delivery_id IN (
@@ -393,11 +577,11 @@ WITH taken AS (
             ORDER BY o.delivery_id
             LIMIT :max
             FOR UPDATE OF o SKIP LOCKED)
-    RETURNING d.delivery_id, d.attempt, d.event_id),
-logged AS (
-    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
-                                    attempt, published_at, outcome)
-    SELECT e.correlation_id, t.delivery_id, t.event_id, :sub, t.attempt, now(), 'PENDING'
+    RETURNING d.delivery_id, d.attempt, d.event_id, d.claimed_at),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
+    SELECT t.delivery_id, t.attempt, CAST(e.payload AS text), e.routing_key, t.claimed_at,
+           'In process'
       FROM taken t JOIN event e USING (event_id))
 SELECT t.delivery_id, t.attempt, e.correlation_id, e.routing_key, e.payload,
        e.user_id AS "user", e.impersonator_id AS impersonator
@@ -405,15 +589,22 @@ SELECT t.delivery_id, t.attempt, e.correlation_id, e.routing_key, e.payload,
  ORDER BY t.delivery_id;
 
 -- name: pull_ack
--- The subscriber processed a pulled message: delivered, only with its current receipt; the
--- pull's log row with it. Returns how many deliveries it settled (0 or 1).
+-- The subscriber processed a pulled message: delivered, only with its current receipt; its
+-- attempt's published_messages row and a Completed row in the queue log (from the pull to
+-- the ACK) with it. Returns how many deliveries it settled (0 or 1).
 WITH done AS (
     UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), receipt = NULL
      WHERE delivery_id = :d AND subscription_id = :s AND pull
        AND state = 'IN_PROCESS' AND receipt = :r
-    RETURNING delivery_id),
+    RETURNING delivery_id, event_id, attempt, claimed_at, delivered_at),
 logged AS (
-    UPDATE published_messages SET outcome = 'DELIVERED', delivered_at = now()
-     WHERE id = (SELECT max(id) FROM published_messages WHERE delivery_id = :d)
-       AND EXISTS (SELECT 1 FROM done))
+    UPDATE published_messages p SET outcome = 'DELIVERED', delivered_at = done.delivered_at
+      FROM done
+     WHERE p.delivery_id = done.delivery_id AND p.outcome = 'PENDING'),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time,
+                               end_time, state)
+    SELECT done.delivery_id, done.attempt, CAST(e.payload AS text), e.routing_key,
+           done.claimed_at, done.delivered_at, 'Completed'
+      FROM done JOIN event e USING (event_id))
 SELECT count(*) FROM done;
