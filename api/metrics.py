@@ -14,7 +14,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from models.keys import BridgeKeys
 from models.pubsub import DeliveryState
 from worker.observe import Figures, Source, gather
 from worker.runtime import Runtime, get_runtime
@@ -41,8 +40,8 @@ def runtime_figures(runtime: Runtime | None = None) -> Figures:
     broker = rt.redis if url == s.redis_url else _broker_client(url)
     return gather(
         rt.engine,
-        rt.redis,
-        BridgeKeys(s.bridge_prefix),
+        rt.ordering_redis,
+        s.bridge_keys,
         rt.tracking_redis,
         rt.track_keys,
         broker,

@@ -2,84 +2,151 @@
 
 Lua scripts receive these through KEYS, or, where a script must reach a key named by a value
 it read (a request list entry, a MinMessageInfo member), through the prefixes given here.
+
+Redis Cluster: a script's keys, and the keys it derives from what it read, must all hash to
+one slot. Conversations are therefore spread over ``shards`` shards (the conversation id's
+CRC-32 modulo the count), and every key carries its shard's hash tag, ``{bq:<count>:<n>}``:
+a conversation's own keys, its requests' and responses' hashes, their ACK keys, and its
+shard's sets (pendingMessages, scheduled, the running drains, the marker) share one slot. The
+count is part of the tag, so a layout with another count shares no key with this one (a
+change of count is a rebuild, worker/rebuild.py). docs/redis-cluster.md has the table.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
+from functools import cached_property
+
+# Shards of the conversation keys by default (ORDERLY_REDIS_SHARDS).
+DEFAULT_SHARDS = 16
+SHARD_TAG = "bq"
+
+
+def shard_number(conversation_id: str, shards: int) -> int:
+    """The shard a conversation belongs to: stable across processes and restarts."""
+    return zlib.crc32(conversation_id.encode()) % shards
 
 
 @dataclass(frozen=True)
-class BridgeKeys:
-    prefix: str = "bridge:queue"
+class ShardKeys:
+    """The keys of one shard: its sets, and the hashes of its conversations' requests and
+    responses (their ids are unique per conversation, so per shard)."""
+
+    base: str  # "<prefix>:{bq:<count>:<n>}"
+    number: int
 
     # --- the seed's keys ----------------------------------------------------------------
     def request(self, request_id: str) -> str:
         """Request hash (EXPIRES MESSAGE_TTL)."""
-        return f"{self.prefix}:req:{request_id}"
+        return f"{self.base}:req:{request_id}"
 
     def response(self, response_id: str) -> str:
         """Response hash (EXPIRES AWAITED_MESSAGE_TTL)."""
-        return f"{self.prefix}:res:{response_id}"
-
-    def request_list(self, conversation_id: str) -> str:
-        """The conversation's request list, oldest first (values are request keys)."""
-        return f"{self.prefix}:{conversation_id}:req"
-
-    def response_list(self, conversation_id: str) -> str:
-        """The conversation's response sorted set: the order of delivery."""
-        return f"{self.prefix}:{conversation_id}"
+        return f"{self.base}:res:{response_id}"
 
     @property
     def pending_messages(self) -> str:
         """pendingMessages: MinMessageInfo scored by when the awaited agent looks at it."""
-        return f"{self.prefix}:pendingMessages"
+        return f"{self.base}:pendingMessages"
 
     def async_request(self, async_response_id: str) -> str:
         """ACK identifier -> MinMessageInfo (EXPIRES SENT_MESSAGE_TTL)."""
-        return f"{self.prefix}:asyncRequest:{async_response_id}"
+        return f"{self.base}:asyncRequest:{async_response_id}"
 
     # --- orderly's additions ------------------------------------------------------------
-    def request_seq(self, conversation_id: str) -> str:
-        """Counter giving each request its position in the conversation (the order's key)."""
-        return f"{self.prefix}:{conversation_id}:seq"
-
-    def drain_lease(self, conversation_id: str) -> str:
-        """Held by the one task delivering the conversation now; absent = nobody is."""
-        return f"{self.prefix}:{conversation_id}:lease"
-
     @property
     def drains(self) -> str:
         """Running drains: conversation id -> ``pid|token|claimed ms``, the backend pid of the
         PostgreSQL connection the drain holds (its worker's liveness), the lease token it
         holds and when it last claimed a head."""
-        return f"{self.prefix}:drains"
+        return f"{self.base}:drains"
 
     @property
     def scheduled(self) -> str:
         """Conversations scored by when they are due again (a retry wait, an ACK deadline)."""
-        return f"{self.prefix}:scheduled"
+        return f"{self.base}:scheduled"
 
     @property
     def scheduled_leased(self) -> str:
         """Wake-ups a scheduler took, scored by when its lease ends (then due again)."""
-        return f"{self.prefix}:scheduled:leased"
+        return f"{self.base}:scheduled:leased"
+
+    @property
+    def epoch(self) -> str:
+        """The shard's Redis marker (worker/rebuild.py): a hash {generation, state, run_id,
+        shards} written once a rebuild from PostgreSQL is done. Missing, not "ready", or
+        written under another server run (INFO server's run_id of the node holding it) means
+        Redis lost (some of) what it held."""
+        return f"{self.base}:epoch"
 
     # Prefixes for keys a script derives from values it read (see the module docstring).
     @property
     def request_prefix(self) -> str:
-        return f"{self.prefix}:req:"
+        return f"{self.base}:req:"
 
     @property
     def response_prefix(self) -> str:
-        return f"{self.prefix}:res:"
+        return f"{self.base}:res:"
+
+    @property
+    def async_prefix(self) -> str:
+        return f"{self.base}:asyncRequest:"
 
 
-# The Redis marker (worker/rebuild.py): a hash {generation, state, run_id} written once a
-# rebuild from PostgreSQL is done. Missing, not "ready", or written under another server run
-# (INFO server's run_id) means Redis lost (some of) what it held.
-EPOCH_KEY = "orderly:epoch"
+@dataclass(frozen=True)
+class BridgeKeys:
+    prefix: str = "bridge:queue"
+    shards: int = DEFAULT_SHARDS
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError("shards must be at least 1")
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ValueError("the prefix may not hold { or }: they would move the hash tag")
+
+    @cached_property
+    def every_shard(self) -> tuple[ShardKeys, ...]:
+        """Every shard, in order: what the agents walk."""
+        return tuple(ShardKeys(f"{self.layout}{n}}}", n) for n in range(self.shards))
+
+    @property
+    def layout(self) -> str:
+        """What every key of this layout starts with (``<prefix>:{bq:<count>:``); keys under
+        the prefix that do not are another layout's (worker/rebuild.py removes them)."""
+        return f"{self.prefix}:{{{SHARD_TAG}:{self.shards}:"
+
+    def shard(self, conversation_id: str) -> ShardKeys:
+        """The shard of a conversation."""
+        return self.every_shard[shard_number(conversation_id, self.shards)]
+
+    # --- the seed's keys ----------------------------------------------------------------
+    def request(self, conversation_id: str, request_id: str) -> str:
+        """Request hash (EXPIRES MESSAGE_TTL), in its conversation's shard."""
+        return self.shard(conversation_id).request(request_id)
+
+    def response(self, conversation_id: str, response_id: str) -> str:
+        """Response hash (EXPIRES AWAITED_MESSAGE_TTL), in its conversation's shard."""
+        return self.shard(conversation_id).response(response_id)
+
+    def request_list(self, conversation_id: str) -> str:
+        """The conversation's request list, oldest first (values are request keys)."""
+        return f"{self.shard(conversation_id).base}:{conversation_id}:req"
+
+    def response_list(self, conversation_id: str) -> str:
+        """The conversation's response sorted set: the order of delivery."""
+        return f"{self.shard(conversation_id).base}:{conversation_id}"
+
+    # --- orderly's additions ------------------------------------------------------------
+    def request_seq(self, conversation_id: str) -> str:
+        """Counter giving each request its position in the conversation (the order's key)."""
+        return f"{self.shard(conversation_id).base}:{conversation_id}:seq"
+
+    def drain_lease(self, conversation_id: str) -> str:
+        """Held by the one task delivering the conversation now; absent = nobody is."""
+        return f"{self.shard(conversation_id).base}:{conversation_id}:lease"
+
 
 # Whether a worker is woken, or looking, for due messages (worker/wake.py): intake wakes one
 # only when none is, or when the one looking is busy running handlers.

@@ -20,6 +20,7 @@ import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
+from models.keys import BridgeKeys
 from worker import nodes
 from worker.channels import ACK_TOKEN_HEADER, Channel, ChannelDirectory, ack_token, put_channel
 from worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
@@ -102,9 +103,15 @@ class Harness:
                 ).scalar_one()
             )
 
+    @property
+    def k(self) -> BridgeKeys:
+        return self.conv.keys
+
     def bridge_keys(self) -> list[str]:
+        """Every conversation key (every node's, on a cluster)."""
         return sorted(
-            k.decode() if isinstance(k, bytes) else k for k in self.redis.keys("bridge:queue:*")
+            k.decode() if isinstance(k, bytes) else k
+            for k in self.redis.scan_iter(match="bridge:queue:*")
         )
 
 
@@ -144,23 +151,23 @@ def test_request_is_registered_once(h: Harness) -> None:
     again = h.conv.register_request("c1", {"request_id": "r1", "origin": "chat"})
     assert first.created and not again.created and first.msg_id == again.msg_id
     assert h.state("r1") == "WAITING_FOR_RES"
-    assert h.redis.lrange("bridge:queue:c1:req", 0, -1) == [b"bridge:queue:req:r1"]
-    fields = h.redis.hgetall("bridge:queue:req:r1")
+    assert h.redis.lrange(h.k.request_list("c1"), 0, -1) == [h.k.request("c1", "r1").encode()]
+    fields = h.redis.hgetall(h.k.request("c1", "r1"))
     assert fields[b"status"] == b"WAITING" and fields[b"responseIdCounter"] == b"0"
-    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
+    assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
 
 
 def test_response_is_stored_with_the_seed_structures(h: Harness) -> None:
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
-    res = h.redis.hgetall("bridge:queue:res:s1")
+    res = h.redis.hgetall(h.k.response("c1", "s1"))
     assert res[b"status"] == b"PENDING" and res[b"requestId"] == b"r1"
-    assert h.redis.hget("bridge:queue:req:r1", "responseIdCounter") == b"1"
-    assert h.redis.hget("bridge:queue:req:r1", "status") == b"PENDING"
+    assert h.redis.hget(h.k.request("c1", "r1"), "responseIdCounter") == b"1"
+    assert h.redis.hget(h.k.request("c1", "r1"), "status") == b"PENDING"
     member = b'{"rqId":"r1","rsId":"s1","cnId":"c1"}'
-    assert h.redis.zrange("bridge:queue:c1", 0, -1) == [member]
-    assert h.redis.zscore("bridge:queue:pendingMessages", member) is not None
-    assert 50_000 < h.redis.pttl("bridge:queue:res:s1") <= 60_000
+    assert h.redis.zrange(h.k.response_list("c1"), 0, -1) == [member]
+    assert h.redis.zscore(h.k.shard("c1").pending_messages, member) is not None
+    assert 50_000 < h.redis.pttl(h.k.response("c1", "s1")) <= 60_000
     assert h.state("s1") == "IN_QUEUE"
     assert len(h.started) == 1  # the first response starts a drain
 
@@ -192,14 +199,14 @@ def test_unknown_origin_and_unknown_request_are_refused(h: Harness) -> None:
     h.request("c1", "r1")
     with pytest.raises(UnknownRequest, match="conversation 'c2'"):
         h.response("c2", "r1", "s1")
-    assert h.bridge_keys() == ["bridge:queue:c1:req", "bridge:queue:c1:seq", "bridge:queue:req:r1"]
+    assert h.bridge_keys() == [h.k.request_list("c1"), h.k.request_seq("c1"), h.k.request("c1", "r1")]
 
 
 def test_duplicate_response_changes_nothing(h: Harness) -> None:
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s1")
-    assert h.redis.hget("bridge:queue:req:r1", "responseIdCounter") == b"1"
+    assert h.redis.hget(h.k.request("c1", "r1"), "responseIdCounter") == b"1"
     assert len(h.started) == 1
 
 
@@ -232,9 +239,9 @@ def test_vanished_first_response_is_removed_and_checked_again(h: Harness) -> Non
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2")
-    h.redis.delete("bridge:queue:res:s1")  # case 3: its hash expired
+    h.redis.delete(h.k.response("c1", "s1"))  # case 3: its hash expired
     assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
-    assert len(h.redis.zrange("bridge:queue:c1", 0, -1)) == 1
+    assert len(h.redis.zrange(h.k.response_list("c1"), 0, -1)) == 1
 
 
 def test_vanished_head_request_is_removed_and_checked_again(h: Harness) -> None:
@@ -242,10 +249,10 @@ def test_vanished_head_request_is_removed_and_checked_again(h: Harness) -> None:
     h.request("c1", "r2")
     h.response("c1", "r2", "s2")
     assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
-    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
-    h.redis.delete("bridge:queue:req:r1")  # MESSAGE_TTL ran out
+    assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
+    h.redis.delete(h.k.request("c1", "r1"))  # MESSAGE_TTL ran out
     assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
-    assert b"bridge:queue:req:r1" not in h.redis.lrange("bridge:queue:c1:req", 0, -1)
+    assert h.k.request("c1", "r1").encode() not in h.redis.lrange(h.k.request_list("c1"), 0, -1)
 
 
 # --- order and completion -----------------------------------------------------------------
@@ -332,8 +339,8 @@ def test_ack_releases_the_next_response(h: Harness) -> None:
     assert h.run(rec) == ["WAIT_ACK"]
     assert rec.sent == ["s1"]
     assert h.state("s1") == "WAITING_FOR_RES"
-    assert h.redis.hget("bridge:queue:res:s1", "status") == b"SENT"
-    assert 0 < h.redis.pttl("bridge:queue:asyncRequest:ack-1") <= 5_000
+    assert h.redis.hget(h.k.response("c1", "s1"), "status") == b"SENT"
+    assert 0 < h.redis.pttl(h.k.shard("c1").async_request("ack-1")) <= 5_000
     h.conv.ack("ack-1", h.enqueue)
     assert h.state("s1") == "OK"
     h.run(rec)
@@ -369,7 +376,7 @@ def test_an_ack_must_bring_the_token_its_response_was_sent_with(h: Harness) -> N
     with pytest.raises(Unauthenticated, match="missing"):
         h.conv.ack("1", h.enqueue, "")
     assert h.state("s1") == "WAITING_FOR_RES"
-    assert h.redis.exists("bridge:queue:asyncRequest:1")
+    assert h.redis.exists(h.k.shard("c1").async_request("1"))
     h.conv.ack("1", h.enqueue, tokens["s1"])
     assert h.state("s1") == "OK"
 
@@ -381,12 +388,12 @@ def test_no_ack_within_sent_ttl_counts_as_delivered(h: Harness) -> None:
     rec = Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "ack-1")]})
     h.run(rec)
     # The wait is scheduled in Redis, not held in memory: SENT_MESSAGE_TTL after the send.
-    assert h.redis.zscore("bridge:queue:scheduled", "c1") == h.clock.ms() + 5_000
+    assert h.redis.zscore(h.k.shard("c1").scheduled, "c1") == h.clock.ms() + 5_000
     h.clock.advance_ms(4_999)
     assert h.wake_due() == []  # not due yet
     h.clock.advance_ms(1)
-    assert 0 < h.redis.pttl("bridge:queue:asyncRequest:ack-1") <= 5_000
-    h.redis.delete("bridge:queue:asyncRequest:ack-1")  # the ACK key expired with the wait
+    assert 0 < h.redis.pttl(h.k.shard("c1").async_request("ack-1")) <= 5_000
+    h.redis.delete(h.k.shard("c1").async_request("ack-1"))  # the ACK key expired with the wait
     assert h.wake_due() == ["c1"]
     h.run(rec)
     assert rec.sent == ["s1", "s2"]
@@ -405,7 +412,7 @@ def test_recoverable_failure_retries_with_backoff_and_keeps_the_order(h: Harness
     fail = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
     rec = Recorder(answers={"s1": [fail, fail]})
     assert h.run(rec) == ["WAIT_RETRY"]
-    not_before = int(h.redis.hget("bridge:queue:res:s1", "notBefore") or 0)
+    not_before = int(h.redis.hget(h.k.response("c1", "s1"), "notBefore") or 0)
     assert not_before == h.clock.ms() + 10 * 2**1  # deliveryDelay * multiplier ^ 1
     h.clock.advance_ms(19)
     assert h.wake_due() == []
@@ -413,7 +420,7 @@ def test_recoverable_failure_retries_with_backoff_and_keeps_the_order(h: Harness
     assert h.wake_due() == ["c1"]
     assert h.run(rec) == ["WAIT_RETRY"]  # second failure: waits 10 * 2^2 ms
     assert rec.sent == ["s1", "s1"]  # s2 never overtakes
-    not_before = int(h.redis.hget("bridge:queue:res:s1", "notBefore") or 0)
+    not_before = int(h.redis.hget(h.k.response("c1", "s1"), "notBefore") or 0)
     assert not_before == h.clock.ms() + 10 * 2**2
     h.clock.advance_ms(40)
     assert h.wake_due() == ["c1"]
@@ -437,10 +444,10 @@ def test_retries_spent_make_the_group_awaited(h: Harness) -> None:
     h.run(rec)
     assert rec.sent == ["s1", "s1", "s1"]
     for sid in ("s1", "s2"):
-        assert h.redis.hget(f"bridge:queue:res:{sid}", "status") == b"AWAITED"
+        assert h.redis.hget(h.k.response("c1", sid), "status") == b"AWAITED"
         assert h.state(sid) == "PARTLY_FAILED"
     assert h.state("t1") == "IN_QUEUE"  # held behind the AWAITED group
-    until = int(h.redis.hget("bridge:queue:res:s1", "awaitedToDateTS") or 0)
+    until = int(h.redis.hget(h.k.response("c1", "s1"), "awaitedToDateTS") or 0)
     assert until == h.clock.ms() + 5_000  # AWAITED_TIME_WHEN_RETRIES_END
 
 
@@ -495,14 +502,14 @@ def test_a_response_accepted_while_its_group_is_cancelled_does_not_stay_open(
                 )
             # ... and its intake puts it into Redis before the drain's next step.
             h.response("c1", "r1", "s2", last=True)
-            assert h.redis.exists("bridge:queue:res:s2")
+            assert h.redis.exists(h.k.response("c1", "s2"))
         return answer
 
     monkeypatch.setattr(gate, "_apply", apply_then_accept)
     rec = Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]})
     h.run(rec)
     assert rec.sent == ["s1"]
-    assert not h.redis.exists("bridge:queue:res:s2")  # dropped with its group
+    assert not h.redis.exists(h.k.response("c1", "s2"))  # dropped with its group
     assert (h.state("s1"), h.state("s2"), h.state("r1")) == ("CANCEL", "CANCEL", "CANCEL")
 
 
@@ -529,8 +536,8 @@ def test_awaited_agent_takes_a_due_message_once_across_two_agents(
     assert (report_a.taken, report_b.taken) == (1, 0)  # claimed once, by the first
     assert len(woken_a) + len(woken_b) == 1
     assert report_a.woken == ["c1"] and report_b.woken == []
-    assert redis_client.hget("bridge:queue:res:s2", "status") == b"AWAITED"
-    assert redis_client.hget("bridge:queue:res:s2", "awaitedRetries") == b"1"
+    assert redis_client.hget(first.k.response("c1", "s2"), "status") == b"AWAITED"
+    assert redis_client.hget(first.k.response("c1", "s2"), "awaitedRetries") == b"1"
 
 
 def test_awaited_agent_expires_messages_past_their_ttl(h: Harness) -> None:
@@ -541,7 +548,7 @@ def test_awaited_agent_expires_messages_past_their_ttl(h: Harness) -> None:
     report = h.conv.awaited_turn(h.enqueue)
     assert (report.expired, report.vanished, report.swept) == (1, 0, 0)
     assert h.state("s2") == "FAILED"
-    assert h.redis.zcard("bridge:queue:pendingMessages") == 0
+    assert h.redis.zcard(h.k.shard("c1").pending_messages) == 0
 
 
 def test_worker_dying_mid_send_is_recovered_by_the_agent(
@@ -561,8 +568,8 @@ def test_worker_dying_mid_send_is_recovered_by_the_agent(
     assert h.conv.awaited_turn(h.enqueue).woken == []  # still within MAX_PENDING_TTL
     h.clock.advance_ms(1)
     # The dead drain's lease (MAX_PENDING_TTL in Redis) has run out with it.
-    assert 0 < h.redis.pttl("bridge:queue:c1:lease") <= 30_000
-    h.redis.delete("bridge:queue:c1:lease")
+    assert 0 < h.redis.pttl(h.k.drain_lease("c1")) <= 30_000
+    h.redis.delete(h.k.drain_lease("c1"))
     assert h.conv.awaited_turn(h.enqueue).woken == ["c1"]
     rec = Recorder()
     h.run(rec)
@@ -581,13 +588,13 @@ def test_a_live_drain_is_not_released(h: Harness) -> None:
         h.conv.drain(cid, token, _dies)  # its connection goes back to the pool, alive
     h.clock.advance_ms(5_000)
     assert h.conv.release_dead_drains() == 0
-    assert h.redis.get("bridge:queue:c1:lease") is not None
-    assert h.redis.hexists("bridge:queue:drains", "c1")
+    assert h.redis.get(h.k.drain_lease("c1")) is not None
+    assert h.redis.hexists(h.k.shard("c1").drains, "c1")
     # Its lease ran out (the awaited agent then takes the head up): the entry is dropped.
-    h.redis.delete("bridge:queue:c1:lease")
+    h.redis.delete(h.k.drain_lease("c1"))
     h.clock.advance_ms(30_000)
     assert h.conv.release_dead_drains() == 0
-    assert not h.redis.hexists("bridge:queue:drains", "c1")
+    assert not h.redis.hexists(h.k.shard("c1").drains, "c1")
 
 
 def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_at_the_limit(
@@ -607,8 +614,8 @@ def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_
             h.conv.drain(cid, token, _dies)
         h.clock.advance_ms(1_000)  # the grace
         wait_until(lambda: h.conv.release_dead_drains() == 1, 10, "the dead drain released")
-        assert h.redis.get("bridge:queue:c1:lease") is None
-        assert h.redis.hget("bridge:queue:drains", "c1") is None
+        assert h.redis.get(h.k.drain_lease("c1")) is None
+        assert h.redis.hget(h.k.shard("c1").drains, "c1") is None
         # woken at once: no MAX_PENDING_TTL (30 s) to wait out
         assert h.wake_due() == ["c1"]
     rec = Recorder()
@@ -620,7 +627,7 @@ def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_
             text("SELECT failed_error_code, failed_desc FROM message WHERE correlation_id = 's1'")
         ).one()
     assert code == "E_WORKER_LOST" and f"died {limit} times" in why
-    assert h.redis.hlen("bridge:queue:drains") == 0
+    assert h.redis.hlen(h.k.shard("c1").drains) == 0
     engine.dispose()
 
 
@@ -629,7 +636,7 @@ def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_
 
 def _score(h: Harness, sid: str) -> float:
     member = f'{{"rqId":"r1","rsId":"{sid}","cnId":"c1"}}'
-    score = h.redis.zscore("bridge:queue:pendingMessages", member)
+    score = h.redis.zscore(h.k.shard("c1").pending_messages, member)
     assert score is not None
     return score - h.clock.ms()
 
@@ -652,7 +659,7 @@ def test_in_flight_limit_is_max_pending_ttl_plus_margin(
     h.run(Recorder(answers={"s1": [fail]}))
     # After a failed send the response waits its retry (20 ms), then MAX_PENDING_TTL + margin.
     assert _score(h, "s1") == 20 + 4000 + 1500
-    assert int(h.redis.pttl("bridge:queue:c1:lease")) == -2  # released while waiting
+    assert int(h.redis.pttl(h.k.drain_lease("c1"))) == -2  # released while waiting
 
 
 def test_awaited_agent_backoff_uses_the_retries_factor(
@@ -667,7 +674,7 @@ def test_awaited_agent_backoff_uses_the_retries_factor(
     h.clock.advance_ms(1)  # blocked for MAX_RETRIES * INTERVAL
     h.conv.awaited_turn(h.enqueue)
     member = '{"rqId":"r2","rsId":"s2","cnId":"c1"}'
-    score = h.redis.zscore("bridge:queue:pendingMessages", member)
+    score = h.redis.zscore(h.k.shard("c1").pending_messages, member)
     assert score is not None
     # currentRetry (1) * MAX_PENDING_TTL (1000) * AWAITED_RETRIES_FACTOR (3)
     assert score - h.clock.ms() == 3000
@@ -716,8 +723,8 @@ def test_a_repeat_puts_back_what_redis_never_got(h: Harness) -> None:
     h.started.clear()
     h.request("c1", "r1")
     h.response("c1", "r1", "s1", last=True)
-    assert h.redis.hget("bridge:queue:res:s1", "status") == b"PENDING"
-    assert h.redis.lrange("bridge:queue:c1:req", 0, -1) == [b"bridge:queue:req:r1"]
+    assert h.redis.hget(h.k.response("c1", "s1"), "status") == b"PENDING"
+    assert h.redis.lrange(h.k.request_list("c1"), 0, -1) == [h.k.request("c1", "r1").encode()]
     rec = Recorder()
     h.run(rec)
     assert rec.sent == ["s1"] and h.state("s1") == "OK"
@@ -731,19 +738,20 @@ def test_cancel_leaves_a_tombstone_even_for_an_expired_request(
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2")
     # The request hash expires (MESSAGE_TTL after its latest response), its responses do not.
-    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
-    assert h.redis.pttl("bridge:queue:res:s2") > 10_000
-    h.redis.delete("bridge:queue:req:r1")
+    assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
+    assert h.redis.pttl(h.k.response("c1", "s2")) > 10_000
+    h.redis.delete(h.k.request("c1", "r1"))
     h.run(Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]}))
     # A response of the group being accepted right now finds the tombstone, not a callback.
-    assert h.redis.hget("bridge:queue:req:r1", "status") == b"CANCEL"
-    assert 0 < h.redis.pttl("bridge:queue:req:r1") <= 10_000
+    assert h.redis.hget(h.k.request("c1", "r1"), "status") == b"CANCEL"
+    assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
 
 
 def test_a_short_wait_never_shortens_the_schedule_of_a_long_one(
     db: Engine, redis_client: redis.Redis
 ) -> None:
-    h = make(db, redis_client, sent_message_ttl=5000)
+    # One shard: both conversations' wake-ups share its scheduled set.
+    h = make(db, redis_client, sent_message_ttl=5000, redis_shards=1)
     for c in ("a", "b"):
         h.request(c, f"r{c}")
         h.response(c, f"r{c}", f"s{c}", last=True)
@@ -756,7 +764,7 @@ def test_a_short_wait_never_shortens_the_schedule_of_a_long_one(
         )
     )
     # The set lives MESSAGE_TTL (10 s) past its latest wake-up: 15 s, not 10.02 s.
-    assert 10_020 < h.redis.pttl("bridge:queue:scheduled") <= 15_000
+    assert 10_020 < h.redis.pttl(h.k.shard("a").scheduled) <= 15_000
 
 
 def test_an_ack_id_in_use_is_not_taken_over(h: Harness) -> None:
@@ -778,8 +786,8 @@ def test_a_sender_that_raises_counts_as_a_recoverable_failure(h: Harness) -> Non
         raise ValueError("bad header")
 
     assert h.run(broken) == ["WAIT_RETRY"]
-    assert not h.redis.exists("bridge:queue:c1:lease")
-    assert h.redis.hget("bridge:queue:res:s1", "attempt") == b"1"
+    assert not h.redis.exists(h.k.drain_lease("c1"))
+    assert h.redis.hget(h.k.response("c1", "s1"), "attempt") == b"1"
 
 
 def test_agent_expires_a_response_still_in_redis(db: Engine, redis_client: redis.Redis) -> None:
@@ -792,10 +800,10 @@ def test_agent_expires_a_response_still_in_redis(db: Engine, redis_client: redis
     # Past AWAITED_MESSAGE_TTL for the agent while Redis still has the keys: the agent's own
     # expiry path, not Redis's.
     h.clock.advance_ms(60_000)
-    for key in ("bridge:queue:res:s1", "bridge:queue:res:s2", "bridge:queue:pendingMessages"):
+    for key in (h.k.response("c1", "s1"), h.k.response("c1", "s2"), h.k.shard("c1").pending_messages):
         assert 0 < h.redis.pttl(key) <= 60_000
     report = h.conv.awaited_turn(h.enqueue)
     assert report.expired == 2
     assert h.state("s1") == "OK"  # the client had it (202); only the ACK never came
     assert h.state("s2") == "FAILED" and h.state("r2") == "FAILED"
-    assert not h.redis.exists("bridge:queue:res:s2")
+    assert not h.redis.exists(h.k.response("c1", "s2"))

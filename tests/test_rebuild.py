@@ -11,13 +11,14 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models.keys import EPOCH_KEY
+from models.keys import BridgeKeys
 from tests.test_conversations import Harness, Recorder, make
 from worker import rebuild
 from worker.conversations import Delivery, SendResult
 from worker.intake import Intake
 
 RETRY = SendResult(Delivery.RECOVERABLE, 500, reason="500")
+K = BridgeKeys()  # the harness's layout (tests.test_conversations.make)
 
 
 def _text(v: Any) -> str:
@@ -30,9 +31,9 @@ def snapshot(r: redis.Redis, cids: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for cid in cids:
         responses = []
-        for m in r.zrange(f"bridge:queue:{cid}", 0, -1):
+        for m in r.zrange(K.response_list(cid), 0, -1):
             rid = _text(m).split('"rsId":"')[1].split('"')[0]
-            f = {_text(k): _text(v) for k, v in r.hgetall(f"bridge:queue:res:{rid}").items()}
+            f = {_text(k): _text(v) for k, v in r.hgetall(K.response(cid, rid)).items()}
             # An AWAITED wait is rebuilt from the row's age (PostgreSQL's clock, while the
             # test's clock stands still): compared apart, within the test's real time.
             not_before = "awaited" if f["status"] == "AWAITED" else f["notBefore"]
@@ -40,7 +41,7 @@ def snapshot(r: redis.Redis, cids: list[str]) -> dict[str, Any]:
                 (rid, f["status"], f["attempt"], not_before, f["awaitedRetries"], f["last"])
             )
         out[cid] = {
-            "requests": [_text(k) for k in r.lrange(f"bridge:queue:{cid}:req", 0, -1)],
+            "requests": [_text(k) for k in r.lrange(K.request_list(cid), 0, -1)],
             "responses": responses,
         }
     return out
@@ -90,7 +91,7 @@ def test_flush_mid_drain_then_everything_in_order_nothing_twice(
     before = snapshot(redis_client, cids)
     assert before["c2"]["responses"][0][1:4] == ("PENDING", "1", str(h.clock.ms() + 20))
     assert before["c3"]["responses"][0][1] == "AWAITED"
-    until_before = int(_text(redis_client.hget("bridge:queue:res:v1", "awaitedToDateTS")))
+    until_before = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDateTS")))
 
     redis_client.flushdb()
     assert rebuild.check(h.conv).startswith("the marker is missing")
@@ -99,7 +100,7 @@ def test_flush_mid_drain_then_everything_in_order_nothing_twice(
     assert report.done and report.marked_ready and requeued == []
     assert rebuild.check(h.conv) == ""
     assert snapshot(redis_client, cids) == before
-    until = int(_text(redis_client.hget("bridge:queue:res:v1", "awaitedToDateTS")))
+    until = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDateTS")))
     # Rebuilt from the row's age (PostgreSQL's clock), within the test's real time.
     assert abs(until - until_before) < 30_000
     assert sorted(report.drains_started) == cids
@@ -152,7 +153,7 @@ def test_responses_accepted_after_the_loss_go_behind_the_rebuilt_ones(
     assert report.done and report.keys_created > 0
     order = [
         _text(m).split('"rsId":"')[1].split('"')[0]
-        for m in redis_client.zrange("bridge:queue:c1", 0, -1)
+        for m in redis_client.zrange(K.response_list("c1"), 0, -1)
     ]
     assert order == ["s1", "s2", "t1"]
     # The drain the intake started after the loss runs after the rebuild (beat's tick came
@@ -177,12 +178,12 @@ def test_no_drain_claims_while_redis_is_being_rebuilt(
     h.started.clear()
     # A rebuild is under way (the marker says so) and a response comes in meanwhile: its
     # request is not rebuilt yet, so sending it now could overtake older responses.
-    redis_client.hset(EPOCH_KEY, mapping={"state": "rebuilding", "generation": "g"})
+    redis_client.hset(K.shard("c1").epoch, mapping={"state": "rebuilding", "generation": "g"})
     h.response("c1", "r1", "s2", last=True)
     assert h.run(sender) == ["REBUILDING"]
     assert sender.sent == ["s1"]
-    assert redis_client.get("bridge:queue:c1:lease") is None  # the drain gave up its lease
-    redis_client.delete(EPOCH_KEY)
+    assert redis_client.get(K.drain_lease("c1")) is None  # the drain gave up its lease
+    redis_client.delete(K.shard("c1").epoch)
     report = rebuild.rebuild(db, h.conv, h.enqueue, lambda ids: None)
     assert report.marked_ready and report.drains_started == ["c1"]
     h.run(sender)
@@ -217,7 +218,7 @@ def test_queued_store_messages_are_sent_again_and_one_rebuilder_at_a_time(
     report = rebuild.rebuild(db, h.conv, h.enqueue, requeued.extend)
     assert report.done and requeued == queue
     # The marker is written under this server's run: a changed run_id counts as a restart.
-    redis_client.hset(EPOCH_KEY, "run_id", "another-run")
+    redis_client.hset(K.every_shard[3].epoch, "run_id", "another-run")  # one shard's
     assert rebuild.check(h.conv).startswith("the server restarted")
     assert rebuild.rebuild(db, h.conv, h.enqueue, requeued.extend).done
     assert requeued == queue * 2  # sent again: the claim takes each row once
@@ -228,5 +229,10 @@ def test_an_unfinished_rebuild_counts_as_lost(
     db: Engine, redis_client: redis.Redis, state: str
 ) -> None:
     h = make(db, redis_client)
-    redis_client.hset(EPOCH_KEY, mapping={"state": state, "run_id": rebuild.server_run_id(h.conv)})
+    for shard in K.every_shard:
+        redis_client.hset(
+            shard.epoch, mapping={"state": "ready", "run_id": rebuild.server_run_id(h.conv)}
+        )
+    assert rebuild.check(h.conv) == ""
+    redis_client.hset(K.every_shard[-1].epoch, "state", state)  # one shard is enough
     assert rebuild.check(h.conv) == "a rebuild did not finish"

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from models.enums import MessageState
 from models.keys import BridgeKeys, TrackKeys
 from models.pubsub import DeliveryState
+from worker.core.clients import OrderingRedis
 from worker.core.scripts import as_text
 from worker.store.queries import sql
 from worker.tracking import Services, TrackingSnapshot, snapshot
@@ -175,16 +176,20 @@ class _Conversations:
     awaited_due: int
 
 
-def _conversations(client: redis.Redis, keys: BridgeKeys, now: int) -> _Conversations:
+def _conversations(client: OrderingRedis, keys: BridgeKeys, now: int) -> _Conversations:
     """The gate's view of every open conversation, in three pipelined round trips: the
-    pending responses; their hashes with each open conversation's order and request list;
-    the listed requests' positions."""
+    pending responses (of every shard); their hashes with each open conversation's order and
+    request list; the listed requests' positions."""
     pipe = client.pipeline(transaction=False)
-    pipe.zrange(keys.pending_messages, 0, -1)
-    pipe.zcard(keys.scheduled)
-    pipe.zcard(keys.scheduled_leased)  # wake-ups being handed to the broker right now
-    pipe.zcount(keys.pending_messages, "-inf", now)
-    raw_members, scheduled, waking, awaited_due = pipe.execute()
+    for shard in keys.every_shard:
+        pipe.zrange(shard.pending_messages, 0, -1)
+        pipe.zcard(shard.scheduled)
+        pipe.zcard(shard.scheduled_leased)  # wake-ups being handed to the broker right now
+        pipe.zcount(shard.pending_messages, "-inf", now)
+    per_shard = pipe.execute()
+    raw_members = [m for found in per_shard[0::4] for m in found]
+    scheduled, waking = sum(per_shard[1::4]), sum(per_shard[2::4])
+    awaited_due = sum(per_shard[3::4])
 
     members = [as_text(m) for m in raw_members]
     infos = [json.loads(m) for m in members]
@@ -192,7 +197,7 @@ def _conversations(client: redis.Redis, keys: BridgeKeys, now: int) -> _Conversa
     pipe = client.pipeline(transaction=False)
     for info in infos:
         pipe.hmget(
-            keys.response(info["rsId"]),
+            keys.response(info["cnId"], info["rsId"]),
             ["status", "notBefore", "sentAt", "claimedAt", "reqSeq", "msgId"],
         )
     for cid in conversations:
@@ -231,7 +236,7 @@ def _conversations(client: redis.Redis, keys: BridgeKeys, now: int) -> _Conversa
         reason: BlockReason | None = None
         if (
             head_request is not None
-            and head_request != keys.request_prefix + json.loads(head)["rqId"]
+            and head_request != keys.request(cid, json.loads(head)["rqId"])
             and (seqs[head_request] or 0) < _int(req_seq)
         ):
             reason = BlockReason.REQUEST
@@ -260,7 +265,7 @@ def _conversations(client: redis.Redis, keys: BridgeKeys, now: int) -> _Conversa
 
 
 def open_conversations(
-    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
+    client: OrderingRedis, keys: BridgeKeys, now_ms: int | None = None
 ) -> list[OpenConversation]:
     """Every open conversation (see ConversationFigures), by conversation id."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -268,7 +273,7 @@ def open_conversations(
 
 
 def conversation_figures(
-    client: redis.Redis, keys: BridgeKeys, now_ms: int | None = None
+    client: OrderingRedis, keys: BridgeKeys, now_ms: int | None = None
 ) -> ConversationFigures:
     """The conversations' state by the gate's rules (see ConversationFigures)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -323,7 +328,7 @@ def _reason(exc: Exception) -> str:
 
 def gather(
     engine: Engine,
-    bridge: redis.Redis,
+    bridge: OrderingRedis,
     bridge_keys: BridgeKeys,
     tracking: redis.Redis,
     track_keys: TrackKeys,

@@ -1,14 +1,20 @@
 """Rebuild from PostgreSQL: what Redis held, made again from the rows after Redis lost it.
 
 PostgreSQL is the durable truth; Redis holds the conversations' order and waits, the broker's
-tasks, tracking and due sets. A marker in Redis (``orderly:epoch``: a generation, a state and
-the server's ``run_id``) says whether Redis still holds what orderly put there: missing (a
-FLUSHALL, a restart without persistence), not "ready" (a rebuild that did not finish), or
-written under another server run (a restart: with RDB the last changes may be gone), Redis
-is rebuilt. :func:`check` costs one round trip; beat's agents run it every tick.
+tasks, tracking and due sets. A marker in every shard of the conversation keys
+(``<prefix>:{bq:<count>:<n>}:epoch``: a generation, a state and the ``run_id`` of the server
+holding it) says whether Redis still holds what orderly put there: missing (a FLUSHALL, a
+restart without persistence, a key layout with another shard count, or the layout of an
+orderly before shards), not "ready" (a rebuild that did not finish), or written under another
+server run (a restart: with RDB the last changes may be gone), Redis is rebuilt. One marker per
+shard, so that on a Redis Cluster the loss of one node is seen by the shards it held, and the
+gate (advance.lua) reads its shard's marker in its own slot. :func:`check` costs two round
+trips (the markers, then one INFO per server); beat's agents run it every tick.
 
 :func:`rebuild` holds a PostgreSQL advisory lock (one rebuilder across beats and operators),
-checks again under it, marks Redis "rebuilding" under a new generation, then:
+checks again under it, marks every shard "rebuilding" under a new generation, removes the keys
+under the prefix that belong to another key layout (an older orderly's, another shard
+count's: what they held is rebuilt from the rows in this one), then:
 
 1. conversations (``worker.conversations.rebuild``): requests waiting, responses not yet
    delivered, their order, attempts, AWAITED and ACK waits (a delivered response is OK in its
@@ -19,7 +25,7 @@ checks again under it, marks Redis "rebuilding" under a new generation, then:
    sent again at once (the claim takes a row only once, so a task that survived is harmless);
 3. push deliveries the broker had (due, leased): due again now;
 
-and marks Redis "ready" if the marker still holds its generation. Left to what already
+and marks each shard "ready" if its marker still holds the generation. Left to what already
 recovers them: tracking of messages in flight (Redis-only figures; a worker that dies is
 released by beat's orphan job through its backend pid, a hung one after
 repairRepeatTimeSec), service keys
@@ -34,15 +40,17 @@ Idempotency-Key): its row is recorded after the POST, and the rebuild may read t
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
-from models.keys import EPOCH_KEY
+from models.keys import SHARD_TAG
 from worker.conversations import Conversations
 from worker.conversations import rebuild as conversations_rebuild
 from worker.conversations.agent import wake
+from worker.core.clients import run_ids
 from worker.core.lease import new_token
 from worker.core.scripts import as_text
 from worker.store.queries import sql
@@ -50,6 +58,15 @@ from worker.store.queries import sql
 log = logging.getLogger(__name__)
 
 PAGE = 1000
+# The one marker of the layout before shards: removed with that layout's keys.
+UNSHARDED_EPOCH_KEY = "orderly:epoch"
+# What follows the prefix in a conversation key of any layout: a shard's tag, a request's,
+# response's or ACK's key, a conversation's own (its id has no ':') or a shared set of the
+# layout before shards. Nothing else under the prefix is touched.
+_CONVERSATION_KEY = re.compile(
+    rf"^(\{{{SHARD_TAG}:\d+:\d+\}}:.*|(req|res|asyncRequest):.+"
+    r"|[A-Za-z0-9._~@+=-]+(:(req|seq|lease|leased))?)$"
+)
 
 
 @dataclass
@@ -60,6 +77,7 @@ class RebuildReport:
     generation: str = ""
     conversations: int = 0
     keys_created: int = 0
+    other_layout_keys_removed: int = 0
     drains_started: list[str] = field(default_factory=list)
     messages_requeued: int = 0
     deliveries_due: int = 0
@@ -73,29 +91,40 @@ class RebuildReport:
         return (
             f"rebuilt ({self.reason}): {self.conversations} conversations "
             f"({self.keys_created} keys), {len(self.drains_started)} drains started, "
+            f"{self.other_layout_keys_removed} keys of another layout removed, "
             f"{self.messages_requeued} queued messages sent again, "
             f"{self.deliveries_due} push deliveries due again"
         )
 
 
 def server_run_id(conversations: Conversations) -> str:
-    return str(conversations.ctx.redis.info("server")["run_id"])
+    """The run_id of the server holding the first shard's marker."""
+    return run_ids(conversations.ctx.redis, [conversations.keys.every_shard[0].epoch])[0]
 
 
 def check(conversations: Conversations) -> str:
-    """Why Redis lost (some of) its state, or '' when it did not. One round trip."""
-    pipe = conversations.ctx.redis.pipeline(transaction=False)
-    pipe.hmget(EPOCH_KEY, "state", "run_id")
-    pipe.info("server")
-    (state, run_id), info = pipe.execute()
-    if state is None:
-        return "the marker is missing"
-    if as_text(state) != "ready":
-        return "a rebuild did not finish"
-    current = str(info["run_id"])
-    if run_id is None or as_text(run_id) != current:
-        return f"the server restarted (run {as_text(run_id or b'')[:8]} -> {current[:8]})"
+    """Why Redis lost (some of) its state, or '' when it did not: every shard's marker."""
+    client = conversations.ctx.redis
+    markers = [shard.epoch for shard in conversations.keys.every_shard]
+    pipe = client.pipeline(transaction=False)
+    for key in markers:
+        pipe.hmget(key, "state", "run_id")
+    found = pipe.execute()
+    for state, _ in found:
+        if state is None:
+            return "the marker is missing"
+    for state, _ in found:
+        if as_text(state) != "ready":
+            return "a rebuild did not finish"
+    for (_, run_id), current in zip(found, run_ids(client, markers), strict=True):
+        if run_id is None or as_text(run_id) != current:
+            return f"the server restarted (run {as_text(run_id or b'')[:8]} -> {current[:8]})"
     return ""
+
+
+def ready(conversations: Conversations) -> bool:
+    """Every shard's marker says "ready" (a rebuild finished and nothing was lost since)."""
+    return check(conversations) == ""
 
 
 def rebuild_if_lost(
@@ -146,11 +175,15 @@ def _rebuild(
 ) -> None:
     ctx = conversations.ctx
     report.generation = new_token()
-    run_id = server_run_id(conversations)
-    ctx.redis.hset(
-        EPOCH_KEY,
-        mapping={"generation": report.generation, "state": "rebuilding", "run_id": run_id},
-    )
+    markers = [shard.epoch for shard in ctx.keys.every_shard]
+    runs = run_ids(ctx.redis, markers)
+    pipe = ctx.redis.pipeline(transaction=False)
+    for key, run_id in zip(markers, runs, strict=True):
+        pipe.hset(
+            key, mapping={"generation": report.generation, "state": "rebuilding", "run_id": run_id}
+        )
+    pipe.execute()
+    report.other_layout_keys_removed = remove_other_layouts(conversations)
     # 1. Conversations first: a response accepted meanwhile joins the order rebuilt.
     with engine.connect() as conn:
         rows = conn.execute(sql("rebuild_conversation_rows")).all()
@@ -175,8 +208,11 @@ def _rebuild(
     # 3. Push deliveries that were on the broker.
     with engine.begin() as conn:
         report.deliveries_due = len(conn.execute(sql("rebuild_deliveries_due")).all())
-    report.marked_ready = bool(
-        ctx.scripts.run("epoch_ready", [EPOCH_KEY], [report.generation, run_id])
+    report.marked_ready = all(
+        [
+            bool(ctx.scripts.run("epoch_ready", [key], [report.generation, run_id]))
+            for key, run_id in zip(markers, runs, strict=True)
+        ]
     )
     # Drains start once Redis is whole: until then a drain claims nothing (advance.lua:
     # REBUILDING), so a response accepted meanwhile cannot overtake older ones.
@@ -184,3 +220,25 @@ def _rebuild(
         if wake(ctx, cid, enqueue_drain):
             report.drains_started.append(cid)
     report.done = True
+
+
+def remove_other_layouts(conversations: Conversations) -> int:
+    """Remove the keys under the conversation prefix that are not of this key layout (an
+    orderly before shards, another shard count), and the unsharded marker. Their content is
+    rebuilt from PostgreSQL in this layout; left alone, their waits would still wake and
+    expire conversations. Returns how many keys went."""
+    client = conversations.ctx.redis
+    keys = conversations.keys
+    removed = 0
+    batch: list[str] = []
+    start = len(keys.prefix) + 1
+    for raw in client.scan_iter(match=f"{keys.prefix}:*", count=1000):
+        key = as_text(raw)
+        if not key.startswith(keys.layout) and _CONVERSATION_KEY.match(key[start:]):
+            batch.append(key)
+        if len(batch) >= PAGE:
+            removed += int(client.delete(*batch))
+            batch = []
+    if batch:
+        removed += int(client.delete(*batch))
+    return removed + int(client.delete(UNSHARDED_EPOCH_KEY))

@@ -19,6 +19,7 @@ from worker import configuration, nodes
 from worker.channels import ChannelDirectory
 from worker.configuration import ConfigReader
 from worker.conversations import Conversations
+from worker.core.clients import OrderingRedis, ordering_client
 from worker.core.clock import SYSTEM, Clock
 from worker.core.http import HttpOptions, OutboundHttp
 from worker.core.limits import TimeLimits
@@ -118,6 +119,16 @@ class Runtime:
         )
 
     @cached_property
+    def ordering_redis(self) -> OrderingRedis:
+        """The conversations' ordering structures: ORDERLY_REDIS_URL's Redis, or the Redis
+        Cluster of ORDERLY_REDIS_CLUSTER_NODES when ORDERLY_REDIS_CLUSTER is set (the broker,
+        tracking and the wake key stay on ORDERLY_REDIS_URL)."""
+        s = self.settings
+        if not s.redis_cluster:
+            return self.redis
+        return ordering_client(s.redis_url, s.cluster_nodes, s.connect_timeout_s)
+
+    @cached_property
     def tracking_redis(self) -> Redis:
         """serviceRedis: the tracking keys' Redis (the same client when it is not separate)."""
         if self.settings.track_redis_url is None:
@@ -165,7 +176,7 @@ class Runtime:
     def conversations(self) -> Conversations:
         return Conversations(
             self.engine,
-            self.redis,
+            self.ordering_redis,
             self.settings,
             node_id=self.node_id,
             channels=self.channels,

@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 
 from api.console.render import page
 from api.console.session import Refused, Signed
-from models.keys import BridgeKeys
 from worker import observe, operations
 from worker.conversations.model import check_conversation_id
 from worker.core.clock import now_ms
@@ -37,9 +36,11 @@ async def conversation_list(request: Request, viewer: Signed) -> Response:
     runtime: Runtime = request.app.state.runtime
     if wanted := request.query_params.get("id", "").strip():
         return RedirectResponse(f"/console/conversations/{quote(wanted, safe='')}", 303)
-    keys = BridgeKeys(runtime.settings.bridge_prefix)
+    keys = runtime.settings.bridge_keys
     found = await run_in_threadpool(
-        functools.partial(observe.open_conversations, runtime.redis, keys, now_ms(runtime.clock))
+        functools.partial(
+            observe.open_conversations, runtime.ordering_redis, keys, now_ms(runtime.clock)
+        )
     )
     found.sort(key=lambda c: (_ORDER[c.reason], c.conversation_id))
     total, blocked = len(found), sum(1 for c in found if c.reason is not None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 from sqlalchemy import Engine
 
 from models.keys import BridgeKeys
@@ -43,8 +42,9 @@ from worker.conversations.model import (
     Sender,
     SendResult,
 )
+from worker.core.clients import OrderingRedis
 from worker.core.clock import SYSTEM, Clock
-from worker.core.due import RedisDueSet
+from worker.core.due import ShardedDueSets
 from worker.settings import Settings
 
 __all__ = [
@@ -77,7 +77,7 @@ class Conversations:
     def __init__(
         self,
         engine: Engine,
-        client: redis.Redis,
+        client: OrderingRedis,
         settings: Settings,
         *,
         node_id: int,
@@ -126,8 +126,8 @@ class Conversations:
     def partial_metrics(self) -> dict[str, int]:
         return agent.partial_metrics(self.ctx)
 
-    def wakes(self, enqueue: Enqueue) -> RedisDueSet:
-        """Conversations whose wait has run out, as due work for the ticker."""
+    def wakes(self, enqueue: Enqueue) -> ShardedDueSets:
+        """Conversations whose wait has run out (every shard's), as due work for the ticker."""
         return agent.wakes(self.ctx, enqueue)
 
     def awaited_turn(self, enqueue: Enqueue) -> AgentReport:

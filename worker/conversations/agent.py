@@ -1,9 +1,10 @@
 """Waking conversations and the awaited agent (the seed's Awaited Messages Agent).
 
 A drain that must wait (a retry's backoff, an ACK deadline, an expiring head request) leaves
-a wake-up time in the ``scheduled`` due set; :func:`wakes` is that set as due work, handed to
-the ticker. The awaited agent takes up responses whose attempts ran out (AWAITED), or whose
-sender died, from ``pendingMessages``, and expires those past AWAITED_MESSAGE_TTL.
+a wake-up time in its shard's ``scheduled`` due set; :func:`wakes` is every shard's set as one
+source of due work, handed to the ticker. The awaited agent takes up responses whose attempts
+ran out (AWAITED), or whose sender died, from each shard's ``pendingMessages``, and expires
+those past AWAITED_MESSAGE_TTL.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import json
 import logging
 from typing import Any
 
+from models.keys import ShardKeys
 from worker.conversations.context import Context
 from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
-from worker.core.due import RedisDueSet
+from worker.core.due import RedisDueSet, ShardedDueSets
 from worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
 from worker.core.scripts import as_text
 from worker.store.queries import sql
@@ -36,31 +38,43 @@ def wake(ctx: Context, conversation_id: str, enqueue: Enqueue) -> bool:
     return True
 
 
-def wakes(ctx: Context, enqueue: Enqueue) -> RedisDueSet:
-    """The conversations whose wait has run out, as due work: each one is woken."""
+def wakes(ctx: Context, enqueue: Enqueue) -> ShardedDueSets:
+    """The conversations whose wait has run out, as due work: each one is woken. One due set
+    per shard (its ``scheduled`` and ``scheduled:leased``), walked as one source."""
 
     def hand_off(conversation_ids: list[str]) -> None:
         for cid in conversation_ids:
             wake(ctx, cid, enqueue)
 
-    return RedisDueSet(
-        "conversation-wakes",
-        ctx.scripts,
-        ctx.keys.scheduled,
-        ctx.keys.scheduled_leased,
-        hand_off,
-        batch=100,
-        clock=ctx.clock,
-    )
+    sets = [
+        RedisDueSet(
+            f"conversation-wakes:{shard.number}",
+            ctx.scripts,
+            shard.scheduled,
+            shard.scheduled_leased,
+            hand_off,
+            clock=ctx.clock,
+        )
+        for shard in ctx.keys.every_shard
+    ]
+
+    def shard_of(cid: str) -> int:
+        return ctx.keys.shard(cid).number
+
+    return ShardedDueSets("conversation-wakes", sets, shard_of, hand_off, batch=100)
 
 
 def release_dead_drains(ctx: Context) -> int:
     """Drains whose worker died, found by the PostgreSQL connection each holds: their leases
     are freed and their conversations woken at once (the head in flight is claimed again and
     its death counted). Entries of drains that ended by raising are dropped once their lease
-    has run out. Returns how many drains were released."""
+    has run out. Every shard's running drains are looked at (one pipelined read). Returns how
+    many drains were released."""
     k = ctx.keys
-    running = {as_text(c): as_text(v) for c, v in ctx.redis.hgetall(k.drains).items()}
+    pipe = ctx.redis.pipeline(transaction=False)
+    for shard in k.every_shard:
+        pipe.hgetall(shard.drains)
+    running = {as_text(c): as_text(v) for found in pipe.execute() for c, v in found.items()}
     if not running:
         return 0
     holders: dict[str, tuple[int, int]] = {}
@@ -83,11 +97,12 @@ def release_dead_drains(ctx: Context) -> int:
             died = "forget"  # a drain that ended by raising, its lease run out since
         else:
             continue
+        shard = k.shard(cid)
         released += int(
             ctx.scripts.run(
                 "drain_release",
-                [k.drains, k.drain_lease(cid), k.scheduled, k.response_list(cid)],
-                [cid, running[cid], now, died, k.response_prefix, ctx.settings.message_ttl],
+                [shard.drains, k.drain_lease(cid), shard.scheduled, k.response_list(cid)],
+                [cid, running[cid], now, died, shard.response_prefix, ctx.settings.message_ttl],
             )
         )
     return released
@@ -105,7 +120,7 @@ def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
     responses = []
     for member in ctx.redis.zrange(k.response_list(conversation_id), 0, -1):
         info = json.loads(as_text(member))
-        fields = ctx.redis.hgetall(k.response(info["rsId"]))
+        fields = ctx.redis.hgetall(k.response(conversation_id, info["rsId"]))
         view = {as_text(f): as_text(v) for f, v in fields.items() if f != b"taskItem"}
         responses.append(view or {"responseId": info["rsId"], "status": "GONE"})
     return {
@@ -117,31 +132,56 @@ def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
 
 
 def partial_metrics(ctx: Context) -> dict[str, int]:
-    """The queue's figures now (AURA_LOGGING_EXTRA_TIME_METRICS logs them periodically)."""
-    k = ctx.keys
+    """The queue's figures now, summed over the shards (AURA_LOGGING_EXTRA_TIME_METRICS logs
+    them periodically)."""
     pipe = ctx.redis.pipeline(transaction=False)
-    pipe.zcard(k.pending_messages)
-    pipe.zcount(k.pending_messages, "-inf", ctx.now_ms())
-    pipe.zcard(k.scheduled)
-    pending, due, scheduled = pipe.execute()
-    return {"pending_messages": pending, "awaited_due": due, "scheduled": scheduled}
+    now = ctx.now_ms()
+    for shard in ctx.keys.every_shard:
+        pipe.zcard(shard.pending_messages)
+        pipe.zcount(shard.pending_messages, "-inf", now)
+        pipe.zcard(shard.scheduled)
+    found = [int(n) for n in pipe.execute()]
+    return {
+        "pending_messages": sum(found[0::3]),
+        "awaited_due": sum(found[1::3]),
+        "scheduled": sum(found[2::3]),
+    }
 
 
 def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
-    """The awaited agent's turn: re-queue due AWAITED and stuck messages, expire old ones."""
+    """The awaited agent's turn: re-queue due AWAITED and stuck messages, expire old ones.
+
+    The turn walks every shard's pendingMessages with one budget (AWAITED_MESSAGES_BY_TURN),
+    starting one shard further each turn."""
+    report = AgentReport()
+    shards = ctx.keys.every_shard
+    start, ctx.awaited_from = ctx.awaited_from, (ctx.awaited_from + 1) % len(shards)
+    budget = ctx.settings.awaited_messages_by_turn
+    for n in range(len(shards)):
+        if report.taken >= budget:
+            break
+        shard = shards[(start + n) % len(shards)]
+        _awaited_shard(ctx, shard, budget - report.taken, enqueue, report)
+    ttl_s = ctx.settings.awaited_message_ttl / 1000
+    with ctx.pg() as conn:
+        conn.run("conv_expire_responses", ttl_s)
+        report.swept = conn.rowcount()
+        conn.run("conv_close_requests", ttl_s)
+    return report
+
+
+def _awaited_shard(
+    ctx: Context, shard: ShardKeys, budget: int, enqueue: Enqueue, report: AgentReport
+) -> None:
+    """One shard's part of the awaited agent's turn (awaited.lua on its pendingMessages)."""
     k = ctx.keys
     raw = ctx.scripts.run(
         "awaited",
-        [k.pending_messages],
-        [
-            ctx.now_ms(),
-            ctx.settings.awaited_messages_by_turn,
-            k.response_prefix,
-            ctx.awaited_step_ms,
-        ],
+        [shard.pending_messages],
+        [ctx.now_ms(), budget, shard.response_prefix, ctx.awaited_step_ms],
     )
     taken = json.loads(raw)
-    report = AgentReport(taken=int(taken.get("taken", 0)))
+    report.taken += int(taken.get("taken", 0))
     vanished = json_list(taken.get("vanished"))
     expired = json_list(taken.get("expired"))
     if vanished:
@@ -152,19 +192,19 @@ def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
                 ERROR_EXPIRED,
                 "AWAITED_MESSAGE_TTL spent before delivery",
             )
-        report.vanished = len(vanished)
+        report.vanished += len(vanished)
     for member, cid, status in expired:
         rid = json.loads(member)["rsId"]
         done = ctx.scripts.run(
             "expire",
             [
-                k.response(rid),
+                shard.response(rid),
                 k.response_list(cid),
-                k.pending_messages,
+                shard.pending_messages,
                 k.request_list(cid),
                 k.request_seq(cid),
             ],
-            [member, k.request_prefix, k.async_request("")],
+            [member, shard.request_prefix, shard.async_prefix],
         )
         ids = [int(i) for i in done if i]
         if ids and status == "SENT":
@@ -180,9 +220,3 @@ def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
     for cid in json_list(taken.get("wake")):
         if wake(ctx, cid, enqueue):
             report.woken.append(cid)
-    ttl_s = ctx.settings.awaited_message_ttl / 1000
-    with ctx.pg() as conn:
-        conn.run("conv_expire_responses", ttl_s)
-        report.swept = conn.rowcount()
-        conn.run("conv_close_requests", ttl_s)
-    return report

@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import redis
 from sqlalchemy import Engine
 
 from models.keys import BridgeKeys
 from worker.channels import ChannelDirectory
+from worker.core.clients import OrderingRedis
 from worker.core.clock import Clock, now_ms
 from worker.core.scripts import Scripts
 from worker.settings import Settings
@@ -21,17 +21,20 @@ from worker.store.prepared import PreparedConnection, prepared_connection
 @dataclass
 class Context:
     engine: Engine
-    redis: redis.Redis
+    redis: OrderingRedis  # a plain Redis or a Redis Cluster (worker.core.clients)
     settings: Settings
     node_id: int
     channels: ChannelDirectory
     clock: Clock
     scripts: Scripts = field(init=False)
     keys: BridgeKeys = field(init=False)
+    # The shard the awaited agent's next turn starts with: turns go round the shards, so a
+    # turn's budget (AWAITED_MESSAGES_BY_TURN) reaches every shard in time.
+    awaited_from: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.scripts = Scripts(self.redis)
-        self.keys = BridgeKeys(self.settings.bridge_prefix)
+        self.keys = self.settings.bridge_keys
 
     @contextlib.contextmanager
     def pg(self) -> Iterator[PreparedConnection]:

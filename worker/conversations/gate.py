@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from models.keys import EPOCH_KEY
+from models.keys import ShardKeys
 from worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
 from worker.conversations.context import Context
 from worker.conversations.model import (
@@ -51,17 +51,18 @@ def _advance(
     holder_pid: int | None = None,
 ) -> dict[str, Any]:
     k = ctx.keys
+    shard = k.shard(conversation_id)
     raw = ctx.scripts.run(
         "advance",
         [
             k.request_list(conversation_id),
             k.response_list(conversation_id),
-            k.pending_messages,
+            shard.pending_messages,
             k.drain_lease(conversation_id),
-            k.scheduled,
+            shard.scheduled,
             k.request_seq(conversation_id),
-            k.drains,
-            EPOCH_KEY,
+            shard.drains,
+            shard.epoch,
         ],
         [
             mode,
@@ -70,9 +71,9 @@ def _advance(
             ctx.lease_ms,
             ctx.inflight_ms,
             ctx.settings.sent_message_ttl,
-            k.request_prefix,
-            k.response_prefix,
-            k.async_request(""),
+            shard.request_prefix,
+            shard.response_prefix,
+            shard.async_prefix,
             check_response,
             *outcome,
             ctx.settings.message_ttl,
@@ -247,7 +248,7 @@ def _check_ack_token(ctx: Context, info: dict[str, Any], token: str) -> None:
         )
     if not ACK_TOKEN_FORM.fullmatch(token):
         raise Unauthenticated("not an ACK token of orderly's", ACK_TOKEN_HEADER)
-    origin = ctx.redis.hget(ctx.keys.response(info["rsId"]), "origin")
+    origin = ctx.redis.hget(ctx.keys.response(info["cnId"], info["rsId"]), "origin")
     try:
         secret = ctx.channels.get(as_text(origin)).ack_secret if origin else ""
     except UnknownChannel:
@@ -263,37 +264,39 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
         _check_ack_token(ctx, {}, token)  # refused before any lookup
     if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
         raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
-    k = ctx.keys
-    raw = ctx.redis.get(k.async_request(async_response_id))
+    found = _find_ack(ctx, async_response_id)
     for pause in ACK_GRACE_S:
-        if raw is not None:
+        if found is not None:
             break
         # A client may ACK before the worker has recorded its 202: wait a moment.
         time.sleep(pause)
-        raw = ctx.redis.get(k.async_request(async_response_id))
-    if raw is None:
+        found = _find_ack(ctx, async_response_id)
+    if found is None:
         raise UnknownAck(async_response_id)
-    member = as_text(raw)
+    shard, member = found
     info = json.loads(member)
     if token is not None:
         _check_ack_token(ctx, info, token)
     cid = info["cnId"]
+    k = ctx.keys
     token = new_token()
+    # The member read above names the conversation, so its shard; the script checks again,
+    # atomically in that shard's slot, that the ACK key still holds it.
     result = ctx.scripts.run(
         "ack",
         [
-            k.async_request(async_response_id),
-            k.response(info["rsId"]),
+            shard.async_request(async_response_id),
+            shard.response(info["rsId"]),
             k.response_list(cid),
-            k.pending_messages,
+            shard.pending_messages,
             k.request_list(cid),
             k.request_seq(cid),
             k.drain_lease(cid),
         ],
         [
             member,
-            k.request_prefix,
-            k.async_request(""),
+            shard.request_prefix,
+            shard.async_prefix,
             token,
             ctx.lease_ms,
             async_response_id,
@@ -306,3 +309,32 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     if taken:
         enqueue(cid, token)
     return msg_id
+
+
+def _find_ack(ctx: Context, async_response_id: str) -> tuple[ShardKeys, str] | None:
+    """The shard whose ACK key holds ``async_response_id``, and the MinMessageInfo it holds.
+
+    The id is the client's own (its 202's asyncResponseId): it names no conversation, so every
+    shard's key is read, in one pipelined round trip (one per node of a cluster). Two shards
+    hold it only when a client gave two responses the same id; the one waiting longest (the
+    least of its SENT_MESSAGE_TTL left) takes the ACK, as on one shard the first keeps it.
+    """
+    shards = ctx.keys.every_shard
+    pipe = ctx.redis.pipeline(transaction=False)
+    for shard in shards:
+        pipe.get(shard.async_request(async_response_id))
+        pipe.pttl(shard.async_request(async_response_id))
+    raw = pipe.execute()
+    found = [
+        (int(raw[2 * n + 1]), n, as_text(raw[2 * n]))
+        for n in range(len(shards))
+        if raw[2 * n] is not None
+    ]
+    if not found:
+        return None
+    if len(found) > 1:
+        log.warning(
+            "ACK id %r is held in %d shards: the oldest takes it", async_response_id, len(found)
+        )
+    _, n, member = min(found)
+    return shards[n], member

@@ -79,7 +79,7 @@ def _register_in_redis(
     ctx.scripts.run(
         "register_request",
         [
-            k.request(request_id),
+            k.request(conversation_id, request_id),
             k.request_list(conversation_id),
             k.request_seq(conversation_id),
         ],
@@ -137,13 +137,14 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
     token = new_token()
     k = ctx.keys
+    shard = k.shard(conversation_id)
     code, taken, late_ms = ctx.scripts.run(
         "add_response",
         [
-            k.request(res.request_id),
-            k.response(res.response_id),
+            shard.request(res.request_id),
+            shard.response(res.response_id),
             k.response_list(conversation_id),
-            k.pending_messages,
+            shard.pending_messages,
             k.request_list(conversation_id),
             k.request_seq(conversation_id),
             k.drain_lease(conversation_id),

@@ -32,9 +32,9 @@ MAX_ASYNC_ID = 255
 # . _ ~ @ + = - only (no ':' that could reach another key, nothing a header cannot carry).
 ID_PATTERN = r"^[A-Za-z0-9._~@+=-]{1,100}$"
 _ID_RE = re.compile(ID_PATTERN)
-# Conversation ids that would name one of the shared keys (bridge:queue:pendingMessages, ...).
+# Conversation ids that would name one of a shard's keys (<shard>:pendingMessages, ...).
 RESERVED_CONVERSATION_IDS = frozenset(
-    {"req", "res", "asyncRequest", "pendingMessages", "scheduled", "drains"}
+    {"req", "res", "asyncRequest", "pendingMessages", "scheduled", "drains", "epoch"}
 )
 ID_RULE = "1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -"
 

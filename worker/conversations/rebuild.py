@@ -182,10 +182,17 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
                 for g in groups
             ]
         }
+        shard = k.shard(cid)
         created, queued = ctx.scripts.run(
             "rebuild_conversation",
-            [k.request_list(cid), k.response_list(cid), k.pending_messages, k.request_seq(cid)],
-            [json.dumps(data), k.request_prefix, k.response_prefix, k.async_request(""), keep_ms],
+            [k.request_list(cid), k.response_list(cid), shard.pending_messages, k.request_seq(cid)],
+            [
+                json.dumps(data),
+                shard.request_prefix,
+                shard.response_prefix,
+                shard.async_prefix,
+                keep_ms,
+            ],
         )
         report.conversations += 1
         report.keys_created += int(created)

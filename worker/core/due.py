@@ -125,6 +125,45 @@ class RedisDueSet:
             )
 
 
+@dataclass
+class ShardedDueSets:
+    """One due source over several :class:`RedisDueSet` (one per shard of a Redis Cluster
+    key layout, each set and its leased set under one hash tag): taking walks the sets,
+    starting one further each time so that a limit reached early favours no set; an item
+    is settled or released in the set ``shard_of`` names for it."""
+
+    name: str
+    sets: Sequence[RedisDueSet]
+    shard_of: Callable[[Any], int]
+    hand_off: Callable[[list[Any]], None]
+    batch: int = 100
+    _start: int = field(default=0, repr=False)
+
+    def take(self, limit: int) -> list[Any]:
+        taken: list[Any] = []
+        count = len(self.sets)
+        start, self._start = self._start, (self._start + 1) % count
+        for n in range(count):
+            if len(taken) >= limit:
+                break
+            taken += self.sets[(start + n) % count].take(limit - len(taken))
+        return taken
+
+    def _by_set(self, items: list[Any]) -> dict[int, list[Any]]:
+        parts: dict[int, list[Any]] = {}
+        for item in items:
+            parts.setdefault(self.shard_of(item), []).append(item)
+        return parts
+
+    def settle(self, items: list[Any]) -> None:
+        for shard, part in self._by_set(items).items():
+            self.sets[shard].settle(part)
+
+    def release(self, items: list[Any]) -> None:
+        for shard, part in self._by_set(items).items():
+            self.sets[shard].release(part)
+
+
 @dataclass(frozen=True)
 class Job:
     """Periodic work that is not a due set (an agent's turn): run every ``every_s``, the first

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from worker.core.clients import OrderingRedis
 from worker.core.errors import from_script_error
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -63,7 +64,7 @@ def as_text(value: Any) -> str:
 class Scripts:
     """Registered scripts of one Redis client: ``scripts.run("advance", keys, args)``."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: OrderingRedis) -> None:
         self.client = client
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from models.keys import DEFAULT_SHARDS, BridgeKeys
 from worker.settings._base import Section, queue_var
 
 
@@ -42,6 +43,15 @@ class ConversationSettings(Section):
         validation_alias="ORDERLY_BRIDGE_PREFIX",
         description="Prefix of every conversation key in Redis (the seed's bridge:queue).",
     )
+    redis_shards: int = Field(
+        DEFAULT_SHARDS,
+        ge=1,
+        le=1024,
+        validation_alias="ORDERLY_REDIS_SHARDS",
+        description="Shards of the conversation keys: each has its own pendingMessages, "
+        "scheduled and drains under one Redis Cluster hash tag. A change is a rebuild from "
+        "PostgreSQL (beat's redis-watch starts it; see docs/redis-cluster.md).",
+    )
     drain_batch: int = Field(
         100,
         ge=1,
@@ -65,10 +75,28 @@ class ConversationSettings(Section):
         5_000, ge=0, validation_alias=queue_var("AWAITED_TIME_WHEN_RETRIES_END")
     )
     check_queue_interval: int = Field(
-        1_000, ge=1, validation_alias=queue_var("CHECK_QUEUE_INTERVAL")
+        1_000,
+        ge=1,
+        le=3_600_000,
+        validation_alias=queue_var("CHECK_QUEUE_INTERVAL"),
+        description="Beat's wait after a turn that found no due work (INTERVAL after one that "
+        "found some); at least INTERVAL.",
     )
-    concurrent: int = Field(25, ge=1, validation_alias=queue_var("CONCURRENT"))
-    concurrent_factor: int = Field(2, ge=1, validation_alias=queue_var("CONCURRENT_FACTOR"))
+    concurrent: int = Field(
+        25,
+        ge=1,
+        le=1000,
+        validation_alias=queue_var("CONCURRENT"),
+        description="Tasks a worker runs at once: its pool processes (`--concurrency` wins).",
+    )
+    concurrent_factor: int = Field(
+        2,
+        ge=1,
+        le=100,
+        validation_alias=queue_var("CONCURRENT_FACTOR"),
+        description="A worker holds at most CONCURRENT * FACTOR tasks from the broker "
+        "(running and reserved): Celery's prefetch multiplier.",
+    )
     interval: int = Field(200, ge=1, validation_alias=queue_var("INTERVAL"))
     max_pending_ttl: int = Field(30_000, ge=1, validation_alias=queue_var("MAX_PENDING_TTL"))
     max_pending_ttl_margin: int = Field(
@@ -86,6 +114,28 @@ class ConversationSettings(Section):
     logging_extra_time_metrics: bool = Field(
         False, validation_alias="AURA_LOGGING_EXTRA_TIME_METRICS"
     )
+
+    @field_validator("bridge_prefix")
+    @classmethod
+    def _no_hash_tag(cls, value: str) -> str:
+        if "{" in value or "}" in value:
+            raise ValueError("may not contain { or }: the keys' Redis Cluster hash tag follows it")
+        return value
+
+    @property
+    def bridge_keys(self) -> BridgeKeys:
+        """The conversation keys of this prefix and shard count."""
+        return BridgeKeys(self.bridge_prefix, self.redis_shards)
+
+    @model_validator(mode="after")
+    def _idle_not_shorter(self) -> ConversationSettings:
+        if self.check_queue_interval < self.interval:
+            raise ValueError(
+                "AURA_QUEUE_MANAGER_CHECK_QUEUE_INTERVAL (the idle wait) may not be shorter "
+                f"than AURA_QUEUE_MANAGER_INTERVAL (the busy one): {self.check_queue_interval} "
+                f"< {self.interval}"
+            )
+        return self
 
     @field_validator("queue_database")
     @classmethod

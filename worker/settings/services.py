@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from worker.settings._base import Section
 
@@ -26,6 +26,19 @@ class ServiceSettings(Section):
         None,
         validation_alias="ORDERLY_BROKER_URL",
         description="Celery broker URL (defaults to ORDERLY_REDIS_URL).",
+    )
+    redis_cluster: bool = Field(
+        False,
+        validation_alias="ORDERLY_REDIS_CLUSTER",
+        description="The conversations' ordering structures on a Redis Cluster "
+        "(ORDERLY_REDIS_CLUSTER_NODES); the broker, tracking and the wake key stay on "
+        "ORDERLY_REDIS_URL.",
+    )
+    redis_cluster_nodes: str = Field(
+        "",
+        validation_alias="ORDERLY_REDIS_CLUSTER_NODES",
+        description="Comma-separated host:port startup nodes of the Redis Cluster (required "
+        "with ORDERLY_REDIS_CLUSTER=true); the client learns the others from them.",
     )
 
     node_code: str = Field(
@@ -165,6 +178,33 @@ class ServiceSettings(Section):
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis:// URL")
         return value
+
+    @field_validator("redis_cluster_nodes")
+    @classmethod
+    def _host_ports(cls, value: str) -> str:
+        for node in (n.strip() for n in value.split(",") if n.strip()):
+            host, sep, port = node.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{node!r} is not host:port (a port 1..65535)")
+        return value
+
+    @model_validator(mode="after")
+    def _cluster_has_nodes(self) -> ServiceSettings:
+        if self.redis_cluster and not self.cluster_nodes:
+            raise ValueError(
+                "ORDERLY_REDIS_CLUSTER=true needs ORDERLY_REDIS_CLUSTER_NODES "
+                "(host:port of one or more cluster nodes)"
+            )
+        return self
+
+    @property
+    def cluster_nodes(self) -> list[tuple[str, int]]:
+        """ORDERLY_REDIS_CLUSTER_NODES as (host, port) pairs."""
+        found = []
+        for node in (n.strip() for n in self.redis_cluster_nodes.split(",") if n.strip()):
+            host, _, port = node.rpartition(":")
+            found.append((host, int(port)))
+        return found
 
     @property
     def effective_broker_url(self) -> str:
