@@ -27,26 +27,28 @@ BENCH_DB = os.environ.get("ORDERLY_BENCH_REPORT_DATABASE", "orderly_bench_report
 SEED = 20261123
 
 
-def _urls() -> tuple[str, str]:
+def _urls(name: str) -> tuple[str, str]:
     base = os.environ.get("ORDERLY_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1/x")
     root = base.rsplit("/", 1)[0]
-    return root + "/postgres", root + f"/{BENCH_DB}"
+    return root + "/postgres", root + f"/{name}"
 
 
 def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
+    """The database of ``messages`` generated messages (one database per size, kept)."""
     from sqlalchemy import create_engine, text
 
     from tooling.generate import generate
     from worker.store import schema
 
-    admin_url, url = _urls()
+    name = f"{BENCH_DB}_{messages}"
+    admin_url, url = _urls(name)
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": BENCH_DB}
+            text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
         ).first()
         if not exists:
-            conn.execute(text(f'CREATE DATABASE "{BENCH_DB}"'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
     schema.upgrade(url)
     engine = create_engine(url)
@@ -63,11 +65,15 @@ def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
         t0 = time.monotonic()
         made = generate(engine, messages, seed=SEED, days=30)
         took = time.monotonic() - t0
-        print(f"generated {made.total_rows:,} rows ({messages:,} messages) in {took:.1f}s")
         with engine.connect() as conn:
             conn.execute(text("ANALYZE"))
+            size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+        print(
+            f"generated {made.total_rows:,} rows ({messages:,} messages) in {took:.1f}s; "
+            f"{name}: {size / 1e9:.2f} GB"
+        )
     else:
-        print(f"reusing {have:,} generated messages in {BENCH_DB}")
+        print(f"reusing {have:,} generated messages in {name}")
     return url, engine
 
 

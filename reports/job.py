@@ -12,7 +12,8 @@ import csv
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
 from reports.data import AggregateRows, ReportData
-from reports.source import Jdbc, ReportError, Table, guarded, read, spark_session
+from reports.source import Jdbc, ReportError, Table, guarded, read, spans, spark_session
 from worker.settings import Settings, get_settings
 
 # Spark jobs submitted at once from the driver (reads, aggregates, writes).
@@ -71,34 +72,68 @@ def _sort_key(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
 
 
 def compute(
-    spark: Any, jdbc: Jdbc, since: datetime | None, until: datetime | None
+    spark: Any,
+    jdbc: Jdbc,
+    since: datetime | None,
+    until: datetime | None,
+    parquet: Path | None = None,
+    done: Callable[[AggregateRows], None] | None = None,
 ) -> tuple[list[AggregateRows], dict[str, int]]:
-    """Every aggregate's rows (sorted), and the rows read per table."""
+    """Every aggregate's rows (sorted), and the rows read per table.
+
+    The jobs: one for the key spans of every partitioned read, one that reads every table
+    into memory (its ranges as parallel tasks), then the aggregates over the cached tables,
+    ``PARALLEL_JOBS`` at a time (a small job is mostly scheduling latency, which overlaps).
+    With ``parquet``, each aggregate is written there from its computed (cached) frame; each
+    aggregate's rows go to ``done`` as soon as they are there (the charts start early).
+    """
     lo, hi = _iso(since), _iso(until)
+    spans_of = spans(spark, jdbc, [t for t in TABLES if t.partitioned], lo, hi)
 
     def load(table: Table) -> Any:
-        return read(spark, jdbc, table, lo, hi)
+        return read(spark, jdbc, table, lo, hi, spans_of.get(table.name, (None, None)))
 
     frames = Frames(load)
     try:
-        # Each table is read once (in parallel), then the aggregates run as concurrent jobs:
-        # most of a small Spark job is scheduling latency, which overlaps well.
+        read_rows = frames.materialize()
         with ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
-            counts = list(pool.map(lambda t: int(guarded(frames[t].count)), TABLES))
-            read_rows = {t.name: n for t, n in zip(TABLES, counts, strict=True)}
-            results = list(pool.map(lambda a: _rows_of(a, frames), AGGREGATES))
+            results = list(pool.map(lambda a: _rows_of(a, frames, parquet, done), AGGREGATES))
     finally:
         frames.release()
     return results, read_rows
 
 
-def _rows_of(aggregate: Aggregate, frames: Frames) -> AggregateRows:
+def _rows_of(
+    aggregate: Aggregate,
+    frames: Frames,
+    parquet: Path | None,
+    done: Callable[[AggregateRows], None] | None,
+) -> AggregateRows:
     frame = aggregate.spark(frames).select(*aggregate.columns)
-    rows = [{c: _plain(v) for c, v in r.asDict().items()} for r in guarded(frame.collect)]
+    types = {f.name: _kind(f.dataType.simpleString()) for f in frame.schema.fields}
+    if parquet is not None:
+        # Typed as the CSV and the report tables are; computed once, written and collected.
+        from pyspark.sql import functions as F
+
+        frame = frame.select(*(F.col(c).cast(_SPARK_TYPES[types[c]]).alias(c) for c in types))
+        frame = frame.cache()
+    try:
+        rows = [{c: _plain(v) for c, v in r.asDict().items()} for r in guarded(frame.collect)]
+        if parquet is not None:
+            target = str(parquet / aggregate.name)
+            guarded(frame.coalesce(1).write.mode("overwrite").parquet, target)
+    finally:
+        if parquet is not None:
+            frame.unpersist()
     columns = aggregate.columns
     rows.sort(key=lambda r: _sort_key(r, columns))
-    types = {f.name: _kind(f.dataType.simpleString()) for f in frame.schema.fields}
-    return AggregateRows(aggregate.name, aggregate.title, columns, rows, types)
+    result = AggregateRows(aggregate.name, aggregate.title, columns, rows, types)
+    if done is not None:
+        done(result)
+    return result
+
+
+_SPARK_TYPES = {"long": "bigint", "double": "double", "string": "string"}
 
 
 def _kind(spark_type: str) -> str:
@@ -109,8 +144,8 @@ def _kind(spark_type: str) -> str:
     return "string"  # text, and timestamps as ISO text
 
 
-def write_outputs(spark: Any, data: ReportData, folder: Path) -> None:
-    """CSV (with a header, also when empty) and Parquet per aggregate."""
+def write_csv(data: ReportData, folder: Path) -> None:
+    """CSV per aggregate, with a header also when empty."""
     for aggregate in data.aggregates:
         csv_path = folder / "csv" / f"{aggregate.name}.csv"
         csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,33 +153,6 @@ def write_outputs(spark: Any, data: ReportData, folder: Path) -> None:
             writer = csv.DictWriter(out, fieldnames=list(aggregate.columns))
             writer.writeheader()
             writer.writerows(aggregate.rows)
-    frames = _frames_of(spark, data)
-
-    def parquet(item: tuple[str, Any]) -> None:
-        name, frame = item
-        guarded(frame.coalesce(1).write.mode("overwrite").parquet, str(folder / "parquet" / name))
-
-    with ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
-        list(pool.map(parquet, frames.items()))
-
-
-def _frames_of(spark: Any, data: ReportData) -> dict[str, Any]:
-    """The aggregates as (small) Spark frames again, typed as Spark computed them."""
-    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
-
-    spark_types = {"long": LongType(), "double": DoubleType(), "string": StringType()}
-    frames = {}
-    for aggregate in data.aggregates:
-        pairs = [(c, aggregate.types.get(c, "string")) for c in aggregate.columns]
-        schema = StructType([StructField(c, spark_types[k], True) for c, k in pairs])
-        rows = [
-            tuple(
-                None if r[c] is None else float(r[c]) if k == "double" else r[c] for c, k in pairs
-            )
-            for r in aggregate.rows
-        ]
-        frames[aggregate.name] = spark.createDataFrame(rows, schema)
-    return frames
 
 
 _SQL_TYPES = {"long": "bigint", "double": "double precision", "string": "text"}
@@ -250,12 +258,13 @@ def run_report(
     """Run one report. A ``spark`` session given is used and left running (tests, the
     benchmark); otherwise one is started and stopped."""
 
-    settings = settings or get_settings()
     started = time.monotonic()
-    jdbc = Jdbc.from_settings(settings)
-    jdbc.check()
+    # Bad options are named before what the environment lacks (the jar, the server).
     if options.lag < timedelta(0):
         raise ReportError("the lag must not be negative: rows not yet written would be skipped")
+    settings = settings or get_settings()
+    jdbc = Jdbc.from_settings(settings)
+    jdbc.check()
     own_engine = engine is None and (options.incremental or options.to_postgres)
     if engine is None and (options.incremental or options.to_postgres):
         from worker.store.db import engine_for
@@ -276,7 +285,7 @@ def _run(
     spark: Any,
     started: float,
 ) -> ReportResult:
-    from reports.render import write_html
+    from reports.render import chart_html, write_html
 
     since, until = options.since, options.until
     expected = None
@@ -290,28 +299,35 @@ def _run(
     master = options.master or settings.report_master
     run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
     folder = Path(options.output_dir or settings.report_output_dir) / run_id
+    folder.mkdir(parents=True, exist_ok=True)
     own = spark is None
-    if own:
-        spark = spark_session(jdbc, master, settings.report_driver_memory)
-    spark_started = time.monotonic()
-    try:
-        aggregates, read_rows = compute(spark, jdbc, since, until)
-        data = ReportData(
-            run_id=run_id,
-            generated_at=datetime.now(UTC),
-            since=since,
-            until=until,
-            aggregates=aggregates,
-            rows_read=read_rows,
-            seconds=time.monotonic() - spark_started,
-            master=spark.sparkContext.master,
-        )
-        folder.mkdir(parents=True, exist_ok=True)
-        write_outputs(spark, data, folder)
-    finally:
+    # Charts are drawn beside the Spark work, each as soon as its aggregate's rows are there.
+    charts: dict[str, Future[str]] = {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-charts") as drawing:
+
+        def draw(aggregate: AggregateRows) -> None:
+            charts[aggregate.name] = drawing.submit(chart_html, aggregate)
+
         if own:
-            spark.stop()
-    html = write_html(data, folder / "report.html")
+            spark = spark_session(jdbc, master, settings.report_driver_memory)
+        spark_started = time.monotonic()
+        try:
+            aggregates, read_rows = compute(spark, jdbc, since, until, folder / "parquet", draw)
+            data = ReportData(
+                run_id=run_id,
+                generated_at=datetime.now(UTC),
+                since=since,
+                until=until,
+                aggregates=aggregates,
+                rows_read=read_rows,
+                seconds=time.monotonic() - spark_started,
+                master=spark.sparkContext.master,
+            )
+        finally:
+            if own:
+                spark.stop()
+        write_csv(data, folder)
+        html = write_html(data, folder / "report.html", {n: f.result() for n, f in charts.items()})
     if engine is not None and (options.incremental or options.to_postgres):
         # The report tables and the watermark move together, or neither does.
         with engine.begin() as conn:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from html import escape
 from pathlib import Path
@@ -397,7 +397,20 @@ def _table(aggregate: AggregateRows) -> str:
     return f'<div class="scroll">{table}</div>{tail}'
 
 
-def _section(aggregate: AggregateRows) -> str:
+def chart_html(aggregate: AggregateRows) -> str:
+    """The aggregate's chart as an inline image ("" when there is nothing to draw). The
+    slow part of a report's page: the job draws each chart as soon as its rows are there."""
+    if not aggregate.rows or aggregate.name not in CHARTS:
+        return ""
+    try:
+        figure = CHARTS[aggregate.name](aggregate.rows)
+    except (KeyError, TypeError, ValueError) as exc:
+        # One odd aggregate should not cost the whole report: its table still shows.
+        return f'<p class="empty chart-error">no chart: {escape(repr(exc))}</p>'
+    return _png(figure, aggregate.title) if figure is not None else ""
+
+
+def _section(aggregate: AggregateRows, chart: str | None = None) -> str:
     name, rows = aggregate.name, aggregate.rows
     title = f"<h2>{escape(aggregate.title)}<code>{escape(name)}</code></h2>"
     parts = [f'<section id="{escape(name)}">{title}']
@@ -409,19 +422,15 @@ def _section(aggregate: AggregateRows) -> str:
         parts.append(
             _cards([(_label(c), fmt(c, rows[0].get(c)), "", "") for c in aggregate.columns])
         )
-    try:
-        figure = CHARTS[name](rows) if name in CHARTS else None
-    except (KeyError, TypeError, ValueError) as exc:
-        # One odd aggregate should not cost the whole report: its table still shows.
-        parts.append(f'<p class="empty chart-error">no chart: {escape(repr(exc))}</p>')
-    else:
-        parts.append(_png(figure, aggregate.title) if figure is not None else "")
+    parts.append(chart_html(aggregate) if chart is None else chart)
     parts.append(("" if single else _table(aggregate)) + "</section>")
     return "".join(parts)
 
 
-def render_html(report: ReportData) -> str:
-    """The whole report as one HTML document, with nothing to fetch."""
+def render_html(report: ReportData, charts: Mapping[str, str] | None = None) -> str:
+    """The whole report as one HTML document, with nothing to fetch; ``charts`` holds
+    charts already drawn (``chart_html``) by aggregate name, the others are drawn here."""
+    drawn = charts or {}
     window = f"{_when(report.since)} → {_when(report.until)}"
     meta = {
         "window": "all time" if report.since is None and report.until is None else window,
@@ -445,15 +454,17 @@ def render_html(report: ReportData) -> str:
             f'</ul><div class="chips">rows read: {read or "none"}</div></header>',
             _cards(headline(report)),
             f"<nav>{nav}</nav>",
-            *(_section(a) for a in report.aggregates),
+            *(_section(a, drawn.get(a.name)) for a in report.aggregates),
             "</main></body></html>\n",
         ]
     )
 
 
-def write_html(report: ReportData, path: Path | str) -> Path:
+def write_html(
+    report: ReportData, path: Path | str, charts: Mapping[str, str] | None = None
+) -> Path:
     """Writes the page (UTF-8), creating its folder; returns where it went."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_html(report), encoding="utf-8")
+    target.write_text(render_html(report, charts), encoding="utf-8")
     return target

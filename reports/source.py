@@ -96,8 +96,20 @@ def _jdbc_url(db: URL) -> str:
     )
 
 
-def spark_session(jdbc: Jdbc, master: str, driver_memory: str, app: str = "orderly-report") -> Any:
-    """A Spark session that can read PostgreSQL; local runs bind to 127.0.0.1 only."""
+def spark_session(
+    jdbc: Jdbc,
+    master: str,
+    driver_memory: str,
+    app: str = "orderly-report",
+    conf: dict[str, str] | None = None,
+) -> Any:
+    """A Spark session that can read PostgreSQL; local runs bind to 127.0.0.1 only.
+
+    Trimmed for a report's few, short jobs: no web UI, no console progress, shuffles in as
+    many partitions as the reads (adaptive execution merges small ones), the JDBC jar handed
+    to the executors (``spark.jars``: on a cluster they fetch it from the driver). ``conf``
+    adds or overrides settings (e.g. executor memory and cores on a cluster, an event log).
+    """
     jdbc.check()
     from pyspark.sql import SparkSession
 
@@ -130,12 +142,20 @@ def spark_session(jdbc: Jdbc, master: str, driver_memory: str, app: str = "order
         .config("spark.driver.extraJavaOptions", quiet)
         .config("spark.executor.extraJavaOptions", quiet)
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", str(max(2, jdbc.partitions)))
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "true")
+        # Aggregates are small: their results are broadcast, not shuffled, when joined.
+        .config("spark.sql.autoBroadcastJoinThreshold", str(32 * 1024 * 1024))
+        # Parquet outputs: no _SUCCESS marker, no summary files; a Spark-less reader sees
+        # only the data.
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.sql.parquet.compression.codec", "snappy")
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     if local:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
@@ -161,20 +181,26 @@ class Table:
     window_via: str = "{cond}"
 
 
+Span = tuple[int | None, int | None]
+
+
 def read(
     spark: SparkSession,
     jdbc: Jdbc,
     table: Table,
     since: str | None,
     until: str | None,
+    span: Span | None = None,
 ) -> DataFrame:
-    """Read ``table`` with its filter pushed down; large reads in ranges of ``key``."""
+    """Read ``table`` with its columns and window pushed down to PostgreSQL; large reads in
+    ranges of ``key`` between ``span`` (its smallest and largest value in the window; looked
+    up when not given), one JDBC connection per range, each read by a task of its own."""
     where = _window(table.window, since, until, table.window_via)
     query = f"(SELECT {', '.join(table.columns)} FROM {table.name}{where}) AS t"
     opts = jdbc.options()
     reader = spark.read.format("jdbc").options(**opts).option("dbtable", query)
     if table.partitioned and jdbc.partitions > 1:
-        lo, hi = bounds(spark, jdbc, table.name, table.key, where)
+        lo, hi = span if span is not None else bounds(spark, jdbc, table.name, table.key, where)
         if lo is not None and hi is not None and hi > lo:
             reader = (
                 reader.option("partitionColumn", table.key)
@@ -196,6 +222,26 @@ def bounds(
     )
     row = guarded(frame.first)
     return (row["lo"], row["hi"]) if row is not None else (None, None)
+
+
+def spans(
+    spark: SparkSession, jdbc: Jdbc, tables: list[Table], since: str | None, until: str | None
+) -> dict[str, Span]:
+    """The key spans of several tables' reads in one statement (one Spark job, not one each)."""
+    if not tables:
+        return {}
+    parts = []
+    for n, t in enumerate(tables):
+        where = _window(t.window, since, until, t.window_via)
+        parts.append(
+            f"(SELECT min({t.key}) AS lo{n}, max({t.key}) AS hi{n} FROM {t.name}{where}) s{n}"
+        )
+    query = f"(SELECT * FROM {' CROSS JOIN '.join(parts)}) AS b"
+    frame = guarded(
+        spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load
+    )
+    row = guarded(frame.first)
+    return {t.name: (row[f"lo{n}"], row[f"hi{n}"]) for n, t in enumerate(tables)}
 
 
 _TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?\Z")

@@ -11,6 +11,7 @@ from reports.tables import (
     FINAL,
     MESSAGE,
     NODE,
+    PCT_ACCURACY,
     PCTS,
     PUBLISHED,
     QUEUE_LOG,
@@ -34,8 +35,7 @@ def _ms(later: str, earlier: str) -> Column:
 def _pcts(column: str) -> list[Column]:
     from pyspark.sql import functions as F
 
-    exprs = F.expr(f"percentile({column}, array({', '.join(str(p) for p in PCTS)}))")
-    return [exprs.alias("_pcts")]
+    return [F.percentile_approx(column, list(PCTS), PCT_ACCURACY).alias("_pcts")]
 
 
 def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:

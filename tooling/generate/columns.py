@@ -167,7 +167,8 @@ QUEUE_COLUMNS: tuple[str, ...] = (
     "start_time",
     "end_time",
     "state",
-    "exception_id",
+    # exception_id stays NULL: it names a log_exception row, which the generator writes none
+    # of (the failed attempt's id is in the delivery's error text instead).
     "memory_used",
 )
 # External calls keyed by an entity may meet the key's row from an earlier run: like

@@ -209,6 +209,6 @@ class _PubsubRows(_Rows):
         self.queued.append(
             f"{self.next_id('queue_message')}\t{delivery_id}\t{payload}\t{routing_key}\t"
             f"{ts(deliver) if delayed else NULL}\t{ts(start)}\t{ts(end)}\t"
-            f"{'Error' if exception_id else 'Completed'}\t{exception_id or NULL}\t"
+            f"{'Error' if exception_id else 'Completed'}\t"
             f"{(60 << 20) + self.rng.getrandbits(26)}\n"
         )
