@@ -1,11 +1,12 @@
 """``orderly api|worker|beat|flower|up``: orderly's processes, started with its settings applied.
 
-Each runner is the process itself (it replaces nothing and wraps nothing): ``orderly api`` is
-uvicorn serving the app factory on ``ORDERLY_API_HOST:ORDERLY_API_PORT``; ``orderly worker``,
+``orderly api`` is uvicorn serving the app factory on ``ORDERLY_API_HOST:ORDERLY_API_PORT``;
 ``orderly beat`` and ``orderly flower`` are Celery's own commands on orderly's Celery app
-(``celery -A worker ...`` does the same). ``orderly up`` runs the API, a worker and beat as
-one group for a development machine: one log stream, each line prefixed with its process,
-and Ctrl-C (or SIGTERM) stops all three.
+(``celery -A worker ...`` does the same). ``orderly worker`` supervises
+ORDERLY_WORKER_PROCESSES Celery workers (worker/supervisor.py): one that dies is started again
+after a back-off, and a SIGTERM or Ctrl-C stops them all. ``orderly up`` runs the API, a
+worker and beat as one group for a development machine: one log stream, each line prefixed
+with its process, and Ctrl-C (or SIGTERM) stops all three.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typer
 
 from api.cli.common import fail
 from worker.settings import get_settings
+from worker.supervisor import Spawned, Supervisor, follow_parent, restart_policy
 
 # How long ``orderly up`` gives its processes to stop after SIGTERM before SIGKILL.
 STOP_GRACE_S = 20.0
@@ -65,22 +67,74 @@ def _celery(*argv: str) -> None:
 
 def worker(
     concurrency: Annotated[
-        int | None, typer.Option(help="Worker processes (default: one per CPU).")
+        int | None,
+        typer.Option(
+            min=1,
+            max=1000,
+            help="Tasks each worker runs at once, its pool processes. "
+            "Default: AURA_QUEUE_MANAGER_CONCURRENT.",
+        ),
     ] = None,
     queues: Annotated[
         str | None, typer.Option("--queues", "-Q", help="Comma-separated (default: all).")
     ] = None,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Node name.")] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Celery workers to run and restart. Default: ORDERLY_WORKER_PROCESSES.",
+        ),
+    ] = None,
+    supervised_by: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """A Celery worker of orderly's tasks (processing, deliveries, drains, agents)."""
-    argv = ["worker", "--loglevel", get_settings().log_level]
+    """Celery workers of orderly's tasks (processing, deliveries, drains, agents), restarted
+    when they die."""
+    options: list[str] = []
     if concurrency is not None:
-        argv += ["--concurrency", str(concurrency)]
+        options += ["--concurrency", str(concurrency)]
     if queues:
-        argv += ["-Q", queues]
-    if name:
-        argv += ["-n", name]
-    _celery(*argv)
+        options += ["-Q", queues]
+    if supervised_by is not None:
+        # One supervised Celery worker: it goes when its supervisor goes.
+        if not follow_parent(supervised_by):
+            raise typer.Exit(code=1)
+        argv = ["worker", "--loglevel", get_settings().log_level, *options]
+        _celery(*argv, *(["-n", name] if name else []))
+        return
+    settings = get_settings()
+    count = processes or settings.worker_processes
+    # -P: orderly's own modules, not those of a directory it is started in.
+    me = [sys.executable, "-P", "-m", "api.cli", "worker", "--supervised-by", str(os.getpid())]
+
+    def spawn(index: int) -> Spawned:
+        own = _node_name(name, index, count)
+        return Spawned([*me, *options, *(["-n", own] if own else [])])
+
+    supervisor = Supervisor(
+        count,
+        spawn,
+        restart_policy(settings.worker_restart_delay_ms, settings.worker_restart_max_delay_ms),
+        settings.worker_healthy_ms / 1000,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    supervisor.run(stop.wait)
+
+
+def _node_name(name: str | None, index: int, count: int) -> str | None:
+    """The Celery node name of worker ``index``: the one given (or Celery's default) for a
+    single worker, else one per worker (``name-2@host``, ``worker-2@%h``)."""
+    if count == 1:
+        return name
+    base, _, host = (name or "worker").partition("@")
+    return f"{base}-{index + 1}@{host or '%h'}"
 
 
 def beat() -> None:

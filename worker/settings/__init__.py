@@ -19,6 +19,7 @@ from worker.settings.pubsub import PubSubSettings
 from worker.settings.reports import ReportSettings
 from worker.settings.services import ServiceSettings
 from worker.settings.tracking import TrackingSettings
+from worker.settings.workers import WorkerSettings
 
 SECTIONS = (
     ServiceSettings,
@@ -28,6 +29,7 @@ SECTIONS = (
     TrackingSettings,
     DashboardSettings,
     ReportSettings,
+    WorkerSettings,
 )
 
 
@@ -39,6 +41,7 @@ class Settings(
     TrackingSettings,
     DashboardSettings,
     ReportSettings,
+    WorkerSettings,
 ):
     model_config = CONFIG
 
