@@ -65,6 +65,12 @@ def parse_before(value: str, clock: Clock = SYSTEM) -> datetime:
         before = parse_timestamp(value)
     except ValueError as exc:
         raise InvalidMessage("before", str(exc)) from None
+    return check_before(before, clock)
+
+
+def check_before(before: datetime, clock: Clock = SYSTEM) -> datetime:
+    if before.tzinfo is None:
+        raise InvalidMessage("before", f"{before.isoformat()} has no time zone")
     now = utcnow(clock)
     if before > now:
         raise InvalidMessage(
@@ -249,6 +255,7 @@ def purge(
 ) -> PurgeReport:
     """Delete (or count, on a dry run) the final messages finished before ``before`` and
     their rows, batch after batch; see the module's docstring for what stays."""
+    check_before(before, clock)
     check_batch_size(batch_size)
     if dry_run and archive is not None:
         raise InvalidMessage("archive", "a dry run writes no archive")
