@@ -177,3 +177,19 @@ def pull(subscription_id: int, max_messages: int) -> Call[list[dict[str, Any]]]:
 def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[dict[str, Any]]:
     path = f"/subscriptions/{segment(subscription_id)}/messages/{segment(delivery_id)}/ack"
     return Call("POST", path, {"receipt": receipt})
+
+
+def subscribe(room: str, subscription: Any) -> Call[dict[str, Any]]:
+    """A subscription of ``room``: ``{name, kind, push_url?, handler?, event_type?,
+    event_version? | min_version?/max_version?, routing_key_pattern?, ...}``."""
+    return Call("POST", f"/rooms/{segment(room)}/subscriptions", json_of(subscription))
+
+
+def pubsub_log(table: str, filters: Mapping[str, Any]) -> Call[list[dict[str, Any]]]:
+    """Rows of ``table`` (queue-messages, exceptions, published-messages), newest first."""
+    params = {k: v for k, v in filters.items() if v is not None}
+    return Call("GET", f"/{table}", params=params)
+
+
+def exception(exception_id: int) -> Call[dict[str, Any]]:
+    return Call("GET", f"/exceptions/{segment(exception_id)}")

@@ -133,6 +133,11 @@ class Client:
     def publish(self, room: str, event: Any, *, idempotency_key: str | None = None) -> Published:
         return self.call(calls.publish(room, event, idempotency_key))
 
+    def subscribe(self, room: str, subscription: Any) -> dict[str, Any]:
+        """A subscription (an admin key): by event type, one ``event_version`` or a
+        ``min_version``/``max_version`` range, and/or a routing-key pattern."""
+        return self.call(calls.subscribe(room, subscription))
+
     # --- consumers -------------------------------------------------------------------------
 
     def ack(self, async_response_id: str, token: str) -> Acked:
@@ -146,6 +151,24 @@ class Client:
         return self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
 
     # --- operators -------------------------------------------------------------------------
+
+    def queue_log(self, **filters: Any) -> list[dict[str, Any]]:
+        """The queue message log, newest first (``delivery_id``, ``correlation_id``,
+        ``subscription_id``, ``routing_key``, ``state``, ``limit``, ``before``)."""
+        return self.call(calls.pubsub_log("queue-messages", filters))
+
+    def exceptions(self, **filters: Any) -> list[dict[str, Any]]:
+        """Exceptions without tracebacks, newest first (the queue log's filters, ``type``)."""
+        return self.call(calls.pubsub_log("exceptions", filters))
+
+    def exception(self, exception_id: int) -> dict[str, Any]:
+        """One exception with its traceback."""
+        return self.call(calls.exception(exception_id))
+
+    def published(self, **filters: Any) -> list[dict[str, Any]]:
+        """published_messages, one row per attempt, newest first (the queue log's filters;
+        ``state`` is the outcome)."""
+        return self.call(calls.pubsub_log("published-messages", filters))
 
     def message(self, msg_id: int) -> dict[str, Any]:
         return self.call(calls.message(msg_id))
@@ -242,6 +265,21 @@ class AsyncClient:
         self, room: str, event: Any, *, idempotency_key: str | None = None
     ) -> Published:
         return await self.call(calls.publish(room, event, idempotency_key))
+
+    async def subscribe(self, room: str, subscription: Any) -> dict[str, Any]:
+        return await self.call(calls.subscribe(room, subscription))
+
+    async def queue_log(self, **filters: Any) -> list[dict[str, Any]]:
+        return await self.call(calls.pubsub_log("queue-messages", filters))
+
+    async def exceptions(self, **filters: Any) -> list[dict[str, Any]]:
+        return await self.call(calls.pubsub_log("exceptions", filters))
+
+    async def exception(self, exception_id: int) -> dict[str, Any]:
+        return await self.call(calls.exception(exception_id))
+
+    async def published(self, **filters: Any) -> list[dict[str, Any]]:
+        return await self.call(calls.pubsub_log("published-messages", filters))
 
     async def ack(self, async_response_id: str, token: str) -> Acked:
         return await self.call(calls.ack(async_response_id, token))

@@ -16,6 +16,7 @@ from api.cli import (
     messages,
     migrate,
     nodes,
+    pubsub_logs,
     purge,
     rebuild,
     report,
@@ -75,6 +76,7 @@ app.add_typer(sources.source_app, name="source")
 app.add_typer(rooms.room_app, name="room")
 app.add_typer(subscriptions.subscription_app, name="subscription")
 app.add_typer(dead_letters.dead_app, name="dead-letter")
+app.add_typer(pubsub_logs.log_app, name="log")
 app.add_typer(conversations.conversation_app, name="conversation")
 app.add_typer(channels.channel_app, name="channel")
 app.add_typer(config.config_app, name="config")

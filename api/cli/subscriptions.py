@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -23,6 +23,9 @@ def subscription_create(
     handler: Annotated[str | None, typer.Option(help="HANDLER: the consumer's name")] = None,
     pull: Annotated[bool, typer.Option(help="PULL: the subscriber fetches")] = False,
     event_type: Annotated[str | None, typer.Option()] = None,
+    event_version: Annotated[int | None, typer.Option(help="only this version")] = None,
+    min_version: Annotated[int | None, typer.Option(help="versions from")] = None,
+    max_version: Annotated[int | None, typer.Option(help="versions up to")] = None,
     pattern: Annotated[str | None, typer.Option(help="routing-key pattern (* and #)")] = None,
     delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
     multiplier: Annotated[float | None, typer.Option()] = None,
@@ -37,6 +40,9 @@ def subscription_create(
         "push_url": push_url,
         "handler": handler,
         "event_type": event_type,
+        "event_version": event_version,
+        "min_version": min_version,
+        "max_version": max_version,
         "routing_key_pattern": pattern,
         "delivery_delay_ms": delivery_delay_ms,
         "delivery_delay_multiplier": multiplier,
@@ -55,17 +61,30 @@ def subscription_create(
 @subscription_app.command("list")
 def subscription_list(room: str) -> None:
     subs = call(pubsub.list_subscriptions, get_runtime().engine, room)
-    table = Table("id", "name", "kind", "destination", "pattern", "status")
+    table = Table("id", "name", "kind", "destination", "event type", "pattern", "status")
     for s_ in subs:
         table.add_row(
             str(s_["subscription_id"]),
             s_["name"],
             s_["kind"],
             s_["push_url"] or s_["handler"] or "pull",
+            _selected_type(s_),
             s_["routing_key_pattern"] or "",
             s_["status"],
         )
     console.print(table)
+
+
+def _selected_type(sub: dict[str, Any]) -> str:
+    """``order.created``, ``order.created v2``, ``order.created v2-v4``, ``v2-`` ..."""
+    if sub["event_type"] is None:
+        return ""
+    low, high = sub["min_version"], sub["max_version"]
+    if low is None and high is None:
+        return str(sub["event_type"])
+    if low == high:
+        return f"{sub['event_type']} v{low}"
+    return f"{sub['event_type']} v{low or 1}-{'' if high is None else high}"
 
 
 @subscription_app.command("set")

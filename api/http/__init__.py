@@ -25,6 +25,7 @@ from api.http import (
     keys,
     messages,
     metrics,
+    pubsub_logs,
     rooms,
     source_systems,
 )
@@ -45,6 +46,7 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (channels.router, "channels", _ERRORS),
     (rooms.router, "rooms and subscriptions", _ERRORS),
     (dead_letters.router, "dead letters", _ERRORS),
+    (pubsub_logs.router, "logs", _ERRORS),
     (messages.router, "messages", _ERRORS),
     (source_systems.router, "source systems", _ERRORS),
     (keys.router, "API keys", _ERRORS),

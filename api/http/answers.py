@@ -145,6 +145,10 @@ class Subscription(_Open):
     kind: Literal["PUSH", "PULL", "HANDLER"]
     push_url: str | None
     handler: str | None
+    event_type: str | None
+    # the event type's versions it selects (None: that end open)
+    min_version: int | None
+    max_version: int | None
     routing_key_pattern: str | None
     delivery_delay_ms: int | None
     delivery_delay_multiplier: float | None
@@ -192,6 +196,70 @@ class DeadLetter(BaseModel):
 
 class RedrivenDeadLetters(BaseModel):
     redriven: list[int]
+
+
+class QueueLogRow(_Open):
+    """One state a delivery entered (the broker seed's queue message log)."""
+
+    id: int
+    delivery_id: int
+    attempt: int | None
+    state: Literal["Pending", "In process", "Completed", "Error"]
+    routing_key: str
+    message: str
+    scheduled_start_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    # the log_exception row of an Error (GET /exceptions/{id})
+    exception_id: int | None
+    # bytes the attempt allocated at its peak; None where orderly did not run it (PULL)
+    memory_used: int | None
+    correlation_id: str
+    subscription_id: int
+
+
+class ExceptionListed(_Open):
+    id: int
+    time: datetime
+    type: str
+    message: str
+    delivery_id: int
+    attempt: int
+    correlation_id: str
+    subscription_id: int
+    routing_key: str
+    has_traceback: bool
+
+
+class ExceptionDetail(_Open):
+    id: int
+    time: datetime
+    type: str
+    message: str
+    # the Python traceback when it was thrown; None for a failure nothing threw
+    traceback: str | None
+    delivery_id: int
+    attempt: int
+    correlation_id: str
+    subscription_id: int
+    routing_key: str
+
+
+class PublishedRow(_Open):
+    """One attempt of an event for a subscription (published_messages)."""
+
+    id: int
+    delivery_id: int | None
+    correlation_id: str
+    event_id: int
+    subscription_id: int | None
+    attempt: int
+    outcome: Literal["PENDING", "DELIVERED", "FAILED", "DEAD", "EXPIRED"]
+    published_at: datetime
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    error: str | None
+    next_delay_ms: int | None
 
 
 class SourceSystem(BaseModel):
