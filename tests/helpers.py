@@ -15,6 +15,7 @@ from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 from models import Message
+from models.keys import BridgeKeys
 from tooling.processes import BIN
 from worker import keys
 from worker.core.addresses import AddressPolicy
@@ -156,3 +157,11 @@ class OrderlyCli:
             env={**os.environ, "COLUMNS": "200", **(env or {})},
             timeout=60,
         )
+
+
+def bridge_ready(client: Any, keys: BridgeKeys | None = None) -> bool:
+    """Every shard's Redis marker says "ready" (worker/rebuild.py): a rebuild is done."""
+    pipe = client.pipeline(transaction=False)
+    for shard in (keys or BridgeKeys()).every_shard:
+        pipe.hget(shard.epoch, "state")
+    return all(state == b"ready" for state in pipe.execute())

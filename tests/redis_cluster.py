@@ -9,6 +9,7 @@ clients of each node (to see where keys landed).
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import subprocess
 import tempfile
@@ -68,7 +69,7 @@ class LocalCluster:
             with (folder / "redis.log").open("ab") as log:
                 self._procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
             self.ports.append(port)
-            self._wait(lambda p=port: bool(self._plain(p).ping()), f"node {n} on port {port}")
+            self._wait(functools.partial(self._answers, port), f"node {n} on port {port}")
         create = [self._cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports]]
         done = subprocess.run(
             [*create, "--cluster-replicas", "0", "--cluster-yes"],
@@ -90,6 +91,10 @@ class LocalCluster:
             return True
 
         self._wait(ok, "cluster_state:ok on every node")
+
+    def _answers(self, port: int) -> bool:
+        with self._plain(port) as node:
+            return bool(node.ping())
 
     def _plain(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)

@@ -21,9 +21,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from sqlalchemy import Engine, text
 
-from models.keys import EPOCH_KEY
+from models.keys import BridgeKeys
 from tests.browser import chromium
-from tests.helpers import api_key, message, row, set_config, wait_until
+from tests.helpers import api_key, bridge_ready, message, row, set_config, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
 from tests.test_contract import ARTIFACTS
@@ -350,9 +350,7 @@ def test_conversations_open_blocked_late_and_in_order(
     )
     stack.workers({"w1": "worker-1"}, concurrency=1)
     stack.beat()
-    wait_until(
-        lambda: redis_client.hget(EPOCH_KEY, "state") == b"ready", 60, "beat's first rebuild"
-    )
+    wait_until(lambda: bridge_ready(redis_client), 60, "beat's first rebuild")
 
     def request(cid: str, rid: str, **extra: Any) -> None:
         body = {"request_id": rid, "origin": "chat", **extra}
@@ -377,7 +375,7 @@ def test_conversations_open_blocked_late_and_in_order(
     ttl_ms = int(TIMINGS["AURA_QUEUE_MANAGER_MESSAGE_TTL"])
     old = datetime.now(UTC) - timedelta(milliseconds=ttl_ms + 5000)
     request("c-late", "late-r1", timestamp=old.isoformat())
-    redis_client.delete("bridge:queue:req:late-r1")  # its life in Redis ends now
+    redis_client.delete(BridgeKeys().request("c-late", "late-r1"))  # its life in Redis ends now
     request("c-late", "late-r2")
     respond("c-late", "late-r2", "late-s2")
     respond("c-late", "late-r1", "late-s1")

@@ -13,6 +13,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from models.keys import BridgeKeys
 from tests.helpers import wait_until
 from tests.stack import Stack
 from tooling.sink import Sink
@@ -20,6 +21,7 @@ from tooling.workload import Verdict, check, generate, submit
 
 # A request lives this long without a response: far longer than any submission takes, so
 # that none runs out before its responses come, however slow the machine.
+KEYS = BridgeKeys()  # the stack's layout (the default prefix and shard count)
 MESSAGE_TTL_MS = 600_000
 MAX_PENDING_TTL_MS = 3000
 SENT_MESSAGE_TTL_MS = 500
@@ -106,20 +108,21 @@ def _where_open_ones_stand(db: Engine, client: redis.Redis) -> str:
         if conversation in shown:
             continue
         shown.add(conversation)
+        shard = KEYS.shard(conversation)
         patterns = (f"{conversation}", f"{conversation}:*", f"req:{conversation}-*",
                     f"res:{conversation}-*")  # fmt: skip
-        found = {_text(k) for p in patterns for k in client.keys(f"bridge:queue:{p}")}
+        found = {_text(k) for p in patterns for k in client.keys(f"{shard.base}:{p}")}
         for key in sorted(found):
             kind = _text(client.type(key))
             value = _value(client, key, kind)
             lines.append(f"    {key} {kind} PTTL {client.pttl(key)}: {value}")
-        for key in ("bridge:queue:scheduled", "bridge:queue:scheduled:leased"):
+        for key in (shard.scheduled, shard.scheduled_leased):
             score = client.zscore(key, conversation)
             if score is not None:
                 lines.append(f"    in {key} at {score}")
         pending = [
             m
-            for m in client.zrange("bridge:queue:pendingMessages", 0, -1)
+            for m in client.zrange(shard.pending_messages, 0, -1)
             if conversation.encode() + b"-" in m
         ]
         lines.append(f"    pendingMessages: {pending}")
@@ -146,12 +149,16 @@ def _lingering(client: redis.Redis) -> dict[str, str]:
     for raw in client.keys("bridge:queue:*"):
         key = _text(raw)
         ttl = int(client.pttl(key))
-        if key.startswith("bridge:queue:req:"):
+        # What follows the shard's tag: "req:<id>", "scheduled", "<conversation>:lease", ...
+        rest = key.split("}:", 1)[1] if key.startswith(KEYS.layout) else key
+        if rest == "epoch":
+            continue  # the shard's marker (beat's rebuild)
+        if rest.startswith("req:"):
             # A cancelled request's tombstone lives MESSAGE_TTL.
             status = client.hget(key, "status")
             if status != b"CANCEL" or not 0 < ttl <= MESSAGE_TTL_MS:
                 found[key] = f"status {status!r}, PTTL {ttl}"
-        elif key == "bridge:queue:scheduled":
+        elif rest == "scheduled":
             # Wake-ups whose conversation was delivered before they fell due. The set lives
             # MESSAGE_TTL past the latest wake-up it was given; no wait is longer than a
             # request's or a response's life (MESSAGE_TTL, AWAITED_MESSAGE_TTL here).

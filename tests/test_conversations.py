@@ -24,6 +24,7 @@ from models.keys import BridgeKeys
 from worker import nodes
 from worker.channels import ACK_TOKEN_HEADER, Channel, ChannelDirectory, ack_token, put_channel
 from worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
+from worker.core.clients import OrderingRedis
 from worker.core.due import drain
 from worker.core.errors import (
     InvalidMessage,
@@ -60,7 +61,7 @@ class Recorder:
 class Harness:
     conv: Conversations
     engine: Engine
-    redis: redis.Redis
+    redis: OrderingRedis  # the plain Redis, or a Redis Cluster (tests/test_redis_cluster.py)
     clock: ManualClock
     started: list[tuple[str, str]] = field(default_factory=list)
 
@@ -115,7 +116,7 @@ class Harness:
         )
 
 
-def make(db: Engine, redis_client: redis.Redis, **overrides: Any) -> Harness:
+def make(db: Engine, redis_client: OrderingRedis, **overrides: Any) -> Harness:
     values: dict[str, Any] = {
         "database_url": TEST_DB_URL,
         "redis_url": TEST_REDIS_URL,
@@ -199,7 +200,11 @@ def test_unknown_origin_and_unknown_request_are_refused(h: Harness) -> None:
     h.request("c1", "r1")
     with pytest.raises(UnknownRequest, match="conversation 'c2'"):
         h.response("c2", "r1", "s1")
-    assert h.bridge_keys() == [h.k.request_list("c1"), h.k.request_seq("c1"), h.k.request("c1", "r1")]
+    assert h.bridge_keys() == [
+        h.k.request_list("c1"),
+        h.k.request_seq("c1"),
+        h.k.request("c1", "r1"),
+    ]
 
 
 def test_duplicate_response_changes_nothing(h: Harness) -> None:
@@ -800,7 +805,11 @@ def test_agent_expires_a_response_still_in_redis(db: Engine, redis_client: redis
     # Past AWAITED_MESSAGE_TTL for the agent while Redis still has the keys: the agent's own
     # expiry path, not Redis's.
     h.clock.advance_ms(60_000)
-    for key in (h.k.response("c1", "s1"), h.k.response("c1", "s2"), h.k.shard("c1").pending_messages):
+    for key in (
+        h.k.response("c1", "s1"),
+        h.k.response("c1", "s2"),
+        h.k.shard("c1").pending_messages,
+    ):
         assert 0 < h.redis.pttl(key) <= 60_000
     report = h.conv.awaited_turn(h.enqueue)
     assert report.expired == 2

@@ -21,8 +21,8 @@ from prometheus_client.exposition import generate_latest
 from sqlalchemy import Engine, text
 
 from api.metrics import make_registry
-from models.keys import EPOCH_KEY
-from tests.helpers import OrderlyCli, local_http, wait_until
+from models.keys import BridgeKeys
+from tests.helpers import OrderlyCli, bridge_ready, local_http, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import Harness, make
@@ -73,7 +73,7 @@ def late_marks(db: Engine) -> dict[str, int | None]:
 
 def expire_request(h: Harness, request_id: str) -> None:
     """The request's MESSAGE_TTL runs out: its key had that life; it ends now."""
-    key = f"bridge:queue:req:{request_id}"
+    key = h.k.request("c1", request_id)
     assert 0 < h.redis.pttl(key) <= MESSAGE_TTL_MS
     h.redis.delete(key)
 
@@ -96,8 +96,8 @@ def test_a_response_after_its_request_expired_is_late_marked_and_counted(
     h.response("c1", "r2", "s2", last=True)
     h.response("c1", "r1", "s1", last=True)
     # Decided with the order: s1 took r1's turn again, behind r2.
-    assert h.redis.hget("bridge:queue:res:s1", "lateMs") == b"2000"
-    assert h.redis.hget("bridge:queue:res:s2", "lateMs") == b""
+    assert h.redis.hget(h.k.response("c1", "s1"), "lateMs") == b"2000"
+    assert h.redis.hget(h.k.response("c1", "s2"), "lateMs") == b""
     heads = Heads()
     h.run(heads)
     assert heads.sent == ["s2", "s1"]  # the order is the seed's: late goes after
@@ -249,7 +249,7 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
         # Beat's first look finds this fresh Redis without its marker and rebuilds it from
         # PostgreSQL: wait for that, or it could bring back the request this test expires.
         wait_until(
-            lambda: redis_client.hget(EPOCH_KEY, "state") == b"ready",
+            lambda: bridge_ready(redis_client),
             timeout=60,
             what="beat's first rebuild",
         )
@@ -265,8 +265,8 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
             ).status_code
             == 201
         )
-        assert 0 < redis_client.pttl("bridge:queue:req:r1") <= ttl_ms
-        redis_client.delete("bridge:queue:req:r1")
+        assert 0 < redis_client.pttl(BridgeKeys().request("c1", "r1")) <= ttl_ms
+        redis_client.delete(BridgeKeys().request("c1", "r1"))
         assert (
             http.post(
                 "/conversations/c1/requests", json={"request_id": "r2", "origin": "chat"}

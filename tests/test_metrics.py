@@ -424,7 +424,9 @@ TIMINGS = {
 
 
 def _res(client: redis.Redis, response_id: str) -> dict[str, str]:
-    raw = client.hgetall(f"bridge:queue:res:{response_id}")
+    # Its hash is in its conversation's shard: found by its id alone.
+    found = list(client.scan_iter(match=f"bridge:queue:*:res:{response_id}"))
+    raw = client.hgetall(found[0]) if found else {}
     return {_str(k): _str(v) for k, v in raw.items()}
 
 
@@ -572,7 +574,7 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
         if _res(redis_client, r).get("status") == "AWAITED"
     ]
     assert value(samples, "orderly_conversation_responses_awaited") == len(awaited) == 2
-    pending = redis_client.zcard("bridge:queue:pendingMessages")
+    pending = sum(redis_client.zcard(shard.pending_messages) for shard in BridgeKeys().every_shard)
     assert value(samples, "orderly_conversation_responses_undelivered") == pending == 6
     with db.connect() as conn:
         arrived = conn.execute(

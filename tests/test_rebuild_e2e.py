@@ -10,8 +10,8 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models.keys import EPOCH_KEY
-from tests.helpers import OrderlyCli, message, wait_until
+from models.keys import BridgeKeys
+from tests.helpers import OrderlyCli, bridge_ready, message, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import make
@@ -49,7 +49,7 @@ def test_redis_restart_without_persistence_then_everything_completes(
     assert answer.status_code == 200, answer.text
     stack.beat()
     client = redis_server.client()
-    wait_until(lambda: client.hget(EPOCH_KEY, "state") == b"ready", timeout=60, what="marker")
+    wait_until(lambda: bridge_ready(client), timeout=60, what="marker")
     expected: dict[str, list[str]] = {}
     for c in range(CONVERSATIONS):
         cid = f"conv-{c}"
@@ -85,7 +85,7 @@ def test_redis_restart_without_persistence_then_everything_completes(
     for msg_id in msg_ids:
         assert stack.state(msg_id) == "OK"
     assert sink.deliveries() == expected
-    assert client.hget(EPOCH_KEY, "state") == b"ready"
+    assert bridge_ready(client)
 
 
 def test_orderly_rebuild_command(db: Engine, redis_client: redis.Redis, cli: OrderlyCli) -> None:
@@ -102,7 +102,7 @@ def test_orderly_rebuild_command(db: Engine, redis_client: redis.Redis, cli: Ord
     done = cli("rebuild")
     assert done.returncode == 0, done.stderr
     assert "rebuilt" in done.stdout and "1 drains started" in done.stdout, done.stdout
-    assert redis_client.hget("bridge:queue:res:s1", "status") == b"PENDING"
+    assert redis_client.hget(BridgeKeys().response("c1", "s1"), "status") == b"PENDING"
     assert redis_client.llen(DELIVER_QUEUE) == 1  # the drain's task, on the broker
-    assert redis_client.exists("bridge:queue:c1:lease")  # held for that drain
+    assert redis_client.exists(BridgeKeys().drain_lease("c1"))  # held for that drain
     assert cli("rebuild", "--check").returncode == 0
