@@ -1,5 +1,6 @@
-"""Beat's scheduler: due work every AURA_QUEUE_MANAGER_INTERVAL in beat's loop, the agents on
-a thread of their own, and the beat schedule."""
+"""Beat's scheduler: due work every AURA_QUEUE_MANAGER_INTERVAL in beat's loop while there is
+some, every AURA_QUEUE_MANAGER_CHECK_QUEUE_INTERVAL while there is none; the agents on a thread
+of their own, and the beat schedule."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ log = logging.getLogger("orderly.beat")
 class ConfiguredScheduler(Scheduler):
     """An in-memory scheduler (the agents are periodic and idempotent) that also runs the
     tickers: due work goes to the broker within one interval of being due, whatever an agent
-    is doing meanwhile.
+    is doing meanwhile. The interval is INTERVAL after a turn that handed something over and
+    CHECK_QUEUE_INTERVAL, the seed's idle check, after one that found nothing due (see
+    :func:`next_wait`).
 
     Beat follows its node (ORDERLY_NODE_CODE) every heartbeat: while it is STOPPED the
     ticker hands out no due work and neither the agents nor the beat schedule run (the beats
@@ -42,6 +45,7 @@ class ConfiguredScheduler(Scheduler):
             clock=runtime.clock,
         )
         self.interval_s = runtime.settings.interval / 1000
+        self.idle_s = runtime.settings.check_queue_interval / 1000
         schedule = build_schedule(runtime.settings)
         self.merge_inplace(schedule)
         self._stopping = threading.Event()
@@ -50,8 +54,9 @@ class ConfiguredScheduler(Scheduler):
         )
         self._agents_thread.start()
         log.info(
-            "ticker every %.3f s over %s; agents %s; beat schedule %s",
+            "ticker every %.3f s (%.3f s when idle) over %s; agents %s; beat schedule %s",
             self.interval_s,
+            self.idle_s,
             [s.name for s in self.due.sources],
             {j.name: j.every_s for j in self.agents.jobs},
             {k: str(v["schedule"]) for k, v in schedule.items()},
@@ -69,12 +74,20 @@ class ConfiguredScheduler(Scheduler):
             return float(super().tick(*args, **kwargs))
         if self.node.follow() is NodeState.STOPPED:
             return self.interval_s
-        self.due.tick()
+        moved = self.due.tick()
         wait: float = super().tick(*args, **kwargs)
-        return min(wait, self.interval_s)
+        return min(wait, next_wait(moved, len(self.due.sources), self.interval_s, self.idle_s))
 
     def close(self) -> None:
         if self.due is not None:
             self._stopping.set()
             self._agents_thread.join(timeout=30)
         super().close()
+
+
+def next_wait(moved: dict[str, int], sources: int, busy_s: float, idle_s: float) -> float:
+    """Beat's wait after a turn of the due ticker: ``busy_s`` when it handed something to the
+    broker (more may be due) or a source failed (it is tried again soon), ``idle_s`` when
+    every source answered that nothing is due."""
+    idle = len(moved) == sources and not any(moved.values())
+    return idle_s if idle else busy_s

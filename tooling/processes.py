@@ -75,15 +75,17 @@ class ProcessGroup:
         self,
         name: str,
         *,
-        concurrency: int = 2,
+        concurrency: int | None = 2,
         pool: str = "prefork",
         node_code: str | None = None,
         queues: str | None = None,
         prefetch: int | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> Managed:
-        """A Celery worker; ``prefetch`` overrides the prefetch multiplier (1: a busy process
-        holds no task besides the one it runs, since tasks are acknowledged late)."""
+        """A Celery worker; ``concurrency`` None leaves it to AURA_QUEUE_MANAGER_CONCURRENT;
+        ``prefetch`` overrides the prefetch multiplier (AURA_QUEUE_MANAGER_CONCURRENT_FACTOR;
+        1: a busy process holds no task besides the one it runs, since tasks are acknowledged
+        late)."""
         argv = [
             str(BIN / "celery"),
             "-A",
@@ -93,8 +95,7 @@ class ProcessGroup:
             f"{name}@%h",
             "--pool",
             pool,
-            "--concurrency",
-            str(concurrency),
+            *(["--concurrency", str(concurrency)] if concurrency is not None else []),
             "--loglevel",
             "INFO",
             "--without-mingle",
