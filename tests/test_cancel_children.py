@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import threading
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from tests.helpers import OrderlyCli, message, processor, row, wait_until
+from tests.helpers import OrderlyCli, api_key, message, processor, row, wait_until
 from worker import operations
 from worker.core.errors import OperationRefused
 from worker.intake import Intake
@@ -193,4 +194,23 @@ def test_cancel_through_the_cli_names_the_cancelled_descendants(
     assert said["state"] == "CANCEL"
     assert said["cancelled"] == sorted([t["split"], t["grand_hard"], t["wait"]])
     assert row(db, t["wait"]).audit[-1]["by"] == "bo"
+    assert row(db, t["soft"]).state == "NEW"
+
+
+def test_cancel_through_the_console_names_the_cancelled_descendants(
+    db: Engine, intake: Intake, client: TestClient
+) -> None:
+    t = build_tree(db, intake)
+    token = api_key(db, "operate", "admin", name="console-cancel")
+    answer = client.post(
+        f"/console/messages/{t['root']}/cancel",
+        data={"note": "from the console"},
+        headers={"Authorization": f"Bearer {token}"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303, answer.text
+    hard = sorted([t["split"], t["grand_hard"], t["wait"]])
+    said = parse_qs(urlsplit(answer.headers["location"]).query)["done"][0]
+    assert said == f"message {t['root']} cancelled with {', '.join(map(str, hard))}"
+    assert row(db, t["grand_hard"]).audit[-1]["by"] == "key:console-cancel"
     assert row(db, t["soft"]).state == "NEW"
