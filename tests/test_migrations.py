@@ -110,3 +110,56 @@ def test_the_newest_functions_migration_names_the_current_file() -> None:
     ]
     assert recorded, "no migration applies functions.sql"
     assert recorded[-1] == schema.functions_sha256()
+
+
+def test_0016_gives_open_deliveries_their_pending_attempt_and_clears_old_exception_ids(
+    empty_db: str,
+) -> None:
+    """A delivery open at the upgrade gets its current attempt's PENDING published_messages
+    row (as a publish now writes it); a queue log row's old text exception id, which pointed
+    at nothing, is cleared for the foreign key."""
+    schema.upgrade(empty_db, "0015")
+    engine = create_engine(empty_db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO room (name, delivery_delay_ms, delivery_delay_multiplier,"
+                    " delivery_attempts, status, created_at)"
+                    " VALUES ('r', 10, 2, 3, 'ACTIVE', now());"
+                    "INSERT INTO subscription (room_id, name, kind, timeout_ms,"
+                    " visibility_timeout_ms, status, created_at)"
+                    " VALUES (1, 's', 'PULL', 10, 100, 'ACTIVE', now());"
+                    "INSERT INTO event (correlation_id, room_id, routing_key, payload,"
+                    " published_at, deliver_at, unroutable)"
+                    " VALUES ('c1', 1, 'k', '{}', now(), now() + interval '1 hour', false),"
+                    " ('c2', 1, 'k', '{}', now(), now(), false);"
+                    "INSERT INTO delivery (event_id, subscription_id, state, pull, attempt,"
+                    " next_attempt_at, scheduled_at, lost_count) VALUES"
+                    " (1, 1, 'PENDING', true, 2, now() + interval '1 hour', now(), 0),"
+                    " (2, 1, 'DELIVERED', true, 0, now(), now(), 0);"
+                    "INSERT INTO published_messages (correlation_id, delivery_id, event_id,"
+                    " subscription_id, attempt, published_at, outcome)"
+                    " VALUES ('c1', 1, 1, 1, 1, now(), 'FAILED'),"
+                    " ('c2', 2, 2, 1, 0, now(), 'DELIVERED');"
+                    "INSERT INTO queue_message (delivery_id, message, routing_key, state,"
+                    " exception_id) VALUES (1, '{}', 'k', 'Error', 'ab12')"
+                )
+            )
+        schema.upgrade(empty_db)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT delivery_id, attempt, outcome, next_attempt_at > now() AS later"
+                    " FROM published_messages ORDER BY id"
+                )
+            ).all()
+            cleared = conn.execute(text("SELECT exception_id FROM queue_message")).scalar_one()
+        assert [tuple(r) for r in rows] == [
+            (1, 1, "FAILED", None),
+            (2, 0, "DELIVERED", None),
+            (1, 2, "PENDING", True),
+        ]
+        assert cleared is None
+    finally:
+        engine.dispose()
