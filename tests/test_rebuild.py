@@ -5,6 +5,7 @@ and everything accepted is then delivered in order, nothing twice."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -236,3 +237,69 @@ def test_an_unfinished_rebuild_counts_as_lost(
     assert rebuild.check(h.conv) == ""
     redis_client.hset(K.every_shard[-1].epoch, "state", state)  # one shard is enough
     assert rebuild.check(h.conv) == "a rebuild did not finish"
+
+
+def _keys(r: redis.Redis) -> list[str]:
+    return sorted(_text(k) for k in r.scan_iter(match="bridge:queue:*"))
+
+
+def test_the_layout_before_shards_is_rebuilt_into_shards_and_removed(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    h = make(db, redis_client)
+    sender = Recorder(answers={"s1": [RETRY]})
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2", last=True)
+    assert h.run(sender) == ["WAIT_RETRY"]
+    # The keys as an orderly before shards named them (bridge:queue:req:r1,
+    # bridge:queue:pendingMessages, bridge:queue:scheduled, ...) and its one marker.
+    for key in _keys(redis_client):
+        redis_client.rename(key, re.sub(r"\{bq:\d+:\d+\}:", "", key))
+    redis_client.hset("orderly:epoch", mapping={"state": "ready", "generation": "g"})
+    old = _keys(redis_client)
+    assert {"bridge:queue:pendingMessages", "bridge:queue:req:r1", "bridge:queue:c1"} <= set(old)
+    redis_client.set("bridge:queue:notes:kept:here", "1")  # not a conversation key
+    redis_client.set("orderly:track:message:id", "7")  # another namespace
+    assert rebuild.check(h.conv) == "the marker is missing"
+    report = rebuild.rebuild(db, h.conv, h.enqueue, lambda ids: None)
+    assert report.done and report.marked_ready and rebuild.check(h.conv) == ""
+    assert report.other_layout_keys_removed == len(old) + 1  # and orderly:epoch
+    left = _keys(redis_client)
+    assert "bridge:queue:notes:kept:here" in left
+    assert all(k.startswith(K.layout) for k in left if k != "bridge:queue:notes:kept:here")
+    assert redis_client.get("orderly:track:message:id") == b"7"
+    assert not redis_client.exists("orderly:epoch")
+    # Delivery goes on in the new layout, in order: s1 still waits for its retry.
+    assert report.drains_started == ["c1"]
+    assert h.run(sender) == ["WAIT_RETRY"]
+    h.clock.advance_ms(1_000)
+    assert h.wake_due() == ["c1"]
+    h.run(sender)
+    assert sender.sent == ["s1", "s1", "s2"]
+    assert (h.state("s1"), h.state("s2"), h.state("r1")) == ("OK", "OK", "OK")
+
+
+def test_another_shard_count_is_a_rebuild_into_its_layout(
+    db: Engine, redis_client: redis.Redis
+) -> None:
+    four = make(db, redis_client, redis_shards=4)
+    cids = [f"c{n}" for n in range(8)]
+    for cid in cids:  # nothing delivered yet: their drains are not run
+        four.request(cid, f"{cid}-r1")
+        four.response(cid, f"{cid}-r1", f"{cid}-s1")
+        four.response(cid, f"{cid}-r1", f"{cid}-s2", last=True)
+    assert rebuild.rebuild(db, four.conv, four.enqueue, lambda ids: None).done
+    assert rebuild.check(four.conv) == ""
+    before = _keys(redis_client)
+    eight = make(db, redis_client, redis_shards=8)
+    assert rebuild.check(eight.conv) == "the marker is missing"
+    report = rebuild.rebuild(db, eight.conv, eight.enqueue, lambda ids: None)
+    assert report.done and report.marked_ready
+    assert report.other_layout_keys_removed == len(before)
+    assert all(k.startswith(eight.k.layout) for k in _keys(redis_client))
+    assert sorted(report.drains_started) == cids
+    sender = Recorder()
+    eight.run(sender)
+    for cid in cids:
+        assert [s for s in sender.sent if s.startswith(f"{cid}-")] == [f"{cid}-s1", f"{cid}-s2"]

@@ -1,5 +1,9 @@
 -- Shared functions, prepended to every script by worker/core/scripts.py.
 -- Times are milliseconds since the epoch, given by the caller (ARGV), never read here.
+-- Keys: every key a script touches, given in KEYS or derived from a prefix in ARGV and a value
+-- it read, is of one conversation shard (models/keys.py): one hash tag, so one slot of a Redis
+-- Cluster. pendingMessages, scheduled, the running drains and the marker are the shard's; the
+-- prefixes are the shard's too.
 
 local function num(v, default)
   if v == false or v == nil or v == '' then return default end

@@ -1,6 +1,7 @@
 -- The client's ACK of a response it answered with 202: the response is delivered, its
 -- references go (deleteConversationMessage) and the next one is released.
--- KEYS[1] asyncRequest key   KEYS[2] response hash   KEYS[3] response order
+-- KEYS[1] asyncRequest key (in the shard the caller found the id in: models/keys.py)
+-- KEYS[2] response hash      KEYS[3] response order
 -- KEYS[4] pendingMessages    KEYS[5] request list    KEYS[6] request counter
 -- KEYS[7] drain lease
 -- ARGV[1] member the caller read from KEYS[1]  ARGV[2] request key prefix

@@ -1,9 +1,10 @@
 -- The ordering gate of one conversation: settle the previous send, then validate the head
 -- (canSendConversationMessage) and, in claim mode, take it for sending. One atomic step.
--- KEYS[1] request list   KEYS[2] response order   KEYS[3] pendingMessages
--- KEYS[4] drain lease    KEYS[5] scheduled        KEYS[6] request counter
+-- KEYS[1] request list   KEYS[2] response order   KEYS[3] pendingMessages (the shard's)
+-- KEYS[4] drain lease    KEYS[5] scheduled (the shard's)   KEYS[6] request counter
 -- KEYS[7] running drains (conversation id -> 'pid|token|ms': the drain's liveness)
--- KEYS[8] the Redis marker (orderly:epoch): while it says 'rebuilding', nothing is claimed
+-- KEYS[8] the shard's Redis marker (<shard>:epoch): while it says 'rebuilding', nothing is
+--   claimed
 -- ARGV[1] mode: 'claim' (a drain holding the lease), 'yield' (settle only, keep the lease:
 --   the drain goes on in a new task) or 'check' (validate ARGV[10] only, no lease)
 -- ARGV[2] lease token  ARGV[3] now (ms)  ARGV[4] drain lease (ms)

@@ -1,6 +1,6 @@
 -- The awaited agent's turn (getAwaitedMessages): take the due members of pendingMessages
 -- and claim them by moving their score forward, so another agent does not take them too.
--- KEYS[1] pendingMessages
+-- KEYS[1] pendingMessages of one shard (beat's turn walks every shard, models/keys.py)
 -- ARGV[1] now (ms)  ARGV[2] AWAITED_MESSAGES_BY_TURN  ARGV[3] response key prefix
 -- ARGV[4] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)
 -- A member still PENDING becomes AWAITED with awaitedRetries + 1; each taken member's next

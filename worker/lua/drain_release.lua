@@ -1,7 +1,8 @@
 -- A drain whose worker died (the PostgreSQL connection it held is gone): its lease is freed
 -- and its conversation woken at once, instead of after MAX_PENDING_TTL. Only the very drain
 -- that was found dead is released: the entry and the lease must still be its.
--- KEYS[1] running drains  KEYS[2] the conversation's drain lease  KEYS[3] scheduled
+-- KEYS[1] running drains (the shard's)  KEYS[2] the conversation's drain lease
+-- KEYS[3] scheduled (the shard's)
 -- KEYS[4] the conversation's response order
 -- ARGV[1] conversationId  ARGV[2] the entry found dead ('pid|token|ms')  ARGV[3] now (ms)
 -- ARGV[4] '1' the worker died; '0' PostgreSQL restarted under a live drain (the head it had

@@ -1,7 +1,7 @@
 -- createConversationRegister: a user's request enters its conversation (status WAITING).
--- KEYS[1] request hash            bridge:queue:req:<requestId>
--- KEYS[2] request list            bridge:queue:<conversationId>:req
--- KEYS[3] request counter         bridge:queue:<conversationId>:seq
+-- KEYS[1] request hash            <prefix>:{bq:<count>:<shard>}:req:<requestId>
+-- KEYS[2] request list            <prefix>:{bq:<count>:<shard>}:<conversationId>:req
+-- KEYS[3] request counter         <prefix>:{bq:<count>:<shard>}:<conversationId>:seq
 -- ARGV[1] conversationId  ARGV[2] origin  ARGV[3] requestId  ARGV[4] requestTimestamp (ms)
 -- ARGV[5] msgId (PostgreSQL)  ARGV[6] now (ms)  ARGV[7] MESSAGE_TTL (ms)
 -- ARGV[8] AWAITED_MESSAGE_TTL (ms): the counter lives as long as anything it ordered
