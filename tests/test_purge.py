@@ -527,6 +527,7 @@ def test_workers_go_on_while_100000_rows_are_purged(
     report = purge(db, BEFORE, batch_size=200, on_batch=lambda r: seen.append((r.total, done())))
     stop.set()
     producer.join(10)
+    print(f"{report.summary()}; new messages done during it: {seen[0][1]} -> {seen[-1][1]}")
     assert report.total >= 100_000, report.summary()
     # Messages were completed between the purge's first batch and its last, not only after.
     first, last = seen[0][1], seen[-2][1]
