@@ -478,8 +478,9 @@ def test_the_command_reports_counts_and_refuses_bad_input(
     counted = cli("purge", "--before", cutoff, "--dry-run", "--json")
     assert counted.returncode == 0, counted.stderr
     assert json.loads(counted.stdout)["rows"]["message"] == 3 and len(ids(db)) == 3
-    done = cli("purge", "--before", cutoff, "--archive", str(tmp_path / "a"))
+    done = cli("purge", "--before", cutoff, "--archive", str(tmp_path / "a"), "--progress")
     assert done.returncode == 0, done.stderr
+    assert "batch 1: 9 rows" in done.stderr
     assert "deleted 9 rows of 3 families" in done.stdout and "rows/s" in done.stdout
     assert ids(db) == set() and len(list((tmp_path / "a").iterdir())) == 3
 
