@@ -28,6 +28,9 @@ from worker.settings import Settings
 from .conftest import IN_CI, TEST_DB_URL, TEST_REDIS_URL
 
 CONVERSATIONS = [f"conv-{n}" for n in range(12)]
+# Key lifetimes (PEXPIRE, Redis's own clock) far longer than a slow machine takes for a test;
+# the mechanism's own clock (the harness's) moves past them where a test needs it.
+LIVES = {"message_ttl": 300_000, "awaited_message_ttl": 600_000, "sent_message_ttl": 60_000}
 RETRY = SendResult(Delivery.RECOVERABLE, 503, reason="HTTP 503")
 FATAL = SendResult(Delivery.FATAL, 400, reason="HTTP 400")
 
@@ -140,7 +143,7 @@ class Core:
             h.request(cid, f"{cid}.r4")
             h.response(cid, f"{cid}.r4", f"{cid}.u1", last=True)
         h.run(rec)
-        h.clock.advance_ms(60_000)
+        h.clock.advance_ms(600_000)  # AWAITED_MESSAGE_TTL, for the agent
         expired = 0
         while report := h.conv.awaited_turn(h.enqueue):
             expired += report.expired
@@ -175,7 +178,7 @@ class Core:
 class TestPlainRedis(Core):
     @pytest.fixture
     def h(self, db: Engine, redis_client: redis.Redis) -> Iterator[Harness]:
-        yield make(db, redis_client)
+        yield make(db, redis_client, **LIVES)
 
     def flush(self, h: Harness) -> None:
         h.redis.flushdb()
@@ -186,7 +189,7 @@ class TestRedisCluster(Core):
     def h(self, db: Engine, redis_cluster: LocalCluster) -> Iterator[Harness]:
         redis_cluster.flush()
         client = redis_cluster.client()
-        yield make(db, client)
+        yield make(db, client, **LIVES)
         client.close()
 
     def flush(self, h: Harness) -> None:
