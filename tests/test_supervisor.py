@@ -184,14 +184,17 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"
 
 
-def start_supervisor(procs: ProcessGroup, marker: str, processes: int) -> Managed:
-    env = {
+def start_supervisor(procs: ProcessGroup, marker: str, processes: int, **env: str) -> Managed:
+    """``orderly worker`` (restart n waits 100 ms * 2^n unless ``env`` says otherwise)."""
+    settings = {
         "ORDERLY_NODE_CODE": "supervised",
         "ORDERLY_WORKER_PROCESSES": str(processes),
         "ORDERLY_WORKER_RESTART_DELAY_MS": "100",
         "ORDERLY_TEST_SUPERVISOR": marker,
+        **env,
     }
-    return procs.start("worker", [str(BIN / "orderly"), "worker", "--concurrency", "1"], env)
+    argv = [str(BIN / "orderly"), "worker", "--concurrency", "1"]
+    return procs.start("worker", argv, settings)
 
 
 def ready_count(managed: Managed) -> int:
@@ -210,7 +213,12 @@ def test_a_killed_worker_is_started_again_and_takes_messages(stack: Stack) -> No
     wait_until(lambda: ready_count(supervisor) == 2, START_TIMEOUT_S, "a new worker ready")
     (second,) = children(supervisor.proc.pid)
     assert second != first and not any(alive(p) for p in [first, *pool])
-    assert "was killed by SIGKILL" in supervisor.log_path.read_text()
+    os.killpg(second, signal.SIGKILL)
+    wait_until(lambda: ready_count(supervisor) == 3, START_TIMEOUT_S, "a third worker ready")
+    said = supervisor.log_path.read_text()
+    # ORDERLY_WORKER_RESTART_DELAY_MS 100: restart n waits 100 ms * 2^n.
+    assert "was killed by SIGKILL" in said
+    assert "restart 1 in 0.200 s" in said and "restart 2 in 0.400 s" in said
     msg_id = stack.submit(message(1, operation="say", payload="after the restart"))
     stack.wait_state(msg_id, "OK", timeout=60)
     assert supervisor.alive()
@@ -219,7 +227,14 @@ def test_a_killed_worker_is_started_again_and_takes_messages(stack: Stack) -> No
 def test_several_workers_and_a_sigterm_that_stops_them_all(stack: Stack) -> None:
     marker = uuid.uuid4().hex
     stack.start_api()
-    supervisor = start_supervisor(stack.procs, marker, processes=2)
+    # Restarts capped at 150 ms, and every worker healthy after 1 ms: each restart is the first.
+    supervisor = start_supervisor(
+        stack.procs,
+        marker,
+        processes=2,
+        ORDERLY_WORKER_RESTART_MAX_DELAY_MS="150",
+        ORDERLY_WORKER_HEALTHY_MS="1",
+    )
     wait_until(lambda: ready_count(supervisor) == 2, START_TIMEOUT_S, "two workers ready")
     mains = children(supervisor.proc.pid)
     assert len(mains) == 2  # ORDERLY_WORKER_PROCESSES
@@ -228,6 +243,11 @@ def test_several_workers_and_a_sigterm_that_stops_them_all(stack: Stack) -> None
     os.kill(mains[0], signal.SIGKILL)
     wait_until(lambda: ready_count(supervisor) == 3, START_TIMEOUT_S, "the worker replaced")
     wait_until(lambda: not any(alive(p) for p in pool), 30, "the dead worker's pool gone")
+    (replaced,) = set(children(supervisor.proc.pid)) - {mains[1]}
+    os.kill(replaced, signal.SIGKILL)
+    wait_until(lambda: ready_count(supervisor) == 4, START_TIMEOUT_S, "replaced again")
+    said = supervisor.log_path.read_text()
+    assert said.count("restart 1 in 0.150 s") == 2 and "restart 2" not in said
     msg_id = stack.submit(message(2, operation="say", payload="two workers"))
     stack.wait_state(msg_id, "OK", timeout=60)
     everything = processes_with(marker)
