@@ -136,9 +136,10 @@ def test_queue_log_and_published_messages_of_push_pull_and_consumer(
     assert thrown["traceback"].startswith("Traceback (most recent call last):")
     assert "pubsub_consumers.py" in thrown["traceback"]
     assert "FirstAttemptFails: attempt 0 of" in thrown["traceback"]
-    # The consumer's second attempt allocated its 2 MB block.
+    # The consumer's second attempt allocated its 2 MB block (less what the attempt freed of
+    # what was there before it: the peak is measured from the memory traced when it began).
     consumer_log = client.queue_log(delivery_id=_delivery(db, consumer)[0], state="Completed")
-    assert consumer_log[0]["memory_used"] >= 2_000_000
+    assert 1_900_000 <= consumer_log[0]["memory_used"] < 10_000_000
     # A push and a pull fail without an exception in orderly: the answer, the timeout.
     assert errors[push]["type"] == "PushFailed"
     assert errors[push]["message"].startswith("HTTP 503")

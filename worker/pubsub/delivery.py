@@ -26,7 +26,7 @@ from worker.core.due import PgDueIndex
 from worker.core.errors import Unauthorized
 from worker.core.lease import ORPHAN_GRACE_S, new_token
 from worker.core.retry import RetryPolicy
-from worker.pubsub.measure import Measure
+from worker.pubsub.measure import Measure, tracing
 from worker.pubsub.publish import BATCH, QUEUED_LEASE_S
 from worker.store.queries import sql
 
@@ -199,7 +199,8 @@ def deliver_batch(
         with conn.begin():
             rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim})
             claimed = [Claimed(*row) for row in rows.all()]
-        done = [_attempt(c, push, secret, clock) for c in claimed]
+        with tracing():
+            done = [_attempt(c, push, secret, clock) for c in claimed]
         return _record(conn, delivery_ids, done, claim, clock)
 
 
