@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,8 +23,29 @@ from types import TracebackType
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from tooling.processes import free_port
 from tooling.servers import ServerUnavailable
+
+# A cluster node also listens on its port + 10000 (the cluster bus): both must be free, and
+# the bus port a valid one, so ports are drawn below 55536 rather than from the ephemeral range.
+BUS_OFFSET = 10_000
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def node_port(taken: list[int]) -> int:
+    """A port that is free, with its cluster bus port free too."""
+    for _ in range(1000):
+        port = random.randrange(20_000, 30_000)
+        if port not in taken and _free(port) and _free(port + BUS_OFFSET):
+            return port
+    raise RuntimeError("no free pair of ports (port, port + 10000) found")
 
 
 class LocalCluster:
@@ -51,7 +74,7 @@ class LocalCluster:
 
     def _start(self) -> None:
         for n in range(self._count):
-            port = free_port()
+            port = node_port(self.ports)
             folder = self.dir / str(port)
             folder.mkdir()
             argv = [
@@ -105,7 +128,8 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"a cluster node exited; see {self.dir}/*/redis.log")
+                    logs = [p.read_text()[-500:] for p in self.dir.glob("*/redis.log")]
+                    raise RuntimeError(f"a cluster node exited; its logs end: {logs}")
             try:
                 if check():
                     return
