@@ -123,6 +123,21 @@ def test_a_poison_event_is_quarantined_within_seconds_while_the_others_are_deliv
     _, attempt, lost, error = poisoned()
     assert (attempt, lost) == (3, 3)
     assert error.startswith("E_WORKER_LOST: quarantined")
+    with db.connect() as conn:  # each death logged: its attempt, its Error and exception
+        logged = conn.execute(
+            text(
+                "SELECT p.attempt, p.outcome, x.type FROM published_messages p"
+                " JOIN subscription s USING (subscription_id)"
+                " LEFT JOIN log_exception x"
+                " ON x.delivery_id = p.delivery_id AND x.attempt = p.attempt"
+                " WHERE s.name = 'poisoned' ORDER BY p.id"
+            )
+        ).all()
+    assert [tuple(r) for r in logged] == [
+        (0, "FAILED", "WorkerLost"),
+        (1, "FAILED", "WorkerLost"),
+        (2, "DEAD", "WorkerLost"),
+    ]
     wait_until(lambda: len(recorder.times("/push")) == 10, timeout=30, what="the other events")
     # The push subscription takes the poison event too: it may have shared the batch that
     # killed its worker, and is delivered all the same (at least once).

@@ -178,3 +178,39 @@ def test_queue_log_and_published_messages_of_push_pull_and_consumer(
     bad = cli("log", "queue", "--state", "Done")
     assert bad.returncode == 2 and "state" in bad.stderr
     client.close()
+
+
+def test_a_dead_letter_and_its_redrive_in_the_logs(db: Engine) -> None:
+    """In process on the real store: a push with no retries left is dead-lettered (its
+    attempt DEAD, an Error with its PushFailed exception); a re-drive publishes it again
+    (attempt 0 PENDING, Pending in the queue log) and the next try completes."""
+    from worker import pubsub
+    from worker.pubsub import Attempt
+
+    pubsub.create_room(db, {"name": "r", "delivery_attempts": 0})
+    sub = pubsub.create_subscription(
+        db, "r", {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/p"}
+    )["subscription_id"]
+    (delivery_id,) = pubsub.publish_many(db, "r", [({"n": 1}, "k", 0)])
+    refused = Attempt(False, "HTTP 410: b'gone'")
+    assert pubsub.deliver(db, delivery_id, lambda c: refused) == "DEAD"
+    assert pubsub.redrive(db, subscription_id=sub) == [delivery_id]
+    assert pubsub.deliver(db, delivery_id, lambda c: Attempt(True)) == "DELIVERED"
+    log = _oldest_first(pubsub.queue_log(db, delivery_id=delivery_id))
+    assert [(r["state"], r["attempt"]) for r in log] == [
+        ("Pending", 0),
+        ("In process", 0),
+        ("Error", 0),
+        ("Pending", 0),
+        ("In process", 0),
+        ("Completed", 0),
+    ]
+    failure = pubsub.exception_get(db, log[2]["exception_id"])
+    assert (failure["type"], failure["message"], failure["traceback"]) == (
+        "PushFailed",
+        "HTTP 410: b'gone'",
+        None,
+    )
+    published = _oldest_first(pubsub.published_log(db, delivery_id=delivery_id))
+    assert [(p["attempt"], p["outcome"]) for p in published] == [(0, "DEAD"), (0, "DELIVERED")]
+    assert "attempts spent" in published[0]["error"]
