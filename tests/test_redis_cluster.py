@@ -17,9 +17,14 @@ from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
 from models.keys import BridgeKeys
+from tests.helpers import bridge_ready, wait_until
 from tests.redis_cluster import LocalCluster
+from tests.stack import Stack
+from tests.test_conversation_e2e import CHANNEL, TIMINGS, open_responses, pg_states
 from tests.test_conversations import Harness, Recorder, make
 from tooling.servers import ServerUnavailable
+from tooling.sink import Sink
+from tooling.workload import check, generate, submit
 from worker import rebuild
 from worker.conversations import Delivery, SendResult
 from worker.runtime import Runtime
@@ -286,3 +291,55 @@ def test_the_layout_tags_every_key_with_its_shard() -> None:
     assert len({s.base for s in keys.every_shard}) == 16
     # Another shard count is another layout: no key in common.
     assert not BridgeKeys("bridge:queue", 8).request_list("c1").startswith(keys.layout)
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    with Sink() as s:
+        yield s
+
+
+def test_the_stack_delivers_in_order_with_its_ordering_on_the_cluster(
+    stack: Stack, db: Engine, redis_cluster: LocalCluster, sink: Sink
+) -> None:
+    """The API, a worker and beat as real processes, ORDERLY_REDIS_CLUSTER=true: a seeded
+    workload with retries, cancels, 202s and ACKs arrives in order; the conversation keys
+    are on the cluster's nodes, the broker's on the plain Redis."""
+    redis_cluster.flush()
+    stack.env(
+        **TIMINGS,
+        ORDERLY_REDIS_CLUSTER="true",
+        ORDERLY_REDIS_CLUSTER_NODES=redis_cluster.nodes_setting,
+    )
+    stack.start_api()
+    assert stack.http.put("/channels/chat", json={"url": sink.url, **CHANNEL}).status_code == 200
+    stack.workers({"w1": "worker-1"}, concurrency=2)
+    stack.beat()
+    cluster = redis_cluster.client()
+    wait_until(lambda: bridge_ready(cluster), timeout=60, what="beat's first rebuild")
+    sink.configure(
+        seed=20261125,
+        p_recoverable=0.10,
+        p_non_recoverable=0.02,
+        p_async=0.30,
+        ack_delay_ms=[5, 60],
+        orderly_url=stack.url,
+    )
+    workload = generate(seed=11, conversations=40)
+    submission = submit(workload, stack.http, "chat")
+    wait_until(lambda: open_responses(db) == 0, timeout=180, what="every response final")
+    verdict = check(
+        workload, sink.arrivals(), pg_states(db), submission=submission, message_ttl_ms=600_000
+    )
+    assert verdict.ok, verdict
+    assert verdict.retried > 0
+    assert any(a["status"] == 202 and a["ack_status"] == 200 for a in sink.arrivals())
+    on_nodes = [
+        sum(1 for _ in node.scan_iter(match="bridge:queue:*"))
+        for node in redis_cluster.node_clients()
+    ]
+    assert sum(1 for n in on_nodes if n > 0) >= 2, on_nodes  # at least the shards' markers
+    plain = redis.Redis.from_url(TEST_REDIS_URL)
+    assert not list(plain.scan_iter(match="bridge:queue:*"))  # nothing of the ordering here
+    plain.close()
+    cluster.close()
