@@ -8,6 +8,8 @@ same key slot"), so every core test passing on the cluster shows the layout hold
 
 from __future__ import annotations
 
+import functools
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,8 +27,9 @@ from tests.test_conversations import Harness, Recorder, make
 from tooling.servers import ServerUnavailable
 from tooling.sink import Sink
 from tooling.workload import check, generate, submit
-from worker import rebuild
+from worker import readiness, rebuild
 from worker.conversations import Delivery, SendResult
+from worker.core.clients import ordering_client
 from worker.runtime import Runtime
 from worker.settings import Settings
 
@@ -312,6 +315,8 @@ def test_the_stack_delivers_in_order_with_its_ordering_on_the_cluster(
         ORDERLY_REDIS_CLUSTER_NODES=redis_cluster.nodes_setting,
     )
     stack.start_api()
+    ready = stack.http.get("/ready")
+    assert ready.status_code == 200 and "redis-cluster" in ready.json()["checked"], ready.text
     assert stack.http.put("/channels/chat", json={"url": sink.url, **CHANNEL}).status_code == 200
     stack.workers({"w1": "worker-1"}, concurrency=2)
     stack.beat()
@@ -343,3 +348,17 @@ def test_the_stack_delivers_in_order_with_its_ordering_on_the_cluster(
     assert not list(plain.scan_iter(match="bridge:queue:*"))  # nothing of the ordering here
     plain.close()
     cluster.close()
+
+
+def test_a_cluster_that_does_not_answer_is_named_by_readiness() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = readiness.probe(
+        "redis-cluster",
+        functools.partial(
+            readiness.ping_redis_cluster,
+            lambda: ordering_client("", [("127.0.0.1", port)], connect_timeout_s=1),
+        ),
+    )
+    assert down is not None and str(down).startswith("The Redis Cluster is unreachable: ")

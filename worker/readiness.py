@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from redis import Redis
+from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
+from worker.core.clients import OrderingRedis
 from worker.core.errors import ServiceUnavailable, first_line
 from worker.store.queries import sql
 
@@ -24,6 +26,16 @@ def ping_postgresql(engine: Engine) -> None:
 
 def ping_redis(client: Redis) -> None:
     client.ping()
+
+
+def ping_redis_cluster(client: Callable[[], OrderingRedis]) -> None:
+    """Every primary of the cluster answers (the client is made here: making it asks the
+    cluster for its slots, which fails as the cluster does)."""
+    cluster = client()
+    if isinstance(cluster, RedisCluster):
+        cluster.ping(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        cluster.ping()
 
 
 def probe(service: str, check: Probe) -> ServiceUnavailable | None:

@@ -1,6 +1,7 @@
 """GET /health: the API process answers (liveness; it checks nothing behind it).
-GET /ready: PostgreSQL, Redis and the broker answer, each within ORDERLY_READY_TIMEOUT_MS;
-else 503 naming each one that does not."""
+GET /ready: PostgreSQL, Redis and the broker answer (and the Redis Cluster of the ordering
+structures, with ORDERLY_REDIS_CLUSTER), each within ORDERLY_READY_TIMEOUT_MS; else 503
+naming each one that does not."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ async def ready(runtime: AppRuntime) -> JSONResponse:
         "redis": functools.partial(readiness.ping_redis, runtime.redis),
         "broker": functools.partial(ping_broker, timeout_s),
     }
+    if runtime.settings.redis_cluster:
+        # The conversations' ordering structures (docs/redis-cluster.md).
+        checks["redis-cluster"] = functools.partial(
+            readiness.ping_redis_cluster, lambda: runtime.ordering_redis
+        )
     found = await asyncio.gather(
         *(_probe(name, check, timeout_s) for name, check in checks.items())
     )

@@ -51,11 +51,16 @@ class NodeNotAccepting(OrderlyError):
 class ServiceUnavailable(OrderlyError):
     """A service orderly depends on cannot be reached now; the same request may succeed later.
 
-    ``service`` is ``postgresql``, ``redis`` or ``broker``; ``detail`` the driver's one-line
-    reason (never a traceback).
+    ``service`` is ``postgresql``, ``redis``, ``redis-cluster`` or ``broker``; ``detail`` the
+    driver's one-line reason (never a traceback).
     """
 
-    NAMES = {"postgresql": "PostgreSQL", "redis": "Redis", "broker": "The broker"}
+    NAMES = {
+        "postgresql": "PostgreSQL",
+        "redis": "Redis",
+        "redis-cluster": "The Redis Cluster",
+        "broker": "The broker",
+    }
 
     def __init__(self, service: str, detail: str) -> None:
         self.service = service
