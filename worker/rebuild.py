@@ -122,11 +122,6 @@ def check(conversations: Conversations) -> str:
     return ""
 
 
-def ready(conversations: Conversations) -> bool:
-    """Every shard's marker says "ready" (a rebuild finished and nothing was lost since)."""
-    return check(conversations) == ""
-
-
 def rebuild_if_lost(
     engine: Engine,
     conversations: Conversations,
