@@ -1,16 +1,23 @@
 """The Spark report beside the same aggregates as SQL in PostgreSQL, in the same run.
 
-    python -m benchmarks.report [--quick] [--messages N] [--regenerate]
+    python -m benchmarks.report [--quick] [--messages N [N ...]] [--regenerate]
+                                [--no-cluster] [--jdbc-rates]
 
-Generates N messages (1,000,000; --quick: 100,000) with ``orderly-tools generate``'s generator into
-the database ``orderly_bench_report`` (kept between runs: the same N and seed are reused
-unless --regenerate), then measures:
-- ``spark_report_s``: the whole report as ``orderly report`` runs it: Spark's start, the
-  partitioned JDBC reads, every aggregate, Parquet, CSV and the HTML file;
+Generates N messages (1,000,000; --quick: 100,000) with ``orderly-tools generate``'s
+generator into the database ``orderly_bench_report_<N>`` (one per size, kept between runs:
+reused while it holds N messages, unless --regenerate), then measures:
 - ``sql_total_s``: every aggregate's SQL twin run one after the other in PostgreSQL;
-- ``jdbc_rows_per_s_1p`` and ``_4p``: the message table's report columns read over JDBC with
-  1 and with 4 partitions into Spark's no-op sink (every row and column materialised).
-The last line printed is one JSON object with the figures.
+- ``spark_report_s``: the whole report as ``orderly report`` runs it on local[*]: Spark's
+  start, the partitioned JDBC reads, every aggregate, Parquet, CSV and the HTML file, and
+  ``ratio`` = spark_report_s / sql_total_s;
+- ``spark_cluster_report_s`` (unless --no-cluster): the same report against a standalone
+  cluster of two one-core workers started on this machine (``tooling/spark_cluster.py``);
+- with --jdbc-rates, ``jdbc_rows_per_s_1p`` and ``_4p``: the message table's report columns
+  read over JDBC with 1 and with 4 partitions into Spark's no-op sink;
+- ``load_before`` / ``load_after``: the machine's 1-minute load average around them.
+Settings (e.g. ORDERLY_REPORT_DRIVER_MEMORY) come from the environment as for the command.
+The last line printed is one JSON object: the figures, or with several sizes
+``{"1M": {...}, "10M": {...}}``.
 """
 
 from __future__ import annotations
@@ -110,45 +117,89 @@ def jdbc_rate(url: str, partitions: int) -> tuple[int, float]:
     return rows, rows / took
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100,000 messages")
-    parser.add_argument("--messages", type=int, default=None)
-    parser.add_argument("--regenerate", action="store_true")
-    args = parser.parse_args()
-    messages = args.messages or (100_000 if args.quick else 1_000_000)
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
 
+
+def report_s(url: str, master: str | None = None) -> tuple[float, int]:
+    """The whole report as ``orderly report`` runs it; its seconds and the rows it read."""
     from reports.job import ReportOptions, run_report
     from worker.settings import Settings
 
-    url, engine = prepare(messages, args.regenerate)
-    sql_s = sql_total(engine)
-    print(f"SQL in PostgreSQL, every aggregate: {sql_s:.2f}s")
     with tempfile.TemporaryDirectory(prefix="orderly-bench-report-") as out:
         t0 = time.monotonic()
-        result = run_report(ReportOptions(output_dir=Path(out)), Settings(database_url=url))
-        spark_s = time.monotonic() - t0
+        result = run_report(
+            ReportOptions(output_dir=Path(out), master=master), Settings(database_url=url)
+        )
+        took = time.monotonic() - t0
+    return took, sum(result.data.rows_read.values())
+
+
+def cluster_report_s(url: str) -> float:
+    """The report against a standalone cluster of two one-core workers on this machine."""
+    from tooling.spark_cluster import StandaloneCluster
+    from worker.settings import Settings
+
+    memory = Settings().report_executor_memory
+    size = int(memory[:-1]) * {"k": 1, "m": 1 << 10, "g": 1 << 20, "t": 1 << 30}[memory[-1]]
+    worker = f"{size + (512 << 10)}k"  # the executor and its overhead
+    with StandaloneCluster(workers=2, cores=1, memory=worker) as cluster:
+        took, _ = report_s(url, cluster.url)
+    return took
+
+
+def measure(messages: int, regenerate: bool, cluster: bool, rates: bool) -> dict[str, Any]:
+    url, engine = prepare(messages, regenerate)
+    figures: dict[str, Any] = {"rows": messages, "load_before": _load()}
+    sql_s = sql_total(engine)
+    engine.dispose()
+    print(f"SQL in PostgreSQL, every aggregate: {sql_s:.2f}s (load {_load()})")
+    spark_s, read = report_s(url)
     print(
         f"Spark report (start, reads, aggregates, Parquet, CSV, HTML): {spark_s:.2f}s; "
-        f"rows read {sum(result.data.rows_read.values()):,}"
+        f"rows read {read:,} (load {_load()})"
     )
-    rows, rate_1 = jdbc_rate(url, 1)
-    _, rate_4 = jdbc_rate(url, 4)
-    print(f"JDBC read of {rows:,} message rows: {rate_1:,.0f} rows/s (1 partition), "
-          f"{rate_4:,.0f} rows/s (4 partitions)")  # fmt: skip
-    engine.dispose()
-    print(
-        json.dumps(
-            {
-                "rows": messages,
-                "spark_report_s": round(spark_s, 2),
-                "sql_total_s": round(sql_s, 2),
-                "ratio": round(spark_s / sql_s, 3),
-                "jdbc_rows_per_s_1p": round(rate_1, 1),
-                "jdbc_rows_per_s_4p": round(rate_4, 1),
-            }
+    figures.update(
+        spark_report_s=round(spark_s, 2),
+        sql_total_s=round(sql_s, 2),
+        ratio=round(spark_s / sql_s, 3),
+    )
+    if cluster:
+        cluster_s = cluster_report_s(url)
+        print(f"the same on a standalone cluster (2 workers x 1 core): {cluster_s:.2f}s")
+        figures.update(
+            spark_cluster_report_s=round(cluster_s, 2),
+            cluster_ratio=round(cluster_s / sql_s, 3),
         )
+    if rates:
+        rows, rate_1 = jdbc_rate(url, 1)
+        _, rate_4 = jdbc_rate(url, 4)
+        print(f"JDBC read of {rows:,} message rows: {rate_1:,.0f} rows/s (1 partition), "
+              f"{rate_4:,.0f} rows/s (4 partitions)")  # fmt: skip
+        figures.update(jdbc_rows_per_s_1p=round(rate_1, 1), jdbc_rows_per_s_4p=round(rate_4, 1))
+    figures["load_after"] = _load()
+    return figures
+
+
+def _size(messages: int) -> str:
+    return f"{messages // 1_000_000}M" if messages % 1_000_000 == 0 else str(messages)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100,000 messages")
+    parser.add_argument("--messages", type=int, nargs="+", default=None, help="one or more sizes")
+    parser.add_argument("--regenerate", action="store_true")
+    parser.add_argument(
+        "--no-cluster", action="store_true", help="leave out the standalone cluster's run"
     )
+    parser.add_argument("--jdbc-rates", action="store_true", help="also time bare JDBC reads")
+    args = parser.parse_args()
+    sizes = args.messages or [100_000 if args.quick else 1_000_000]
+    results = {
+        _size(n): measure(n, args.regenerate, not args.no_cluster, args.jdbc_rates) for n in sizes
+    }
+    print(json.dumps(results[_size(sizes[0])] if len(sizes) == 1 else results))
 
 
 if __name__ == "__main__":

@@ -277,6 +277,16 @@ def run_report(
             engine.dispose()
 
 
+def _cluster(settings: Settings, master: str) -> dict[str, str]:
+    """A cluster's executors: their memory and cores (local[*] runs in the driver)."""
+    if master.startswith("local"):
+        return {}
+    return {
+        "spark.executor.memory": settings.report_executor_memory,
+        "spark.executor.cores": str(settings.report_executor_cores),
+    }
+
+
 def _run(
     options: ReportOptions,
     settings: Settings,
@@ -309,7 +319,13 @@ def _run(
             charts[aggregate.name] = drawing.submit(chart_html, aggregate)
 
         if own:
-            spark = spark_session(jdbc, master, settings.report_driver_memory)
+            spark = spark_session(
+                jdbc,
+                master,
+                settings.report_driver_memory,
+                conf=_cluster(settings, master),
+                quick_jit=settings.report_quick_jit,
+            )
         spark_started = time.monotonic()
         try:
             aggregates, read_rows = compute(spark, jdbc, since, until, folder / "parquet", draw)

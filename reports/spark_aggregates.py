@@ -46,16 +46,44 @@ def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:
     return frame.drop("_pcts")
 
 
+# The message table's counts by hour, error code, failed_count and node come from one pass:
+# one aggregation over grouping sets; each aggregate takes its set's rows.
+_COUNT_SETS = {
+    "hour": ("h", "service_name", "operation_name", "state"),
+    "failure": ("failed_error_code", "source_system"),
+    "failed_count": ("failed_count",),
+    "node": ("node_id",),
+}
+
+
+def _message_counts(f: Frames) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    # The hour as a number, formatted once per group: not a string per row.
+    m = f[MESSAGE].withColumn("h", F.floor(F.unix_seconds("receive_timestamp") / 3600))
+    keys = list(dict.fromkeys(c for cols in _COUNT_SETS.values() for c in cols))
+    return m.groupingSets([list(cols) for cols in _COUNT_SETS.values()], *keys).agg(
+        F.count("*").alias("messages"),
+        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("failed"),
+        F.sum(F.when(F.col("state").isin(*FINAL), 1).otherwise(0)).alias("final"),
+        *(F.grouping(cols[0]).alias(f"g_{name}") for name, cols in _COUNT_SETS.items()),
+    )
+
+
+def _counts_by(f: Frames, name: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    counts = f.derived("message_counts", _message_counts)
+    return counts.where(F.col(f"g_{name}") == 0)
+
+
 def throughput(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    m = f[MESSAGE]
-    return m.groupBy(
-        F.date_format("receive_timestamp", "yyyy-MM-dd HH:00").alias("hour"),
-        "service_name",
-        "operation_name",
-        "state",
-    ).agg(F.count("*").alias("messages"))
+    hour = F.date_format(F.timestamp_seconds(F.col("h") * 3600), "yyyy-MM-dd HH:00")
+    return _counts_by(f, "hour").select(
+        hour.alias("hour"), "service_name", "operation_name", "state", "messages"
+    )
 
 
 def latency(f: Frames) -> DataFrame:
@@ -78,17 +106,17 @@ def latency(f: Frames) -> DataFrame:
 def failures(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    m = f[MESSAGE].where(F.col("failed_error_code").isNotNull())
-    return m.groupBy("failed_error_code", "source_system").agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("final_failed"),
+    rows = _counts_by(f, "failure").where(F.col("failed_error_code").isNotNull())
+    return rows.select(
+        "failed_error_code",
+        "source_system",
+        "messages",
+        F.col("failed").cast("long").alias("final_failed"),
     )
 
 
 def failed_counts(f: Frames) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return f[MESSAGE].groupBy("failed_count").agg(F.count("*").alias("messages"))
+    return _counts_by(f, "failed_count").select("failed_count", "messages")
 
 
 def funnels(f: Frames) -> DataFrame:
@@ -104,8 +132,10 @@ def funnels(f: Frames) -> DataFrame:
             _ms("last_process_timestamp", "receive_timestamp"),
         ),
     )
+    # The distinct count apart: beside it, Spark's rewrite of a distinct aggregate would keep
+    # a percentile sketch per (kind, funnel) and merge them all.
+    distinct = m.groupBy("kind").agg(F.countDistinct("funnel_value").alias("funnels"))
     out = m.groupBy("kind").agg(
-        F.countDistinct("funnel_value").alias("funnels"),
         F.count("*").alias("messages"),
         F.sum(F.when(F.col("state") == "POSTPONED", 1).otherwise(0)).alias("postponed_now"),
         F.sum(F.when(F.col("failed_error_code") == "E_POSTPONED_TOO_LONG", 1).otherwise(0)).alias(
@@ -113,7 +143,7 @@ def funnels(f: Frames) -> DataFrame:
         ),
         *_pcts("ms"),
     )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
+    return _split_pcts(out.join(distinct, "kind"), ("p50_ms", "p95_ms", "p99_ms"))
 
 
 def external_calls(f: Frames) -> DataFrame:
@@ -131,8 +161,8 @@ def nodes(f: Frames) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    m = f[MESSAGE].where(F.col("state").isin(*FINAL))
-    per = m.groupBy("node_id").agg(F.count("*").alias("messages"))
+    per = _counts_by(f, "node").where(F.col("final") > 0)
+    per = per.select("node_id", F.col("final").cast("long").alias("messages"))
     per = per.join(f[NODE], "node_id", "left")
     total = F.sum("messages").over(Window.partitionBy())
     return per.select(
@@ -203,12 +233,13 @@ def exchanges(f: Frames) -> DataFrame:
         "ms", F.when(F.col("res_id").isNotNull(), _ms("res_timestamp", "req_timestamp"))
     )
     out = r.agg(
-        F.countDistinct("req_id").alias("requests"),
         F.count("res_id").alias("responses"),
         F.count(F.when(F.col("failed"), 1)).alias("failed"),
         *_pcts("ms"),
     )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
+    # The distinct count apart (see funnels).
+    requests = r.agg(F.countDistinct("req_id").alias("requests"))
+    return _split_pcts(requests.crossJoin(out), ("p50_ms", "p95_ms", "p99_ms"))
 
 
 CONVERSATION_COUNTS = (
@@ -227,10 +258,10 @@ def conversations(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
     m = f[MESSAGE].where(F.col("service_name") == "conversation")
-    requests = m.where(F.col("operation_name") == "request")
-    responses = m.where(F.col("operation_name") == "response")
-    delivered = responses.where(
-        (F.col("state") == "OK") & F.col("last_process_timestamp").isNotNull()
+    delivered = m.where(
+        (F.col("operation_name") == "response")
+        & (F.col("state") == "OK")
+        & F.col("last_process_timestamp").isNotNull()
     )
     order = Window.partitionBy("process_id").orderBy("last_process_timestamp", "msg_id")
     prev = F.lag("last_process_timestamp").over(order)
@@ -238,22 +269,22 @@ def conversations(f: Frames) -> DataFrame:
     released = released.withColumn(
         "ready", F.greatest(F.col("prev"), F.col("receive_timestamp"))
     ).withColumn("ms", _ms("last_process_timestamp", "ready"))
+    request, response = (F.col("operation_name") == n for n in ("request", "response"))
+
+    def count(cond: Column) -> Column:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    # Every count in one pass over the conversation messages; the release latency in another.
     counts = m.agg(
         F.countDistinct("process_id").alias("conversations"),
-        F.sum(F.when(F.col("operation_name") == "request", 1).otherwise(0)).alias("requests"),
-        F.sum(F.when(F.col("operation_name") == "response", 1).otherwise(0)).alias("responses"),
+        count(request).alias("requests"),
+        count(response).alias("responses"),
+        count(response & (F.col("state") == "OK")).alias("delivered"),
+        count(request & (F.col("state") == "CANCEL")).alias("cancelled_groups"),
+        count(response & (F.col("failed_count") > 0)).alias("awaited"),
     )
-    cancelled = F.sum(F.when(F.col("state") == "CANCEL", 1).otherwise(0))
     release = _split_pcts(released.agg(*_pcts("ms")), RELEASE_PCTS)
-    other = (
-        responses.agg(
-            F.sum(F.when(F.col("state") == "OK", 1).otherwise(0)).alias("delivered"),
-            F.sum(F.when(F.col("failed_count") > 0, 1).otherwise(0)).alias("awaited"),
-        )
-        .crossJoin(requests.agg(cancelled.alias("cancelled_groups")))
-        .crossJoin(release)
-    )
-    out = counts.crossJoin(other)
+    out = counts.crossJoin(release)
     return out.select(
         *(F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in CONVERSATION_COUNTS),
         *RELEASE_PCTS,

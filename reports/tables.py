@@ -113,6 +113,8 @@ class Frames:
         self._load = load
         self._frames: dict[str, DataFrame] = {}
         self._locks = {t.name: threading.Lock() for t in TABLES}
+        self._derived: dict[str, DataFrame] = {}
+        self._derived_lock = threading.Lock()
 
     def __getitem__(self, table: Table) -> DataFrame:
         # One lock per table: tables load side by side, each only once.
@@ -120,6 +122,14 @@ class Frames:
             if table.name not in self._frames:
                 self._frames[table.name] = self._load(table).cache()
             return self._frames[table.name]
+
+    def derived(self, name: str, build: Callable[[Frames], DataFrame]) -> DataFrame:
+        """A frame several aggregates take their rows from (one pass computing them all),
+        built once and kept with the tables."""
+        with self._derived_lock:
+            if name not in self._derived:
+                self._derived[name] = build(self).cache()
+            return self._derived[name]
 
     def materialize(self) -> dict[str, int]:
         """Read every table into memory in one Spark job (its reads run as parallel tasks);
@@ -136,6 +146,7 @@ class Frames:
         return {str(r["t"]): int(r["n"]) for r in guarded(union.collect)}
 
     def release(self) -> None:
-        for frame in self._frames.values():
+        for frame in [*self._derived.values(), *self._frames.values()]:
             frame.unpersist()
+        self._derived.clear()
         self._frames.clear()

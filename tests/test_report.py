@@ -137,8 +137,7 @@ def assert_same_rows(
     assert len(got.rows) == len(expected), f"{aggregate.name}: row counts differ"
     columns = aggregate.columns
     low, high = (
-        _canon(_sql_rows(engine, _band_twin(aggregate, side), window), columns)
-        for side in (-1, 1)
+        _canon(_sql_rows(engine, _band_twin(aggregate, side), window), columns) for side in (-1, 1)
     )
     mine, theirs = _canon(got.rows, columns), _canon(expected, columns)
     for n, (a_row, b_row) in enumerate(zip(mine, theirs, strict=True)):

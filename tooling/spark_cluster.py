@@ -153,7 +153,7 @@ class StandaloneCluster:
                 if alive >= self.workers:
                     return
                 last = f"{alive} of {self.workers} workers alive"
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # not listening yet, or an empty page
                 last = str(exc)
             time.sleep(0.2)
         raise RuntimeError(

@@ -54,6 +54,25 @@ class ReportSettings(Section):
         validation_alias="ORDERLY_REPORT_DRIVER_MEMORY",
         description="Spark driver memory (local mode: all of Spark).",
     )
+    report_executor_memory: str = Field(
+        "1g",
+        pattern=r"^[0-9]+[kmgt]$",
+        validation_alias="ORDERLY_REPORT_EXECUTOR_MEMORY",
+        description="Memory of each executor on a cluster (not used by local[*]).",
+    )
+    report_executor_cores: int = Field(
+        1,
+        ge=1,
+        le=256,
+        validation_alias="ORDERLY_REPORT_EXECUTOR_CORES",
+        description="Cores of each executor on a cluster (not used by local[*]).",
+    )
+    report_quick_jit: bool = Field(
+        True,
+        validation_alias="ORDERLY_REPORT_QUICK_JIT",
+        description="Spark's JVMs compile with C1 only: faster up to a few million rows; "
+        "false for long reports (tens of millions of rows).",
+    )
     report_output_dir: str = Field(
         "reports-out",
         min_length=1,
