@@ -7,8 +7,9 @@ send and claims the next head in one script call, so a successor leaves the mome
 predecessor is delivered or ACKed, without polling.
 
 ``intake`` takes requests and responses in, ``gate`` delivers them, ``agent`` wakes waiting
-conversations and runs the awaited agent; :class:`Conversations` is the one object the faces
-use.
+conversations and runs the awaited agent, ``operations`` are the operators' (get a message,
+delete a request's, set AWAITED, move an awaited date, remove at a time); :class:`Conversations`
+is the one object the faces use.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import Engine
 
 from models.keys import BridgeKeys
 from worker.channels import ChannelDirectory
-from worker.conversations import agent, gate, intake
+from worker.conversations import agent, gate, intake, operations
 from worker.conversations.context import Context
 from worker.conversations.model import (
     ERROR_CANCELLED,
@@ -136,6 +137,56 @@ class Conversations:
     def release_dead_drains(self) -> int:
         """Drains whose worker died: leases freed, conversations woken at once."""
         return agent.release_dead_drains(self.ctx)
+
+    def get_message(
+        self,
+        *,
+        response_id: str | None = None,
+        async_response_id: str | None = None,
+        fields: Any = None,
+    ) -> dict[str, Any]:
+        """getConversationMessage: one response by responseId or asyncResponseId."""
+        return operations.get_message(
+            self.ctx, response_id=response_id, async_response_id=async_response_id, fields=fields
+        )
+
+    def delete_register(
+        self,
+        conversation_id: str,
+        request_id: str,
+        data: Any,
+        enqueue: Enqueue,
+        *,
+        key: str | None = None,
+    ) -> operations.Deleted:
+        """deleteConversationRegister: a request's messages deleted (status, allOriginExcept)."""
+        return operations.delete(self.ctx, conversation_id, request_id, data, enqueue, key=key)
+
+    def set_awaited(
+        self,
+        conversation_id: str,
+        data: Any,
+        *,
+        request_id: str | None = None,
+        response_id: str | None = None,
+        key: str | None = None,
+    ) -> operations.AwaitedSet:
+        """setAwaitedByRequestId / setAwaitedByResponseId."""
+        return operations.set_awaited(
+            self.ctx, conversation_id, data, request_id=request_id, response_id=response_id, key=key
+        )
+
+    def set_awaited_date(
+        self, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+    ) -> dict[str, Any]:
+        """updateAwaitedExpires: a new awaitedToDate for an AWAITED response."""
+        return operations.set_awaited_date(self.ctx, conversation_id, response_id, data, key=key)
+
+    def remove_at(
+        self, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+    ) -> dict[str, Any]:
+        """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
+        return operations.remove_at(self.ctx, conversation_id, response_id, data, key=key)
 
     def log_partial_metrics(self) -> None:
         """AURA_LOGGING_EXTRA_TIME_METRICS: the queue's figures, logged."""

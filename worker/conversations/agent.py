@@ -1,7 +1,8 @@
 """Waking conversations and the awaited agent (the seed's Awaited Messages Agent).
 
 A drain that must wait (a retry's backoff, an ACK deadline, an expiring head request) leaves
-a wake-up time in its shard's ``scheduled`` due set; :func:`wakes` is every shard's set as one
+a wake-up time in its shard's ``scheduled`` due set (where an operator's scheduled removal of a
+response waits too: removal.py); :func:`wakes` is every shard's set as one
 source of due work, handed to the ticker. The awaited agent takes up responses whose attempts
 ran out (AWAITED), or whose sender died, from each shard's ``pendingMessages``, and expires
 those past AWAITED_MESSAGE_TTL.
@@ -14,6 +15,7 @@ import logging
 from typing import Any
 
 from models.keys import ShardKeys
+from worker.conversations import removal
 from worker.conversations.context import Context
 from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
 from worker.core.due import RedisDueSet, ShardedDueSets
@@ -42,9 +44,13 @@ def wakes(ctx: Context, enqueue: Enqueue) -> ShardedDueSets:
     """The conversations whose wait has run out, as due work: each one is woken. One due set
     per shard (its ``scheduled`` and ``scheduled:leased``), walked as one source."""
 
-    def hand_off(conversation_ids: list[str]) -> None:
-        for cid in conversation_ids:
-            wake(ctx, cid, enqueue)
+    def hand_off(members: list[str]) -> None:
+        for member in members:
+            # A removal an operator scheduled (removal.py) runs here, then its conversation
+            # is woken too: its next response may go now.
+            if removal.is_removal(member) and not removal.remove_due(ctx, member):
+                continue
+            wake(ctx, removal.conversation_of(member), enqueue)
 
     sets = [
         RedisDueSet(
@@ -58,8 +64,8 @@ def wakes(ctx: Context, enqueue: Enqueue) -> ShardedDueSets:
         for shard in ctx.keys.every_shard
     ]
 
-    def shard_of(cid: str) -> int:
-        return ctx.keys.shard(cid).number
+    def shard_of(member: str) -> int:
+        return ctx.keys.shard(removal.conversation_of(member)).number
 
     return ShardedDueSets("conversation-wakes", sets, shard_of, hand_off, batch=100)
 

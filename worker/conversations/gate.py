@@ -264,13 +264,13 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
         _check_ack_token(ctx, {}, token)  # refused before any lookup
     if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
         raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
-    found = _find_ack(ctx, async_response_id)
+    found = find_ack(ctx, async_response_id)
     for pause in ACK_GRACE_S:
         if found is not None:
             break
         # A client may ACK before the worker has recorded its 202: wait a moment.
         time.sleep(pause)
-        found = _find_ack(ctx, async_response_id)
+        found = find_ack(ctx, async_response_id)
     if found is None:
         raise UnknownAck(async_response_id)
     shard, member = found
@@ -311,7 +311,7 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     return msg_id
 
 
-def _find_ack(ctx: Context, async_response_id: str) -> tuple[ShardKeys, str] | None:
+def find_ack(ctx: Context, async_response_id: str) -> tuple[ShardKeys, str] | None:
     """The shard whose ACK key holds ``async_response_id``, and the MinMessageInfo it holds.
 
     The id is the client's own (its 202's asyncResponseId): it names no conversation, so every

@@ -51,6 +51,7 @@ def register_request(ctx: Context, conversation_id: str, data: Any) -> Registere
             moment,
             payload,
             ctx.node_id,
+            req.corr,
         )
         if row is None:
             found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
@@ -65,15 +66,29 @@ def register_request(ctx: Context, conversation_id: str, data: Any) -> Registere
                 # A repeat after a failure between the row and Redis: register it there
                 # now (the script does nothing if it is registered already).
                 _register_in_redis(
-                    ctx, conversation_id, origin, req.request_id, _ms(ctx, moment), int(msg_id)
+                    ctx,
+                    conversation_id,
+                    origin,
+                    req.request_id,
+                    _ms(ctx, moment),
+                    int(msg_id),
+                    req.corr,
                 )
             return Registered(int(msg_id), MessageState(state), created=False)
-    _register_in_redis(ctx, conversation_id, req.origin, req.request_id, timestamp_ms, int(row[0]))
+    _register_in_redis(
+        ctx, conversation_id, req.origin, req.request_id, timestamp_ms, int(row[0]), req.corr
+    )
     return Registered(int(row[0]), MessageState.WAITING_FOR_RES, created=True)
 
 
 def _register_in_redis(
-    ctx: Context, conversation_id: str, origin: str, request_id: str, timestamp_ms: int, msg_id: int
+    ctx: Context,
+    conversation_id: str,
+    origin: str,
+    request_id: str,
+    timestamp_ms: int,
+    msg_id: int,
+    corr: str | None,
 ) -> None:
     k = ctx.keys
     ctx.scripts.run(
@@ -92,6 +107,7 @@ def _register_in_redis(
             ctx.now_ms(),
             ctx.settings.message_ttl,
             ctx.settings.awaited_message_ttl,
+            corr or "",
         ],
     )
 
@@ -114,6 +130,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             payload,
             ctx.node_id,
             res.last,
+            res.corr,
         )
         if row is None:
             raise UnknownRequest(res.request_id, conversation_id)
@@ -168,6 +185,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             token,
             ctx.lease_ms,
             1 if request_done else 0,
+            res.corr or "",
         ],
     )
     code = as_text(code)

@@ -39,6 +39,10 @@ RESERVED_CONVERSATION_IDS = frozenset(
 ID_RULE = "1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -"
 
 Id = Annotated[str, StringConstraints(strict=True, pattern=ID_PATTERN)]
+# The seed's corr: a correlator the client gives with a request or a response (1 to 255
+# characters, no control characters); kept on its Redis hash and its row (message.envelope).
+CORR_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+Corr = Annotated[str, StringConstraints(strict=True, pattern=CORR_PATTERN)]
 
 
 class _Input(BaseModel):
@@ -64,6 +68,7 @@ class RequestIn(_Input):
     origin: Id
     timestamp: datetime | None = None
     payload: Any = None
+    corr: Corr | None = None
 
 
 class ResponseIn(_Input):
@@ -72,6 +77,7 @@ class ResponseIn(_Input):
     payload: Any
     timestamp: datetime | None = None
     last: StrictBool = False
+    corr: Corr | None = None
 
 
 def check_conversation_id(value: str) -> str:

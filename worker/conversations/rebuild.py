@@ -29,6 +29,8 @@ from models.keys import min_message_info
 from worker.conversations.context import Context
 
 _RETRY = re.compile(r"^retry=(\d+);at=(\d+);round=(\d+)$")
+# An AWAITED date an operator set (worker.conversations.operations), for its round.
+_AWAITED = re.compile(r"^awaited=(\d+);round=(\d+)$")
 _ASYNC = "asyncResponseId="
 
 
@@ -72,8 +74,15 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
         "attempt": 0,
         "notBefore": 0,
         "member": member,
+        "lastAccess": now - idle,
     }
+    if row.corr is not None:
+        fields["corr"] = row.corr
     out: dict[str, Any] = {"responseId": row.correlation_id, "member": member, "ttl": ttl}
+    if row.remove_at_ms is not None:
+        # A removal an operator scheduled (removeAllReferencesAtTime): due again then.
+        fields["removeAt"] = int(row.remove_at_ms)
+        out["removeAt"] = int(row.remove_at_ms)
     custom = row.custom_data or ""
     if row.state == MessageState.WAITING_FOR_RES:
         sent_at = now - idle
@@ -88,6 +97,9 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
         earlier = max(0, row.failed_count - 1)
         wait = earlier * ctx.awaited_step_ms if earlier else s.awaited_time_when_retries_end
         at = min(int(now - idle + wait), expires)
+        by_hand = _AWAITED.match(custom)
+        if by_hand and int(by_hand.group(2)) == row.failed_count:
+            at = min(int(by_hand.group(1)), expires)
         fields.update(status="AWAITED", awaitedToDateTS=at, notBefore=at)
         out["pendingAt"] = at
     else:
@@ -124,6 +136,8 @@ def _groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
                     "expiresAtTS": now + ttl,
                     "msgId": row.msg_id,
                     "seq": 0,
+                    "lastAccess": now - _int(row.idle_ms),
+                    **({"corr": row.corr} if row.corr is not None else {}),
                 }
             continue
         response = _response(ctx, row, now)
@@ -185,7 +199,13 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
         shard = k.shard(cid)
         created, queued = ctx.scripts.run(
             "rebuild_conversation",
-            [k.request_list(cid), k.response_list(cid), shard.pending_messages, k.request_seq(cid)],
+            [
+                k.request_list(cid),
+                k.response_list(cid),
+                shard.pending_messages,
+                k.request_seq(cid),
+                shard.scheduled,
+            ],
             [
                 json.dumps(data),
                 shard.request_prefix,

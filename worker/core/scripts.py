@@ -27,6 +27,12 @@ SCRIPT_NAMES = (
     "awaited",
     "rebuild_conversation",
     "drain_release",
+    # operators' conversation operations (worker/conversations/operations.py)
+    "conv_delete",
+    "conv_set_awaited",
+    "conv_awaited_date",
+    "conv_remove_at",
+    "conv_remove_due",
     # the Redis marker (worker/rebuild.py)
     "epoch_ready",
     # due sets and leases

@@ -55,3 +55,21 @@ local function group_members(zset_key, request_id)
   end
   return out
 end
+
+-- A response becomes AWAITED (its attempts ran out, or an operator said so): one more
+-- awaited retry, taken up again by the awaited agent at awaitedToDate (the first wait
+-- AWAITED_TIME_WHEN_RETRIES_END, then awaitedRetries * step; never past its expiry).
+-- Returns {msgId, awaitedToDate, awaitedRetries}, or nil when the hash is gone.
+local function make_awaited(key, pending_key, member, now, first_wait, step)
+  local f = redis.call('HMGET', key, 'awaitedRetries', 'expiresAtTS', 'msgId')
+  if not f[3] then return nil end
+  local retries = num(f[1], 0)
+  local wait = first_wait
+  if retries > 0 then wait = retries * step end
+  local at = math.min(now + wait, num(f[2], now + wait))
+  redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries + 1,
+    'awaitedToDateTS', at, 'notBefore', at, 'attempt', 0, 'lastAccess', now)
+  redis.call('HDEL', key, 'claimedAt')
+  redis.call('ZADD', pending_key, at, member)
+  return {f[3], at, retries + 1}
+end

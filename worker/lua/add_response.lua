@@ -10,6 +10,8 @@
 -- ARGV[15] requestTimestamp (ms, used when the request must be registered again)
 -- ARGV[16] drain lease token  ARGV[17] drain lease (ms)
 -- ARGV[18] 1 when PostgreSQL has the request completed (its final response settled)
+-- ARGV[19] corr: the response's correlator ('' when none was given)
+-- Both hashes' lastAccess becomes now.
 -- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE' or 'CANCELLED' (the request's
 -- group was cancelled); leaseTaken 1 when the caller must start a drain with ARGV[16];
 -- lateMs '' or, for a late response, how long after requestTimestamp + MESSAGE_TTL it came.
@@ -40,7 +42,7 @@ if redis.call('HGET', KEYS[1], 'late') == '1' then
 end
 local n = redis.call('HINCRBY', KEYS[1], 'responseIdCounter', 1)
 local req_seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
-redis.call('HSET', KEYS[1], 'status', 'PENDING', 'expiresAtTS', now + msg_ttl)
+redis.call('HSET', KEYS[1], 'status', 'PENDING', 'expiresAtTS', now + msg_ttl, 'lastAccess', now)
 -- A request with activity lives MESSAGE_TTL past its latest response.
 redis.call('PEXPIRE', KEYS[1], msg_ttl)
 redis.call('PEXPIRE', KEYS[5], awaited_ttl)
@@ -51,7 +53,8 @@ redis.call('HSET', KEYS[2],
   'requestTimestamp', ARGV[15], 'responseTimestamp', ARGV[6], 'status', 'PENDING',
   'expiresAtTS', expires, 'awaitedToDateTS', 0, 'awaitedRetries', 0, 'taskItem', ARGV[7],
   'msgId', ARGV[8], 'requestMsgId', ARGV[9], 'last', ARGV[10], 'reqSeq', req_seq,
-  'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms)
+  'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms, 'lastAccess', now)
+if ARGV[19] ~= '' then redis.call('HSET', KEYS[2], 'corr', ARGV[19]) end
 redis.call('PEXPIRE', KEYS[2], awaited_ttl)
 -- Total order: the request's position in the conversation, then the response's arrival
 -- within its request. Both are integers; seq * 2^21 + n is exact in a double below 2^53.

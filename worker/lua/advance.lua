@@ -16,6 +16,7 @@
 -- ARGV[14] MESSAGE_TTL (ms)  ARGV[15] AWAITED_TIME_WHEN_RETRIES_END (ms)
 -- ARGV[16] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)  ARGV[17] conversationId
 -- ARGV[18] the backend pid of the PostgreSQL connection the drain holds ('' in check mode)
+-- The responses it settles an outcome of, claims or validates get lastAccess = now.
 -- Returns a JSON object: code, head (the response's fields when code is SEND; its lateMs is
 -- '' or the lateness add_response.lua decided; its lost counts the claims of it that died
 -- with their worker: a head claimed again before its outcome was settled), first (the first response id), due (ms, for
@@ -39,6 +40,8 @@ if mode ~= 'check' then
     return cjson.encode(result)
   end
   redis.call('SET', lease_key, token, 'PX', lease_ms)
+elseif redis.call('EXISTS', res_prefix .. ARGV[10]) == 1 then
+  redis.call('HSET', res_prefix .. ARGV[10], 'lastAccess', now)
 end
 
 -- 1. The outcome of the previous send.
@@ -53,7 +56,7 @@ if outcome ~= '' then
     elseif outcome == 'sent' then
       -- markSentConversationRegister: delivered, its ACK to follow under asyncResponseId.
       local async_id = ARGV[13]
-      redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now)
+      redis.call('HSET', res_key, 'status', 'SENT', 'sentAt', now, 'lastAccess', now)
       redis.call('HDEL', res_key, 'claimedAt')
       -- An id another response is still waiting under is not taken over: this one then
       -- simply waits out SENT_MESSAGE_TTL.
@@ -68,7 +71,7 @@ if outcome ~= '' then
       -- A recoverable failure with attempts left: the head waits, its successors behind it.
       local at = now + tonumber(ARGV[13])
       redis.call('HINCRBY', res_key, 'attempt', 1)
-      redis.call('HSET', res_key, 'status', 'PENDING', 'notBefore', at)
+      redis.call('HSET', res_key, 'status', 'PENDING', 'notBefore', at, 'lastAccess', now)
       redis.call('HDEL', res_key, 'claimedAt')
       local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), at)
       redis.call('ZADD', pending_key, math.min(at + inflight_ms, expires), member)
@@ -79,18 +82,9 @@ if outcome ~= '' then
       local ids = {}
       for _, m in ipairs(group_members(zset_key, request_id)) do
         local key = res_prefix .. cjson.decode(m)['rsId']
-        local f = redis.call('HMGET', key, 'awaitedRetries', 'expiresAtTS', 'msgId')
-        if f[3] then
-          local retries = num(f[1], 0)
-          local wait = tonumber(ARGV[15])
-          if retries > 0 then wait = retries * tonumber(ARGV[16]) end
-          local at = math.min(now + wait, num(f[2], now + wait))
-          redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries + 1,
-            'awaitedToDateTS', at, 'notBefore', at, 'attempt', 0)
-          redis.call('HDEL', key, 'claimedAt')
-          redis.call('ZADD', pending_key, at, m)
-          ids[#ids + 1] = f[3]
-        end
+        local done = make_awaited(key, pending_key, m, now, tonumber(ARGV[15]),
+                                  tonumber(ARGV[16]))
+        if done then ids[#ids + 1] = done[1] end
       end
       result.prev = ids
     elseif outcome == 'cancel' then
@@ -204,7 +198,7 @@ while true do
         else
           lost = num(redis.call('HGET', res_key, 'lost'), 0)
         end
-        redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now)
+        redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now, 'lastAccess', now)
         redis.call('HSET', drains_key, ARGV[17], ARGV[18] .. '|' .. token .. '|' .. now)
         local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
           'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',

@@ -3,9 +3,10 @@
 -- the order is renumbered: the rebuilt groups first, in the rows' order, whatever was added
 -- since the loss after them, in its own order.
 -- KEYS[1] request list  KEYS[2] response order  KEYS[3] pendingMessages  KEYS[4] request counter
+-- KEYS[5] scheduled (the shard's: a response's removal an operator scheduled is due there)
 -- ARGV[1] JSON: {groups: [{requestId, inList, ttl, request (hash fields, or absent when the
 --   request's own life is over), responses: [{responseId, member, fields, ttl, pendingAt,
---   asyncId, asyncTtl}]}]}, groups in conversation order, responses in their request's order
+--   asyncId, asyncTtl, removeAt}]}]}, groups in conversation order, responses in their request's order
 -- ARGV[2] request key prefix  ARGV[3] response key prefix  ARGV[4] asyncRequest key prefix
 -- ARGV[5] how long the conversation's shared keys live (ms: max of the two TTLs)
 -- Returns {created keys, responses in the order now}; nothing is renumbered when nothing
@@ -42,6 +43,10 @@ for _, group in ipairs(data.groups) do
       hset_all(key, r.fields)
       redis.call('PEXPIRE', key, r.ttl)
       redis.call('ZADD', pending_key, r.pendingAt, r.member)
+      if r.removeAt then
+        redis.call('ZADD', KEYS[5], r.removeAt, r.member)
+        if redis.call('PTTL', KEYS[5]) < keep_ms then redis.call('PEXPIRE', KEYS[5], keep_ms) end
+      end
       if r.asyncId and r.asyncId ~= '' and r.asyncTtl > 0 then
         if redis.call('SET', async_prefix .. r.asyncId, r.member, 'NX', 'PX', r.asyncTtl) then
           redis.call('HSET', key, 'asyncResponseId', r.asyncId)

@@ -5,6 +5,7 @@
 -- ARGV[1] conversationId  ARGV[2] origin  ARGV[3] requestId  ARGV[4] requestTimestamp (ms)
 -- ARGV[5] msgId (PostgreSQL)  ARGV[6] now (ms)  ARGV[7] MESSAGE_TTL (ms)
 -- ARGV[8] AWAITED_MESSAGE_TTL (ms): the counter lives as long as anything it ordered
+-- ARGV[9] corr: the request's correlator ('' when none was given)
 -- Returns 1 when registered, 0 when the request was already registered (nothing changed).
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local ttl = tonumber(ARGV[7])
@@ -13,7 +14,9 @@ redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[8]))
 redis.call('HSET', KEYS[1],
   'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3],
   'requestTimestamp', ARGV[4], 'status', 'WAITING', 'responseIdCounter', 0,
-  'expiresAtTS', tonumber(ARGV[6]) + ttl, 'msgId', ARGV[5], 'seq', seq)
+  'expiresAtTS', tonumber(ARGV[6]) + ttl, 'msgId', ARGV[5], 'seq', seq,
+  'lastAccess', ARGV[6])
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'corr', ARGV[9]) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('RPUSH', KEYS[2], KEYS[1])
 -- Never shorten the list's life: earlier requests of it may have responses in flight.

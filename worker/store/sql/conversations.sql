@@ -4,12 +4,15 @@
 -- name: conv_insert_request
 -- New input: only through a node in RUN, checked in the same statement (as
 -- orderly_insert_message); nothing is inserted on a duplicate or a node that refuses input.
--- prepare: text, text, text, timestamptz, text, bigint
+-- $7: the request's corr (NULL: none), kept as {"corr": ...} in envelope.
+-- prepare: text, text, text, timestamptz, text, bigint, text
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      service_name, operation_name, object_id, entity_type,
-                     correlation_id, process_id, payload, source_system, state, node_id)
+                     correlation_id, process_id, payload, source_system, state, node_id,
+                     envelope)
 SELECT $4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
-       'bridge.request', 'WAITING_FOR_RES', $6
+       'bridge.request', 'WAITING_FOR_RES', $6,
+       CASE WHEN $7 IS NOT NULL THEN json_build_object('corr', $7)::text END
  WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id;
@@ -23,8 +26,8 @@ SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
 -- name: conv_insert_response
 -- The response (nothing on a duplicate or through a node not in RUN, checked in the same
 -- statement), and its request; no row when the request is unknown in this conversation.
--- prepare: text, text, text, timestamptz, text, bigint, boolean
--- $7: the response is its request's last. The last column returned: the request was
+-- prepare: text, text, text, timestamptz, text, bigint, boolean, text
+-- $7: the response is its request's last. $8: its corr (NULL: none), kept as envelope. The last column returned: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
 -- without a final response. A response whose request is gone from Redis is late unless the
 -- request completed (add_response.lua).
@@ -37,13 +40,14 @@ ins AS (
                          service_name, operation_name, object_id, entity_type,
                          correlation_id, process_id, payload, source_system, state,
                          failed_error_code, failed_desc, node_id,
-                         parent_msg_id, parent_binding_type, response_last)
+                         parent_msg_id, parent_binding_type, response_last, envelope)
     SELECT $4, now(), now(), 'conversation', 'response', $2, r.entity_type, $1, $3, $5,
            'bridge.response',
            CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
            CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
-           $6, r.msg_id, 'HARD', $7
+           $6, r.msg_id, 'HARD', $7,
+           CASE WHEN $8 IS NOT NULL THEN json_build_object('corr', $8)::text END
       FROM r
      WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
     ON CONFLICT (correlation_id, source_system) DO NOTHING
@@ -139,3 +143,49 @@ SELECT p AS pid,
        (extract(epoch FROM pg_postmaster_start_time()) * 1000)::bigint AS server_started_ms
   FROM unnest(CAST(:pids AS integer[])) AS p
  WHERE orderly_orphaned(p);
+
+-- name: conv_op_find
+-- A conversation row by its id and source (bridge.request / bridge.response), for the
+-- operators' operations (worker/conversations/operations.py); its corr from the envelope.
+-- prepare: text, text
+SELECT msg_id, state, process_id, entity_type, object_id, parent_msg_id,
+       CAST(envelope AS json) ->> 'corr' AS corr
+  FROM message WHERE correlation_id = $1 AND source_system = $2;
+
+-- name: conv_op_cancel
+-- Responses an operator deleted or removed: CANCEL, with the audit entry ($5: its action);
+-- with $2 (a request's msg_id) the request and every response of it not final too.
+-- prepare: bigint[], bigint, text, text, text
+UPDATE message SET state = 'CANCEL', failed_error_code = 'E_CANCELLED', failed_desc = $4,
+       last_process_timestamp = now(),
+       audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', $5, 'by', $3, 'note', $4, 'from', state,
+           'error', failed_error_code))
+ WHERE (msg_id = ANY($1) OR msg_id = $2 OR parent_msg_id = $2)
+   AND service_name = 'conversation' AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+RETURNING msg_id;
+
+-- name: conv_op_awaited
+-- Responses an operator set AWAITED ($7: the error code) or gave a new awaited date ($7
+-- NULL: code and description kept): PARTLY_FAILED for the round Redis counts, the date
+-- (ms, the clock's) kept in custom_data for a rebuild (worker/conversations/rebuild.py).
+-- prepare: bigint[], bigint[], integer[], text, text, text, text
+UPDATE message m SET state = 'PARTLY_FAILED', failed_count = u.round,
+       failed_error_code = COALESCE($7, m.failed_error_code),
+       failed_desc = CASE WHEN $7 IS NULL THEN m.failed_desc ELSE $6 END,
+       custom_data = format('awaited=%s;round=%s', u.at, u.round),
+       last_process_timestamp = now(),
+       audit = m.audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', $4, 'by', $5, 'note', $6, 'from', m.state,
+           'error', m.failed_error_code, 'awaited_to_date_ms', u.at))
+  FROM unnest($1, $2, $3) AS u(id, at, round)
+ WHERE m.msg_id = u.id AND m.state IN ('IN_QUEUE', 'PARTLY_FAILED');
+
+-- name: conv_op_audit_removal
+-- A removal of a response's references an operator scheduled (removeAllReferencesAtTime):
+-- its audit entry holds the time (ms, the clock's), which a rebuild of Redis schedules again.
+-- prepare: bigint, text, text, text, bigint
+UPDATE message SET audit = audit || jsonb_build_array(jsonb_build_object(
+           'at', now(), 'action', $2, 'by', $3, 'note', $4, 'from', state,
+           'remove_at_ms', $5))
+ WHERE msg_id = $1;

@@ -11,9 +11,15 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- What Redis's conversation structures stood for: requests still waiting for responses and
 -- responses not yet delivered (queued, AWAITED, or sent and waiting for their ACK), with
 -- their ages (ms, by PostgreSQL's clock) so that Redis times can be rebuilt on the caller's.
--- A request comes with the count of its responses and the age of its latest one.
+-- A request comes with the count of its responses and the age of its latest one. A
+-- conversation row's envelope is NULL or {"corr": ...} (conv_insert_request/_response); a
+-- response's removal an operator scheduled is the latest REMOVE_AT entry of its audit.
 SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type, m.state,
        m.failed_count, m.custom_data, m.payload, m.response_last,
+       CAST(m.envelope AS json) ->> 'corr' AS corr,
+       (SELECT CAST(a.e ->> 'remove_at_ms' AS bigint)
+          FROM jsonb_array_elements(m.audit) WITH ORDINALITY AS a(e, n)
+         WHERE a.e ->> 'action' = 'REMOVE_AT' ORDER BY a.n DESC LIMIT 1) AS remove_at_ms,
        extract(epoch FROM m.msg_timestamp) * 1000 AS timestamp_ms,
        extract(epoch FROM now() - m.receive_timestamp) * 1000 AS age_ms,
        extract(epoch FROM now() - m.last_process_timestamp) * 1000 AS idle_ms,

@@ -1,0 +1,410 @@
+"""Operators' conversation operations: the seed's Memory Sync Manager methods beyond the gate.
+
+getConversationMessage (:func:`get_message`), deleteConversationRegister (:func:`delete`),
+setAwaitedByRequestId / setAwaitedByResponseId (:func:`set_awaited`), updateAwaitedExpires
+(:func:`set_awaited_date`) and removeAllReferencesAtTime (:func:`remove_at`). Each change is
+one script in the conversation's shard (worker/lua/conv_*.lua); PostgreSQL then records what
+the script did, so that a rebuild of Redis from the rows (worker/conversations/rebuild.py)
+gives the same state. Input is validated before anything is read or written; an id orderly
+does not know is :class:`NotFound`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictInt, StringConstraints, field_validator
+
+from worker.conversations.agent import wake
+from worker.conversations.context import Context
+from worker.conversations.gate import find_ack
+from worker.conversations.model import (
+    MAX_ASYNC_ID,
+    REQUEST_SOURCE,
+    RESPONSE_SOURCE,
+    Enqueue,
+    Id,
+    _Input,
+    check_conversation_id,
+    json_list,
+)
+from worker.core.errors import InvalidMessage, NotFound, OperationRefused
+from worker.core.inputs import parse_input, parse_timestamp
+from worker.core.scripts import as_text
+
+# The statuses a response has in Redis (deleteConversationRegister's status filter).
+STATUSES = ("PENDING", "AWAITED", "SENT")
+ERROR_AWAITED_BY_HAND = "E_AWAITED_BY_HAND"
+# removeAllReferencesAtTime: the longest delay (30 days), far past any message's life.
+MAX_DELAY_S = 30 * 24 * 3600
+# What getConversationMessage can give: the response hash's fields, and the row's.
+MESSAGE_FIELDS = (
+    "conversationId",
+    "origin",
+    "requestId",
+    "responseId",
+    "requestTimestamp",
+    "responseTimestamp",
+    "status",
+    "expiresAtTS",
+    "awaitedToDateTS",
+    "awaitedRetries",
+    "taskItem",
+    "msgId",
+    "requestMsgId",
+    "last",
+    "reqSeq",
+    "attempt",
+    "notBefore",
+    "member",
+    "lateMs",
+    "lastAccess",
+    "corr",
+    "asyncResponseId",
+    "sentAt",
+    "claimedAt",
+    "lost",
+    "removeAt",
+    "state",
+    "inRedis",
+)
+_FIELD_RE = re.compile(r"^[A-Za-z]{1,40}$")
+
+Note = Annotated[str, StringConstraints(strict=True, max_length=1000)]
+
+
+class OperatorIn(_Input):
+    """Who asked and why: the audit entry the rows get."""
+
+    note: Note | None = None
+    by: Id | None = None
+
+
+class DeleteIn(OperatorIn):
+    """deleteConversationRegister's filters."""
+
+    status: Literal["PENDING", "AWAITED", "SENT"] | None = None
+    all_origin_except: Id | None = None
+
+
+class AwaitedDateIn(OperatorIn):
+    awaited_to_date: datetime
+
+    @field_validator("awaited_to_date", mode="before")
+    @classmethod
+    def _date(cls, value: Any) -> datetime:
+        return parse_timestamp(value)
+
+
+class RemovalIn(OperatorIn):
+    delay_s: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_S)]
+
+
+@dataclass
+class Deleted:
+    conversation_id: str
+    request_id: str
+    excepted: bool  # the request's origin was the excepted one: nothing was deleted
+    request_cancelled: bool
+    deleted: list[str] = field(default_factory=list)  # response ids
+    msg_ids: list[int] = field(default_factory=list)  # the rows CANCEL now
+
+
+@dataclass
+class AwaitedSet:
+    conversation_id: str
+    # [{response_id, msg_id, awaited_to_date_ms, awaited_retries}]
+    awaited: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # [{response_id, status}]
+
+
+def _who(command: OperatorIn, key: str | None) -> str:
+    """The audit entry's ``by``: the API key's name through the API (with the ``by`` it gave),
+    else the ``by`` given, else "operator" (as worker.operations does)."""
+    if key is None:
+        return command.by or "operator"
+    if command.by is None or command.by == key:
+        return f"key:{key}"
+    return f"key:{key} for {command.by}"
+
+
+def _row(ctx: Context, conversation_id: str, ident: str, source: str, what: str) -> Any:
+    """The PostgreSQL row of a request or response of this conversation, or NotFound."""
+    with ctx.pg() as conn:
+        row = conn.run("conv_op_find", ident, source)
+    if row is None or row[2] != conversation_id:
+        raise NotFound(what, f"{ident} in conversation {conversation_id}")
+    return row
+
+
+def _check_id(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._~@+=-]{1,100}", value):
+        raise InvalidMessage(name, "must be 1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -")
+    return value
+
+
+def projection(fields: Any) -> list[str] | None:
+    """getConversationMessage's projection: field names (a list, or one comma-separated
+    text), each one of MESSAGE_FIELDS; None or empty: every field."""
+    if fields is None:
+        return None
+    names = fields.split(",") if isinstance(fields, str) else fields
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidMessage("fields", "must be field names, comma-separated")
+    names = [n.strip() for n in names if n.strip()]
+    for name in names:
+        if not _FIELD_RE.match(name) or name not in MESSAGE_FIELDS:
+            shown = name if len(name) <= 40 else name[:40] + "..."
+            raise InvalidMessage(
+                "fields", f"no field {shown!r}; known: {', '.join(MESSAGE_FIELDS)}"
+            )
+    return names or None
+
+
+def get_message(
+    ctx: Context,
+    *,
+    response_id: str | None = None,
+    async_response_id: str | None = None,
+    fields: Any = None,
+) -> dict[str, Any]:
+    """getConversationMessage: one response by its responseId or its asyncResponseId (the
+    seed's SyncMessageOptions), as Redis holds it (``inRedis``), with its row's ``state``
+    and ``corr``; ``fields`` (the projection) keeps only the fields named."""
+    wanted = projection(fields)
+    if (response_id is None) == (async_response_id is None):
+        raise InvalidMessage("response_id", "give either response_id or async_response_id")
+    if async_response_id is not None:
+        if not isinstance(async_response_id, str) or not 0 < len(async_response_id) <= MAX_ASYNC_ID:
+            raise InvalidMessage("async_response_id", f"must be 1 to {MAX_ASYNC_ID} characters")
+        found = find_ack(ctx, async_response_id)
+        if found is None:
+            raise NotFound("conversation message with async_response_id", async_response_id)
+        response_id = str(json.loads(found[1])["rsId"])
+    rid = _check_id("response_id", response_id)
+    with ctx.pg() as conn:
+        row = conn.run("conv_op_find", rid, RESPONSE_SOURCE)
+    if row is None:
+        raise NotFound("conversation message", rid)
+    msg_id, state, cid, origin, request_id, _, corr = row
+    raw = ctx.redis.hgetall(ctx.keys.response(cid, rid))
+    view: dict[str, Any] = {as_text(f): as_text(v) for f, v in raw.items()}
+    if "taskItem" in view:
+        view["taskItem"] = json.loads(view["taskItem"])
+    in_redis = bool(view)
+    if not in_redis:
+        view = {"conversationId": cid, "origin": origin, "requestId": request_id}
+        view.update(responseId=rid, msgId=str(msg_id))
+        if corr is not None:
+            view["corr"] = corr
+    view.update(state=str(state), inRedis=in_redis)
+    if wanted is not None:
+        view = {name: view[name] for name in wanted if name in view}
+    return view
+
+
+def delete(
+    ctx: Context,
+    conversation_id: str,
+    request_id: str,
+    data: Any,
+    enqueue: Enqueue,
+    *,
+    key: str | None = None,
+) -> Deleted:
+    """deleteConversationRegister: delete the responses of a request (only those in
+    ``status``, if given; with no status the request goes too, CANCEL like a cancelled
+    group), unless the request's origin is ``all_origin_except``. The rows deleted end
+    CANCEL with an audit entry; the conversation is woken, so that its next response goes."""
+    check_conversation_id(conversation_id)
+    _check_id("request_id", request_id)
+    command = parse_input(DeleteIn, data)
+    request_msg_id, _, _, origin, _, _, _ = _row(
+        ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request"
+    )
+    k = ctx.keys
+    shard = k.shard(conversation_id)
+    raw = ctx.scripts.run(
+        "conv_delete",
+        [
+            shard.request(request_id),
+            k.response_list(conversation_id),
+            shard.pending_messages,
+            k.request_list(conversation_id),
+            k.request_seq(conversation_id),
+        ],
+        [
+            request_id,
+            command.status or "",
+            command.all_origin_except or "",
+            origin,
+            shard.response_prefix,
+            shard.async_prefix,
+            ctx.settings.message_ttl,
+        ],
+    )
+    result = json.loads(raw)
+    done = Deleted(conversation_id, request_id, bool(result["excepted"]), bool(result["request"]))
+    if done.excepted:
+        return done
+    pairs = json_list(result.get("deleted"))
+    done.deleted = [str(rid) for _, rid in pairs]
+    ids = [int(i) for i, _ in pairs if i]
+    note = command.note or (
+        f"deleted by an operator (status {command.status})"
+        if command.status
+        else "its request's messages deleted by an operator"
+    )
+    with ctx.pg() as conn:
+        rows = conn.run_all(
+            "conv_op_cancel",
+            ids,
+            request_msg_id if done.request_cancelled else None,
+            _who(command, key),
+            note,
+            "DELETE",
+        )
+    done.msg_ids = sorted(int(r[0]) for r in rows)
+    wake(ctx, conversation_id, enqueue)
+    return done
+
+
+def set_awaited(
+    ctx: Context,
+    conversation_id: str,
+    data: Any,
+    *,
+    request_id: str | None = None,
+    response_id: str | None = None,
+    key: str | None = None,
+) -> AwaitedSet:
+    """setAwaitedByRequestId (``request_id``: every response of it) or
+    setAwaitedByResponseId (``response_id``): PENDING responses become AWAITED as when their
+    attempts run out (awaitedRetries + 1, awaitedToDate, pendingMessages). Responses SENT,
+    in flight or AWAITED already are left as they are and named in ``skipped``."""
+    check_conversation_id(conversation_id)
+    if (request_id is None) == (response_id is None):
+        raise InvalidMessage("request_id", "give either request_id or response_id")
+    command = parse_input(OperatorIn, data)
+    if request_id is not None:
+        _check_id("request_id", request_id)
+        _row(ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request")
+    else:
+        _check_id("response_id", response_id)
+        _row(ctx, conversation_id, str(response_id), RESPONSE_SOURCE, "conversation response")
+    k = ctx.keys
+    shard = k.shard(conversation_id)
+    raw = ctx.scripts.run(
+        "conv_set_awaited",
+        [k.response_list(conversation_id), shard.pending_messages],
+        [
+            shard.response_prefix,
+            ctx.now_ms(),
+            ctx.settings.awaited_time_when_retries_end,
+            ctx.awaited_step_ms,
+            request_id or "",
+            response_id or "",
+        ],
+    )
+    result = json.loads(raw)
+    done = AwaitedSet(conversation_id)
+    rows = json_list(result.get("set"))
+    done.awaited = [
+        {
+            "response_id": rid,
+            "msg_id": int(mid),
+            "awaited_to_date_ms": int(at),
+            "awaited_retries": n,
+        }
+        for mid, rid, at, n in rows
+    ]
+    done.skipped = [{"response_id": r, "status": s} for r, s in json_list(result.get("skipped"))]
+    if rows:
+        with ctx.pg() as conn:
+            conn.run(
+                "conv_op_awaited",
+                [int(r[0]) for r in rows],
+                [int(r[2]) for r in rows],
+                [int(r[3]) for r in rows],
+                "AWAITED",
+                _who(command, key),
+                command.note or "set AWAITED by an operator",
+                ERROR_AWAITED_BY_HAND,
+            )
+    return done
+
+
+def set_awaited_date(
+    ctx: Context, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+) -> dict[str, Any]:
+    """updateAwaitedExpires: an AWAITED response's awaitedToDate becomes the date given (not
+    after its AWAITED_MESSAGE_TTL ends; a past date: at once); the awaited agent takes it
+    up then. Refused (OperationRefused) for a response not AWAITED."""
+    check_conversation_id(conversation_id)
+    _check_id("response_id", response_id)
+    command = parse_input(AwaitedDateIn, data)
+    at = int(command.awaited_to_date.timestamp() * 1000)
+    msg_id = _row(ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response")[0]
+    shard = ctx.keys.shard(conversation_id)
+    now = ctx.now_ms()
+    code, *rest = ctx.scripts.run(
+        "conv_awaited_date", [shard.response(response_id), shard.pending_messages], [at, now]
+    )
+    code = as_text(code)
+    if code == "UNKNOWN":
+        raise OperationRefused(int(msg_id), "it is no longer in its conversation's order")
+    if code == "NOT_AWAITED":
+        raise OperationRefused(int(msg_id), f"it is {as_text(rest[0])}, not AWAITED")
+    if code == "PAST_EXPIRY":
+        raise InvalidMessage(
+            "awaited_to_date",
+            f"after the response expires (AWAITED_MESSAGE_TTL) at {as_text(rest[0])} ms",
+        )
+    _, date, retries = (int(as_text(v)) for v in rest)
+    with ctx.pg() as conn:
+        conn.run(
+            "conv_op_awaited",
+            [int(msg_id)],
+            [date],
+            [retries],
+            "AWAITED_DATE",
+            _who(command, key),
+            command.note or "awaited date set by an operator",
+            None,
+        )
+    return {"response_id": response_id, "msg_id": int(msg_id), "awaited_to_date_ms": date}
+
+
+def remove_at(
+    ctx: Context, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+) -> dict[str, Any]:
+    """removeAllReferencesAtTime: the response's references leave Redis ``delay_s`` seconds
+    from now, as due work of the conversations' wake-ups (worker.conversations.removal)."""
+    check_conversation_id(conversation_id)
+    _check_id("response_id", response_id)
+    command = parse_input(RemovalIn, data)
+    msg_id = _row(ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response")[0]
+    shard = ctx.keys.shard(conversation_id)
+    now = ctx.now_ms()
+    at = now + command.delay_s * 1000
+    code, *_ = ctx.scripts.run(
+        "conv_remove_at",
+        [shard.response(response_id), shard.scheduled],
+        [at, now, ctx.settings.message_ttl],
+    )
+    if as_text(code) == "UNKNOWN":
+        raise OperationRefused(int(msg_id), "it is no longer in its conversation's order")
+    with ctx.pg() as conn:
+        conn.run(
+            "conv_op_audit_removal",
+            int(msg_id),
+            "REMOVE_AT",
+            _who(command, key),
+            command.note or f"references to be removed in {command.delay_s} s",
+            at,
+        )
+    return {"response_id": response_id, "msg_id": int(msg_id), "remove_at_ms": at}
