@@ -153,6 +153,36 @@ def conversation(conversation_id: str) -> Call[dict[str, Any]]:
     return Call("GET", f"/conversations/{segment(conversation_id)}")
 
 
+def conversation_message(
+    response_id: str | None, async_response_id: str | None, fields: Sequence[str] | None
+) -> Call[dict[str, Any]]:
+    """getConversationMessage: by response id or by ACK id; only ``fields`` if given."""
+    params = {"response_id": response_id, "async_response_id": async_response_id}
+    if fields is not None:
+        params["fields"] = ",".join(fields)
+    return Call(
+        "GET", "/conversation-messages", params={k: v for k, v in params.items() if v is not None}
+    )
+
+
+def delete_conversation_request(
+    conversation_id: str, request_id: str, filters: Mapping[str, Any]
+) -> Call[dict[str, Any]]:
+    """deleteConversationRegister: ``filters`` status, all_origin_except, note."""
+    path = f"/conversations/{segment(conversation_id)}/requests/{segment(request_id)}"
+    params = {k: v for k, v in filters.items() if v is not None}
+    return Call("DELETE", path, params=params)
+
+
+def conversation_operation(
+    conversation_id: str, kind: str, ident: str, action: str, body: Mapping[str, Any]
+) -> Call[dict[str, Any]]:
+    """``kind`` requests or responses; ``action`` awaited (POST), awaited-date (PUT),
+    removal (POST)."""
+    path = f"/conversations/{segment(conversation_id)}/{kind}/{segment(ident)}/{action}"
+    return Call("PUT" if action == "awaited-date" else "POST", path, dict(body))
+
+
 def ack(async_response_id: str, token: str) -> Call[Acked]:
     """A client's ACK: the ACK token its response came with, no API key needed."""
     return Call(

@@ -203,6 +203,56 @@ class Client:
     def conversation(self, conversation_id: str) -> dict[str, Any]:
         return self.call(calls.conversation(conversation_id))
 
+    def conversation_message(
+        self,
+        *,
+        response_id: str | None = None,
+        async_response_id: str | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """getConversationMessage (an operate key)."""
+        return self.call(calls.conversation_message(response_id, async_response_id, fields))
+
+    def delete_conversation_request(
+        self, conversation_id: str, request_id: str, **filters: Any
+    ) -> dict[str, Any]:
+        """deleteConversationRegister: ``status``, ``all_origin_except``, ``note``."""
+        return self.call(calls.delete_conversation_request(conversation_id, request_id, filters))
+
+    def set_awaited(
+        self,
+        conversation_id: str,
+        *,
+        request_id: str | None = None,
+        response_id: str | None = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """setAwaitedByRequestId (``request_id``) or setAwaitedByResponseId."""
+        kind, ident = ("requests", request_id) if request_id else ("responses", response_id)
+        body = {} if note is None else {"note": note}
+        return self.call(
+            calls.conversation_operation(conversation_id, kind, str(ident), "awaited", body)
+        )
+
+    def set_awaited_date(
+        self, conversation_id: str, response_id: str, at: datetime | str
+    ) -> dict[str, Any]:
+        """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
+        when = at.isoformat() if isinstance(at, datetime) else at
+        body = {"awaited_to_date": when}
+        return self.call(
+            calls.conversation_operation(
+                conversation_id, "responses", response_id, "awaited-date", body
+            )
+        )
+
+    def remove_at(self, conversation_id: str, response_id: str, delay_s: int) -> dict[str, Any]:
+        """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
+        body = {"delay_s": delay_s}
+        return self.call(
+            calls.conversation_operation(conversation_id, "responses", response_id, "removal", body)
+        )
+
 
 class AsyncClient:
     """The same as :class:`Client`, for asyncio (``async with``; or ``await aclose()``)."""

@@ -31,6 +31,16 @@ BODIES = {
     ("post", "/rooms/{room}/events"): "PublishIn",
     ("post", "/conversations/{conversation_id}/requests"): "ConversationRequestIn",
     ("post", "/conversations/{conversation_id}/responses"): "ConversationResponseIn",
+    ("post", "/conversations/{conversation_id}/requests/{request_id}/awaited"): (
+        "ConversationOperatorIn"
+    ),
+    ("post", "/conversations/{conversation_id}/responses/{response_id}/awaited"): (
+        "ConversationOperatorIn"
+    ),
+    ("put", "/conversations/{conversation_id}/responses/{response_id}/awaited-date"): (
+        "AwaitedDateIn"
+    ),
+    ("post", "/conversations/{conversation_id}/responses/{response_id}/removal"): "RemovalIn",
     ("put", "/source-systems/{name}"): "SourceSystemIn",
     ("post", "/keys"): "KeyIn",
     ("put", "/channels/{origin}"): "ChannelIn",
@@ -84,7 +94,7 @@ def test_every_write_operation_has_a_body_a_tag_and_an_operation_id(
                 assert (method, path) in BODIES, (method, path)
             assert len(op["tags"]) == 1 and op["tags"][0], (method, path)
             ids.append(op["operationId"])
-    assert len(ids) == len(set(ids)) == 39
+    assert len(ids) == len(set(ids)) == 45
     assert "submit" in ids and "publish" in ids
 
 

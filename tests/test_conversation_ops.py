@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from worker import rebuild
@@ -22,6 +23,7 @@ from worker.conversations import Delivery, SendResult
 from worker.core.errors import InvalidMessage, NotFound, OperationRefused
 from worker.core.scripts import as_text
 
+from .helpers import OrderlyCli
 from .test_conversations import Harness, Recorder, make
 
 RETRY = SendResult(Delivery.RECOVERABLE, 503, reason="busy")
@@ -449,3 +451,87 @@ def test_a_removal_refuses_bad_input_and_changes_nothing(
 ) -> None:
     _two_requests(h)
     _refused(h, lambda: h.conv.remove_at("c1", rid, body), error, what)
+
+
+# --- the faces: HTTP and CLI ----------------------------------------------------------------
+
+
+def _http_conversation(client: TestClient) -> None:
+    channel = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
+    assert client.put("/channels/chat", json=channel).status_code == 200
+    request = {"request_id": "r1", "origin": "chat", "corr": "k-1"}
+    assert client.post("/conversations/c1/requests", json=request).status_code == 201
+    for sid in ("s1", "s2"):
+        body = {"request_id": "r1", "response_id": sid, "payload": sid, "corr": f"k-{sid}"}
+        assert client.post("/conversations/c1/responses", json=body).status_code == 201
+
+
+def _problem(answer: Any, status: int) -> dict[str, str]:
+    assert answer.status_code == status, answer.text
+    found: dict[str, str] = answer.json()["errors"][0]
+    return found
+
+
+def test_the_operations_over_http(client: TestClient, db: Engine) -> None:
+    _http_conversation(client)
+    got = client.get(
+        "/conversation-messages", params={"response_id": "s1", "fields": "corr,status"}
+    )
+    assert got.status_code == 200 and got.json() == {"corr": "k-s1", "status": "PENDING"}
+    bad = client.get("/conversation-messages", params={"response_id": "s1", "fields": "x"})
+    assert _problem(bad, 422)["field"] == "fields"
+    assert "s9" in _problem(client.get("/conversation-messages?response_id=s9"), 404)["problem"]
+    with db.connect() as conn:
+        before = conn.execute(text("SELECT msg_id, state, audit FROM message ORDER BY 1")).all()
+    refused = client.delete("/conversations/c1/requests/r1", params={"status": "GONE"})
+    assert _problem(refused, 422)["field"] == "status"
+    refused = client.put(
+        "/conversations/c1/responses/s1/awaited-date",
+        json={"awaited_to_date": "2030-01-01T00:00:00Z"},
+    )
+    assert _problem(refused, 409)["problem"].endswith("PENDING, not AWAITED")
+    refused = client.post("/conversations/c1/responses/s1/removal", json={"delay_s": -1})
+    assert _problem(refused, 422)["field"] == "delay_s"
+    with db.connect() as conn:
+        after = conn.execute(text("SELECT msg_id, state, audit FROM message ORDER BY 1")).all()
+    assert after == before
+    awaited = client.post("/conversations/c1/responses/s1/awaited", json={"note": "down"})
+    assert awaited.status_code == 200 and awaited.json()["awaited"][0]["response_id"] == "s1"
+    at = awaited.json()["awaited"][0]["awaited_to_date_ms"] + 1_000
+    moved = client.put(
+        "/conversations/c1/responses/s1/awaited-date", json={"awaited_to_date": _iso(at)}
+    )
+    assert moved.status_code == 200 and moved.json()["awaited_to_date_ms"] == at
+    group = client.post("/conversations/c1/requests/r1/awaited", json={})
+    assert [a["response_id"] for a in group.json()["awaited"]] == ["s2"]
+    removal = client.post("/conversations/c1/responses/s2/removal", json={"delay_s": 60})
+    assert removal.status_code == 200 and removal.json()["remove_at_ms"] > at
+    assert _problem(client.delete("/conversations/c1/requests/r9"), 404)["field"]
+    deleted = client.delete("/conversations/c1/requests/r1", params={"note": "by hand"})
+    assert deleted.status_code == 200
+    assert sorted(deleted.json()["deleted"]) == ["s1", "s2"] and deleted.json()["request_cancelled"]
+    with db.connect() as conn:
+        states = conn.execute(text("SELECT DISTINCT state FROM message")).scalars().all()
+    assert states == ["CANCEL"]
+
+
+def test_the_operations_in_the_cli(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
+    done = cli("channel", "set", "chat", "--url", "http://127.0.0.1:9/x", "--attempts", "1")
+    assert done.returncode == 0, done.stderr
+    done = cli("conversation", "request", "c1", "--request-id", "r1", "--origin", "chat")
+    assert done.returncode == 0, done.stderr
+    args = ["--request-id", "r1", "--payload", "x", "--corr", "k-s1"]
+    done = cli("conversation", "respond", "c1", "--response-id", "s1", *args)
+    assert done.returncode == 0, done.stderr
+    shown = cli("conversation", "get", "--response-id", "s1", "--fields", "corr,responseId")
+    assert json.loads(shown.stdout) == {"corr": "k-s1", "responseId": "s1"}, shown.stderr
+    done = cli("conversation", "awaited", "c1", "--response-id", "s1", "--note", "down")
+    assert json.loads(done.stdout)["awaited"][0]["response_id"] == "s1", done.stdout
+    done = cli("conversation", "awaited-date", "c1", "--response-id", "s1", "--at", "soon")
+    assert done.returncode == 2 and "awaited_to_date" in done.stderr
+    done = cli("conversation", "remove-at", "c1", "--response-id", "s1", "--delay", "5")
+    assert json.loads(done.stdout)["response_id"] == "s1", done.stderr
+    refused = cli("conversation", "delete", "c1", "--request-id", "r9")
+    assert refused.returncode == 2 and "r9" in refused.stderr
+    done = cli("conversation", "delete", "c1", "--request-id", "r1", "--status", "AWAITED")
+    assert json.loads(done.stdout)["deleted"] == ["s1"], done.stderr

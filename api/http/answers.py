@@ -99,6 +99,39 @@ class Conversation(BaseModel):
     draining: bool
 
 
+class ConversationMessage(_Open):
+    """getConversationMessage: the response's fields as Redis holds them (text values; the
+    payload as ``taskItem``), its row's ``state`` and ``inRedis``; only the fields asked for
+    when a projection is given."""
+
+
+class ConversationDeleted(BaseModel):
+    conversation_id: str
+    request_id: str
+    excepted: bool
+    request_cancelled: bool
+    deleted: list[str]
+    msg_ids: list[int]
+
+
+class ConversationAwaited(BaseModel):
+    conversation_id: str
+    awaited: list[dict[str, Any]]
+    skipped: list[dict[str, str]]
+
+
+class AwaitedDate(BaseModel):
+    response_id: str
+    msg_id: int
+    awaited_to_date_ms: int
+
+
+class RemovalScheduled(BaseModel):
+    response_id: str
+    msg_id: int
+    remove_at_ms: int
+
+
 class Channel(BaseModel):
     origin: str
     url: str

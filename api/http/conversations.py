@@ -1,20 +1,24 @@
-"""HTTP face of conversations: register requests, add responses, ACK them, describe."""
+"""HTTP face of conversations: register requests, add responses, ACK them, describe; the
+operators' operations (worker/conversations/operations.py)."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.http import answers as a
 from api.http.answers import answers
-from api.http.auth import ack_header, requires
+from api.http.auth import Operator, ack_header, requires
 from api.http.common import AppRuntime, json_body
 from api.http.contract import body
 from worker import keys
 from worker.conversations.model import RequestIn, ResponseIn
+from worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
 
 router = APIRouter()
 # The clients' ACKs: authenticated by their ACK token, not an API key.
@@ -67,6 +71,146 @@ async def add_response(runtime: AppRuntime, conversation_id: str, request: Reque
 async def describe_conversation(runtime: AppRuntime, conversation_id: str) -> JSONResponse:
     view = await run_in_threadpool(runtime.conversations.describe, conversation_id)
     return JSONResponse(view)
+
+
+@router.get(
+    "/conversation-messages",
+    responses=answers(a.ConversationMessage),
+    dependencies=requires(keys.OPERATE),
+)
+async def get_message(
+    runtime: AppRuntime,
+    response_id: str | None = None,
+    async_response_id: str | None = None,
+    fields: Annotated[str | None, Query(description="Field names, comma-separated")] = None,
+) -> JSONResponse:
+    """getConversationMessage: one response by ``response_id`` or ``async_response_id``."""
+    view = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.get_message,
+            response_id=response_id,
+            async_response_id=async_response_id,
+            fields=fields,
+        )
+    )
+    return JSONResponse(view)
+
+
+@router.delete(
+    "/conversations/{conversation_id}/requests/{request_id}",
+    responses=answers(a.ConversationDeleted),
+)
+async def delete_register(
+    runtime: AppRuntime,
+    conversation_id: str,
+    request_id: str,
+    key: Operator,
+    status: str | None = None,
+    all_origin_except: str | None = None,
+    note: str | None = None,
+) -> JSONResponse:
+    """deleteConversationRegister: the request's responses (only those in ``status``, if
+    given; with no status the request too) CANCEL, unless its origin is
+    ``all_origin_except``."""
+    from worker.celery import enqueue_drain
+
+    given = {"status": status, "all_origin_except": all_origin_except, "note": note}
+    data = {name: value for name, value in given.items() if value is not None}
+    done = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.delete_register,
+            conversation_id,
+            request_id,
+            data,
+            enqueue_drain,
+            key=key.name,
+        )
+    )
+    return JSONResponse(asdict(done))
+
+
+@router.post(
+    "/conversations/{conversation_id}/requests/{request_id}/awaited",
+    responses=answers(a.ConversationAwaited),
+    openapi_extra=body("ConversationOperatorIn", OperatorIn),
+)
+async def set_awaited_by_request(
+    runtime: AppRuntime, conversation_id: str, request_id: str, request: Request, key: Operator
+) -> JSONResponse:
+    """setAwaitedByRequestId: the request's PENDING responses AWAITED."""
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.set_awaited,
+            conversation_id,
+            data,
+            request_id=request_id,
+            key=key.name,
+        )
+    )
+    return JSONResponse(asdict(done))
+
+
+@router.post(
+    "/conversations/{conversation_id}/responses/{response_id}/awaited",
+    responses=answers(a.ConversationAwaited),
+    openapi_extra=body("ConversationOperatorIn", OperatorIn),
+)
+async def set_awaited_by_response(
+    runtime: AppRuntime, conversation_id: str, response_id: str, request: Request, key: Operator
+) -> JSONResponse:
+    """setAwaitedByResponseId: the response AWAITED, if PENDING."""
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.set_awaited,
+            conversation_id,
+            data,
+            response_id=response_id,
+            key=key.name,
+        )
+    )
+    return JSONResponse(asdict(done))
+
+
+@router.put(
+    "/conversations/{conversation_id}/responses/{response_id}/awaited-date",
+    responses=answers(a.AwaitedDate),
+    openapi_extra=body("AwaitedDateIn", AwaitedDateIn),
+)
+async def set_awaited_date(
+    runtime: AppRuntime, conversation_id: str, response_id: str, request: Request, key: Operator
+) -> JSONResponse:
+    """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.set_awaited_date,
+            conversation_id,
+            response_id,
+            data,
+            key=key.name,
+        )
+    )
+    return JSONResponse(done)
+
+
+@router.post(
+    "/conversations/{conversation_id}/responses/{response_id}/removal",
+    responses=answers(a.RemovalScheduled),
+    openapi_extra=body("RemovalIn", RemovalIn),
+)
+async def remove_at(
+    runtime: AppRuntime, conversation_id: str, response_id: str, request: Request, key: Operator
+) -> JSONResponse:
+    """removeAllReferencesAtTime: the response's references leave Redis after ``delay_s``."""
+    data = await json_body(request)
+    done = await run_in_threadpool(
+        functools.partial(
+            runtime.conversations.remove_at, conversation_id, response_id, data, key=key.name
+        )
+    )
+    return JSONResponse(done)
 
 
 @acks.post("/acks/{async_response_id}", responses=answers(a.Acked))
