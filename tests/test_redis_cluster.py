@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import socket
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -159,6 +160,37 @@ class Core:
                 break
         assert expired == len(CONVERSATIONS)
         assert {h.state(f"{cid}.u1") for cid in CONVERSATIONS} == {"FAILED"}
+
+    def test_the_operators_operations_in_every_shard(self, h: Harness) -> None:
+        """Get by ACK id, set AWAITED, a new awaited date, a scheduled removal and a delete,
+        each in its conversation's shard."""
+        _conversations(h)
+        sent = {
+            f"{cid}.s1": [SendResult(Delivery.ASYNC, 202, async_response_id=f"A-{cid}")]
+            for cid in CONVERSATIONS
+        }
+        h.run(Recorder(answers=sent))
+        now = h.clock.now * 1000
+        for cid in CONVERSATIONS:
+            got = h.conv.get_message(async_response_id=f"A-{cid}", fields=["responseId"])
+            assert got == {"responseId": f"{cid}.s1"}
+            done = h.conv.set_awaited(cid, {}, request_id=f"{cid}.r1")
+            assert [a["response_id"] for a in done.awaited] == [f"{cid}.s2"]
+            at = {"awaited_to_date": datetime.fromtimestamp(now / 1000 + 50, UTC).isoformat()}
+            h.conv.set_awaited_date(cid, f"{cid}.s2", at)
+            h.conv.remove_at(cid, f"{cid}.s1", {"delay_s": 10})
+        h.clock.advance_ms(10_000)
+        assert sorted(h.wake_due()) == sorted(CONVERSATIONS)  # every removal ran
+        rec = Recorder()
+        h.run(rec)  # s2 is AWAITED until its new date: nothing goes
+        assert rec.sent == []
+        for cid in CONVERSATIONS:
+            assert h.state(f"{cid}.s1") == "OK" and h.state(f"{cid}.s2") == "PARTLY_FAILED"
+            deleted = h.conv.delete_register(cid, f"{cid}.r1", {}, h.enqueue)
+            assert deleted.deleted == [f"{cid}.s2"]
+        h.run(rec)
+        for cid in CONVERSATIONS:
+            assert _order(rec.sent, cid) == ["t1"] and h.state(f"{cid}.s2") == "CANCEL"
 
     def test_a_lost_redis_is_rebuilt_from_postgresql(self, h: Harness) -> None:
         _conversations(h)
