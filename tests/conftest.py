@@ -68,6 +68,7 @@ TABLES = (
     "request",
     "external_call",
     "message",
+    "source_system",
     "node",
     "configuration",
     "channel",
