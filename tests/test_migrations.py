@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from models import Base
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL, TABLES
 from worker.store import schema
 
 
@@ -163,3 +163,10 @@ def test_0016_gives_open_deliveries_their_pending_attempt_and_clears_old_excepti
         assert cleared is None
     finally:
         engine.dispose()
+
+
+@pytest.mark.integration
+def test_the_per_test_reset_empties_every_table(pg_engine: Engine) -> None:
+    """A table the ``db`` fixture leaves alone carries one test's rows into the next."""
+    tables = set(inspect(pg_engine).get_table_names()) - {"alembic_version"}
+    assert tables - set(TABLES) == set()
