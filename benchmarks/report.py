@@ -121,40 +121,50 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def report_s(url: str, master: str | None = None) -> tuple[float, int]:
+def tuning(messages: int) -> dict[str, Any]:
+    """The settings a run of this size is given, as an operator would set them (and as
+    docs/spark-cluster.md advises): heaps that hold the cached tables (about 150 MB per
+    million messages), C1-only JVMs below a few million messages."""
+    gigabytes = max(2, 1 + messages // 3_000_000)
+    return {
+        "report_driver_memory": f"{gigabytes}g",
+        "report_executor_memory": f"{max(1, gigabytes // 2)}g",
+        "report_quick_jit": messages < 3_000_000,
+    }
+
+
+def report_s(url: str, messages: int, master: str | None = None) -> tuple[float, int]:
     """The whole report as ``orderly report`` runs it; its seconds and the rows it read."""
     from reports.job import ReportOptions, run_report
     from worker.settings import Settings
 
+    settings = Settings(database_url=url, **tuning(messages))
     with tempfile.TemporaryDirectory(prefix="orderly-bench-report-") as out:
         t0 = time.monotonic()
-        result = run_report(
-            ReportOptions(output_dir=Path(out), master=master), Settings(database_url=url)
-        )
+        result = run_report(ReportOptions(output_dir=Path(out), master=master), settings)
         took = time.monotonic() - t0
     return took, sum(result.data.rows_read.values())
 
 
-def cluster_report_s(url: str) -> float:
+def cluster_report_s(url: str, messages: int) -> float:
     """The report against a standalone cluster of two one-core workers on this machine."""
     from tooling.spark_cluster import StandaloneCluster
-    from worker.settings import Settings
 
-    memory = Settings().report_executor_memory
+    memory = str(tuning(messages)["report_executor_memory"])
     size = int(memory[:-1]) * {"k": 1, "m": 1 << 10, "g": 1 << 20, "t": 1 << 30}[memory[-1]]
     worker = f"{size + (512 << 10)}k"  # the executor and its overhead
     with StandaloneCluster(workers=2, cores=1, memory=worker) as cluster:
-        took, _ = report_s(url, cluster.url)
+        took, _ = report_s(url, messages, cluster.url)
     return took
 
 
 def measure(messages: int, regenerate: bool, cluster: bool, rates: bool) -> dict[str, Any]:
     url, engine = prepare(messages, regenerate)
-    figures: dict[str, Any] = {"rows": messages, "load_before": _load()}
+    figures: dict[str, Any] = {"rows": messages, **tuning(messages), "load_before": _load()}
     sql_s = sql_total(engine)
     engine.dispose()
     print(f"SQL in PostgreSQL, every aggregate: {sql_s:.2f}s (load {_load()})")
-    spark_s, read = report_s(url)
+    spark_s, read = report_s(url, messages)
     print(
         f"Spark report (start, reads, aggregates, Parquet, CSV, HTML): {spark_s:.2f}s; "
         f"rows read {read:,} (load {_load()})"
@@ -165,7 +175,7 @@ def measure(messages: int, regenerate: bool, cluster: bool, rates: bool) -> dict
         ratio=round(spark_s / sql_s, 3),
     )
     if cluster:
-        cluster_s = cluster_report_s(url)
+        cluster_s = cluster_report_s(url, messages)
         print(f"the same on a standalone cluster (2 workers x 1 core): {cluster_s:.2f}s")
         figures.update(
             spark_cluster_report_s=round(cluster_s, 2),

@@ -314,10 +314,13 @@ def test_jdbc_settings_follow_the_database_url() -> None:
 
 @pytest.mark.integration  # refused before Spark starts
 def test_a_negative_lag_is_refused(store: tuple[str, Engine]) -> None:
+    options = ReportOptions(incremental=True, lag=timedelta(minutes=-5))
     with pytest.raises(ReportError, match="lag must not be negative"):
-        run_report(
-            ReportOptions(incremental=True, lag=timedelta(minutes=-5)), settings_for(store[0])
-        )
+        run_report(options, settings_for(store[0]))
+    # Bad options are named before what the environment lacks: also without the jar.
+    no_jar = settings_for(store[0], report_jdbc_jar="/nowhere/postgresql.jar")
+    with pytest.raises(ReportError, match="lag must not be negative"):
+        run_report(options, no_jar)
 
 
 # --- errors a person can fix ------------------------------------------------------------------
