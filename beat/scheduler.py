@@ -24,7 +24,8 @@ class ConfiguredScheduler(Scheduler):
     tickers: due work goes to the broker within one interval of being due, whatever an agent
     is doing meanwhile. The interval is INTERVAL after a turn that handed something over and
     CHECK_QUEUE_INTERVAL, the seed's idle check, after one that found nothing due (see
-    :func:`next_wait`).
+    :func:`next_wait`), cut short to when the earliest waiting item is due
+    (:func:`idle_wait`).
 
     Beat follows its node (ORDERLY_NODE_CODE) every heartbeat: while it is STOPPED the
     ticker hands out no due work and neither the agents nor the beat schedule run (the beats
@@ -76,7 +77,10 @@ class ConfiguredScheduler(Scheduler):
             return self.interval_s
         moved = self.due.tick()
         wait: float = super().tick(*args, **kwargs)
-        return min(wait, next_wait(moved, len(self.due.sources), self.interval_s, self.idle_s))
+        after = next_wait(moved, len(self.due.sources), self.interval_s, self.idle_s)
+        if after > self.interval_s:  # idle: no longer than until the next item is due
+            after = idle_wait(self.due.due_in_s(), self.interval_s, self.idle_s)
+        return min(wait, after)
 
     def close(self) -> None:
         if self.due is not None:
@@ -91,3 +95,12 @@ def next_wait(moved: dict[str, int], sources: int, busy_s: float, idle_s: float)
     every source answered that nothing is due."""
     idle = len(moved) == sources and not any(moved.values())
     return idle_s if idle else busy_s
+
+
+def idle_wait(due_in_s: float | None, busy_s: float, idle_s: float) -> float:
+    """An idle beat's wait: ``idle_s``, but no longer than until the earliest waiting item is
+    due (a retry wait, a delay, an ACK deadline: the queue is not empty, only not due), and
+    never shorter than ``busy_s``."""
+    if due_in_s is None:
+        return idle_s
+    return min(idle_s, max(busy_s, due_in_s))

@@ -10,7 +10,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from tests.helpers import ManualClock
-from worker import pubsub
+from worker import confirmations, pubsub
 from worker.core.due import Job, RedisDueSet, Ticker, drain
 from worker.core.lease import RedisLease, new_token
 from worker.core.scripts import Scripts
@@ -126,6 +126,9 @@ def test_the_ticker_runs_every_source_and_each_job_at_its_period() -> None:
 
         def release(self, items: list[Any]) -> None: ...
 
+        def due_in_ms(self) -> float | None:
+            return None
+
     def broken() -> None:
         raise RuntimeError("one failing job")
 
@@ -178,6 +181,11 @@ def test_a_failing_source_is_logged_once_then_sparingly(caplog: pytest.LogCaptur
 
         def release(self, items: list[Any]) -> None: ...
 
+        def due_in_ms(self) -> float | None:
+            if down:
+                raise ConnectionError("database down")
+            return None
+
     ticker = Ticker([Source()], clock=clock)
     for _ in range(50):  # ten seconds of ticks
         ticker.tick()
@@ -187,6 +195,7 @@ def test_a_failing_source_is_logged_once_then_sparingly(caplog: pytest.LogCaptur
     clock.advance(30)
     ticker.tick()
     assert "still failing" in caplog.records[-1].message
+    assert ticker.due_in_s() == 0.0  # no answer: due now, so beat looks again soon
     down = False
     ticker.tick()
     assert caplog.records[-1].message == "due work flaky works again"
@@ -207,3 +216,60 @@ def test_a_take_settles_and_releases_only_what_it_still_holds(redis_client: redi
     assert redis_client.zcard(SET) == 0
     second.release(["x"])  # the holder's release makes it due again
     assert redis_client.zrange(SET, 0, -1) == [b"x"] and redis_client.zcard(LEASED) == 0
+
+
+def test_a_due_set_says_when_its_earliest_item_is_due(redis_client: redis.Redis) -> None:
+    """What an idle beat waits for (beat.scheduler.idle_wait): the first due time, or the
+    first lease end of what a taker holds, whichever is earlier."""
+    clock = ManualClock(1_000.0)
+    source = due_set(redis_client, clock, [])
+    assert source.due_in_ms() is None
+    redis_client.zadd(SET, {"later": 1_000_750, "soon": 1_000_300})
+    assert source.due_in_ms() == 300
+    redis_client.zadd(LEASED, {"held": 1_000_100})  # a taker's lease ends first
+    assert source.due_in_ms() == 100
+    clock.advance(0.5)
+    assert source.due_in_ms() == -400  # overdue: due now
+
+
+def test_a_due_index_says_when_its_earliest_delivery_is_due(db: Engine) -> None:
+    source = pubsub.due_deliveries(db, lambda ids: None)
+    assert source.due_in_ms() is None
+    pubsub.create_room(db, {"name": "r", "delivery_delay_ms": 10})
+    pubsub.create_subscription(db, "r", {"name": "s", "kind": "PUSH", "push_url": "http://x/i"})
+    pubsub.publish(db, "r", {"routing_key": "k", "payload": {}, "$delay": 3_600_000})
+    due = source.due_in_ms()
+    assert due is not None and 3_500_000 < due <= 3_600_000  # an hour's delay waits
+    with db.begin() as conn:
+        conn.execute(text("UPDATE delivery SET scheduled_at = now() - interval '2 seconds'"))
+    due = source.due_in_ms()
+    assert due is not None and due <= -2_000
+
+
+def test_a_due_index_says_when_its_earliest_confirmation_is_due(db: Engine) -> None:
+    source = confirmations.due_confirmations(db, lambda items: None)
+    assert source.due_in_ms() is None
+    with db.begin() as conn:
+        node = conn.execute(
+            text("INSERT INTO node (code, name, state) VALUES ('n', 'n', 'RUN') RETURNING node_id")
+        ).scalar_one()
+        msg_id = conn.execute(
+            text(
+                "INSERT INTO message (msg_timestamp, receive_timestamp, service_name, "
+                "operation_name, correlation_id, source_system, payload, state, node_id) "
+                "VALUES (now(), now(), 'test', 'script', 'c-1', 'crm', '{}', 'OK', :n) "
+                "RETURNING msg_id"
+            ),
+            {"n": node},
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO external_call (msg_id, operation_name, entity_id, state, "
+                "msg_timestamp, creation_timestamp, last_update_timestamp, failed_count, "
+                "next_attempt_at) VALUES (:m, 'orderly.confirmation', :m, 'FAILED', now(), "
+                "now(), now(), 1, now() + interval '90 seconds')"
+            ),
+            {"m": msg_id},
+        )
+    due = source.due_in_ms()
+    assert due is not None and 80_000 < due <= 90_000

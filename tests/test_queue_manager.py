@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 
 import tests.gated_handlers  # noqa: F401  (the gate.hold handler, known to intake here)
-from beat.scheduler import ConfiguredScheduler, next_wait
+from beat.scheduler import ConfiguredScheduler, idle_wait, next_wait
 from models import NodeState
 from tests.helpers import ManualClock, message, row, wait_until
 from tests.stack import START_TIMEOUT_S
@@ -35,19 +35,33 @@ from worker.settings import Settings
 
 
 class CountedSource:
-    """A due source that counts the scheduler's looks; ``due`` items each time while busy."""
+    """A due source that counts the scheduler's looks; ``due`` items each time while busy,
+    and one item more when the test's clock reaches ``later_at`` (it waits till then)."""
 
     name = "counted"
     batch = 100
 
-    def __init__(self, due: int) -> None:
+    def __init__(self, due: int, clock: ManualClock, later_at: float | None = None) -> None:
         self.due = due
+        self.clock = clock
+        self.later_at = later_at
         self.takes = 0
         self.handed: list[Any] = []
+        self.handed_at: list[float] = []
 
     def take(self, limit: int) -> list[Any]:
         self.takes += 1
-        return list(range(self.due))
+        items: list[Any] = list(range(self.due))
+        if self.later_at is not None and self.clock.monotonic() >= self.later_at - 1e-9:
+            items.append("later")
+            self.handed_at.append(self.clock.monotonic())
+            self.later_at = None
+        return items
+
+    def due_in_ms(self) -> float | None:
+        if self.later_at is None:
+            return None
+        return (self.later_at - self.clock.monotonic()) * 1000
 
     def hand_off(self, items: list[Any]) -> None:
         self.handed.extend(items)
@@ -64,11 +78,14 @@ class Running:
         return NodeState.RUN
 
 
-def polls_in(seconds: float, *, interval_ms: int, check_ms: int, due: int) -> int:
-    """How often beat's scheduler looks for due work in ``seconds`` of the test's clock, as
-    its loop does: tick, then wait what the tick returned."""
+def polls_in(
+    seconds: float, *, interval_ms: int, check_ms: int, due: int, later_s: float | None = None
+) -> CountedSource:
+    """Beat's scheduler looking for due work for ``seconds`` of the test's clock, as its loop
+    does: tick, then wait what the tick returned. The source counts its looks."""
     clock = ManualClock()
-    source = CountedSource(due)
+    later_at = None if later_s is None else clock.monotonic() + later_s
+    source = CountedSource(due, clock, later_at)
     scheduler = ConfiguredScheduler(app=app, lazy=True)
     scheduler.due = Ticker([source], clock=clock)
     scheduler.node = Running()  # type: ignore[assignment]
@@ -77,22 +94,41 @@ def polls_in(seconds: float, *, interval_ms: int, check_ms: int, due: int) -> in
     end = clock.monotonic() + seconds
     while clock.monotonic() < end - 1e-9:
         clock.advance(scheduler.tick())
-    return source.takes
+    source.handed_at = [t - (end - seconds) for t in source.handed_at]
+    return source
 
 
 def test_an_idle_beat_looks_every_check_queue_interval_and_a_busy_one_every_interval() -> None:
-    assert polls_in(10, interval_ms=200, check_ms=1000, due=0) == 10
-    assert polls_in(10, interval_ms=200, check_ms=500, due=0) == 20
-    assert polls_in(10, interval_ms=200, check_ms=2000, due=0) == 5
+    assert polls_in(10, interval_ms=200, check_ms=1000, due=0).takes == 10
+    assert polls_in(10, interval_ms=200, check_ms=500, due=0).takes == 20
+    assert polls_in(10, interval_ms=200, check_ms=2000, due=0).takes == 5
     # While there is due work, INTERVAL: CHECK_QUEUE_INTERVAL changes nothing then.
-    assert polls_in(10, interval_ms=200, check_ms=1000, due=3) == 50
-    assert polls_in(10, interval_ms=200, check_ms=5000, due=3) == 50
+    assert polls_in(10, interval_ms=200, check_ms=1000, due=3).takes == 50
+    assert polls_in(10, interval_ms=200, check_ms=5000, due=3).takes == 50
+
+
+@pytest.mark.parametrize(("later_s", "handed_at"), [(0.45, 0.45), (0.05, 0.2)])
+def test_an_idle_beat_looks_again_when_a_waiting_item_is_due(
+    later_s: float, handed_at: float
+) -> None:
+    """Nothing due, but a retry waits: beat looks again when it is due (not a whole
+    CHECK_QUEUE_INTERVAL later), and never sooner than INTERVAL."""
+    source = polls_in(3, interval_ms=200, check_ms=1000, due=0, later_s=later_s)
+    assert source.handed_at == pytest.approx([handed_at])
+    # looks: at 0, when the item is due, one INTERVAL later (that turn was busy), then every
+    # CHECK_QUEUE_INTERVAL (nothing waits any more) till the 3 s are over
+    idle_looks = [t for t in (handed_at + 0.2 + n for n in range(3)) if t < 3]
+    assert source.takes == 2 + len(idle_looks)
 
 
 def test_a_failing_source_is_looked_at_again_after_interval() -> None:
     assert next_wait({}, 1, 0.2, 1.0) == 0.2  # the source failed: no answer
     assert next_wait({"a": 0}, 1, 0.2, 1.0) == 1.0
     assert next_wait({"a": 0, "b": 2}, 2, 0.2, 1.0) == 0.2
+    assert idle_wait(None, 0.2, 1.0) == 1.0
+    assert idle_wait(0.5, 0.2, 1.0) == 0.5
+    assert idle_wait(-3.0, 0.2, 1.0) == 0.2  # overdue (a lease that ran out): INTERVAL
+    assert idle_wait(7.0, 0.2, 1.0) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,7 @@ def due_confirmations(
         engine,
         "confirmation_take",
         "confirmation_release",
+        "confirmation_next_due",
         hand_off,
         batch=DISPATCH_BATCH,
     )

@@ -51,6 +51,11 @@ class DueSource(Protocol):
         """The broker did not take these: due again at once."""
         ...
 
+    def due_in_ms(self) -> float | None:
+        """Milliseconds until the earliest item is due (0 or less: due now, a lease that ran
+        out included); None when nothing waits."""
+        ...
+
 
 @dataclass
 class PgDueIndex:
@@ -60,12 +65,14 @@ class PgDueIndex:
     (then the items are tuples, the id first); ``release_query`` makes ``:ids`` due at once
     (a query that recorded the token releases only under ``:token``). The commit of the take
     comes before the hand-off; the claim that follows checks the row is still due (the lease
-    is no claim)."""
+    is no claim). ``next_query`` answers :meth:`due_in_ms` from the same rows (NULL when
+    none waits)."""
 
     name: str
     engine: Engine
     take_query: str
     release_query: str
+    next_query: str
     hand_off: Callable[[list[Any]], None]
     batch: int = 50
     lease_ms: int = DEFAULT_LEASE_MS
@@ -85,6 +92,11 @@ class PgDueIndex:
         ids = [i[0] if isinstance(i, tuple) else i for i in items]
         with self.engine.begin() as conn:
             conn.execute(sql(self.release_query), {"ids": ids, "token": self._token})
+
+    def due_in_ms(self) -> float | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(sql(self.next_query)).scalar()
+        return None if found is None else float(found)
 
 
 @dataclass
@@ -124,6 +136,14 @@ class RedisDueSet:
                 [now_ms(self.clock), self._until, *items],
             )
 
+    def due_in_ms(self) -> float | None:
+        """The earlier of the set's first due time and its leased set's first lease end."""
+        pipe = self.scripts.client.pipeline(transaction=False)
+        pipe.zrange(self.key, 0, 0, withscores=True)
+        pipe.zrange(self.leased_key, 0, 0, withscores=True)
+        firsts = [float(found[0][1]) for found in pipe.execute() if found]
+        return min(firsts) - now_ms(self.clock) if firsts else None
+
 
 @dataclass
 class ShardedDueSets:
@@ -162,6 +182,10 @@ class ShardedDueSets:
     def release(self, items: list[Any]) -> None:
         for shard, part in self._by_set(items).items():
             self.sets[shard].release(part)
+
+    def due_in_ms(self) -> float | None:
+        found = [due for due in (s.due_in_ms() for s in self.sets) if due is not None]
+        return min(found) if found else None
 
 
 @dataclass(frozen=True)
@@ -224,6 +248,20 @@ class Ticker:
             else:
                 self._recovered(f"periodic job {job.name}")
         return moved
+
+    def due_in_s(self) -> float | None:
+        """Seconds until the earliest item of any source is due; None when nothing waits.
+        A source that cannot answer counts as due now (it is tried again soon)."""
+        soonest: float | None = None
+        for source in self.sources:
+            try:
+                due = source.due_in_ms()
+            except Exception as exc:
+                self._failed(f"due work {source.name}", exc, "its items stay due")
+                return 0.0
+            if due is not None and (soonest is None or due < soonest):
+                soonest = due
+        return None if soonest is None else soonest / 1000
 
     def _failed(self, what: str, exc: Exception, then: str) -> None:
         now = self.clock.monotonic()

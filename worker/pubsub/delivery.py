@@ -119,6 +119,7 @@ def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgD
         engine,
         "deliveries_take_due",
         "deliveries_release",
+        "deliveries_next_due",
         split,
         batch=BATCH,
         lease_ms=int(QUEUED_LEASE_S * 1000),

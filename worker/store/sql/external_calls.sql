@@ -67,6 +67,13 @@ UPDATE external_call
         FOR UPDATE SKIP LOCKED)
 RETURNING call_id, claim;
 
+-- name: confirmation_next_due
+-- Milliseconds until the earliest confirmation try is due (confirmation_take's rows; NULL
+-- when none waits): how long an idle beat may wait (worker.core.due).
+SELECT extract(epoch FROM min(next_attempt_at) - now()) * 1000
+  FROM external_call
+ WHERE operation_name = 'orderly.confirmation' AND state IN ('PROCESSING', 'FAILED');
+
 -- name: confirmation_release
 -- Taken under :token but not handed to the broker: due again at once.
 UPDATE external_call SET next_attempt_at = now()

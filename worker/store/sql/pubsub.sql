@@ -232,6 +232,12 @@ UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
         FOR UPDATE SKIP LOCKED)
 RETURNING d.delivery_id, d.lost_count;
 
+-- name: deliveries_next_due
+-- Milliseconds until the earliest push delivery is due (deliveries_take_due's rows; NULL when
+-- none waits): how long an idle beat may wait (worker.core.due).
+SELECT extract(epoch FROM min(scheduled_at) - now()) * 1000
+  FROM delivery WHERE state = 'PENDING' AND NOT pull;
+
 -- name: deliveries_release
 UPDATE delivery SET scheduled_at = now()
  WHERE delivery_id = ANY(:ids) AND state = 'PENDING';
