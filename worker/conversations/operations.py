@@ -23,6 +23,8 @@ from worker.conversations.agent import wake
 from worker.conversations.context import Context
 from worker.conversations.gate import find_ack
 from worker.conversations.model import (
+    ID_PATTERN,
+    ID_RULE,
     MAX_ASYNC_ID,
     REQUEST_SOURCE,
     RESPONSE_SOURCE,
@@ -72,7 +74,6 @@ MESSAGE_FIELDS = (
     "state",
     "inRedis",
 )
-_FIELD_RE = re.compile(r"^[A-Za-z]{1,40}$")
 
 Note = Annotated[str, StringConstraints(strict=True, max_length=1000)]
 
@@ -142,8 +143,8 @@ def _row(ctx: Context, conversation_id: str, ident: str, source: str, what: str)
 
 
 def _check_id(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._~@+=-]{1,100}", value):
-        raise InvalidMessage(name, "must be 1 to 100 of A-Z a-z 0-9 . _ ~ @ + = -")
+    if not isinstance(value, str) or not re.match(ID_PATTERN, value):
+        raise InvalidMessage(name, f"must be {ID_RULE}")
     return value
 
 
@@ -157,7 +158,7 @@ def projection(fields: Any) -> list[str] | None:
         raise InvalidMessage("fields", "must be field names, comma-separated")
     names = [n.strip() for n in names if n.strip()]
     for name in names:
-        if not _FIELD_RE.match(name) or name not in MESSAGE_FIELDS:
+        if name not in MESSAGE_FIELDS:
             shown = name if len(name) <= 40 else name[:40] + "..."
             raise InvalidMessage(
                 "fields", f"no field {shown!r}; known: {', '.join(MESSAGE_FIELDS)}"
