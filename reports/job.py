@@ -124,7 +124,7 @@ def _rows_of(
             guarded(frame.coalesce(1).write.mode("overwrite").parquet, target)
     finally:
         if parquet is not None:
-            frame.unpersist()
+            frame.unpersist(blocking=True)
     columns = aggregate.columns
     rows.sort(key=lambda r: _sort_key(r, columns))
     result = AggregateRows(aggregate.name, aggregate.title, columns, rows, types)

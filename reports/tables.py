@@ -147,6 +147,6 @@ class Frames:
 
     def release(self) -> None:
         for frame in [*self._derived.values(), *self._frames.values()]:
-            frame.unpersist()
+            frame.unpersist(blocking=True)  # done before the session may stop
         self._derived.clear()
         self._frames.clear()
