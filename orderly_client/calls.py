@@ -174,13 +174,36 @@ def delete_conversation_request(
     return Call("DELETE", path, params=params)
 
 
-def conversation_operation(
+def _conversation_operation(
     conversation_id: str, kind: str, ident: str, action: str, body: Mapping[str, Any]
 ) -> Call[dict[str, Any]]:
-    """``kind`` requests or responses; ``action`` awaited (POST), awaited-date (PUT),
-    removal (POST)."""
     path = f"/conversations/{segment(conversation_id)}/{kind}/{segment(ident)}/{action}"
     return Call("PUT" if action == "awaited-date" else "POST", path, dict(body))
+
+
+def set_awaited(
+    conversation_id: str, request_id: str | None, response_id: str | None, note: str | None
+) -> Call[dict[str, Any]]:
+    """setAwaitedByRequestId or setAwaitedByResponseId: exactly one of the two ids."""
+    if (request_id is None) == (response_id is None):
+        raise ValueError("set_awaited takes exactly one of request_id and response_id")
+    kind, ident = ("requests", request_id) if request_id else ("responses", response_id)
+    body = {} if note is None else {"note": note}
+    return _conversation_operation(conversation_id, kind, str(ident), "awaited", body)
+
+
+def set_awaited_date(
+    conversation_id: str, response_id: str, at: datetime | str
+) -> Call[dict[str, Any]]:
+    """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
+    body = {"awaited_to_date": at.isoformat() if isinstance(at, datetime) else at}
+    return _conversation_operation(conversation_id, "responses", response_id, "awaited-date", body)
+
+
+def remove_at(conversation_id: str, response_id: str, delay_s: int) -> Call[dict[str, Any]]:
+    """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
+    body = {"delay_s": delay_s}
+    return _conversation_operation(conversation_id, "responses", response_id, "removal", body)
 
 
 def ack(async_response_id: str, token: str) -> Call[Acked]:

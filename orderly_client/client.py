@@ -228,30 +228,17 @@ class Client:
         note: str | None = None,
     ) -> dict[str, Any]:
         """setAwaitedByRequestId (``request_id``) or setAwaitedByResponseId."""
-        kind, ident = ("requests", request_id) if request_id else ("responses", response_id)
-        body = {} if note is None else {"note": note}
-        return self.call(
-            calls.conversation_operation(conversation_id, kind, str(ident), "awaited", body)
-        )
+        return self.call(calls.set_awaited(conversation_id, request_id, response_id, note))
 
     def set_awaited_date(
         self, conversation_id: str, response_id: str, at: datetime | str
     ) -> dict[str, Any]:
         """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
-        when = at.isoformat() if isinstance(at, datetime) else at
-        body = {"awaited_to_date": when}
-        return self.call(
-            calls.conversation_operation(
-                conversation_id, "responses", response_id, "awaited-date", body
-            )
-        )
+        return self.call(calls.set_awaited_date(conversation_id, response_id, at))
 
     def remove_at(self, conversation_id: str, response_id: str, delay_s: int) -> dict[str, Any]:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
-        body = {"delay_s": delay_s}
-        return self.call(
-            calls.conversation_operation(conversation_id, "responses", response_id, "removal", body)
-        )
+        return self.call(calls.remove_at(conversation_id, response_id, delay_s))
 
 
 class AsyncClient:
@@ -374,6 +361,47 @@ class AsyncClient:
 
     async def conversation(self, conversation_id: str) -> dict[str, Any]:
         return await self.call(calls.conversation(conversation_id))
+
+    async def conversation_message(
+        self,
+        *,
+        response_id: str | None = None,
+        async_response_id: str | None = None,
+        fields: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """getConversationMessage (an operate key)."""
+        return await self.call(calls.conversation_message(response_id, async_response_id, fields))
+
+    async def delete_conversation_request(
+        self, conversation_id: str, request_id: str, **filters: Any
+    ) -> dict[str, Any]:
+        """deleteConversationRegister: ``status``, ``all_origin_except``, ``note``."""
+        return await self.call(
+            calls.delete_conversation_request(conversation_id, request_id, filters)
+        )
+
+    async def set_awaited(
+        self,
+        conversation_id: str,
+        *,
+        request_id: str | None = None,
+        response_id: str | None = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """setAwaitedByRequestId (``request_id``) or setAwaitedByResponseId."""
+        return await self.call(calls.set_awaited(conversation_id, request_id, response_id, note))
+
+    async def set_awaited_date(
+        self, conversation_id: str, response_id: str, at: datetime | str
+    ) -> dict[str, Any]:
+        """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
+        return await self.call(calls.set_awaited_date(conversation_id, response_id, at))
+
+    async def remove_at(
+        self, conversation_id: str, response_id: str, delay_s: int
+    ) -> dict[str, Any]:
+        """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
+        return await self.call(calls.remove_at(conversation_id, response_id, delay_s))
 
 
 __all__ = ["AsyncClient", "Client", "OrderlyError"]

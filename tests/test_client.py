@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -207,3 +208,62 @@ def test_the_client_imports_nothing_of_the_server() -> None:
     for heavy in ("worker", "api", "models", "sqlalchemy", "celery", "redis", "fastapi"):
         assert heavy not in loaded, heavy
     assert "httpx" in loaded and "pydantic" in loaded
+
+
+@pytest.fixture
+def api_only(stack: Stack) -> Iterator[Stack]:
+    """The API without a worker: a conversation's responses stay where intake put them."""
+    stack.start_api()
+    answer = httpx.put(
+        f"{stack.url}/channels/chat",
+        json={"url": "http://127.0.0.1:9/in"},
+        headers={"Authorization": f"Bearer {stack.token}"},
+    )
+    assert answer.status_code == 200, answer.text
+    yield stack
+
+
+def _operate(orderly: Any, cid: str) -> list[Any]:
+    """The conversation operations a sync or async client runs, in order (the caller awaits
+    each one for the async client); the request is ``r-<cid>``, its response ``s-<cid>``."""
+    return [
+        lambda: orderly.conversation_message(response_id=f"s-{cid}", fields=["status", "state"]),
+        lambda: orderly.set_awaited(cid, response_id=f"s-{cid}", note="client down"),
+        lambda: orderly.set_awaited_date(cid, f"s-{cid}", datetime.now(UTC)),
+        lambda: orderly.remove_at(cid, f"s-{cid}", 3600),
+        lambda: orderly.delete_conversation_request(cid, f"r-{cid}", note="gone"),
+    ]
+
+
+def _check(cid: str, answers: list[dict[str, Any]]) -> None:
+    found, awaited, dated, removal, deleted = answers
+    assert found["status"] == "PENDING" and set(found) <= {"status", "state", "responseId"}
+    assert [a["response_id"] for a in awaited["awaited"]] == [f"s-{cid}"]
+    assert awaited["skipped"] == [] and dated["awaited_to_date_ms"] > 0
+    assert removal["remove_at_ms"] > dated["awaited_to_date_ms"]
+    assert deleted["request_cancelled"] and deleted["deleted"] == [f"s-{cid}"]
+
+
+def _start(orderly: Client, cid: str) -> None:
+    orderly.request(cid, {"request_id": f"r-{cid}", "origin": "chat"})
+    orderly.response(cid, {"request_id": f"r-{cid}", "response_id": f"s-{cid}", "payload": {}})
+
+
+def test_the_conversation_operations_sync_and_async(api_only: Stack) -> None:
+    with Client(api_only.url, api_only.token) as orderly:
+        _start(orderly, "c-sync")
+        _check("c-sync", [call() for call in _operate(orderly, "c-sync")])
+        gone = orderly.conversation_message(response_id="s-c-sync")  # deleted with its request
+        assert gone["state"] == "CANCEL" and gone["inRedis"] is False
+        with pytest.raises(NotFound):
+            orderly.conversation_message(response_id="nobody-sent-this")
+        with pytest.raises(ValueError, match="exactly one"):
+            orderly.set_awaited("c-sync")
+
+    async def run() -> list[dict[str, Any]]:
+        async with AsyncClient(api_only.url, api_only.token) as orderly:
+            return [await call() for call in _operate(orderly, "c-async")]
+
+    with Client(api_only.url, api_only.token) as orderly:
+        _start(orderly, "c-async")
+    _check("c-async", asyncio.run(run()))
