@@ -4,8 +4,9 @@ operators' operations (worker/conversations/operations.py)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
@@ -116,17 +117,20 @@ async def delete_register(
 
     given = {"status": status, "all_origin_except": all_origin_except, "note": note}
     data = {name: value for name, value in given.items() if value is not None}
-    done = await run_in_threadpool(
-        functools.partial(
-            runtime.conversations.delete_register,
-            conversation_id,
-            request_id,
-            data,
-            enqueue_drain,
-            key=key.name,
-        )
+    return await _answer(
+        runtime.conversations.delete_register,
+        conversation_id,
+        request_id,
+        data,
+        enqueue_drain,
+        key=key.name,
     )
-    return JSONResponse(asdict(done))
+
+
+async def _answer(call: Callable[..., Any], *args: Any, **kwargs: Any) -> JSONResponse:
+    """An operator's operation, run off the event loop; its answer as JSON."""
+    done = await run_in_threadpool(functools.partial(call, *args, **kwargs))
+    return JSONResponse(asdict(done) if is_dataclass(done) and not isinstance(done, type) else done)
 
 
 @router.post(
@@ -139,16 +143,13 @@ async def set_awaited_by_request(
 ) -> JSONResponse:
     """setAwaitedByRequestId: the request's PENDING responses AWAITED."""
     data = await json_body(request)
-    done = await run_in_threadpool(
-        functools.partial(
-            runtime.conversations.set_awaited,
-            conversation_id,
-            data,
-            request_id=request_id,
-            key=key.name,
-        )
+    return await _answer(
+        runtime.conversations.set_awaited,
+        conversation_id,
+        data,
+        request_id=request_id,
+        key=key.name,
     )
-    return JSONResponse(asdict(done))
 
 
 @router.post(
@@ -161,16 +162,13 @@ async def set_awaited_by_response(
 ) -> JSONResponse:
     """setAwaitedByResponseId: the response AWAITED, if PENDING."""
     data = await json_body(request)
-    done = await run_in_threadpool(
-        functools.partial(
-            runtime.conversations.set_awaited,
-            conversation_id,
-            data,
-            response_id=response_id,
-            key=key.name,
-        )
+    return await _answer(
+        runtime.conversations.set_awaited,
+        conversation_id,
+        data,
+        response_id=response_id,
+        key=key.name,
     )
-    return JSONResponse(asdict(done))
 
 
 @router.put(
@@ -183,16 +181,9 @@ async def set_awaited_date(
 ) -> JSONResponse:
     """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
     data = await json_body(request)
-    done = await run_in_threadpool(
-        functools.partial(
-            runtime.conversations.set_awaited_date,
-            conversation_id,
-            response_id,
-            data,
-            key=key.name,
-        )
+    return await _answer(
+        runtime.conversations.set_awaited_date, conversation_id, response_id, data, key=key.name
     )
-    return JSONResponse(done)
 
 
 @router.post(
@@ -205,12 +196,9 @@ async def remove_at(
 ) -> JSONResponse:
     """removeAllReferencesAtTime: the response's references leave Redis after ``delay_s``."""
     data = await json_body(request)
-    done = await run_in_threadpool(
-        functools.partial(
-            runtime.conversations.remove_at, conversation_id, response_id, data, key=key.name
-        )
+    return await _answer(
+        runtime.conversations.remove_at, conversation_id, response_id, data, key=key.name
     )
-    return JSONResponse(done)
 
 
 @acks.post("/acks/{async_response_id}", responses=answers(a.Acked))
