@@ -97,7 +97,7 @@ case "$cmd" in
     ensure_services
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database
-    exec "$VENV/bin/orderly-tools" demo "$@"
+    exec "$VENV/bin/python" -m tooling demo "$@"
     ;;
   test)
     ensure_apt pg_isready postgresql-client

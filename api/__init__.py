@@ -1,1 +1,2 @@
-"""orderly's faces: the HTTP API (``api.http``) and the command line (``api.cli``)."""
+"""orderly's faces: the HTTP API (``orderly.api.http``) and the command line
+(``orderly.api.cli``)."""

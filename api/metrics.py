@@ -14,10 +14,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from models.pubsub import DeliveryState
-from worker.observe import Figures, Source, gather
-from worker.runtime import Runtime, get_runtime
-from worker.tracking import Histogram
+from orderly.models.pubsub import DeliveryState
+from orderly.worker.observe import Figures, Source, gather
+from orderly.worker.runtime import Runtime, get_runtime
+from orderly.worker.tracking import Histogram
 
 
 @lru_cache(maxsize=4)
@@ -27,7 +27,7 @@ def _broker_client(url: str) -> redis.Redis:
 
 def broker_queues() -> tuple[str, ...]:
     """The Celery queues orderly routes tasks to."""
-    from worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
+    from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
 
     return (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from worker.observe import Figures
+from orderly.worker.observe import Figures
 
 
 def print_status(figures: Figures, console: Console) -> None:

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker import confirmations, nodes, pool, pubsub, rebuild, timeouts
-from worker.celery import (
+from orderly.worker import confirmations, nodes, pool, pubsub, rebuild, timeouts
+from orderly.worker.celery import (
     app,
     enqueue_drain,
     enqueue_processing,
     enqueue_processing_many,
     wake_processing,
 )
-from worker.runtime import get_runtime
+from orderly.worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
 
@@ -140,7 +140,7 @@ def nightly_report(self: Any) -> int:
     """Start the incremental report (rows since the watermark) as a process of its own and
     return at once: Spark's driver must not live in a worker. Two overlapping runs are safe:
     the watermark moves by compare-and-set, with the report tables, so only one counts."""
-    from worker.tasks import refuse_if_stopped
+    from orderly.worker.tasks import refuse_if_stopped
 
     refuse_if_stopped(self)
     settings = get_runtime().settings

@@ -13,18 +13,18 @@ from typing import Any
 
 from celery.schedules import crontab
 
-from beat import agents
-from worker import confirmations, pubsub
-from worker.celery import (
+from orderly.beat import agents
+from orderly.worker import confirmations, pubsub
+from orderly.worker.celery import (
     enqueue_confirmations,
     enqueue_drain,
     enqueue_event_deliveries,
     enqueue_processing_many,
 )
-from worker.configuration import ConfigReader
-from worker.core.due import DueSource, Job, Ticker
-from worker.runtime import Runtime
-from worker.settings import Settings
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.due import DueSource, Job, Ticker
+from orderly.worker.runtime import Runtime
+from orderly.worker.settings import Settings
 
 
 def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job]:

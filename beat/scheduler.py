@@ -10,11 +10,11 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from beat.schedule import build_schedule, build_tickers
-from models import NodeState
-from worker.core.due import Ticker
-from worker.nodes import NodeFollower
-from worker.runtime import get_runtime
+from orderly.beat.schedule import build_schedule, build_tickers
+from orderly.models import NodeState
+from orderly.worker.core.due import Ticker
+from orderly.worker.nodes import NodeFollower
+from orderly.worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.beat")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.celery import app
+from orderly.worker.celery import app
 
 
 @app.task(name="orderly.process.bench_noop")

@@ -56,9 +56,9 @@ def prepare() -> tuple[redis.Redis, ProcessGroup]:
     """Create and migrate the bench database; a Redis client and a process group for the run."""
     import redis
 
+    from orderly.worker.runtime import get_runtime
+    from orderly.worker.store import schema
     from tooling.processes import ProcessGroup
-    from worker.runtime import get_runtime
-    from worker.store import schema
 
     runtime = get_runtime()
     schema.create_database(runtime.settings.database_url)
@@ -107,7 +107,7 @@ def reset_messages(r: redis.Redis) -> None:
     """Empty the message store tables of the bench database and its Redis DB."""
     from sqlalchemy import text
 
-    from worker.runtime import get_runtime
+    from orderly.worker.runtime import get_runtime
 
     with get_runtime().engine.begin() as conn:
         conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
@@ -124,7 +124,7 @@ def reset_pubsub(r: redis.Redis) -> None:
     """Empty the publish/subscribe tables of the bench database and its Redis DB."""
     from sqlalchemy import text
 
-    from worker.runtime import get_runtime
+    from orderly.worker.runtime import get_runtime
 
     with get_runtime().engine.begin() as conn:
         conn.execute(

@@ -35,10 +35,10 @@ os.environ.setdefault("AURA_QUEUE_MANAGER_INTERVAL", "100")
 
 from sqlalchemy import text  # noqa: E402
 
+from orderly.worker import pubsub  # noqa: E402
+from orderly.worker.celery import DELIVER_QUEUE, PROCESS_QUEUE, app  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import Managed, ProcessGroup  # noqa: E402
-from worker import pubsub  # noqa: E402
-from worker.celery import DELIVER_QUEUE, PROCESS_QUEUE, app  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
 
 WORKERS = 2
 ON_TIME_MS = 1000

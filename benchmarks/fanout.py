@@ -32,11 +32,11 @@ use_bench_services()  # before the app modules read their settings
 from sqlalchemy import text  # noqa: E402
 
 from benchmarks import peers  # noqa: E402
+from orderly.worker import pubsub  # noqa: E402
+from orderly.worker.celery import DELIVER_QUEUE, enqueue_event_deliveries  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 from tooling.sink import Sink  # noqa: E402
-from worker import pubsub  # noqa: E402
-from worker.celery import DELIVER_QUEUE, enqueue_event_deliveries  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
 
 WORKERS = 2
 

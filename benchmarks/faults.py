@@ -474,16 +474,16 @@ class System:
     def start(self) -> None:
         from sqlalchemy import create_engine
 
+        from orderly.worker import configuration
+        from orderly.worker.store import schema
         from tooling.processes import ProcessGroup, free_port, wait_for_log
-        from worker import configuration
-        from worker.store import schema
 
         url = os.environ["ORDERLY_DATABASE_URL"]
         schema.create_database(url)
         schema.upgrade(url)
         self.engine = create_engine(url, pool_pre_ping=True, pool_size=2)
+        from orderly.worker.runtime import get_runtime
         from tooling.apikeys import bearer
-        from worker.runtime import get_runtime
 
         self.auth = bearer(self.engine)
         runtime = get_runtime()

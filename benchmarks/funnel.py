@@ -36,9 +36,9 @@ use_bench_services()  # before the app modules read their settings
 import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from orderly.worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
-from worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -25,7 +25,7 @@ import redis  # noqa: E402
 from sqlalchemy import create_engine  # noqa: E402
 
 from benchmarks import peer_apps, peers  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 
 
 def main() -> None:

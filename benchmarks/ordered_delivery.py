@@ -43,12 +43,12 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from benchmarks import peers  # noqa: E402
+from orderly.worker.celery import DELIVER_QUEUE, enqueue_drain  # noqa: E402
+from orderly.worker.channels import Channel, put_channel  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import ProcessGroup, wait_http  # noqa: E402
 from tooling.sink import Sink  # noqa: E402
 from tooling.workload import Workload, check, generate  # noqa: E402
-from worker.celery import DELIVER_QUEUE, enqueue_drain  # noqa: E402
-from worker.channels import Channel, put_channel  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
 
 ORIGIN = "bench"
 WORKERS = 2

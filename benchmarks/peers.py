@@ -59,10 +59,10 @@ import redis  # noqa: E402
 from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
 from benchmarks import funnel  # noqa: E402
+from orderly.worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.apikeys import bearer  # noqa: E402
 from tooling.processes import ROOT, Managed, ProcessGroup, free_port, wait_http  # noqa: E402
-from worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
 
 BIN = Path(sys.executable).parent
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)

@@ -4,11 +4,11 @@
 
 Submits N no-op messages (``bench.noop``) one call each (``Intake.submit``) and then B a call
 (``submit_many``), and processes each set with the worker's own batches
-(``worker.batches.process_batch``, ``ORDERLY_CLAIM_BATCH`` a claim), all under cProfile, with
-no broker and no other process: what is left is orderly's own work and its two servers'. For
-each phase it prints the profile's top functions by own time, and PostgreSQL's and Redis's
-own counters per message: commits (``pg_stat_database.xact_commit``), rows inserted and
-updated and the WAL written (``pg_stat_wal.wal_bytes``), Redis commands
+(``orderly.worker.batches.process_batch``, ``ORDERLY_CLAIM_BATCH`` a claim), all under
+cProfile, with no broker and no other process: what is left is orderly's own work and its two
+servers'. For each phase it prints the profile's top functions by own time, and PostgreSQL's
+and Redis's own counters per message: commits (``pg_stat_database.xact_commit``), rows
+inserted and updated and the WAL written (``pg_stat_wal.wal_bytes``), Redis commands
 (``total_commands_processed``). The last line is one JSON object with those figures.
 """
 
@@ -32,8 +32,8 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from benchmarks.peers import body  # noqa: E402
-from worker.batches import process_batch  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
+from orderly.worker.batches import process_batch  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
 
 
 def counters(r: redis.Redis) -> dict[str, int]:

@@ -4,7 +4,7 @@
 
 Creates the database ``orderly_bench_purge`` (dropped first, and again at the end unless
 --keep), migrates it, generates N messages (1,000,000; --quick: 100,000) over 7 days with
-``orderly-tools generate``'s generator, then measures:
+``python -m tooling generate``'s generator, then measures:
 - per table of the message store: rows, heap (``pg_relation_size``), indexes
   (``pg_indexes_size``) and total (``pg_total_relation_size``) bytes, and the totals scaled
   to a million messages;
@@ -65,7 +65,7 @@ def sizes(engine: Engine) -> dict[str, dict[str, int]]:
 
 
 def _purge(engine: Engine, before: datetime, batch: int, **options: Any) -> dict[str, Any]:
-    from worker.purge import purge
+    from orderly.worker.purge import purge
 
     report = purge(engine, before, batch_size=batch, **options)
     print(report.summary())
@@ -88,9 +88,9 @@ def main() -> None:
     args = parser.parse_args()
     messages = args.messages or (100_000 if args.quick else 1_000_000)
 
+    from orderly.worker.purge import Archive
+    from orderly.worker.store import schema
     from tooling.generate import generate
-    from worker.purge import Archive
-    from worker.store import schema
 
     _admin(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
     _admin(f'CREATE DATABASE "{BENCH_DB}"')

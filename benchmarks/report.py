@@ -3,7 +3,7 @@
     python -m benchmarks.report [--quick] [--messages N [N ...]] [--regenerate]
                                 [--no-cluster] [--jdbc-rates]
 
-Generates N messages (1,000,000; --quick: 100,000) with ``orderly-tools generate``'s
+Generates N messages (1,000,000; --quick: 100,000) with ``python -m tooling generate``'s
 generator into the database ``orderly_bench_report_<N>`` (one per size, kept between runs:
 reused while it holds N messages, unless --regenerate), then measures:
 - ``sql_total_s``: every aggregate's SQL twin run one after the other in PostgreSQL;
@@ -44,8 +44,8 @@ def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
     """The database of ``messages`` generated messages (one database per size, kept)."""
     from sqlalchemy import create_engine, text
 
+    from orderly.worker.store import schema
     from tooling.generate import generate
-    from worker.store import schema
 
     name = f"{BENCH_DB}_{messages}"
     admin_url, url = _urls(name)
@@ -87,7 +87,7 @@ def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
 def sql_total(engine: Any) -> float:
     from sqlalchemy import text
 
-    from reports.aggregates import AGGREGATES
+    from orderly.reports.aggregates import AGGREGATES
 
     t0 = time.monotonic()
     with engine.connect() as conn:
@@ -97,9 +97,9 @@ def sql_total(engine: Any) -> float:
 
 
 def jdbc_rate(url: str, partitions: int) -> tuple[int, float]:
-    from reports.aggregates import MESSAGE
-    from reports.source import Jdbc, read, spark_session
-    from worker.settings import Settings
+    from orderly.reports.aggregates import MESSAGE
+    from orderly.reports.source import Jdbc, read, spark_session
+    from orderly.worker.settings import Settings
 
     settings = Settings(database_url=url, report_partitions=partitions)
     jdbc = Jdbc.from_settings(settings)
@@ -135,8 +135,8 @@ def tuning(messages: int) -> dict[str, Any]:
 
 def report_s(url: str, messages: int, master: str | None = None) -> tuple[float, int]:
     """The whole report as ``orderly report`` runs it; its seconds and the rows it read."""
-    from reports.job import ReportOptions, run_report
-    from worker.settings import Settings
+    from orderly.reports.job import ReportOptions, run_report
+    from orderly.worker.settings import Settings
 
     settings = Settings(database_url=url, **tuning(messages))
     with tempfile.TemporaryDirectory(prefix="orderly-bench-report-") as out:

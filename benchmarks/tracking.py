@@ -17,9 +17,9 @@ import statistics
 import time
 
 from benchmarks.common import BENCH_REDIS
-from models.keys import TrackKeys
-from worker.core.clock import now_ms
-from worker.tracking import Tracker, TrackingPolicy
+from orderly.models.keys import TrackKeys
+from orderly.worker.core.clock import now_ms
+from orderly.worker.tracking import Tracker, TrackingPolicy
 
 KEYS = TrackKeys("orderly:bench:track")
 

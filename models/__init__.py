@@ -1,10 +1,10 @@
 """Tables and enums of orderly's PostgreSQL store (data only, no behaviour)."""
 
-from models.api_key import ApiKey, ChannelAckSecret
-from models.base import Base
-from models.channel import Channel
-from models.configuration import Configuration
-from models.enums import (
+from orderly.models.api_key import ApiKey, ChannelAckSecret
+from orderly.models.base import Base
+from orderly.models.channel import Channel
+from orderly.models.configuration import Configuration
+from orderly.models.enums import (
     FINAL_STATES,
     BindingType,
     ConfigDataType,
@@ -12,10 +12,10 @@ from models.enums import (
     MessageState,
     NodeState,
 )
-from models.external_call import ExternalCall
-from models.message import Message
-from models.node import Node
-from models.pubsub import (
+from orderly.models.external_call import ExternalCall
+from orderly.models.message import Message
+from orderly.models.node import Node
+from orderly.models.pubsub import (
     Delivery,
     DeliveryState,
     Event,
@@ -32,9 +32,9 @@ from models.pubsub import (
     Subscription,
     SubscriptionKind,
 )
-from models.report import ReportWatermark
-from models.request_response import Request, Response
-from models.source_system import CONFIRMATION_OPERATION, SourceSystem
+from orderly.models.report import ReportWatermark
+from orderly.models.request_response import Request, Response
+from orderly.models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
 __all__ = [
     "CONFIRMATION_OPERATION",

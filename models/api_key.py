@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, CheckConstraint, DateTime, Index, String, fun
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from orderly.models.base import Base
 
 ACK_SECRET_SQL = (
     "replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import Boolean, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, str_enum
-from models.enums import ConfigDataType
+from orderly.models.base import Base, str_enum
+from orderly.models.enums import ConfigDataType
 
 
 class Configuration(Base):

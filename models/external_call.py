@@ -17,8 +17,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, str_enum
-from models.enums import ExternalCallState
+from orderly.models.base import Base, str_enum
+from orderly.models.enums import ExternalCallState
 
 
 class ExternalCall(Base):

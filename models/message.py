@@ -21,8 +21,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, str_enum
-from models.enums import BindingType, MessageState
+from orderly.models.base import Base, str_enum
+from orderly.models.enums import BindingType, MessageState
 
 
 class Message(Base):

@@ -7,8 +7,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, DateTime, Identity, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, str_enum
-from models.enums import NodeState
+from orderly.models.base import Base, str_enum
+from orderly.models.enums import NodeState
 
 
 class Node(Base):

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base, str_enum
+from orderly.models.base import Base, str_enum
 
 
 class Status(enum.StrEnum):

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, String, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from orderly.models.base import Base
 
 
 class ReportWatermark(Base):

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, Integer, String, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from orderly.models.base import Base
 
 # The operation name of confirmation calls in ``external_call``.
 CONFIRMATION_OPERATION = "orderly.confirmation"

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reports import spark_aggregates as spark
-from reports.tables import MESSAGE, TABLES, Frames
+from orderly.reports import spark_aggregates as spark
+from orderly.reports.tables import MESSAGE, TABLES, Frames
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
-from reports.data import AggregateRows, ReportData
-from reports.source import Jdbc, ReportError, Table, guarded, read, spans, spark_session
-from worker.settings import Settings, get_settings
+from orderly.reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
+from orderly.reports.data import AggregateRows, ReportData
+from orderly.reports.source import Jdbc, ReportError, Table, guarded, read, spans, spark_session
+from orderly.worker.settings import Settings, get_settings
 
 # Spark jobs submitted at once from the driver (reads, aggregates, writes).
 PARALLEL_JOBS = 4
@@ -267,7 +267,7 @@ def run_report(
     jdbc.check()
     own_engine = engine is None and (options.incremental or options.to_postgres)
     if engine is None and (options.incremental or options.to_postgres):
-        from worker.store.db import engine_for
+        from orderly.worker.store.db import engine_for
 
         engine = engine_for(settings.database_url)
     try:
@@ -295,7 +295,7 @@ def _run(
     spark: Any,
     started: float,
 ) -> ReportResult:
-    from reports.render import chart_html, write_html
+    from orderly.reports.render import chart_html, write_html
 
     since, until = options.since, options.until
     expected = None

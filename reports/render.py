@@ -18,8 +18,8 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reports.data import AggregateRows, ReportData
-from reports.style import COLOURS, CSS, PALETTE
+from orderly.reports.data import AggregateRows, ReportData
+from orderly.reports.style import COLOURS, CSS, PALETTE
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

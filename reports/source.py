@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 from sqlalchemy.engine import URL, make_url
 
-from worker.core.errors import OrderlyError
-from worker.settings import Settings
+from orderly.worker.core.errors import OrderlyError
+from orderly.worker.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reports.tables import (
+from orderly.reports.tables import (
     DELIVERY,
     EXTERNAL_CALL,
     FINAL,

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from models.enums import FINAL_STATES
-from reports.source import Table, guarded
+from orderly.models.enums import FINAL_STATES
+from orderly.reports.source import Table, guarded
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

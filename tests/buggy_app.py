@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-import api.http
+import orderly.api.http
 
 
 def create_app() -> FastAPI:
-    app = api.http.create_app()
+    app = orderly.api.http.create_app()
 
     @app.get("/bug")
     async def bug() -> None:

@@ -47,21 +47,21 @@ import redis  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
+from orderly.worker import configuration  # noqa: E402
+from orderly.worker.intake import Intake  # noqa: E402
+from orderly.worker.runtime import get_runtime  # noqa: E402
+from orderly.worker.settings import get_settings  # noqa: E402
+from orderly.worker.store import schema  # noqa: E402
 from tests import kinds  # noqa: E402
 from tests.helpers import OrderlyCli, api_key  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 from tooling.servers import PostgresServer, RedisServer, ServerUnavailable  # noqa: E402
-from worker import configuration  # noqa: E402
-from worker.intake import Intake  # noqa: E402
-from worker.runtime import get_runtime  # noqa: E402
-from worker.settings import get_settings  # noqa: E402
-from worker.store import schema  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The fixtures orderly offers handler authors (tests/test_handler_testing.py uses them).
-pytest_plugins = ["worker.pytest_plugin"]
+pytest_plugins = ["orderly.worker.pytest_plugin"]
 TABLES = (
     "report_watermark",
     "response",
@@ -298,7 +298,7 @@ def _kind_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 @pytest.fixture
 def client(db: Engine, redis_client: redis.Redis) -> Iterator[TestClient]:
     """orderly's API in this process (its lifespan run), on the test's database and Redis."""
-    from api.http import create_app
+    from orderly.api.http import create_app
 
     with TestClient(create_app()) as c:
         c.headers["Authorization"] = f"Bearer {api_key(db)}"

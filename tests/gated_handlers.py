@@ -6,8 +6,8 @@ import json
 
 import redis
 
-from worker.handlers import MessageContext, registry
-from worker.settings import get_settings
+from orderly.worker.handlers import MessageContext, registry
+from orderly.worker.settings import get_settings
 
 
 @registry.register("gate", "hold", time_limit_s=120)

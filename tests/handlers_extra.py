@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.handlers import MessageContext, registry
+from orderly.worker.handlers import MessageContext, registry
 
 
 @registry.register("extra", "onlyInApi")

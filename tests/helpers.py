@@ -14,14 +14,14 @@ from typing import Any
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from models import Message
-from models.keys import BridgeKeys
+from orderly.models import Message
+from orderly.models.keys import BridgeKeys
+from orderly.worker import keys
+from orderly.worker.core.addresses import AddressPolicy
+from orderly.worker.core.http import HttpOptions, OutboundHttp
+from orderly.worker.handlers import HandlerRegistry
+from orderly.worker.processing import Processor
 from tooling.processes import BIN
-from worker import keys
-from worker.core.addresses import AddressPolicy
-from worker.core.http import HttpOptions, OutboundHttp
-from worker.handlers import HandlerRegistry
-from worker.processing import Processor
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -67,9 +67,9 @@ def states(engine: Engine) -> dict[int, str]:
 
 def processor(engine: Engine, reg: HandlerRegistry | None = None) -> Processor:
     """A processor on this process's node, reading configuration without a cache."""
-    from worker.configuration import ConfigReader
-    from worker.handlers import registry
-    from worker.runtime import get_runtime
+    from orderly.worker.configuration import ConfigReader
+    from orderly.worker.handlers import registry
+    from orderly.worker.runtime import get_runtime
 
     return Processor(
         engine,
@@ -108,7 +108,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str =
 
 def set_config(engine: Engine, **values: str) -> None:
     """Set configuration items by their code with dots written as double underscores."""
-    from worker import configuration
+    from orderly.worker import configuration
 
     for key, value in values.items():
         configuration.set_value(engine, key.replace("__", "."), value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.pubsub import Claimed, consumers
+from orderly.worker.pubsub import Claimed, consumers
 
 
 class FirstAttemptFails(ValueError):

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from worker import channels, confirmations, pubsub
-from worker.core.addresses import STRICT, AddressPolicy
-from worker.core.errors import InvalidMessage
-from worker.core.http import HttpOptions, OutboundHttp
-from worker.settings import Settings
+from orderly.worker import channels, confirmations, pubsub
+from orderly.worker.core.addresses import STRICT, AddressPolicy
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.http import HttpOptions, OutboundHttp
+from orderly.worker.settings import Settings
 
 INTERNAL = [
     "127.0.0.1",

@@ -16,9 +16,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker import keys, tokens
+from orderly.worker.core.errors import InvalidMessage, Unauthenticated
 from tests.helpers import ManualClock, OrderlyCli, api_key, message
-from worker import keys, tokens
-from worker.core.errors import InvalidMessage, Unauthenticated
 
 PUBLIC = {("get", "/health"), ("get", "/ready")}
 # A value for every path parameter of the document.
@@ -273,12 +273,12 @@ def test_the_publisher_is_the_key_and_impersonation_needs_its_scope(
 
 def test_signed_claims_carry_the_key(client: TestClient, db: Engine, monkeypatch: Any) -> None:
     monkeypatch.setenv("ORDERLY_TOKEN_SECRET", "s" * 32)
-    from worker.runtime import get_runtime
-    from worker.settings import get_settings
+    from orderly.worker.runtime import get_runtime
+    from orderly.worker.settings import get_settings
 
     get_settings.cache_clear()
     get_runtime.cache_clear()
-    from api.http import create_app
+    from orderly.api.http import create_app
 
     with TestClient(create_app()) as signed:
         admin = {"Authorization": client.headers["Authorization"]}
@@ -363,7 +363,7 @@ def test_a_refused_request_does_not_record_the_keys_use(anon: TestClient, db: En
 
 def _keys_held_on_a_manual_clock(client: TestClient, monkeypatch: Any) -> ManualClock:
     """The app's verified keys, and their expiry checks, on a clock the test moves."""
-    from api.http.auth import KeyCache
+    from orderly.api.http.auth import KeyCache
 
     app = cast(FastAPI, client.app)
     clock = ManualClock()
@@ -375,7 +375,7 @@ def _keys_held_on_a_manual_clock(client: TestClient, monkeypatch: Any) -> Manual
 def test_a_verified_key_is_held_briefly_and_a_revocation_elsewhere_holds_within_that(
     client: TestClient, db: Engine, monkeypatch: Any
 ) -> None:
-    from api.http.auth import KEY_CACHE_S
+    from orderly.api.http.auth import KEY_CACHE_S
 
     clock = _keys_held_on_a_manual_clock(client, monkeypatch)
     lookups: list[str | None] = []
@@ -419,7 +419,7 @@ def test_a_held_key_stops_at_its_expiry(client: TestClient, db: Engine, monkeypa
 
 
 def test_the_key_cache_forgets_at_a_revocation_and_stays_bounded() -> None:
-    from api.http.auth import KeyCache
+    from orderly.api.http.auth import KeyCache
 
     cache = KeyCache(ManualClock(), size=2)
     one, two, three = (KeyCache.digest(f"orderly_x_{i}") for i in range(3))

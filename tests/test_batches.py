@@ -11,23 +11,23 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models import MessageState, NodeState
-from models.keys import TrackKeys
+from orderly.models import MessageState, NodeState
+from orderly.models.keys import TrackKeys
+from orderly.worker import nodes, pool, timeouts
+from orderly.worker.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.clock import now_ms
+from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable
+from orderly.worker.core.limits import TimeLimits
+from orderly.worker.core.scripts import as_text
+from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
+from orderly.worker.intake import MAX_BATCH, Intake
+from orderly.worker.processing import Outcome, Processor
+from orderly.worker.runtime import get_runtime
+from orderly.worker.tracking import Tracker, TrackingPolicy, snapshot
+from orderly.worker.wake import Wake
 from tests.conftest import make_intake
 from tests.helpers import count_messages, message, row, states
-from worker import nodes, pool, timeouts
-from worker.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
-from worker.configuration import ConfigReader
-from worker.core.clock import now_ms
-from worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable
-from worker.core.limits import TimeLimits
-from worker.core.scripts import as_text
-from worker.handlers import HandlerRegistry, MessageContext, registry
-from worker.intake import MAX_BATCH, Intake
-from worker.processing import Outcome, Processor
-from worker.runtime import get_runtime
-from worker.tracking import Tracker, TrackingPolicy, snapshot
-from worker.wake import Wake
 
 KEYS = TrackKeys("test:batches")
 

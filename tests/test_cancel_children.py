@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker import operations
+from orderly.worker.core.errors import OperationRefused
+from orderly.worker.intake import Intake
+from orderly.worker.processing import Outcome
 from tests.helpers import OrderlyCli, api_key, message, processor, row, wait_until
-from worker import operations
-from worker.core.errors import OperationRefused
-from worker.intake import Intake
-from worker.processing import Outcome
 
 
 def children_of(db: Engine, parent: int) -> dict[str, int]:

@@ -8,8 +8,8 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from orderly.worker.celery import PROCESS_QUEUE
 from tests.helpers import OrderlyCli, count_messages, message
-from worker.celery import PROCESS_QUEUE
 
 
 def test_submit_and_show(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
@@ -174,7 +174,7 @@ def test_version_and_an_unreachable_service_in_one_line(cli: OrderlyCli, db: Eng
 
 
 def test_node_alive_answers_by_the_heartbeat(cli: OrderlyCli, db: Engine) -> None:
-    from worker import nodes
+    from orderly.worker import nodes
 
     node_id = nodes.register_node(db, "hb-node")
     nodes.heartbeat(db, node_id)

@@ -1,4 +1,4 @@
-"""orderly_client against a live API (and a worker): every call, each refusal as its typed
+"""orderly.client against a live API (and a worker): every call, each refusal as its typed
 exception, a 503 tried again after its Retry-After; the async client too."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from models import NodeState
-from orderly_client import (
+from orderly.client import (
     AsyncClient,
     BadRequest,
     Client,
@@ -26,11 +25,12 @@ from orderly_client import (
     Unauthorized,
     Unavailable,
 )
+from orderly.models import NodeState
+from orderly.worker import nodes
+from orderly.worker.intake import MessageIn
 from tests.helpers import api_key, message, wait_until
 from tests.stack import Stack
 from tooling.sink import Sink
-from worker import nodes
-from worker.intake import MessageIn
 
 MAX_PAYLOAD = 2000
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine, text
 
-from worker import configuration
-from worker.configuration import ConfigReader
-from worker.core.errors import ConfigurationError
+from orderly.worker import configuration
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.errors import ConfigurationError
 
 
 def test_defaults_are_seeded_and_read_typed(db: Engine) -> None:

@@ -21,7 +21,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from sqlalchemy import Engine, text
 
-from models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys
 from tests.browser import chromium
 from tests.helpers import api_key, bridge_ready, message, row, set_config, wait_until
 from tests.push_recorder import Recorder

@@ -13,7 +13,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys
 from tests.helpers import wait_until
 from tests.stack import Stack
 from tooling.sink import Sink

@@ -10,8 +10,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker.celery import DELIVER_QUEUE
 from tests.helpers import OrderlyCli
-from worker.celery import DELIVER_QUEUE
 
 CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
 

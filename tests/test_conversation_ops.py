@@ -18,10 +18,10 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from worker import rebuild
-from worker.conversations import Delivery, SendResult
-from worker.core.errors import InvalidMessage, NotFound, OperationRefused
-from worker.core.scripts import as_text
+from orderly.worker import rebuild
+from orderly.worker.conversations import Delivery, SendResult
+from orderly.worker.core.errors import InvalidMessage, NotFound, OperationRefused
+from orderly.worker.core.scripts import as_text
 
 from .helpers import OrderlyCli
 from .test_conversations import Harness, Recorder, make

@@ -20,21 +20,27 @@ import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from models.keys import BridgeKeys
-from worker import nodes
-from worker.channels import ACK_TOKEN_HEADER, Channel, ChannelDirectory, ack_token, put_channel
-from worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
-from worker.core.clients import OrderingRedis
-from worker.core.due import drain
-from worker.core.errors import (
+from orderly.models.keys import BridgeKeys
+from orderly.worker import nodes
+from orderly.worker.channels import (
+    ACK_TOKEN_HEADER,
+    Channel,
+    ChannelDirectory,
+    ack_token,
+    put_channel,
+)
+from orderly.worker.conversations import Conversations, Delivery, Head, Sender, SendResult, gate
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.due import drain
+from orderly.worker.core.errors import (
     InvalidMessage,
     Unauthenticated,
     UnknownAck,
     UnknownChannel,
     UnknownRequest,
 )
-from worker.delivery import response_headers
-from worker.settings import Settings
+from orderly.worker.delivery import response_headers
+from orderly.worker.settings import Settings
 
 from .conftest import TEST_DB_URL, TEST_REDIS_URL
 from .helpers import ManualClock, wait_until
@@ -698,9 +704,9 @@ def test_awaited_agent_takes_at_most_by_turn(db: Engine, redis_client: redis.Red
 
 
 def test_awaited_interval_sets_the_agent_schedule(db: Engine) -> None:
-    from beat.schedule import jobs
-    from worker.configuration import ConfigReader
-    from worker.runtime import get_runtime
+    from orderly.beat.schedule import jobs
+    from orderly.worker.configuration import ConfigReader
+    from orderly.worker.runtime import get_runtime
 
     settings = Settings(database_url=TEST_DB_URL, awaited_messages_interval=7000)
     job = {j.name: j for j in jobs(ConfigReader(db), settings, get_runtime())}["awaited-agent"]

@@ -9,11 +9,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from orderly.worker import confirmations, pubsub
+from orderly.worker.core.due import Job, RedisDueSet, Ticker, drain
+from orderly.worker.core.lease import RedisLease, new_token
+from orderly.worker.core.scripts import Scripts
 from tests.helpers import ManualClock
-from worker import confirmations, pubsub
-from worker.core.due import Job, RedisDueSet, Ticker, drain
-from worker.core.lease import RedisLease, new_token
-from worker.core.scripts import Scripts
 
 SET, LEASED = "t:due", "t:due:leased"
 

@@ -10,12 +10,12 @@ import time
 import pytest
 from sqlalchemy import Engine, text
 
-from models import MessageState, NodeState
+from orderly.models import MessageState, NodeState
+from orderly.worker import nodes
+from orderly.worker.runtime import get_runtime
 from tests.helpers import count_messages, message, row, set_config
 from tests.stack import Stack, pool_children
 from tooling.processes import wait_for_log
-from worker import nodes
-from worker.runtime import get_runtime
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ MESSAGES = 5
 
 
 class Flower:
-    """A ``celery -A worker flower`` process on a free port, with a random password."""
+    """A ``celery -A orderly.worker flower`` process on a free port, with a random password."""
 
     def __init__(self, procs: ProcessGroup, cwd: Path | None = None) -> None:
         self.port = free_port()
@@ -127,8 +127,8 @@ def test_flower_shows_orderly_workers_and_tasks_behind_basic_auth(
     online = f'flower_worker_online{{worker="{WORKER}"}} 1.0'
     wait_until(lambda: online in flower.metrics(), 60, "Flower to see the worker online")
 
-    from worker.celery import enqueue_processing
-    from worker.runtime import get_runtime
+    from orderly.worker.celery import enqueue_processing
+    from orderly.worker.runtime import get_runtime
 
     intake = get_runtime().intake(enqueue_processing)
     ids = [

@@ -1,4 +1,4 @@
-"""`orderly-tools generate`: synthetic rows in every table, consistent, repeatable, atomic."""
+"""`python -m tooling generate`: synthetic rows in every table, consistent, repeatable, atomic."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
-"""worker.testing.run_handler: a handler author's test runs one handler against the real store,
-with no worker and no broker, and sees what a worker would have stored."""
+"""orderly.worker.testing.run_handler: a handler author's test runs one handler against the
+real store, with no worker and no broker, and sees what a worker would have stored."""
 
 from __future__ import annotations
 
 import pytest
 from sqlalchemy import Engine
 
+from orderly.worker.core.errors import HandlerError, InvalidMessage
+from orderly.worker.handlers import HandlerRegistry, MessageContext
+from orderly.worker.testing import run_handler
 from tests.helpers import message
-from worker.core.errors import HandlerError, InvalidMessage
-from worker.handlers import HandlerRegistry, MessageContext
-from worker.testing import run_handler
 
 
 def ship(ctx: MessageContext) -> None:

@@ -11,8 +11,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker.pubsub import topic_matches
 from tests.helpers import message
-from worker.pubsub import topic_matches
 
 TABLES = ("message", "channel", "event", "delivery", "room", "event_type_version")
 

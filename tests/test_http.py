@@ -9,8 +9,8 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from orderly.worker.celery import PROCESS_QUEUE
 from tests.helpers import count_messages, message
-from worker.celery import PROCESS_QUEUE
 
 
 def queued(redis_client: redis.Redis) -> int:

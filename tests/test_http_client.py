@@ -138,7 +138,7 @@ def test_a_new_process_makes_its_own_connections(server: _Server, monkeypatch: A
 
 
 def test_a_url_is_read_as_httpx_reads_it() -> None:
-    from worker.core.http import _target
+    from orderly.worker.core.http import _target
 
     target = _target("http://bücher.example:8080/a b/ü?x=ä")
     assert target.host == b"xn--bcher-kva.example"

@@ -20,16 +20,16 @@ import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
 
+from orderly.worker.celery import enqueue_processing
+from orderly.worker.runtime import get_runtime
 from tests.conftest import PG_ADMIN_URL, TEST_DB_URL, TEST_REDIS_URL
 from tests.helpers import message, processes_with, wait_until
 from tooling.processes import BIN, free_port
-from worker.celery import enqueue_processing
-from worker.runtime import get_runtime
 
 REPO = Path(__file__).resolve().parent.parent
 
 HANDLERS = """
-from worker.handlers import MessageContext, registry
+from orderly.worker.handlers import MessageContext, registry
 
 
 @registry.register("shop", "ship")

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from models import MessageState, NodeState
+from orderly.models import MessageState, NodeState
+from orderly.worker import nodes
+from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting
+from orderly.worker.handlers import registry
+from orderly.worker.intake import Intake
+from orderly.worker.runtime import get_runtime
 from tests.helpers import count_messages, message, row
-from worker import nodes
-from worker.core.errors import InvalidMessage, NodeNotAccepting
-from worker.handlers import registry
-from worker.intake import Intake
-from worker.runtime import get_runtime
 
 
 class Recorder:

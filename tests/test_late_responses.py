@@ -20,18 +20,18 @@ import redis
 from prometheus_client.exposition import generate_latest
 from sqlalchemy import Engine, text
 
-from api.metrics import make_registry
-from models.keys import BridgeKeys
+from orderly.api.metrics import make_registry
+from orderly.models.keys import BridgeKeys
+from orderly.worker.channels import Channel
+from orderly.worker.conversations import Delivery, Head, SendResult
+from orderly.worker.delivery import HttpSender
+from orderly.worker.observe import Figures, store_figures
 from tests.helpers import OrderlyCli, bridge_ready, local_http, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import Harness, make
 from tests.test_metrics import _row, parse, value
 from tooling.sink import Sink
-from worker.channels import Channel
-from worker.conversations import Delivery, Head, SendResult
-from worker.delivery import HttpSender
-from worker.observe import Figures, store_figures
 
 MESSAGE_TTL_MS = 10_000  # the harness's (tests/test_conversations.make)
 

@@ -16,16 +16,16 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
-from models import MessageState
-from models.keys import TrackKeys
+from orderly.models import MessageState
+from orderly.models.keys import TrackKeys
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.limits import TimeLimitExceeded, TimeLimits, Watchdog
+from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
+from orderly.worker.intake import Intake
+from orderly.worker.processing import ERROR_TIME_LIMIT, LIMIT_TRACKING_MARGIN_MS, Outcome, Processor
+from orderly.worker.runtime import get_runtime
+from orderly.worker.tracking import Tracker, TrackingPolicy
 from tests.helpers import message, row, set_config
-from worker.configuration import ConfigReader
-from worker.core.limits import TimeLimitExceeded, TimeLimits, Watchdog
-from worker.handlers import HandlerRegistry, MessageContext, registry
-from worker.intake import Intake
-from worker.processing import ERROR_TIME_LIMIT, LIMIT_TRACKING_MARGIN_MS, Outcome, Processor
-from worker.runtime import get_runtime
-from worker.tracking import Tracker, TrackingPolicy
 
 WAIT_S = 30.0  # generous: how long a function waits for the limit before the test fails
 

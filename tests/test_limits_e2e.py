@@ -10,9 +10,9 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
+from orderly.worker.runtime import get_runtime
 from tests.helpers import message, row, set_config, wait_until
 from tests.stack import Stack
-from worker.runtime import get_runtime
 
 EVENTS = "orderly:test:limited"
 

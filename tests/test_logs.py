@@ -90,7 +90,7 @@ def test_bound_ids_in_both_formats_and_only_inside() -> None:
     import io
     import logging
 
-    from worker.core import logs
+    from orderly.worker.core import logs
 
     stream = io.StringIO()
     logger = logging.getLogger("orderly.test.logs")

@@ -11,7 +11,22 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from models import MessageState
+from orderly.models import MessageState
+from orderly.worker import confirmations, extcall, operations, pool
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.due import drain as drain_due
+from orderly.worker.core.errors import (
+    CallInProgress,
+    InvalidMessage,
+    MessageNotFound,
+    OperationRefused,
+    ResponseNotAwaited,
+)
+from orderly.worker.extcall import CallKey, Skip
+from orderly.worker.intake import Intake
+from orderly.worker.processing import Outcome
+from orderly.worker.store.prepared import prepared_connection
+from orderly.worker.store.queries import sql
 from tests.helpers import (
     BASE_TS,
     local_http,
@@ -23,21 +38,6 @@ from tests.helpers import (
     wait_until,
 )
 from tests.push_recorder import Recorder
-from worker import confirmations, extcall, operations, pool
-from worker.configuration import ConfigReader
-from worker.core.due import drain as drain_due
-from worker.core.errors import (
-    CallInProgress,
-    InvalidMessage,
-    MessageNotFound,
-    OperationRefused,
-    ResponseNotAwaited,
-)
-from worker.extcall import CallKey, Skip
-from worker.intake import Intake
-from worker.processing import Outcome
-from worker.store.prepared import prepared_connection
-from worker.store.queries import sql
 
 
 def funnel_msg(n: int, funnel: str = "f1", **extra: Any) -> dict[str, Any]:

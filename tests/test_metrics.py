@@ -18,21 +18,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import Engine, text
 
-from api.metrics import FiguresCollector, make_registry
-from models import MessageState, NodeState
-from models.keys import BridgeKeys, TrackKeys
-from models.pubsub import DeliveryState
-from tests.helpers import OrderlyCli, message, wait_until
-from tests.stack import Stack
-from tooling.processes import wait_for_log
-from tooling.sink import Sink
-from worker import nodes, pubsub
-from worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
-from worker.channels import Channel, put_channel
-from worker.conversations import Delivery, Head, SendResult
-from worker.core.clock import now_ms
-from worker.intake import Intake
-from worker.observe import (
+from orderly.api.metrics import FiguresCollector, make_registry
+from orderly.models import MessageState, NodeState
+from orderly.models.keys import BridgeKeys, TrackKeys
+from orderly.models.pubsub import DeliveryState
+from orderly.worker import nodes, pubsub
+from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
+from orderly.worker.channels import Channel, put_channel
+from orderly.worker.conversations import Delivery, Head, SendResult
+from orderly.worker.core.clock import now_ms
+from orderly.worker.intake import Intake
+from orderly.worker.observe import (
     BROKER_PRIORITY_SEP,
     BlockReason,
     ConversationFigures,
@@ -42,7 +38,11 @@ from worker.observe import (
     gather,
     store_figures,
 )
-from worker.tracking import Services, Tracker, TrackingPolicy, snapshot
+from orderly.worker.tracking import Services, Tracker, TrackingPolicy, snapshot
+from tests.helpers import OrderlyCli, message, wait_until
+from tests.stack import Stack
+from tooling.processes import wait_for_log
+from tooling.sink import Sink
 
 from .push_recorder import Recorder as PushRecorder
 from .test_conversations import Harness, Recorder, make

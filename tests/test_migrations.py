@@ -11,9 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 
-from models import Base
+from orderly.models import Base
+from orderly.worker.store import schema
 from tests.conftest import PG_ADMIN_URL, TABLES
-from worker.store import schema
 
 
 @pytest.fixture

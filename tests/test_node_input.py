@@ -7,11 +7,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models import NodeState
+from orderly.models import NodeState
+from orderly.worker import nodes, pubsub
+from orderly.worker.core.errors import NodeNotAccepting, UnknownRequest
 from tests.helpers import count_messages
 from tests.test_conversations import make
-from worker import nodes, pubsub
-from worker.core.errors import NodeNotAccepting, UnknownRequest
 
 NOT_RUN = [NodeState.HANDLES_EXISTING_MESSAGES, NodeState.STOPPED]
 

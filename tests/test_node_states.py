@@ -17,13 +17,13 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models import NodeState
+from orderly.models import NodeState
+from orderly.worker import nodes
 from tests.helpers import message, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
 from tooling.processes import wait_for_log
 from tooling.sink import Sink
-from worker import nodes
 
 DRAINING = NodeState.HANDLES_EXISTING_MESSAGES
 ROOM = {"name": "orders", "delivery_delay_ms": 100, "delivery_attempts": 3}

@@ -18,18 +18,18 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 
+from orderly.worker import configuration, pool
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.errors import ServiceUnavailable
+from orderly.worker.intake import Intake
+from orderly.worker.runtime import Runtime, get_runtime
+from orderly.worker.settings import Settings
+from orderly.worker.store import schema
+from orderly.worker.store.db import engine_for
 from tests.helpers import api_key, message, set_config, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http
 from tooling.servers import PostgresServer, RedisServer
-from worker import configuration, pool
-from worker.configuration import ConfigReader
-from worker.core.errors import ServiceUnavailable
-from worker.intake import Intake
-from worker.runtime import Runtime, get_runtime
-from worker.settings import Settings
-from worker.store import schema
-from worker.store.db import engine_for
 
 
 def local_port(answer: httpx.Response) -> int:

@@ -8,16 +8,16 @@ import threading
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from models import MessageState, NodeState
+from orderly.models import MessageState, NodeState
+from orderly.worker import nodes, pool
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.lease import ORPHAN_GRACE_S
+from orderly.worker.handlers import HandlerRegistry, MessageContext
+from orderly.worker.intake import Intake
+from orderly.worker.processing import ERROR_NO_HANDLER, Outcome
+from orderly.worker.runtime import get_runtime
 from tests.conftest import TEST_DB_URL
 from tests.helpers import message, processor, row, set_config, wait_until
-from worker import nodes, pool
-from worker.configuration import ConfigReader
-from worker.core.lease import ORPHAN_GRACE_S
-from worker.handlers import HandlerRegistry, MessageContext
-from worker.intake import Intake
-from worker.processing import ERROR_NO_HANDLER, Outcome
-from worker.runtime import get_runtime
 
 
 def script(**spec: object) -> str:

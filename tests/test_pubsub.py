@@ -14,12 +14,12 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker import pubsub
+from orderly.worker.celery import DELIVER_QUEUE
+from orderly.worker.pubsub import topic_matches
 from tests.helpers import OrderlyCli, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
-from worker import pubsub
-from worker.celery import DELIVER_QUEUE
-from worker.pubsub import topic_matches
 
 
 @pytest.mark.parametrize(
@@ -326,7 +326,7 @@ def next_delays(db: Engine, subscription: str) -> list[int]:
 
 
 def test_python_publish_and_the_cli(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
-    from worker import pubsub
+    from orderly.worker import pubsub
 
     done = cli("room", "create", "cli-room", "--delivery-delay-ms", "100", "--attempts", "0")
     assert done.returncode == 0, done.stderr

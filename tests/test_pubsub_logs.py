@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from orderly_client import Client
+from orderly.client import Client
 from tests.helpers import OrderlyCli, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
@@ -184,8 +184,8 @@ def test_a_dead_letter_and_its_redrive_in_the_logs(db: Engine) -> None:
     """In process on the real store: a push with no retries left is dead-lettered (its
     attempt DEAD, an Error with its PushFailed exception); a re-drive publishes it again
     (attempt 0 PENDING, Pending in the queue log) and the next try completes."""
-    from worker import pubsub
-    from worker.pubsub import Attempt
+    from orderly.worker import pubsub
+    from orderly.worker.pubsub import Attempt
 
     pubsub.create_room(db, {"name": "r", "delivery_attempts": 0})
     sub = pubsub.create_subscription(

@@ -14,11 +14,11 @@ import pytest
 import redis
 from sqlalchemy import Connection, Engine, text
 
-from models import DeliveryState
+from orderly.models import DeliveryState
+from orderly.worker import pubsub, tokens
+from orderly.worker.core.errors import InvalidMessage, NotFound, Unauthorized
+from orderly.worker.pubsub import Attempt, Claimed
 from tests.helpers import ManualClock, wait_until
-from worker import pubsub, tokens
-from worker.core.errors import InvalidMessage, NotFound, Unauthorized
-from worker.pubsub import Attempt, Claimed
 
 SECRET = "test-secret-of-enough-length"
 LOST_LIMIT = 3
@@ -253,7 +253,7 @@ def test_consumer_refuses_missing_forged_and_expired_tokens(
     assert "signature" in reasons[cases["forged"][0]]
     assert "expired" in reasons[cases["expired"][0]]
     assert "no token" in reasons[cases["missing"][0]]
-    assert list(errors) == ["worker.core.errors.Unauthorized"] * 3
+    assert list(errors) == ["orderly.worker.core.errors.Unauthorized"] * 3
     # what the consumer itself allocated (tracemalloc's peak), not the process's size
     assert logged.routing_key == "k" and logged.ordered
     assert 0 < logged.memory_used < 10_000_000

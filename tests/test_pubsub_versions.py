@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.worker import pubsub
+from orderly.worker.core.errors import InvalidMessage
 from tests.helpers import OrderlyCli
-from worker import pubsub
-from worker.core.errors import InvalidMessage
 
 SCHEMA = {"type": "object"}
 

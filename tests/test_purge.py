@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, text
 
+from orderly.worker import purge as mechanism
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.purge import Archive, purge, read_archive
+from orderly.worker.store.queries import sql
 from tests.helpers import OrderlyCli, message, wait_until
 from tests.stack import Stack
-from worker import purge as mechanism
-from worker.core.errors import InvalidMessage
-from worker.purge import Archive, purge, read_archive
-from worker.store.queries import sql
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 OLD = NOW - timedelta(days=30)

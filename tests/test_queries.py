@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from worker.core.scripts import SCRIPT_NAMES
-from worker.store import queries
-from worker.store.prepared import prepared_connection
+from orderly.worker.core.scripts import SCRIPT_NAMES
+from orderly.worker.store import queries
+from orderly.worker.store.prepared import prepared_connection
 
 ROOT = Path(__file__).resolve().parent.parent
 # sql("name"), conn.run("name", ...), before=("name", ...), take/release
@@ -73,9 +73,9 @@ def test_every_prepared_statement_prepares_on_the_migrated_database(db: Engine) 
 def test_the_codes_python_names_are_the_ones_the_queries_write() -> None:
     """Error codes, sources and operations are literals in the SQL and constants in Python
     (for the tooling and the tests): the two must agree."""
-    from models import CONFIRMATION_OPERATION
-    from worker import conversations, pool, timeouts
-    from worker.store.queries import functions_sql
+    from orderly.models import CONFIRMATION_OPERATION
+    from orderly.worker import conversations, pool, timeouts
+    from orderly.worker.store.queries import functions_sql
 
     expected = {
         pool.REPAIR_CODE: ["repair_messages"],

@@ -20,16 +20,16 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 
 import tests.gated_handlers  # noqa: F401  (the gate.hold handler, known to intake here)
-from beat.scheduler import ConfiguredScheduler, idle_wait, next_wait
-from models import NodeState
+from orderly.beat.scheduler import ConfiguredScheduler, idle_wait, next_wait
+from orderly.models import NodeState
+from orderly.worker.celery import PROCESS_QUEUE, app, enqueue_processing
+from orderly.worker.core.due import Ticker
+from orderly.worker.core.scripts import as_text
+from orderly.worker.intake import Intake
+from orderly.worker.settings import Settings
 from tests.helpers import ManualClock, message, row, wait_until
 from tests.stack import START_TIMEOUT_S
 from tooling.processes import ROOT, ProcessGroup, wait_for_log
-from worker.celery import PROCESS_QUEUE, app, enqueue_processing
-from worker.core.due import Ticker
-from worker.core.scripts import as_text
-from worker.intake import Intake
-from worker.settings import Settings
 
 # --- beat's idle check, over the test's clock -------------------------------------------------
 

@@ -12,11 +12,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys
+from orderly.worker import rebuild
+from orderly.worker.conversations import Delivery, SendResult
+from orderly.worker.intake import Intake
 from tests.test_conversations import Harness, Recorder, make
-from worker import rebuild
-from worker.conversations import Delivery, SendResult
-from worker.intake import Intake
 
 RETRY = SendResult(Delivery.RECOVERABLE, 500, reason="500")
 K = BridgeKeys()  # the harness's layout (tests.test_conversations.make)

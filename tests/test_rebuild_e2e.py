@@ -10,14 +10,14 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys
+from orderly.worker.celery import DELIVER_QUEUE
 from tests.helpers import OrderlyCli, bridge_ready, message, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import make
 from tooling.servers import RedisServer
 from tooling.sink import Sink
-from worker.celery import DELIVER_QUEUE
 
 CONVERSATIONS = 5
 

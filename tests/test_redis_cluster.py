@@ -19,7 +19,12 @@ import redis
 from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
-from models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys
+from orderly.worker import readiness, rebuild
+from orderly.worker.conversations import Delivery, SendResult
+from orderly.worker.core.clients import ordering_client
+from orderly.worker.runtime import Runtime
+from orderly.worker.settings import Settings
 from tests.helpers import bridge_ready, wait_until
 from tests.redis_cluster import LocalCluster
 from tests.stack import Stack
@@ -28,11 +33,6 @@ from tests.test_conversations import Harness, Recorder, make
 from tooling.servers import ServerUnavailable
 from tooling.sink import Sink
 from tooling.workload import check, generate, submit
-from worker import readiness, rebuild
-from worker.conversations import Delivery, SendResult
-from worker.core.clients import ordering_client
-from worker.runtime import Runtime
-from worker.settings import Settings
 
 from .conftest import IN_CI, TEST_DB_URL, TEST_REDIS_URL
 

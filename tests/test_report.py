@@ -17,23 +17,23 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from reports.aggregates import AGGREGATES, MESSAGE, PCT_SQL, Aggregate
-from reports.data import AggregateRows, ReportData
-from reports.job import (
+from orderly.reports.aggregates import AGGREGATES, MESSAGE, PCT_SQL, Aggregate
+from orderly.reports.data import AggregateRows, ReportData
+from orderly.reports.job import (
     ReportOptions,
     compute,
     move_watermark,
     run_report,
     write_to_postgres,
 )
-from reports.source import Jdbc, ReportError, read, spark_session
-from reports.tables import PCT_ACCURACY, PCTS
+from orderly.reports.source import Jdbc, ReportError, read, spark_session
+from orderly.reports.tables import PCT_ACCURACY, PCTS
+from orderly.worker.settings import Settings
+from orderly.worker.store import schema
 from tests.conftest import PG_ADMIN_URL, _unavailable
 from tooling.generate import generate
 from tooling.processes import BIN, free_port
 from tooling.servers import PostgresServer, ServerUnavailable
-from worker.settings import Settings
-from worker.store import schema
 
 START = datetime(2026, 3, 2, tzinfo=UTC)
 WINDOW = (START + timedelta(hours=7), START + timedelta(hours=31))

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from selenium import webdriver
 
-from reports.data import AggregateRows, ReportData
-from reports.render import MAX_TABLE_ROWS, render_html, write_html
+from orderly.reports.data import AggregateRows, ReportData
+from orderly.reports.render import MAX_TABLE_ROWS, render_html, write_html
 from tests.browser import chromium
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from worker.core.errors import InvalidMessage
-from worker.core.retry import MAX_DELAY_MS, RetryPolicy
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.retry import MAX_DELAY_MS, RetryPolicy
 
 
 def test_backoff_follows_the_formula() -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from worker.settings import Settings
+from orderly.worker.settings import Settings
 
 SEED_DEFAULTS = {
     "AURA_QUEUE_MANAGER_AWAITED_MESSAGE_TTL": ("awaited_message_ttl", 900_000),

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from reports.aggregates import AGGREGATES
-from reports.job import ReportOptions, compute, run_report
-from reports.source import Jdbc, spark_session
+from orderly.reports.aggregates import AGGREGATES
+from orderly.reports.job import ReportOptions, compute, run_report
+from orderly.reports.source import Jdbc, spark_session
+from orderly.worker.settings import Settings
 from tests.conftest import _unavailable
 from tests.test_report import (
     JAR,
@@ -37,7 +38,6 @@ from tests.test_report import (
 from tooling.generate import generate
 from tooling.processes import BIN
 from tooling.spark_cluster import ClusterUnavailable, StandaloneCluster
-from worker.settings import Settings
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from orderly.worker.settings import Settings
+from orderly.worker.supervisor import Supervisor, ending, restart_policy
 from tests.helpers import ManualClock, message, processes_with, wait_until
 from tests.stack import START_TIMEOUT_S, Stack
 from tooling.processes import BIN, Managed, ProcessGroup
-from worker.settings import Settings
-from worker.supervisor import Supervisor, ending, restart_policy
 
 # --- the supervision loop, on a clock of the test's own -------------------------------------
 

@@ -13,14 +13,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import Engine, text
 
-from models.keys import TrackKeys
-from tests.helpers import ManualClock, message, row
-from worker import timeouts
-from worker.core.clock import SYSTEM, now_ms
-from worker.core.due import drain
-from worker.core.errors import TrackingError
-from worker.intake import Intake
-from worker.tracking import (
+from orderly.models.keys import TrackKeys
+from orderly.worker import timeouts
+from orderly.worker.core.clock import SYSTEM, now_ms
+from orderly.worker.core.due import drain
+from orderly.worker.core.errors import TrackingError
+from orderly.worker.intake import Intake
+from orderly.worker.tracking import (
     BUCKETS_MS,
     ServiceLease,
     Services,
@@ -30,6 +29,7 @@ from worker.tracking import (
     snapshot,
     xid_of,
 )
+from tests.helpers import ManualClock, message, row
 
 KEYS = TrackKeys("demo:mpush")
 T0 = 1_459_166_173_000  # the seed's example timestamp, in ms
@@ -437,10 +437,10 @@ def test_a_service_lease_stops_only_when_an_operator_removed_the_key(
 
 
 def test_beat_runs_the_monitor_and_optionally_the_nightly_report(db: Engine) -> None:
-    from beat.schedule import build_schedule, jobs
-    from worker.configuration import ConfigReader
-    from worker.runtime import get_runtime
-    from worker.settings import Settings
+    from orderly.beat.schedule import build_schedule, jobs
+    from orderly.worker.configuration import ConfigReader
+    from orderly.worker.runtime import get_runtime
+    from orderly.worker.settings import Settings
 
     settings = Settings(track_monitor_interval_ms=1500)
     found = {j.name: j for j in jobs(ConfigReader(db), settings, get_runtime())}

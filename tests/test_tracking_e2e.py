@@ -9,10 +9,10 @@ import json
 import redis
 from sqlalchemy import Engine
 
-from models.keys import TrackKeys
+from orderly.models.keys import TrackKeys
+from orderly.worker.tracking import Services, snapshot
 from tests.helpers import OrderlyCli, message, row, set_config, wait_until
 from tests.stack import Stack
-from worker.tracking import Services, snapshot
 
 KEYS = TrackKeys("orderly:track")
 FAST_TRACKING = {

@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import Engine
 
-from worker import keys
+from orderly.worker import keys
 
 
 def bearer(engine: Engine, name: str | None = None, *scopes: str) -> dict[str, str]:

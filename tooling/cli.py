@@ -1,4 +1,4 @@
-"""``orderly-tools``: the main job (``demo``) and synthetic data (``generate``)."""
+"""``python -m tooling``: the main job (``demo``) and synthetic data (``generate``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import console, fail, run
-from worker.runtime import get_runtime
+from orderly.api.cli.common import console, fail, run
+from orderly.worker.runtime import get_runtime
 
 app = typer.Typer(
     help="orderly's demo and data tooling (not needed to run orderly).", no_args_is_help=True

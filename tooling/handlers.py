@@ -14,10 +14,10 @@ import os
 import signal
 import time
 
-from worker.core.errors import HandlerError
-from worker.core.limits import TimeLimitExceeded
-from worker.handlers import Handler, MessageContext, registry
-from worker.pubsub import Claimed, consumers
+from orderly.worker.core.errors import HandlerError
+from orderly.worker.core.limits import TimeLimitExceeded
+from orderly.worker.handlers import Handler, MessageContext, registry
+from orderly.worker.pubsub import Claimed, consumers
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def record(event: Claimed) -> None:
     """Records what it processed in Redis (``orderly:test:processed``), so tests can tell."""
     import redis
 
-    from worker.settings import get_settings
+    from orderly.worker.settings import get_settings
 
     client = redis.Redis.from_url(get_settings().redis_url)
     client.rpush("orderly:test:processed", event.correlation_id)
@@ -132,7 +132,7 @@ def stamp(ctx: MessageContext) -> None:
 def _redis_list(key: str, value: str) -> None:
     import redis
 
-    from worker.settings import get_settings
+    from orderly.worker.settings import get_settings
 
     client = redis.Redis.from_url(get_settings().redis_url)
     client.rpush(key, value)
@@ -155,7 +155,7 @@ def ordered(ctx: MessageContext) -> None:
 def call_external(ctx: MessageContext) -> None:
     """``{"key": k, "sleep": s}``: the external call ``test.op`` on custom key ``k``; the call
     records ``correlation_id`` in ``orderly:test:calls``; custom_data says what happened."""
-    from worker.extcall import CallKey
+    from orderly.worker.extcall import CallKey
 
     spec = json.loads(ctx.payload or "{}")
 

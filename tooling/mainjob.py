@@ -24,16 +24,16 @@ from rich.table import Table
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from api.metrics import runtime_figures
-from api.status import print_status
-from models import FINAL_STATES, Message
+from orderly.api.metrics import runtime_figures
+from orderly.api.status import print_status
+from orderly.models import FINAL_STATES, Message
+from orderly.worker import configuration, keys
+from orderly.worker.runtime import get_runtime
+from orderly.worker.store import schema
 from tooling.apikeys import bearer
 from tooling.processes import ProcessGroup, wait_for_log
 from tooling.sink import Sink
 from tooling.workload import check, generate, submit
-from worker import configuration, keys
-from worker.runtime import get_runtime
-from worker.store import schema
 
 ROUTES = [
     ("customer", "createCustomer"),
@@ -203,8 +203,8 @@ def run_main_job(
 
 def _report(since: datetime, console: Console) -> bool:
     """The Spark report of this run's rows, and where its HTML is."""
-    from reports.job import ReportOptions, run_report
-    from reports.source import ReportError
+    from orderly.reports.job import ReportOptions, run_report
+    from orderly.reports.source import ReportError
 
     console.rule("[bold]report of this run (Spark over JDBC)")
     try:

@@ -123,7 +123,7 @@ class ProcessGroup:
     ) -> Managed:
         argv = [
             str(BIN / "uvicorn"),
-            "api.http:create_app",
+            "orderly.api.http:create_app",
             "--factory",
             "--host",
             "127.0.0.1",

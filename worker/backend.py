@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from worker import extcall
-from worker.configuration import ConfigReader
-from worker.core.errors import HandlerError, InvalidMessage
-from worker.core.http import OutboundHttp
-from worker.extcall import CallKey, CallResult
-from worker.handlers import MessageContext
-from worker.store.prepared import PreparedConnection
+from orderly.worker import extcall
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.errors import HandlerError, InvalidMessage
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.extcall import CallKey, CallResult
+from orderly.worker.handlers import MessageContext
+from orderly.worker.store.prepared import PreparedConnection
 
 T = TypeVar("T")
 

@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.core.clock import SYSTEM, Clock
-from worker.processing import CLAIM_COLUMNS, Outcome, Processor, ProcessResult, parse_ids
-from worker.store.prepared import PreparedConnection, prepared_connection
-from worker.tracking import claim_of
-from worker.wake import Holder, Wake
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.processing import CLAIM_COLUMNS, Outcome, Processor, ProcessResult, parse_ids
+from orderly.worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.worker.tracking import claim_of
+from orderly.worker.wake import Holder, Wake
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Celery app: ``celery -A worker worker`` and ``celery -A worker beat``."""
+"""The Celery app: ``celery -A orderly.worker worker`` and ``celery -A orderly.worker beat``."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from kombu.entity import Exchange, Queue
 
-from models import NodeState
-from worker import nodes
-from worker.core import logs
-from worker.core.clock import now_ms
-from worker.runtime import get_runtime
-from worker.settings import get_settings
-from worker.tracking import ServiceLease
+from orderly.models import NodeState
+from orderly.worker import nodes
+from orderly.worker.core import logs
+from orderly.worker.core.clock import now_ms
+from orderly.worker.runtime import get_runtime
+from orderly.worker.settings import get_settings
+from orderly.worker.tracking import ServiceLease
 
 log = logging.getLogger("orderly.worker")
 
@@ -30,7 +30,9 @@ QUEUES = (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
 _settings = get_settings()
 
 app = Celery(
-    "orderly", broker=_settings.effective_broker_url, include=["worker.tasks", "beat.agents"]
+    "orderly",
+    broker=_settings.effective_broker_url,
+    include=["orderly.worker.tasks", "orderly.beat.agents"],
 )
 app.conf.update(
     task_ignore_result=True,
@@ -61,12 +63,12 @@ app.conf.update(
     # Waits never sit in the broker (no countdown/eta): beat's ticker sends a task when it is
     # due (worker.core.due).
     broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
-    beat_scheduler="beat.scheduler:ConfiguredScheduler",
+    beat_scheduler="orderly.beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
 )
 
 
-# Celery's global options that take a value (``celery -A worker flower``: the app, then the
+# Celery's global options that take a value (``celery -A orderly.worker flower``: the app, then the
 # subcommand).
 _VALUED = {"-A", "--app", "-b", "--broker", "--result-backend", "--loader", "--config", "--workdir"}
 
@@ -85,8 +87,8 @@ def _subcommand(argv: list[str]) -> str | None:
 
 
 def _flower_options() -> None:
-    """``celery -A worker flower``, started from any directory, runs with orderly's basic auth,
-    address and port: Flower reads ``FLOWER_*`` variables wherever it starts (it reads
+    """``celery -A orderly.worker flower``, started from any directory, runs with orderly's basic
+    auth, address and port: Flower reads ``FLOWER_*`` variables wherever it starts (it reads
     a configuration file only from its working directory). Without a password it does not
     start at all: Flower without basic auth lets anyone revoke tasks and stop workers."""
     if _subcommand(sys.argv[1:]) != "flower":
@@ -160,7 +162,7 @@ class NodeLifecycle(bootsteps.StartStopStep):
         consume them again.
         The service key deleted by an operator: warm shutdown, as on SIGTERM (the tasks in hand
         finish, then the worker exits). A key lost to an outage or a Redis restart is restored
-        (``worker.tracking.ServiceLease``).
+        (``orderly.worker.tracking.ServiceLease``).
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}

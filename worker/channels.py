@@ -24,11 +24,11 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
-from worker.core.clock import SYSTEM, Clock
-from worker.core.errors import InvalidMessage, UnknownChannel
-from worker.core.retry import MAX_ATTEMPTS, MAX_MULTIPLIER, RetryPolicy, policy_problems
-from worker.settings import Settings
-from worker.store.queries import sql
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.errors import InvalidMessage, UnknownChannel
+from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_MULTIPLIER, RetryPolicy, policy_problems
+from orderly.worker.settings import Settings
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

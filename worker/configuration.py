@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from models import ConfigDataType
-from worker.core.clock import SYSTEM, Clock
-from worker.core.errors import ConfigurationError
-from worker.store.queries import sql
+from orderly.models import ConfigDataType
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.errors import ConfigurationError
+from orderly.worker.store.queries import sql
 
 
 @dataclass(frozen=True)

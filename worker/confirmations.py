@@ -21,17 +21,17 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from sqlalchemy import Engine
 
-from worker import extcall
-from worker.configuration import ConfigReader
-from worker.core.addresses import AddressPolicy
-from worker.core.due import PgDueIndex
-from worker.core.errors import ExchangeFailed, InvalidMessage
-from worker.core.http import OutboundHttp
-from worker.core.inputs import parse_input
-from worker.core.lease import ORPHAN_GRACE_S
-from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
-from worker.store.prepared import prepared_connection
-from worker.store.queries import sql
+from orderly.worker import extcall
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.addresses import AddressPolicy
+from orderly.worker.core.due import PgDueIndex
+from orderly.worker.core.errors import ExchangeFailed, InvalidMessage
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.lease import ORPHAN_GRACE_S
+from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
+from orderly.worker.store.prepared import prepared_connection
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def set_source_system(
     spec = parse_input(SourceSystemIn, data)
     if spec.confirmation_url is not None:
         if policy is None:
-            from worker.settings import get_settings
+            from orderly.worker.settings import get_settings
 
             policy = get_settings().outbound_policy
         policy.check_url("confirmation_url", spec.confirmation_url)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
-from worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
-from worker.core.http import OutboundHttp
-from worker.pubsub import Attempt, Claimed
+from orderly.worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
+from orderly.worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.pubsub import Attempt, Claimed
 
 # Worth trying again: the client may accept the same response later.
 RECOVERABLE_STATUS = frozenset({408, 425, 429})

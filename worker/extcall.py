@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from worker.core.errors import CallInProgress, ExchangeFailed
-from worker.core.http import OutboundHttp
-from worker.store.prepared import PreparedConnection
+from orderly.worker.core.errors import CallInProgress, ExchangeFailed
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.store.prepared import PreparedConnection
 
 T = TypeVar("T")
 

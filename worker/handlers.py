@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from models import BindingType
-from worker.extcall import CallKey, CallResult
+from orderly.models import BindingType
+from orderly.worker.extcall import CallKey, CallResult
 
 T = TypeVar("T")
 

@@ -30,13 +30,13 @@ from pydantic import (
 )
 from sqlalchemy import Engine
 
-from models import MessageState
-from worker import nodes
-from worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
-from worker.core.inputs import parse_input, parse_timestamp
-from worker.handlers import HandlerRegistry
-from worker.store.prepared import PreparedConnection, prepared_connection
-from worker.store.queries import sql
+from orderly.models import MessageState
+from orderly.worker import nodes
+from orderly.worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
+from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.handlers import HandlerRegistry
+from orderly.worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

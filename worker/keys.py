@@ -25,10 +25,10 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import Engine
 
-from worker.core.clock import SYSTEM, Clock, utcnow
-from worker.core.errors import Forbidden, InvalidMessage, NotFound, Unauthenticated
-from worker.core.inputs import parse_input, parse_timestamp
-from worker.core.scopes import (
+from orderly.worker.core.clock import SYSTEM, Clock, utcnow
+from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound, Unauthenticated
+from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.scopes import (
     ADMIN,
     CONSUME,
     IMPERSONATE,
@@ -39,8 +39,8 @@ from worker.core.scopes import (
     SCOPES,
     publish_scope,
 )
-from worker.pubsub.routing import NAME_PATTERN, Name
-from worker.store.queries import sql
+from orderly.worker.pubsub.routing import NAME_PATTERN, Name
+from orderly.worker.store.queries import sql
 
 __all__ = [
     "ADMIN",

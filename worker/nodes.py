@@ -8,11 +8,11 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
-from models import NodeState
-from worker.core.clock import SYSTEM, Clock
-from worker.core.errors import NodeNotAccepting, NodeNotFound
-from worker.store.prepared import PreparedConnection
-from worker.store.queries import sql
+from orderly.models import NodeState
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.errors import NodeNotAccepting, NodeNotFound
+from orderly.worker.store.prepared import PreparedConnection
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from models.enums import MessageState
-from models.keys import BridgeKeys, TrackKeys
-from models.pubsub import DeliveryState
-from worker.core.clients import OrderingRedis
-from worker.core.scripts import as_text
-from worker.store.queries import sql
-from worker.tracking import Services, TrackingSnapshot, snapshot
+from orderly.models.enums import MessageState
+from orderly.models.keys import BridgeKeys, TrackKeys
+from orderly.models.pubsub import DeliveryState
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.scripts import as_text
+from orderly.worker.store.queries import sql
+from orderly.worker.tracking import Services, TrackingSnapshot, snapshot
 
 # kombu's Redis transport (kombu/transport/redis.py, Channel): a queue is a list under its own
 # name for priority 0 and one list per further priority step under name + sep + step; tasks

@@ -28,11 +28,16 @@ from pydantic import (
 )
 from sqlalchemy import Connection, Engine
 
-from models import FINAL_STATES, MessageState
-from worker.core.errors import InvalidMessage, MessageNotFound, OperationRefused, ResponseNotAwaited
-from worker.core.inputs import parse_input, parse_timestamp
-from worker.pool import released_in
-from worker.store.queries import sql
+from orderly.models import FINAL_STATES, MessageState
+from orderly.worker.core.errors import (
+    InvalidMessage,
+    MessageNotFound,
+    OperationRefused,
+    ResponseNotAwaited,
+)
+from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.pool import released_in
+from orderly.worker.store.queries import sql
 
 MAX_LIST = 1000
 MAX_OFFSET = 1_000_000

@@ -24,11 +24,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from worker.configuration import ConfigReader
-from worker.core.lease import ORPHAN_GRACE_S
-from worker.intake import hand_over
-from worker.processing import parse_ids
-from worker.store.queries import sql
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.lease import ORPHAN_GRACE_S
+from orderly.worker.intake import hand_over
+from orderly.worker.processing import parse_ids
+from orderly.worker.store.queries import sql
 
 REPAIR_CODE = "E_REPAIR"
 

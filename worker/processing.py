@@ -30,17 +30,17 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from models import BindingType, MessageState
-from worker.backend import HandlerBackend
-from worker.configuration import ConfigReader
-from worker.core import logs
-from worker.core.errors import CallInProgress, HandlerError, InvalidMessage
-from worker.core.http import OutboundHttp
-from worker.core.limits import TimeLimitExceeded, TimeLimits
-from worker.handlers import ExternalResponse, Handler, HandlerRegistry, MessageContext
-from worker.intake import insert_message, insert_values, parse_message
-from worker.store.prepared import PreparedConnection, prepared_connection
-from worker.tracking import Tracker, claim_of
+from orderly.models import BindingType, MessageState
+from orderly.worker.backend import HandlerBackend
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core import logs
+from orderly.worker.core.errors import CallInProgress, HandlerError, InvalidMessage
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.limits import TimeLimitExceeded, TimeLimits
+from orderly.worker.handlers import ExternalResponse, Handler, HandlerRegistry, MessageContext
+from orderly.worker.intake import insert_message, insert_values, parse_message
+from orderly.worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.worker.tracking import Tracker, claim_of
 
 log = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from worker.core.clock import SYSTEM, Clock, utcnow
-from worker.core.errors import InvalidMessage
-from worker.core.inputs import parse_timestamp
-from worker.store.queries import sql
+from orderly.worker.core.clock import SYSTEM, Clock, utcnow
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.inputs import parse_timestamp
+from orderly.worker.store.queries import sql
 
 # The tables a message's rows are in, in the order they are deleted (references first).
 TABLES = ("response", "request", "external_call", "message")

@@ -1,5 +1,5 @@
-"""pytest fixtures for handler authors (``pytest_plugins = ["worker.pytest_plugin"]``): the
-store to run handlers against with :func:`worker.testing.run_handler`."""
+"""pytest fixtures for handler authors (``pytest_plugins = ["orderly.worker.pytest_plugin"]``): the
+store to run handlers against with :func:`orderly.worker.testing.run_handler`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 @pytest.fixture
 def orderly_engine() -> Iterator[Engine]:
     """The store of ORDERLY_DATABASE_URL (created and migrated if need be)."""
-    from worker.settings import get_settings
-    from worker.store import schema
-    from worker.store.db import engine_for
+    from orderly.worker.settings import get_settings
+    from orderly.worker.store import schema
+    from orderly.worker.store.db import engine_for
 
     url = get_settings().database_url
     schema.create_database(url)

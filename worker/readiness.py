@@ -12,9 +12,9 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
-from worker.core.clients import OrderingRedis
-from worker.core.errors import ServiceUnavailable, first_line
-from worker.store.queries import sql
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.errors import ServiceUnavailable, first_line
+from orderly.worker.store.queries import sql
 
 Probe = Callable[[], None]
 

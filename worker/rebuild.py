@@ -16,7 +16,7 @@ checks again under it, marks every shard "rebuilding" under a new generation, re
 under the prefix that belong to another key layout (an older orderly's, another shard
 count's: what they held is rebuilt from the rows in this one), then:
 
-1. conversations (``worker.conversations.rebuild``): requests waiting, responses not yet
+1. conversations (``orderly.worker.conversations.rebuild``): requests waiting, responses not yet
    delivered, their order, attempts, AWAITED and ACK waits (a delivered response is OK in its
    row: final, never rebuilt, never sent again); while the marker says "rebuilding" no drain
    claims a response, and once it says "ready" a drain is started for every conversation
@@ -46,14 +46,14 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
-from models.keys import SHARD_TAG
-from worker.conversations import Conversations
-from worker.conversations import rebuild as conversations_rebuild
-from worker.conversations.agent import wake
-from worker.core.clients import run_ids
-from worker.core.lease import new_token
-from worker.core.scripts import as_text
-from worker.store.queries import sql
+from orderly.models.keys import SHARD_TAG
+from orderly.worker.conversations import Conversations
+from orderly.worker.conversations import rebuild as conversations_rebuild
+from orderly.worker.conversations.agent import wake
+from orderly.worker.core.clients import run_ids
+from orderly.worker.core.lease import new_token
+from orderly.worker.core.scripts import as_text
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

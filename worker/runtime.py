@@ -14,23 +14,23 @@ import redis
 from redis import Redis
 from sqlalchemy import Engine
 
-from models.keys import TrackKeys
-from worker import configuration, nodes
-from worker.channels import ChannelDirectory
-from worker.configuration import ConfigReader
-from worker.conversations import Conversations
-from worker.core.clients import OrderingRedis, ordering_client
-from worker.core.clock import SYSTEM, Clock
-from worker.core.http import HttpOptions, OutboundHttp
-from worker.core.limits import TimeLimits
-from worker.delivery import HttpSender
-from worker.handlers import HandlerRegistry, load_handler_modules, registry
-from worker.intake import Intake
-from worker.processing import Processor
-from worker.settings import Settings, get_settings
-from worker.store.db import engine_for
-from worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
-from worker.wake import Wake
+from orderly.models.keys import TrackKeys
+from orderly.worker import configuration, nodes
+from orderly.worker.channels import ChannelDirectory
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.conversations import Conversations
+from orderly.worker.core.clients import OrderingRedis, ordering_client
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.http import HttpOptions, OutboundHttp
+from orderly.worker.core.limits import TimeLimits
+from orderly.worker.delivery import HttpSender
+from orderly.worker.handlers import HandlerRegistry, load_handler_modules, registry
+from orderly.worker.intake import Intake
+from orderly.worker.processing import Processor
+from orderly.worker.settings import Settings, get_settings
+from orderly.worker.store.db import engine_for
+from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
+from orderly.worker.wake import Wake
 
 
 class Runtime:

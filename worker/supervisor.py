@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.core.clock import SYSTEM, Clock
-from worker.core.retry import MAX_ATTEMPTS, RetryPolicy
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
 
 log = logging.getLogger("orderly.supervisor")
 

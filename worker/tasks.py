@@ -8,9 +8,9 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Reject
 
-from models import NodeState
-from worker import batches, confirmations, pubsub
-from worker.celery import (
+from orderly.models import NodeState
+from orderly.worker import batches, confirmations, pubsub
+from orderly.worker.celery import (
     QUEUES,
     app,
     enqueue_drain,
@@ -18,9 +18,9 @@ from worker.celery import (
     send_process_due,
     send_process_helper,
 )
-from worker.core import logs
-from worker.processing import Outcome
-from worker.runtime import get_runtime
+from orderly.worker.core import logs
+from orderly.worker.processing import Outcome
+from orderly.worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.tasks")
 

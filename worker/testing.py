@@ -1,7 +1,7 @@
 """For handler authors: run one handler on a message against a real store, in a test, with no
 worker and no broker.
 
-    from worker.testing import run_handler
+    from orderly.worker.testing import run_handler
 
     def test_ship(orderly_engine):                       # the pytest fixture (below)
         done = run_handler(orderly_engine, {...message...}, handler=ship)
@@ -10,8 +10,8 @@ worker and no broker.
 :func:`run_handler` stores the message as the API would (the same validation), claims and
 processes it in this process exactly as a worker does (the handler's outcome, failures,
 custom data, children, a wait for a response), and returns the stored row's outcome. The
-children it spawns are stored, not processed. The pytest plugin ``worker.pytest_plugin``
-(``pytest_plugins = ["worker.pytest_plugin"]`` in a conftest) gives ``orderly_engine``: the
+children it spawns are stored, not processed. The pytest plugin ``orderly.worker.pytest_plugin``
+(``pytest_plugins = ["orderly.worker.pytest_plugin"]`` in a conftest) gives ``orderly_engine``: the
 engine of ``ORDERLY_DATABASE_URL``, migrated.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from worker import nodes
-from worker.configuration import ConfigReader
-from worker.core.http import OutboundHttp
-from worker.handlers import Handler, HandlerRegistry, registry
-from worker.intake import Intake
-from worker.processing import Processor
-from worker.store.queries import sql
+from orderly.worker import nodes
+from orderly.worker.configuration import ConfigReader
+from orderly.worker.core.http import OutboundHttp
+from orderly.worker.handlers import Handler, HandlerRegistry, registry
+from orderly.worker.intake import Intake
+from orderly.worker.processing import Processor
+from orderly.worker.store.queries import sql
 
 # The node a test's messages are stored and processed under.
 TEST_NODE = "handler-test"

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Engine
 
-from worker.batches import BATCH_KIND
-from worker.core.clock import now_ms
-from worker.pool import released_in
-from worker.store.queries import sql
-from worker.tracking import TimedOut, Tracker
+from orderly.worker.batches import BATCH_KIND
+from orderly.worker.core.clock import now_ms
+from orderly.worker.pool import released_in
+from orderly.worker.store.queries import sql
+from orderly.worker.tracking import TimedOut, Tracker
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from worker.core.errors import Unauthorized
+from orderly.worker.core.errors import Unauthorized
 
 
 @dataclass(frozen=True)

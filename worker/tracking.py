@@ -20,12 +20,12 @@ from typing import Any
 
 import redis
 
-from models.keys import TrackKeys
-from worker.core.clock import SYSTEM, Clock, now_ms
-from worker.core.due import RedisDueSet
-from worker.core.errors import TrackingError
-from worker.core.retry import RetryPolicy
-from worker.core.scripts import Scripts, as_text
+from orderly.models.keys import TrackKeys
+from orderly.worker.core.clock import SYSTEM, Clock, now_ms
+from orderly.worker.core.due import RedisDueSet
+from orderly.worker.core.errors import TrackingError
+from orderly.worker.core.retry import RetryPolicy
+from orderly.worker.core.scripts import Scripts, as_text
 
 log = logging.getLogger(__name__)
 

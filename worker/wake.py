@@ -17,7 +17,7 @@ wakes a worker of its own. The holder moves the mark only while it is still its 
 
 The mark expires: a wake-up whose task was lost is replaced by the next submission after
 that, and beat wakes a worker whenever messages have waited NEW for longer than a second
-(``beat.agents.wake_due``).
+(``orderly.beat.agents.wake_due``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import redis
 
-from models.keys import PROCESS_WAKE_KEY
-from worker.core.lease import RedisLease, new_token
-from worker.core.scripts import Scripts, as_text
+from orderly.models.keys import PROCESS_WAKE_KEY
+from orderly.worker.core.lease import RedisLease, new_token
+from orderly.worker.core.scripts import Scripts, as_text
 
 # Longer than a worker stays between two moves of its mark (every move renews it), short
 # enough that a lost wake-up is replaced soon.

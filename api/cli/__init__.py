@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli import (
+from orderly.api.cli import (
     channels,
     config,
     conversations,
@@ -27,7 +27,7 @@ from api.cli import (
     status,
     subscriptions,
 )
-from api.cli.common import run
+from orderly.api.cli.common import run
 
 __all__ = ["app", "main"]
 

@@ -1,5 +1,5 @@
-"""``python -m api.cli``: the same as the ``orderly`` script."""
+"""``python -m orderly.api.cli``: the same as the ``orderly`` script."""
 
-from api.cli import main
+from orderly.api.cli import main
 
 main()

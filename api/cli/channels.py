@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console
-from worker import channels as channel_defs
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console
+from orderly.worker import channels as channel_defs
+from orderly.worker.runtime import get_runtime
 
 channel_app = typer.Typer(help="Delivery channels per origin.", no_args_is_help=True)
 

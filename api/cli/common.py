@@ -13,9 +13,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from worker.core import logs
-from worker.core.errors import OrderlyError, first_line
-from worker.settings import get_settings
+from orderly.worker.core import logs
+from orderly.worker.core.errors import OrderlyError, first_line
+from orderly.worker.settings import get_settings
 
 console = Console()
 err = Console(stderr=True)
@@ -65,7 +65,7 @@ def _unreachable(exc: Exception) -> tuple[str, str] | None:
     import kombu.exceptions
     import redis.exceptions
 
-    from worker.store.db import connection_lost
+    from orderly.worker.store.db import connection_lost
 
     if connection_lost(exc):
         return "PostgreSQL", "ORDERLY_DATABASE_URL"

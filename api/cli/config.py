@@ -5,9 +5,9 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console
-from worker import configuration
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console
+from orderly.worker import configuration
+from orderly.worker.runtime import get_runtime
 
 config_app = typer.Typer(help="Read and change the configuration table.", no_args_is_help=True)
 

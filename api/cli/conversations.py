@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from api.cli.common import call, console, parse_payload, show_result
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console, parse_payload, show_result
+from orderly.worker.runtime import get_runtime
 
 conversation_app = typer.Typer(
     help="Conversations: register requests, add responses, ACK, inspect.", no_args_is_help=True
@@ -51,7 +51,7 @@ def conversation_respond(
     corr: Annotated[str | None, typer.Option(help="The response's correlator")] = None,
 ) -> None:
     """Add a response to deliver in order (POST /conversations/{id}/responses)."""
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     data: dict[str, Any] = {
         "request_id": request_id,
@@ -72,7 +72,7 @@ def conversation_respond(
 @conversation_app.command("ack")
 def conversation_ack(async_response_id: str) -> None:
     """ACK a response the client answered with 202 (POST /acks/{id})."""
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     msg_id = call(get_runtime().conversations.ack, async_response_id, enqueue_drain)
     console.print_json(json.dumps({"msg_id": msg_id, "state": "OK"}))
@@ -116,7 +116,7 @@ def conversation_delete(
     by: Annotated[str, typer.Option(help="Who")] = "operator",
 ) -> None:
     """Delete a request's messages (DELETE /conversations/{id}/requests/{request_id})."""
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     given = {"status": status, "all_origin_except": all_origin_except, "note": note, "by": by}
     data = {name: value for name, value in given.items() if value is not None}

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import console, fail
-from worker import pubsub
-from worker.runtime import get_runtime
+from orderly.api.cli.common import console, fail
+from orderly.worker import pubsub
+from orderly.worker.runtime import get_runtime
 
 dead_app = typer.Typer(help="Dead-lettered deliveries: list and re-drive.", no_args_is_help=True)
 

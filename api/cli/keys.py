@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console, err
-from worker import keys
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console, err
+from orderly.worker import keys
+from orderly.worker.runtime import get_runtime
 
 key_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
 

@@ -10,10 +10,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console, fail, json_option, parse_payload, show_result
-from worker import operations
-from worker.core.errors import OrderlyError
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console, fail, json_option, parse_payload, show_result
+from orderly.worker import operations
+from orderly.worker.core.errors import OrderlyError
+from orderly.worker.runtime import get_runtime
 
 message_app = typer.Typer(
     help="Messages: list by state and funnel, inspect, cancel, re-drive, respond.",
@@ -35,7 +35,7 @@ def submit(
     ] = None,
 ) -> None:
     """Submit one message (the same path as POST /messages)."""
-    from worker.celery import enqueue_processing, wake_processing
+    from orderly.worker.celery import enqueue_processing, wake_processing
 
     data: Any
     if as_json is not None:
@@ -118,7 +118,7 @@ def message_show(msg_id: int) -> None:
 
 
 def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     command = operations.cancel if verb == "cancel" else operations.redrive
     done = call(command, get_runtime().engine, msg_id, {"note": note, "by": by}, enqueue_processing)
@@ -154,7 +154,7 @@ def message_respond(
     reason: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Deliver an external response to the message waiting for it (POST /messages/responses)."""
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     data: dict[str, Any] = {"correlation_id": correlation_id, "failed": failed}
     if payload is not None:

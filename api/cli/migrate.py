@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console
-from worker.runtime import get_runtime
-from worker.store import schema
+from orderly.api.cli.common import console
+from orderly.worker.runtime import get_runtime
+from orderly.worker.store import schema
 
 
 def migrate(

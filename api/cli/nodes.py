@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console, err
-from models import NodeState
-from worker import nodes
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console, err
+from orderly.models import NodeState
+from orderly.worker import nodes
+from orderly.worker.runtime import get_runtime
 
 node_app = typer.Typer(
     help="List nodes and move them between RUN, drain and STOPPED.", no_args_is_help=True

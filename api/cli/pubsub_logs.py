@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console
-from worker import pubsub
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console
+from orderly.worker import pubsub
+from orderly.worker.runtime import get_runtime
 
 log_app = typer.Typer(
     help="Pub/sub logs: queue messages, exceptions, published messages.", no_args_is_help=True

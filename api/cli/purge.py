@@ -11,12 +11,12 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import call, console, err, fail
-from worker import purge as mechanism
-from worker.core.clock import SYSTEM
-from worker.core.errors import InvalidMessage
-from worker.settings import get_settings
-from worker.store.db import engine_for
+from orderly.api.cli.common import call, console, err, fail
+from orderly.worker import purge as mechanism
+from orderly.worker.core.clock import SYSTEM
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.settings import get_settings
+from orderly.worker.store.db import engine_for
 
 
 def purge(

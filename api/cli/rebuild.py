@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console, err
-from worker import rebuild as mechanism
-from worker.runtime import get_runtime
+from orderly.api.cli.common import console, err
+from orderly.worker import rebuild as mechanism
+from orderly.worker.runtime import get_runtime
 
 
 def rebuild(
@@ -28,7 +28,7 @@ def rebuild(
 ) -> None:
     """Rebuild Redis's conversation order, queued tasks and push hand-offs from PostgreSQL
     after Redis lost them (beat does it by itself within a tick)."""
-    from worker.celery import enqueue_drain, enqueue_processing_many
+    from orderly.worker.celery import enqueue_drain, enqueue_processing_many
 
     runtime = get_runtime()
     if check_only:

@@ -30,7 +30,7 @@ def report(
 ) -> None:
     """Spark report over the message store: Parquet, CSV and one HTML file per run."""
     # Imported here: Spark is loaded only by the command that uses it.
-    from reports.job import main as report_main
+    from orderly.reports.job import main as report_main
 
     argv = ["--watermark", watermark, "--lag-minutes", str(lag_minutes)]
     for flag, value in (

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console, json_option, parse_payload
-from worker import pubsub
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console, json_option, parse_payload
+from orderly.worker import pubsub
+from orderly.worker.runtime import get_runtime
 
 room_app = typer.Typer(help="Rooms: create, list, change, pause.", no_args_is_help=True)
 
@@ -115,7 +115,7 @@ def publish(
     publisher: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Publish a message to a room (POST /rooms/{room}/events)."""
-    from worker.celery import enqueue_event_deliveries
+    from orderly.worker.celery import enqueue_event_deliveries
 
     runtime = get_runtime()
     body = {

@@ -2,7 +2,7 @@
 
 ``orderly api`` is uvicorn serving the app factory on ``ORDERLY_API_HOST:ORDERLY_API_PORT``;
 ``orderly beat`` and ``orderly flower`` are Celery's own commands on orderly's Celery app
-(``celery -A worker ...`` does the same). ``orderly worker`` supervises
+(``celery -A orderly.worker ...`` does the same). ``orderly worker`` supervises
 ORDERLY_WORKER_PROCESSES Celery workers (worker/supervisor.py): one that dies is started again
 after a back-off, and a SIGTERM or Ctrl-C stops them all. ``orderly up`` runs the API, a
 worker and beat as one group for a development machine: one log stream, each line prefixed
@@ -22,9 +22,9 @@ from typing import IO, Annotated
 
 import typer
 
-from api.cli.common import fail
-from worker.settings import get_settings
-from worker.supervisor import Spawned, Supervisor, follow_parent, restart_policy
+from orderly.api.cli.common import fail
+from orderly.worker.settings import get_settings
+from orderly.worker.supervisor import Spawned, Supervisor, follow_parent, restart_policy
 
 # How long ``orderly up`` gives its processes to stop after SIGTERM before SIGKILL.
 STOP_GRACE_S = 20.0
@@ -43,7 +43,7 @@ def api(
 
     settings = get_settings()
     uvicorn.run(
-        "api.http:create_app",
+        "orderly.api.http:create_app",
         factory=True,
         host=host or settings.api_host,
         port=port or settings.api_port,
@@ -54,7 +54,7 @@ def api(
 
 
 def _celery(*argv: str) -> None:
-    from worker.celery import app
+    from orderly.worker.celery import app
 
     # In the JSON log format nothing but log records on the streams: no banner.
     quiet = ["--quiet"] if get_settings().log_format == "json" else []
@@ -106,7 +106,15 @@ def worker(
     settings = get_settings()
     count = processes or settings.worker_processes
     # -P: orderly's own modules, not those of a directory it is started in.
-    me = [sys.executable, "-P", "-m", "api.cli", "worker", "--supervised-by", str(os.getpid())]
+    me = [
+        sys.executable,
+        "-P",
+        "-m",
+        "orderly.api.cli",
+        "worker",
+        "--supervised-by",
+        str(os.getpid()),
+    ]
 
     def spawn(index: int) -> Spawned:
         own = _node_name(name, index, count)
@@ -169,7 +177,7 @@ def up(
 ) -> None:
     """API, a worker and beat in one group, one log stream; Ctrl-C stops all three."""
     # -P: orderly's own modules, not those of a directory it is started in.
-    me = [sys.executable, "-P", "-m", "api.cli"]
+    me = [sys.executable, "-P", "-m", "orderly.api.cli"]
     commands = {
         "api": [*me, "api"],
         "worker": [*me, "worker", "--concurrency", str(concurrency)],

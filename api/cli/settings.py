@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 from pydantic import SecretStr
 
-from api.cli.common import console, err
-from worker.settings import Settings, get_settings
+from orderly.api.cli.common import console, err
+from orderly.worker.settings import Settings, get_settings
 
 # A query parameter of a URL that holds a credential.
 _CREDENTIAL = re.compile(r"(?i)(password|passwd|pwd|secret|token|key)=[^&]*")
@@ -56,15 +56,15 @@ def _shown(settings: Settings) -> dict[str, Any]:
 
 
 def _ping_broker(timeout_s: float) -> None:
-    from worker.celery import ping_broker
+    from orderly.worker.celery import ping_broker
 
     ping_broker(timeout_s)
 
 
 def _problems(settings: Settings) -> list[str]:
-    from worker import readiness
-    from worker.runtime import Runtime
-    from worker.store import schema
+    from orderly.worker import readiness
+    from orderly.worker.runtime import Runtime
+    from orderly.worker.store import schema
 
     runtime = Runtime(settings)
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console
-from worker import confirmations
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console
+from orderly.worker import confirmations
+from orderly.worker.runtime import get_runtime
 
 source_app = typer.Typer(help="Source systems and their confirmation URL.", no_args_is_help=True)
 

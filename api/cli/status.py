@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console, err
-from worker.observe import verdict
+from orderly.api.cli.common import console, err
+from orderly.worker.observe import verdict
 
 
 def status(
@@ -18,8 +18,8 @@ def status(
 ) -> None:
     """What orderly is doing now. Exit 0 when healthy, 1 when degraded, 2 when a source
     could not be read."""
-    from api.metrics import runtime_figures
-    from api.status import print_status
+    from orderly.api.metrics import runtime_figures
+    from orderly.api.status import print_status
 
     figures = runtime_figures()
     healthy, why = verdict(figures)

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.common import call, console
-from worker import pubsub
-from worker.runtime import get_runtime
+from orderly.api.cli.common import call, console
+from orderly.worker import pubsub
+from orderly.worker.runtime import get_runtime
 
 subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
 

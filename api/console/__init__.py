@@ -14,8 +14,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
-from api.console import conversations, figures, keys, messages, nodes, rooms, session
-from api.console.render import STATIC_DIR
+from orderly.api.console import conversations, figures, keys, messages, nodes, rooms, session
+from orderly.api.console.render import STATIC_DIR
 
 __all__ = ["install"]
 

@@ -10,13 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import page
-from api.console.session import Refused, Signed
-from worker import observe, operations
-from worker.conversations.model import check_conversation_id
-from worker.core.clock import now_ms
-from worker.core.errors import InvalidMessage
-from worker.runtime import Runtime
+from orderly.api.console.render import page
+from orderly.api.console.session import Refused, Signed
+from orderly.worker import observe, operations
+from orderly.worker.conversations.model import check_conversation_id
+from orderly.worker.core.clock import now_ms
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.runtime import Runtime
 
 router = APIRouter()
 

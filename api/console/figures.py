@@ -10,8 +10,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client.registry import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import HEADERS, page
-from api.console.session import Signed
+from orderly.api.console.render import HEADERS, page
+from orderly.api.console.session import Signed
 
 router = APIRouter()
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import page
-from api.console.session import Signed, act, attempt, form, require_admin
-from api.http.auth import key_cache
-from worker import keys
-from worker.runtime import Runtime
+from orderly.api.console.render import page
+from orderly.api.console.session import Signed, act, attempt, form, require_admin
+from orderly.api.http.auth import key_cache
+from orderly.worker import keys
+from orderly.worker.runtime import Runtime
 
 router = APIRouter()
 

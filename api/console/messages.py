@@ -10,13 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import Viewer, page
-from api.console.session import Signed, act, attempt, form
-from api.http.common import RowId
-from models import MessageState
-from worker import operations
-from worker.core.errors import InvalidMessage
-from worker.runtime import Runtime
+from orderly.api.console.render import Viewer, page
+from orderly.api.console.session import Signed, act, attempt, form
+from orderly.api.http.common import RowId
+from orderly.models import MessageState
+from orderly.worker import operations
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.runtime import Runtime
 
 router = APIRouter()
 
@@ -91,7 +91,7 @@ def _back(msg_id: int) -> str:
 async def _command(
     request: Request, viewer: Viewer, msg_id: int, command: Command, done: str
 ) -> Response:
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     note = {"note": (await form(request, viewer)).get("note")}
     call = functools.partial(
@@ -118,7 +118,7 @@ async def redrive(request: Request, viewer: Signed, msg_id: RowId) -> Response:
 @router.post("/messages/{msg_id}/respond")
 async def respond(request: Request, viewer: Signed, msg_id: RowId) -> Response:
     """The response the message waits for, given by hand, with a note."""
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     fields = await form(request, viewer)
     response = {

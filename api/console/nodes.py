@@ -7,11 +7,11 @@ from fastapi.responses import HTMLResponse, Response
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import page
-from api.console.session import Signed, act, form
-from worker import configuration, nodes
-from worker.runtime import Runtime
-from worker.tracking import ServiceInfo
+from orderly.api.console.render import page
+from orderly.api.console.session import Signed, act, form
+from orderly.worker import configuration, nodes
+from orderly.worker.runtime import Runtime
+from orderly.worker.tracking import ServiceInfo
 
 router = APIRouter()
 

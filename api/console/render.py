@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-from worker.keys import ADMIN, Principal
+from orderly.worker.keys import ADMIN, Principal
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"

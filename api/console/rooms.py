@@ -8,14 +8,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import page
-from api.console.session import Refused, Signed, act, attempt, form
-from models import DeliveryState
-from worker import pubsub
-from worker.core.errors import InvalidMessage
-from worker.core.inputs import parse_input
-from worker.pubsub.pull import RedriveIn
-from worker.runtime import Runtime
+from orderly.api.console.render import page
+from orderly.api.console.session import Refused, Signed, act, attempt, form
+from orderly.models import DeliveryState
+from orderly.worker import pubsub
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.pubsub.pull import RedriveIn
+from orderly.worker.runtime import Runtime
 
 router = APIRouter()
 

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.console.render import Viewer, back_to, page
-from api.http.errors import explain
-from worker import keys
-from worker.core.errors import Forbidden, OrderlyError, Unauthenticated
-from worker.runtime import Runtime
+from orderly.api.console.render import Viewer, back_to, page
+from orderly.api.http.errors import explain
+from orderly.worker import keys
+from orderly.worker.core.errors import Forbidden, OrderlyError, Unauthenticated
+from orderly.worker.runtime import Runtime
 
 COOKIE = "orderly_console"
 FORM_TOKEN_FIELD = "form_token"

@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from api import console
-from api.http import (
+from orderly.api import console
+from orderly.api.http import (
     channels,
     contract,
     conversations,
@@ -29,9 +29,9 @@ from api.http import (
     rooms,
     source_systems,
 )
-from worker import nodes
-from worker.core import logs
-from worker.runtime import Runtime, get_runtime
+from orderly.worker import nodes
+from orderly.worker.core import logs
+from orderly.worker.runtime import Runtime, get_runtime
 
 __all__ = ["create_app"]
 
@@ -71,7 +71,7 @@ async def _heartbeat(runtime: Runtime) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from worker.celery import enqueue_processing, wake_processing
+    from orderly.worker.celery import enqueue_processing, wake_processing
 
     runtime: Runtime = app.state.runtime
     runtime.startup_check()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models import MessageState
+from orderly.models import MessageState
 
 
 class _Open(BaseModel):

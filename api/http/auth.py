@@ -22,11 +22,11 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
-from worker import keys
-from worker.channels import ACK_TOKEN_HEADER
-from worker.core.clock import Clock
-from worker.keys import Principal
-from worker.runtime import Runtime
+from orderly.worker import keys
+from orderly.worker.channels import ACK_TOKEN_HEADER
+from orderly.worker.core.clock import Clock
+from orderly.worker.keys import Principal
+from orderly.worker.runtime import Runtime
 
 SCHEME = "ApiKey"
 

@@ -6,14 +6,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import requires
-from api.http.common import AppRuntime, json_body
-from api.http.contract import body
-from worker import channels as channel_defs
-from worker import keys
-from worker.core.errors import InvalidMessage
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import requires
+from orderly.api.http.common import AppRuntime, json_body
+from orderly.api.http.contract import body
+from orderly.worker import channels as channel_defs
+from orderly.worker import keys
+from orderly.worker.core.errors import InvalidMessage
 
 router = APIRouter()
 

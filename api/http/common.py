@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.http.errors import MalformedBody, PayloadTooLarge
-from worker.core.errors import InvalidMessage
-from worker.intake import Intake
-from worker.runtime import Runtime
+from orderly.api.http.errors import MalformedBody, PayloadTooLarge
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.intake import Intake
+from orderly.worker.runtime import Runtime
 
 
 async def app_runtime(request: Request) -> Runtime:

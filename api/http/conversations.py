@@ -12,14 +12,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import Operator, ack_header, requires
-from api.http.common import AppRuntime, json_body
-from api.http.contract import body
-from worker import keys
-from worker.conversations.model import RequestIn, ResponseIn
-from worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import Operator, ack_header, requires
+from orderly.api.http.common import AppRuntime, json_body
+from orderly.api.http.contract import body
+from orderly.worker import keys
+from orderly.worker.conversations.model import RequestIn, ResponseIn
+from orderly.worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
 
 router = APIRouter()
 # The clients' ACKs: authenticated by their ACK token, not an API key.
@@ -52,7 +52,7 @@ async def register_request(
     dependencies=requires(keys.PRODUCE),
 )
 async def add_response(runtime: AppRuntime, conversation_id: str, request: Request) -> JSONResponse:
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     data = await json_body(request)
     result = await run_in_threadpool(
@@ -113,7 +113,7 @@ async def delete_register(
     """deleteConversationRegister: the request's responses (only those in ``status``, if
     given; with no status the request too) CANCEL, unless its origin is
     ``all_origin_except``."""
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     given = {"status": status, "all_origin_except": all_origin_except, "note": note}
     data = {name: value for name, value in given.items() if value is not None}
@@ -209,7 +209,7 @@ async def ack(
 ) -> JSONResponse:
     """A client's ACK of a response it answered 202: no API key, but the response's ACK token
     (``X-Orderly-Ack-Token``, sent with the response) brought back."""
-    from worker.celery import enqueue_drain
+    from orderly.worker.celery import enqueue_drain
 
     msg_id = await run_in_threadpool(
         runtime.conversations.ack, async_response_id, enqueue_drain, token

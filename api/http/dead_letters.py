@@ -6,14 +6,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import requires
-from api.http.common import AppRuntime, json_body
-from api.http.contract import body
-from worker import keys, pubsub
-from worker.core.inputs import parse_input
-from worker.pubsub.pull import RedriveIn
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import requires
+from orderly.api.http.common import AppRuntime, json_body
+from orderly.api.http.contract import body
+from orderly.worker import keys, pubsub
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.pubsub.pull import RedriveIn
 
 router = APIRouter()
 

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker.core.errors import (
+from orderly.worker.core.errors import (
     Forbidden,
     InvalidMessage,
     MessageNotFound,
@@ -36,7 +36,7 @@ from worker.core.errors import (
     UnknownRequest,
     first_line,
 )
-from worker.store.db import connection_lost
+from orderly.worker.store.db import connection_lost
 
 log = logging.getLogger("orderly.api")
 

@@ -12,12 +12,12 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.common import AppRuntime
-from api.http.errors import problem
-from worker import readiness
-from worker.core.errors import ServiceUnavailable
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.common import AppRuntime
+from orderly.api.http.errors import problem
+from orderly.worker import readiness
+from orderly.worker.core.errors import ServiceUnavailable
 
 router = APIRouter()
 
@@ -39,7 +39,7 @@ async def _probe(
 
 @router.get("/ready", responses=answers(a.Ready))
 async def ready(runtime: AppRuntime) -> JSONResponse:
-    from worker.celery import ping_broker
+    from orderly.worker.celery import ping_broker
 
     timeout_s = runtime.settings.ready_timeout_ms / 1000
     checks: dict[str, readiness.Probe] = {

@@ -7,13 +7,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import key_cache, requires
-from api.http.common import AppRuntime, json_body
-from api.http.contract import body
-from worker import keys
-from worker.keys import KeyIn
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import key_cache, requires
+from orderly.api.http.common import AppRuntime, json_body
+from orderly.api.http.contract import body
+from orderly.worker import keys
+from orderly.worker.keys import KeyIn
 
 router = APIRouter(dependencies=requires(keys.ADMIN))
 

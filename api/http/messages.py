@@ -10,15 +10,15 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import Operator, requires
-from api.http.common import AppIntake, AppRuntime, RowId, json_body
-from api.http.contract import body
-from models import MessageState
-from worker import keys, operations
-from worker.intake import MessageBatchIn, MessageIn, batch_items
-from worker.operations import CommandIn, ResponseIn
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import Operator, requires
+from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body
+from orderly.api.http.contract import body
+from orderly.models import MessageState
+from orderly.worker import keys, operations
+from orderly.worker.intake import MessageBatchIn, MessageIn, batch_items
+from orderly.worker.operations import CommandIn, ResponseIn
 
 router = APIRouter()
 
@@ -71,7 +71,7 @@ async def submit_batch(intake: AppIntake, runtime: AppRuntime, request: Request)
     dependencies=requires(keys.PRODUCE),
 )
 async def receive_response(runtime: AppRuntime, request: Request) -> JSONResponse:
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     data = await json_body(request)
     result = await run_in_threadpool(
@@ -132,7 +132,7 @@ async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
 async def cancel(
     runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
 ) -> JSONResponse:
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     data = await json_body(request)
     done = await run_in_threadpool(
@@ -153,7 +153,7 @@ async def cancel(
 async def redrive_message(
     runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
 ) -> JSONResponse:
-    from worker.celery import enqueue_processing
+    from orderly.worker.celery import enqueue_processing
 
     data = await json_body(request)
     done = await run_in_threadpool(

@@ -10,10 +10,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from api import metrics
-from api.http.auth import requires
-from worker import keys
-from worker.runtime import Runtime
+from orderly.api import metrics
+from orderly.api.http.auth import requires
+from orderly.worker import keys
+from orderly.worker.runtime import Runtime
 
 router = APIRouter()
 

@@ -11,12 +11,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import requires
-from api.http.common import AppRuntime, RowId
-from worker import keys, pubsub
-from worker.pubsub.logs import MAX_LOG_ROWS
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import requires
+from orderly.api.http.common import AppRuntime, RowId
+from orderly.worker import keys, pubsub
+from orderly.worker.pubsub.logs import MAX_LOG_ROWS
 
 router = APIRouter()
 

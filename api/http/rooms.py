@@ -11,15 +11,15 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.http import answers as a
-from api.http.answers import answers
-from api.http.auth import caller, requires
-from api.http.common import AppRuntime, RowId, json_body
-from api.http.contract import body
-from worker import keys, pubsub
-from worker.core.inputs import parse_input
-from worker.keys import Principal
-from worker.pubsub.admin import (
+from orderly.api.http import answers as a
+from orderly.api.http.answers import answers
+from orderly.api.http.auth import caller, requires
+from orderly.api.http.common import AppRuntime, RowId, json_body
+from orderly.api.http.contract import body
+from orderly.worker import keys, pubsub
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.keys import Principal
+from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
     RoomIn,
@@ -27,8 +27,8 @@ from worker.pubsub.admin import (
     SubscriptionIn,
     SubscriptionPatchIn,
 )
-from worker.pubsub.publish import PublishIn
-from worker.pubsub.pull import MAX_PULL, PulledAckIn
+from orderly.worker.pubsub.publish import PublishIn
+from orderly.worker.pubsub.pull import MAX_PULL, PulledAckIn
 
 log = logging.getLogger("orderly.api")
 
@@ -150,7 +150,7 @@ async def publish(
     request: Request,
     key: Annotated[Principal, caller(keys.publish_scope("{room}"))],
 ) -> JSONResponse:
-    from worker.celery import enqueue_event_deliveries
+    from orderly.worker.celery import enqueue_event_deliveries
 
     data = await json_body(request)
     result, due = await run_in_threadpool(

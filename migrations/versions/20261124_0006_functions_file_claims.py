@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from worker.store.schema import apply_functions
+from orderly.worker.store.schema import apply_functions
 
 revision: str = "0006"
 down_revision: str | None = "0005"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from worker.store.schema import apply_functions
+from orderly.worker.store.schema import apply_functions
 
 revision: str = "0015"
 down_revision: str | None = "0014"

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from statistics import NormalDist
 from typing import Any, Generic, TypeVar, cast
 
+from orderly.worker.processing import ERROR_HANDLER
+from orderly.worker.timeouts import TIMEOUT_CODE
 from tooling.generate.columns import HOUR, SECOND
-from worker.processing import ERROR_HANDLER
-from worker.timeouts import TIMEOUT_CODE
 
 T = TypeVar("T")
 

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from orderly.worker.conversations import (
+    ERROR_CANCELLED,
+    ERROR_EXPIRED,
+    ERROR_RETRIES_SPENT,
+    REQUEST_SOURCE,
+    RESPONSE_SOURCE,
+)
+from orderly.worker.conversations import SERVICE as CONVERSATION_SERVICE
 from tooling.generate.base import _Outcome, _Rows
 from tooling.generate.catalogue import (
     AWAITED_DESC,
@@ -15,14 +23,6 @@ from tooling.generate.columns import (
     NULL,
     SECOND,
 )
-from worker.conversations import (
-    ERROR_CANCELLED,
-    ERROR_EXPIRED,
-    ERROR_RETRIES_SPENT,
-    REQUEST_SOURCE,
-    RESPONSE_SOURCE,
-)
-from worker.conversations import SERVICE as CONVERSATION_SERVICE
 
 
 class _ConversationRows(_Rows):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from orderly.worker.core.retry import RetryPolicy
+from orderly.worker.pubsub import QUEUED_LEASE_S
 from tooling.generate.base import Batch, _chunked, _Rows
 from tooling.generate.catalogue import (
     _HANDLER_ERRORS,
@@ -17,8 +19,6 @@ from tooling.generate.columns import (
     SECOND,
 )
 from tooling.generate.setup import _Room, _Sub
-from worker.core.retry import RetryPolicy
-from worker.pubsub import QUEUED_LEASE_S
 
 
 class _PubsubRows(_Rows):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from models import CONFIRMATION_OPERATION, FINAL_STATES
+from orderly.models import CONFIRMATION_OPERATION, FINAL_STATES
+from orderly.worker.pool import POSTPONED_CODE, REPAIR_CODE
+from orderly.worker.processing import ERROR_NO_HANDLER
+from orderly.worker.pubsub import QUEUED_LEASE_S
+from orderly.worker.timeouts import TIMEOUT_CODE
 from tooling.generate.base import Batch, _batch, _chunked, _Outcome
 from tooling.generate.catalogue import (
     _CHILDREN,
@@ -35,10 +39,6 @@ from tooling.generate.columns import (
 from tooling.generate.conversations import _ConversationRows
 from tooling.generate.pubsub import _PubsubRows
 from tooling.generate.waits import _WaitRows
-from worker.pool import POSTPONED_CODE, REPAIR_CODE
-from worker.processing import ERROR_NO_HANDLER
-from worker.pubsub import QUEUED_LEASE_S
-from worker.timeouts import TIMEOUT_CODE
 
 
 class _Generator(_ConversationRows, _PubsubRows, _WaitRows):

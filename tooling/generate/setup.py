@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orderly.worker.pubsub import topic_matches
 from tooling.generate.catalogue import _NODES, _ROOMS, _SUBSCRIPTIONS, _RoomSpec
-from worker.pubsub import topic_matches
 
 
 @dataclass(frozen=True)

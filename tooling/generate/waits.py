@@ -3,11 +3,11 @@ out), or for an operator who cancelled them."""
 
 from __future__ import annotations
 
+from orderly.worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
+from orderly.worker.processing import ERROR_HANDLER
 from tooling.generate.base import _Outcome, _Rows
 from tooling.generate.catalogue import _CANCEL_NOTES, _OPERATORS, _iso
 from tooling.generate.columns import DAY, MINUTE, RESPONSE_TIMEOUT, SECOND
-from worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
-from worker.processing import ERROR_HANDLER
 
 
 class _WaitRows(_Rows):

@@ -18,11 +18,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from models.keys import BridgeKeys
-from worker.channels import ChannelDirectory
-from worker.conversations import agent, gate, intake, operations
-from worker.conversations.context import Context
-from worker.conversations.model import (
+from orderly.models.keys import BridgeKeys
+from orderly.worker.channels import ChannelDirectory
+from orderly.worker.conversations import agent, gate, intake, operations
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
     ERROR_EXPIRED,
     ERROR_RETRIES_SPENT,
@@ -43,10 +43,10 @@ from worker.conversations.model import (
     Sender,
     SendResult,
 )
-from worker.core.clients import OrderingRedis
-from worker.core.clock import SYSTEM, Clock
-from worker.core.due import ShardedDueSets
-from worker.settings import Settings
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.due import ShardedDueSets
+from orderly.worker.settings import Settings
 
 __all__ = [
     "ERROR_CANCELLED",

@@ -14,14 +14,14 @@ import json
 import logging
 from typing import Any
 
-from models.keys import ShardKeys
-from worker.conversations import removal
-from worker.conversations.context import Context
-from worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
-from worker.core.due import RedisDueSet, ShardedDueSets
-from worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
-from worker.core.scripts import as_text
-from worker.store.queries import sql
+from orderly.models.keys import ShardKeys
+from orderly.worker.conversations import removal
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
+from orderly.worker.core.due import RedisDueSet, ShardedDueSets
+from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
+from orderly.worker.core.scripts import as_text
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

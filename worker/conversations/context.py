@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
-from models.keys import BridgeKeys
-from worker.channels import ChannelDirectory
-from worker.core.clients import OrderingRedis
-from worker.core.clock import Clock, now_ms
-from worker.core.scripts import Scripts
-from worker.settings import Settings
-from worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.models.keys import BridgeKeys
+from orderly.worker.channels import ChannelDirectory
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.clock import Clock, now_ms
+from orderly.worker.core.scripts import Scripts
+from orderly.worker.settings import Settings
+from orderly.worker.store.prepared import PreparedConnection, prepared_connection
 
 
 @dataclass

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from models.keys import ShardKeys
-from worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
-from worker.conversations.context import Context
-from worker.conversations.model import (
+from orderly.models.keys import ShardKeys
+from orderly.worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
     ERROR_RETRIES_SPENT,
     ERROR_WORKER_LOST,
@@ -30,10 +30,10 @@ from worker.conversations.model import (
     SendResult,
     json_list,
 )
-from worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
-from worker.core.lease import new_token
-from worker.core.scripts import as_text
-from worker.store.prepared import PreparedConnection
+from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
+from orderly.worker.core.lease import new_token
+from orderly.worker.core.scripts import as_text
+from orderly.worker.store.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from models import MessageState
-from models.keys import min_message_info
-from worker import nodes
-from worker.conversations.context import Context
-from worker.conversations.model import (
+from orderly.models import MessageState
+from orderly.models.keys import min_message_info
+from orderly.worker import nodes
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
     REQUEST_SOURCE,
     RESPONSE_SOURCE,
@@ -22,10 +22,10 @@ from worker.conversations.model import (
     check_conversation_id,
     payload_text,
 )
-from worker.core.errors import InvalidMessage, UnknownRequest
-from worker.core.inputs import parse_input
-from worker.core.lease import new_token
-from worker.core.scripts import as_text
+from orderly.worker.core.errors import InvalidMessage, UnknownRequest
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.lease import new_token
+from orderly.worker.core.scripts import as_text
 
 log = logging.getLogger(__name__)
 

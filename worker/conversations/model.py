@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StringConstraints, field_validator
 
-from models import MessageState
-from worker.channels import Channel
-from worker.core.errors import InvalidMessage
-from worker.core.inputs import parse_timestamp
+from orderly.models import MessageState
+from orderly.worker.channels import Channel
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.inputs import parse_timestamp
 
 SERVICE = "conversation"
 REQUEST_SOURCE = "bridge.request"

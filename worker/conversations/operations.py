@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, StringConstraints, field_validator
 
-from worker.conversations.agent import wake
-from worker.conversations.context import Context
-from worker.conversations.gate import find_ack
-from worker.conversations.model import (
+from orderly.worker.conversations.agent import wake
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.gate import find_ack
+from orderly.worker.conversations.model import (
     ID_PATTERN,
     ID_RULE,
     MAX_ASYNC_ID,
@@ -34,9 +34,9 @@ from worker.conversations.model import (
     check_conversation_id,
     json_list,
 )
-from worker.core.errors import InvalidMessage, NotFound, OperationRefused
-from worker.core.inputs import parse_input, parse_timestamp
-from worker.core.scripts import as_text
+from orderly.worker.core.errors import InvalidMessage, NotFound, OperationRefused
+from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.scripts import as_text
 
 # The statuses a response has in Redis (deleteConversationRegister's status filter).
 STATUSES = ("PENDING", "AWAITED", "SENT")

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from models import MessageState
-from models.keys import min_message_info
-from worker.conversations.context import Context
+from orderly.models import MessageState
+from orderly.models.keys import min_message_info
+from orderly.worker.conversations.context import Context
 
 _RETRY = re.compile(r"^retry=(\d+);at=(\d+);round=(\d+)$")
 # An AWAITED date an operator set (worker.conversations.operations), for its round.

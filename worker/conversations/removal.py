@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from worker.conversations.context import Context
+from orderly.worker.conversations.context import Context
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -3,7 +3,7 @@ Cluster (``ORDERLY_REDIS_CLUSTER``).
 
 Both clients offer what the mechanisms use (single-key commands, registered scripts, pipelines
 of single-key commands, ``scan_iter``); a script's keys are one slot by the key layout
-(``models.keys``), so a script runs on the one node that holds them. What differs is here:
+(``orderly.models.keys``), so a script runs on the one node that holds them. What differs is here:
 which server holds a key (:func:`run_ids`).
 """
 

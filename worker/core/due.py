@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from worker.core.clock import SYSTEM, Clock, now_ms
-from worker.core.lease import new_token
-from worker.core.scripts import Scripts, as_text
-from worker.store.queries import sql
+from orderly.worker.core.clock import SYSTEM, Clock, now_ms
+from orderly.worker.core.lease import new_token
+from orderly.worker.core.scripts import Scripts, as_text
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

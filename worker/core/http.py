@@ -29,7 +29,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from worker.core.addresses import STRICT, AddressPolicy
+from orderly.worker.core.addresses import STRICT, AddressPolicy
 
 # httpx logs every request at INFO; orderly's callers log what matters (failures, retries).
 logging.getLogger("httpx").setLevel(logging.WARNING)

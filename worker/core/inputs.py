@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from worker.core.scripts import Scripts
+from orderly.worker.core.scripts import Scripts
 
 # A claim records the backend pid of the connection its worker holds (a message, a delivery
 # batch, a confirmation try, a drain): once PostgreSQL no longer shows that backend, the

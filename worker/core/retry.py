@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage
 
 # The longest wait any policy may ask for (a year and a day), and the most retries.
 MAX_DELAY_MS = 366 * 86_400_000

@@ -2,7 +2,7 @@
 
 Each script is one atomic check-and-act; the shared library (``_lib.lua``) is prepended to
 every one. A script refuses with an error reply whose first word is a code; :meth:`run`
-turns it into the exception ``worker.core.errors`` maps it to.
+turns it into the exception ``orderly.worker.core.errors`` maps it to.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from worker.core.clients import OrderingRedis
-from worker.core.errors import from_script_error
+from orderly.worker.core.clients import OrderingRedis
+from orderly.worker.core.errors import from_script_error
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 SCRIPT_NAMES = (

@@ -14,7 +14,7 @@ and dead letters; ``routing`` matches routing keys; ``logs`` reads the queue log
 exceptions and the published_messages rows.
 """
 
-from worker.pubsub.admin import (
+from orderly.worker.pubsub.admin import (
     EventTypeIn,
     RoomIn,
     SubscriptionIn,
@@ -31,7 +31,7 @@ from worker.pubsub.admin import (
     update_room,
     update_subscription,
 )
-from worker.pubsub.delivery import (
+from orderly.worker.pubsub.delivery import (
     Attempt,
     Claimed,
     Consumers,
@@ -42,8 +42,8 @@ from worker.pubsub.delivery import (
     due_deliveries,
     upkeep,
 )
-from worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
-from worker.pubsub.publish import (
+from orderly.worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
+from orderly.worker.pubsub.publish import (
     BATCH,
     QUEUED_LEASE_S,
     Published,
@@ -53,8 +53,8 @@ from worker.pubsub.publish import (
     publish_many,
     publish_message,
 )
-from worker.pubsub.pull import ack_pulled, dead_letter_counts, dead_letters, pull, redrive
-from worker.pubsub.routing import order_value, topic_matches
+from orderly.worker.pubsub.pull import ack_pulled, dead_letter_counts, dead_letters, pull, redrive
+from orderly.worker.pubsub.routing import order_value, topic_matches
 
 __all__ = [
     "BATCH",

@@ -17,14 +17,14 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
-from models import DeliveryState, Status, SubscriptionKind
-from worker.core.addresses import AddressPolicy
-from worker.core.errors import InvalidMessage, NotFound
-from worker.core.inputs import parse_input
-from worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
-from worker.pubsub import schemas
-from worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
-from worker.store.queries import sql
+from orderly.models import DeliveryState, Status, SubscriptionKind
+from orderly.worker.core.addresses import AddressPolicy
+from orderly.worker.core.errors import InvalidMessage, NotFound
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
+from orderly.worker.pubsub import schemas
+from orderly.worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
+from orderly.worker.store.queries import sql
 
 # A room's deliveryDelay is at most a day (a retry's wait can grow to MAX_DELAY_MS).
 MAX_DELIVERY_DELAY_MS = 86_400_000
@@ -223,13 +223,13 @@ def _destination_problems(
 
 
 def _configured_policy() -> AddressPolicy:
-    from worker.settings import get_settings
+    from orderly.worker.settings import get_settings
 
     return get_settings().outbound_policy
 
 
 def _configured_secret() -> str:
-    from worker.settings import get_settings
+    from orderly.worker.settings import get_settings
 
     return get_settings().token_secret
 

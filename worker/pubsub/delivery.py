@@ -19,16 +19,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from models import DeliveryState, SubscriptionKind
-from worker import tokens
-from worker.core.clock import SYSTEM, Clock, now_ms, utcnow
-from worker.core.due import PgDueIndex
-from worker.core.errors import Unauthorized
-from worker.core.lease import ORPHAN_GRACE_S, new_token
-from worker.core.retry import RetryPolicy
-from worker.pubsub.measure import Measure, tracing
-from worker.pubsub.publish import BATCH, QUEUED_LEASE_S
-from worker.store.queries import sql
+from orderly.models import DeliveryState, SubscriptionKind
+from orderly.worker import tokens
+from orderly.worker.core.clock import SYSTEM, Clock, now_ms, utcnow
+from orderly.worker.core.due import PgDueIndex
+from orderly.worker.core.errors import Unauthorized
+from orderly.worker.core.lease import ORPHAN_GRACE_S, new_token
+from orderly.worker.core.retry import RetryPolicy
+from orderly.worker.pubsub.measure import Measure, tracing
+from orderly.worker.pubsub.publish import BATCH, QUEUED_LEASE_S
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

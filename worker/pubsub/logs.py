@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
-from models import Outcome, QueueState
-from worker.core.errors import NotFound
-from worker.core.inputs import parse_input
-from worker.store.queries import sql
+from orderly.models import Outcome, QueueState
+from orderly.worker.core.errors import NotFound
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.store.queries import sql
 
 # At most this many rows per page.
 MAX_LOG_ROWS = 1000

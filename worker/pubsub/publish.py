@@ -18,17 +18,17 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
-from worker import nodes, tokens
-from worker.core.clock import SYSTEM, Clock, utcnow
-from worker.core.due import DEFAULT_LEASE_MS
-from worker.core.errors import Forbidden, InvalidMessage, NotFound
-from worker.core.inputs import parse_input
-from worker.core.lease import new_token
-from worker.core.retry import MAX_DELAY_MS
-from worker.core.scopes import IMPERSONATE
-from worker.pubsub import schemas
-from worker.pubsub.routing import ROUTING_KEY, Name, Route, order_value, routes
-from worker.store.queries import sql
+from orderly.worker import nodes, tokens
+from orderly.worker.core.clock import SYSTEM, Clock, utcnow
+from orderly.worker.core.due import DEFAULT_LEASE_MS
+from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.lease import new_token
+from orderly.worker.core.retry import MAX_DELAY_MS
+from orderly.worker.core.scopes import IMPERSONATE
+from orderly.worker.pubsub import schemas
+from orderly.worker.pubsub.routing import ROUTING_KEY, Name, Route, order_value, routes
+from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
-from models import Status, SubscriptionKind
-from worker.core.errors import InvalidMessage, NotFound
-from worker.core.lease import new_token
-from worker.store.queries import sql
+from orderly.models import Status, SubscriptionKind
+from orderly.worker.core.errors import InvalidMessage, NotFound
+from orderly.worker.core.lease import new_token
+from orderly.worker.store.queries import sql
 
 # At most this many messages per pull.
 MAX_PULL = 1000

@@ -18,7 +18,7 @@ import jsonschema
 import re2
 from jsonschema.exceptions import ValidationError
 
-from worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a refused pattern is reported to its author, not logged

@@ -11,15 +11,15 @@ from functools import lru_cache
 
 from pydantic import model_validator
 
-from worker.settings._base import CONFIG
-from worker.settings.conversations import ConversationSettings
-from worker.settings.dashboard import DashboardSettings
-from worker.settings.http import HttpSettings
-from worker.settings.pubsub import PubSubSettings
-from worker.settings.reports import ReportSettings
-from worker.settings.services import ServiceSettings
-from worker.settings.tracking import TrackingSettings
-from worker.settings.workers import WorkerSettings
+from orderly.worker.settings._base import CONFIG
+from orderly.worker.settings.conversations import ConversationSettings
+from orderly.worker.settings.dashboard import DashboardSettings
+from orderly.worker.settings.http import HttpSettings
+from orderly.worker.settings.pubsub import PubSubSettings
+from orderly.worker.settings.reports import ReportSettings
+from orderly.worker.settings.services import ServiceSettings
+from orderly.worker.settings.tracking import TrackingSettings
+from orderly.worker.settings.workers import WorkerSettings
 
 SECTIONS = (
     ServiceSettings,

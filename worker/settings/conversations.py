@@ -10,8 +10,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from models.keys import DEFAULT_SHARDS, BridgeKeys
-from worker.settings._base import Section, queue_var
+from orderly.models.keys import DEFAULT_SHARDS, BridgeKeys
+from orderly.worker.settings._base import Section, queue_var
 
 
 class ConversationSettings(Section):

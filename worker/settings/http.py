@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from worker.core.addresses import AddressPolicy
-from worker.settings._base import Section
+from orderly.worker.core.addresses import AddressPolicy
+from orderly.worker.settings._base import Section
 
 
 class HttpSettings(Section):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator
 
-from worker.settings._base import Section
+from orderly.worker.settings._base import Section
 
 
 class ReportSettings(Section):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from worker.settings._base import Section
+from orderly.worker.settings._base import Section
 
 
 class ServiceSettings(Section):

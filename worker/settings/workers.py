@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from worker.settings._base import Section
+from orderly.worker.settings._base import Section
 
 
 class WorkerSettings(Section):

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.settings import get_settings
+from orderly.worker.settings import get_settings
 
 # SQLSTATEs of a lost server: connection exceptions (class 08) and the server shutting down,
 # crashed or starting (57P01-57P03). A connection-level failure has no SQLSTATE at all.

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from worker.store.queries import Query, query
+from orderly.worker.store.queries import Query, query
 
 
 class PreparedConnection:

@@ -11,13 +11,13 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, make_url, text
 
-from worker.store.queries import FUNCTIONS_FILE
+from orderly.worker.store.queries import FUNCTIONS_FILE
 
 
 def migrations_dir() -> Path:
     """Where the migrations are: ``migrations/`` of the repository, installed as the package
     ``orderly_migrations`` (pyproject.toml), so that an installed orderly finds them too."""
-    import orderly_migrations
+    from orderly import migrations as orderly_migrations
 
     return Path(orderly_migrations.__file__).resolve().parent
 

@@ -12,9 +12,9 @@ as a typed :class:`OrderlyError`; a 503 is tried again after its ``Retry-After``
         orderly.message(sent.msg_id)["state"]
 """
 
-from orderly_client.calls import Acked, MessageFilter, Published, Submitted
-from orderly_client.client import AsyncClient, Client
-from orderly_client.errors import (
+from orderly.client.calls import Acked, MessageFilter, Published, Submitted
+from orderly.client.client import AsyncClient, Client
+from orderly.client.errors import (
     BadRequest,
     Conflict,
     Forbidden,

@@ -12,9 +12,9 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from orderly_client import calls
-from orderly_client.calls import Acked, Call, Published, Submitted
-from orderly_client.errors import OrderlyError, error_for
+from orderly.client import calls
+from orderly.client.calls import Acked, Call, Published, Submitted
+from orderly.client.errors import OrderlyError, error_for
 
 T = TypeVar("T")
 
