@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tooling.processes import checkout_env
+
 # Settings are read from the environment at import time of the app modules: set them first.
 _RUN = uuid.uuid4().hex[:8]
 PG_ADMIN_URL = os.environ.get(
@@ -42,6 +44,8 @@ os.environ.update(
     }
 )
 os.environ.pop("ORDERLY_BROKER_URL", None)
+# The processes the tests start import handler modules of the checkout (tooling, tests).
+os.environ.update(checkout_env(os.environ))
 
 import redis  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402

@@ -22,6 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
+def checkout_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with the checkout on PYTHONPATH: the installed orderly imports the demo's and the
+    tests' handler modules (``tooling.handlers``, ``tests.*``), which are not in the wheel."""
+    paths = [str(ROOT), *(p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**base, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
 @dataclass
 class Managed:
     name: str
@@ -43,7 +50,7 @@ class ProcessGroup:
     @classmethod
     def create(cls, log_dir: Path, env: Mapping[str, str] | None = None) -> ProcessGroup:
         log_dir.mkdir(parents=True, exist_ok=True)
-        merged = dict(os.environ)
+        merged = checkout_env(os.environ)
         merged.update(env or {})
         return cls(env=merged, log_dir=log_dir)
 
