@@ -361,6 +361,22 @@ def test_python_publish_and_the_cli(cli: OrderlyCli, db: Engine, redis_client: r
     assert changed.returncode == 0 and json.loads(changed.stdout)["delivery_attempts"] == 2
     refused = cli("subscription", "set", "1", "--pattern", "a..b")
     assert refused.returncode == 2 and "routing_key_pattern" in refused.stderr
+    # A handler subscription takes only signed events: a process without the secret may not
+    # publish to it (its events would all go dead), and says which setting it lacks.
+    secret = {"ORDERLY_TOKEN_SECRET": "cli-test-secret-of-enough-length"}
+    handler = ["--handler", "test.record", "--pattern", "audit.#"]
+    done = cli("subscription", "create", "cli-room", "audit", *handler, env=secret)
+    assert done.returncode == 0, done.stderr
+    with db.connect() as conn:
+        events = conn.execute(text("SELECT count(*) FROM event")).scalar_one()
+    refused = cli("publish", "cli-room", "{}", "--routing-key", "audit.login")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "ORDERLY_TOKEN_SECRET is not set" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM event")).scalar_one() == events
+    done = cli("publish", "cli-room", "{}", "--routing-key", "audit.login", env=secret)
+    assert done.returncode == 0, done.stderr
 
 
 def test_subscriptions_change_and_event_types_list(client: TestClient) -> None:

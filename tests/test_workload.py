@@ -77,6 +77,17 @@ def test_a_late_requests_responses_may_come_after_a_later_requests() -> None:
     assert check(workload(), got).violations == on_time.violations
 
 
+def test_responses_orderly_marked_late_excuse_their_request_only() -> None:
+    got = arrivals("s1a", "s0a", "s0b")
+    # orderly saw r0 expire and marked its responses late: reported apart, not a violation.
+    marked = check(workload(), got, submission=ON_TIME, message_ttl_ms=TTL_MS, marked_late=["s0a"])
+    assert marked.ok, marked.violations
+    assert marked.marked_late == ["s0a"] and marked.late == ["r0"]
+    # Marking r1's response late excuses nothing for r0: its responses still came too late.
+    other = check(workload(), got, submission=ON_TIME, message_ttl_ms=TTL_MS, marked_late=["s1a"])
+    assert not other.ok and other.violations == ["c: s1a before s0a", "c: s1a before s0b"]
+
+
 def test_a_late_request_keeps_its_own_order_and_its_deliveries() -> None:
     swapped = check(
         workload(), arrivals("s1a", "s0b", "s0a"), submission=R0_LATE, message_ttl_ms=TTL_MS

@@ -282,7 +282,7 @@ def _conversation_workload(
 
     with _progress(console) as progress:
         sent = progress.add_task("requests and responses submitted", total=len(workload.events))
-        submit(workload, client, origin, lambda _: progress.advance(sent))
+        submission = submit(workload, client, origin, lambda _: progress.advance(sent))
         done = progress.add_task("responses delivered or cancelled", total=workload.responses)
         deadline = time.monotonic() + timeout
         while True:
@@ -296,7 +296,7 @@ def _conversation_workload(
     with runtime.engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT correlation_id, state, failed_error_code FROM message "
+                "SELECT correlation_id, state, failed_error_code, late_ms FROM message "
                 "WHERE service_name = 'conversation' AND process_id LIKE :p"
             ),
             {"p": f"{run_id}-%"},
@@ -304,7 +304,14 @@ def _conversation_workload(
     states = {r.correlation_id: r.state for r in rows}
     awaited = sum(1 for r in rows if r.failed_error_code == "E_RETRIES_SPENT")
     arrivals = sink.arrivals()
-    verdict = check(workload, arrivals, states)
+    verdict = check(
+        workload,
+        arrivals,
+        states,
+        submission=submission,
+        message_ttl_ms=float(DEMO_ENV["AURA_QUEUE_MANAGER_MESSAGE_TTL"]),
+        marked_late=[r.correlation_id for r in rows if r.late_ms is not None],
+    )
 
     table = Table(title=f"conversations of run {run_id}")
     table.add_column("")
@@ -320,6 +327,11 @@ def _conversation_workload(
             "answered 202, never ACKed",
             sum(1 for a in arrivals if a["status"] == 202 and a["ack_status"] is None),
         ),
+        (
+            "late: responses orderly marked late (request past MESSAGE_TTL)",
+            len(verdict.marked_late),
+        ),
+        ("late: requests answered past MESSAGE_TTL, held to their own order", len(verdict.late)),
         ("responses missing", len(verdict.missing)),
         ("delivered after their group was cancelled", len(verdict.after_cancel)),
         ("PostgreSQL disagreeing with the client", len(verdict.mismatches)),
@@ -327,8 +339,18 @@ def _conversation_workload(
     ):
         table.add_row(label, str(value))
     console.print(table)
-    console.print(f"conversations done in {elapsed:.1f}s")
-    if not verdict.ok:
+    console.print(
+        f"conversations done in {elapsed:.1f}s; submitted in {submission.duration_s:.1f}s "
+        f"({len(workload.events) / max(submission.duration_s, 1e-9):.0f} events/s)"
+    )
+    if verdict.ok:
+        console.print(
+            f"[green]verified: {verdict.delivered} responses delivered in conversation order "
+            f"({len(verdict.marked_late)} of them late, in order within their request), "
+            f"{verdict.retried} retried, {verdict.cancelled_responses} cancelled with their "
+            f"group, 0 missing, 0 order violations, PostgreSQL agreeing with the client[/]"
+        )
+    else:
         console.print(
             f"[red]conversation check failed: {verdict.violations[:5]} "
             f"{verdict.missing[:5]} {verdict.mismatches[:5]}[/]"

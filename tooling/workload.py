@@ -171,9 +171,12 @@ class Verdict:
     missing: list[str] = field(default_factory=list)  # should have been delivered, were not
     after_cancel: list[str] = field(default_factory=list)  # delivered after their group failed
     mismatches: list[str] = field(default_factory=list)  # PostgreSQL disagrees with the sink
-    # Requests answered after their MESSAGE_TTL (see Submission.late_requests): their responses
-    # may come after later requests' ones, in order among themselves, and are still due.
+    # Requests answered after their MESSAGE_TTL (see Submission.late_requests), or with a
+    # response orderly itself marked late: their responses may come after later requests'
+    # ones, in order among themselves, and are still due.
     late: list[str] = field(default_factory=list)
+    # The responses orderly marked late (``message.late_ms``, the X-Orderly-Late header).
+    marked_late: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -195,11 +198,14 @@ def check(
     *,
     submission: Submission | None = None,
     message_ttl_ms: float | None = None,
+    marked_late: Iterable[str] = (),
 ) -> Verdict:
     """Compare what the sink received (and what PostgreSQL says) with what was due.
 
     Given the ``submission`` and the MESSAGE_TTL orderly ran with, requests answered too late
-    are reported in ``late``; without them every request is held to its conversation order.
+    are reported in ``late``; so are the requests of the responses orderly ``marked_late``
+    itself (it saw their request expire). Without either every request is held to its
+    conversation order.
     """
     verdict = Verdict()
     late: set[str] = set()
@@ -207,6 +213,11 @@ def check(
         if message_ttl_ms is None:
             raise ValueError("message_ttl_ms is needed to tell late requests")
         late = submission.late_requests(message_ttl_ms)
+    request_of_response = {
+        sid: rid for turns in workload.turns.values() for rid, r in turns for sid in r
+    }
+    verdict.marked_late = sorted(set(marked_late))
+    late |= {request_of_response[sid] for sid in verdict.marked_late if sid in request_of_response}
     verdict.late = sorted(late)
     first_success: dict[str, int] = {}
     failed_at: dict[str, str] = {}  # request -> its response that got a fatal answer

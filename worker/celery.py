@@ -39,11 +39,11 @@ app.conf.update(
     # A task is acknowledged after it ran; a worker lost mid-task gives the message back.
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    # The seed's in-memory queue is the worker: AURA_QUEUE_MANAGER_CONCURRENT tasks run at
-    # once (its pool; a worker's --concurrency wins), and it holds at most CONCURRENT *
-    # CONCURRENT_FACTOR from the broker, running and reserved (acknowledged late, a task counts
-    # against the prefetch until it ran).
-    worker_concurrency=_settings.concurrent,
+    # The seed's in-memory queue is the worker: at most AURA_QUEUE_MANAGER_CONCURRENT tasks
+    # run at once, in a pool of no more processes than cores (a worker's --concurrency wins),
+    # and it holds at most pool * CONCURRENT_FACTOR from the broker, running and reserved
+    # (acknowledged late, a task counts against the prefetch until it ran).
+    worker_concurrency=_settings.pool_processes,
     worker_prefetch_multiplier=_settings.concurrent_factor,
     task_queues=[
         Queue(PROCESS_QUEUE, Exchange(PROCESS_QUEUE), routing_key=PROCESS_QUEUE),

@@ -3,6 +3,7 @@ options are read, and :func:`run`, which turns orderly's errors into exit code 2
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -31,6 +32,20 @@ def fail(exc: Exception) -> typer.Exit:
     """Print the error; the caller raises what this returns (exit code 2)."""
     err.print(f"[bold red]error:[/] {exc}")
     return typer.Exit(code=2)
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Exit 2 with one line naming the extra to install when one of ``modules`` is missing
+    (the optional parts: Spark and matplotlib for reports, Flower for the dashboard)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        err.print(
+            f"[bold red]error:[/] {', '.join(missing)} not installed: "
+            f"pip install 'orderly[{extra}]'",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=2)
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from orderly.api.cli.common import require_extra
+
 
 def report(
     since: Annotated[str | None, typer.Option(help="Window start (ISO; UTC if no offset).")] = None,
@@ -29,6 +31,7 @@ def report(
     ] = None,
 ) -> None:
     """Spark report over the message store: Parquet, CSV and one HTML file per run."""
+    require_extra("reports", "pyspark", "matplotlib")
     # Imported here: Spark is loaded only by the command that uses it.
     from orderly.reports.job import main as report_main
 

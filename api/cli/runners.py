@@ -22,7 +22,7 @@ from typing import IO, Annotated
 
 import typer
 
-from orderly.api.cli.common import fail
+from orderly.api.cli.common import require_extra
 from orderly.worker.settings import get_settings
 from orderly.worker.supervisor import Spawned, Supervisor, follow_parent, restart_policy
 
@@ -72,7 +72,7 @@ def worker(
             min=1,
             max=1000,
             help="Tasks each worker runs at once, its pool processes. "
-            "Default: AURA_QUEUE_MANAGER_CONCURRENT.",
+            "Default: AURA_QUEUE_MANAGER_CONCURRENT, at most the machine's cores.",
         ),
     ] = None,
     queues: Annotated[
@@ -153,12 +153,7 @@ def beat() -> None:
 def flower() -> None:
     """Flower, Celery's dashboard, behind ORDERLY_FLOWER_USER/PASSWORD on
     ORDERLY_FLOWER_ADDRESS:ORDERLY_FLOWER_PORT (needs orderly[dashboard])."""
-    try:
-        import flower as _flower  # noqa: F401
-    except ImportError:
-        raise fail(
-            RuntimeError("Flower is not installed: pip install 'orderly[dashboard]'")
-        ) from None
+    require_extra("dashboard", "flower")
     _celery("flower")
 
 

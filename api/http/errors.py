@@ -30,6 +30,7 @@ from orderly.worker.core.errors import (
     OperationRefused,
     ResponseNotAwaited,
     ServiceUnavailable,
+    SettingMissing,
     Unauthenticated,
     UnknownAck,
     UnknownChannel,
@@ -109,6 +110,8 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     ResponseNotAwaited: (404, "correlation_id"),
     OperationRefused: (409, "msg_id"),
     NodeNotAccepting: (503, "node"),
+    # The API runs without a setting the request needs: the operator's to fix, not the caller's.
+    SettingMissing: (500, "setting"),
     # A service orderly needs is unreachable: the same request may succeed in a moment.
     ServiceUnavailable: (503, _service),
     sqlalchemy.exc.OperationalError: (503, _postgresql),

@@ -87,6 +87,14 @@ class ConfigurationError(OrderlyError):
         super().__init__("invalid configuration: " + "; ".join(problems))
 
 
+class SettingMissing(OrderlyError):
+    """A setting the operation needs is not set in this process (``setting`` names it)."""
+
+    def __init__(self, setting: str, why: str) -> None:
+        self.setting = setting
+        super().__init__(f"{setting} is not set in this process: {why}")
+
+
 class HandlerError(OrderlyError):
     """Raised by a handler to fail a message with an error code of its choosing."""
 

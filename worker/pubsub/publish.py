@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine
 from orderly.worker import nodes, tokens
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.due import DEFAULT_LEASE_MS
-from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound
+from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound, SettingMissing
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.retry import MAX_DELAY_MS
@@ -109,6 +109,17 @@ def _store(
         [s for s in subscriptions if s.selects(event_type_id, version, e["routing_key"])]
         for e in events
     ]
+    unsigned = (
+        e["token"] is None and any(s.handler for s in m)
+        for e, m in zip(events, matched, strict=True)
+    )
+    if any(unsigned):
+        # Its consumers would refuse every unsigned event: dead letters, not deliveries.
+        raise SettingMissing(
+            "ORDERLY_TOKEN_SECRET",
+            "the event matches handler subscriptions, whose consumers take only events "
+            "signed with it; set it (the workers' value) and publish again",
+        )
     inserted = conn.execute(
         sql("events_insert"),
         {

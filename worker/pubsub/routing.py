@@ -72,6 +72,10 @@ class Route:
     def pull(self) -> bool:
         return self.kind == "PULL"
 
+    @property
+    def handler(self) -> bool:
+        return self.kind == "HANDLER"
+
     def selects(self, event_type_id: int | None, version: int | None, routing_key: str) -> bool:
         if self.event_type_id is not None:
             if self.event_type_id != event_type_id or version is None:

@@ -5,6 +5,7 @@ otherwise), with the seed's names, units and defaults."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
@@ -87,14 +88,17 @@ class ConversationSettings(Section):
         ge=1,
         le=1000,
         validation_alias=queue_var("CONCURRENT"),
-        description="Tasks a worker runs at once: its pool processes (`--concurrency` wins).",
+        description="The most tasks a worker runs at once. Its pool forks one process per "
+        "task, and no more processes than the machine has cores: min(CONCURRENT, cores) "
+        "(`orderly worker --concurrency N` sets the pool outright, e.g. for handlers that "
+        "mostly wait on other systems).",
     )
     concurrent_factor: int = Field(
         2,
         ge=1,
         le=100,
         validation_alias=queue_var("CONCURRENT_FACTOR"),
-        description="A worker holds at most CONCURRENT * FACTOR tasks from the broker "
+        description="A worker holds at most FACTOR tasks per pool process from the broker "
         "(running and reserved): Celery's prefetch multiplier.",
     )
     interval: int = Field(200, ge=1, validation_alias=queue_var("INTERVAL"))
@@ -126,6 +130,13 @@ class ConversationSettings(Section):
     def bridge_keys(self) -> BridgeKeys:
         """The conversation keys of this prefix and shard count."""
         return BridgeKeys(self.bridge_prefix, self.redis_shards)
+
+    @property
+    def pool_processes(self) -> int:
+        """A worker's pool: CONCURRENT processes, but no more than the machine's cores (the
+        seed's memory queue ran its CONCURRENT messages in one process; more processes than
+        cores only add memory to CPU-bound handlers)."""
+        return max(1, min(self.concurrent, os.cpu_count() or 1))
 
     @model_validator(mode="after")
     def _idle_not_shorter(self) -> ConversationSettings:

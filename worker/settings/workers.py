@@ -15,7 +15,7 @@ class WorkerSettings(Section):
         le=64,
         validation_alias="ORDERLY_WORKER_PROCESSES",
         description="Celery worker processes `orderly worker` runs and restarts (each with "
-        "its pool of AURA_QUEUE_MANAGER_CONCURRENT processes).",
+        "its pool of min(AURA_QUEUE_MANAGER_CONCURRENT, cores) processes).",
     )
     worker_restart_delay_ms: int = Field(
         500,
