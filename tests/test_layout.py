@@ -38,6 +38,20 @@ def test_no_product_module_imports_the_tooling_package() -> None:
     assert offenders == []
 
 
+def test_every_import_of_orderly_goes_through_the_orderly_package() -> None:
+    """The root folders are importable in a checkout under their bare names too (the working
+    directory is on the path), but an installed orderly has only ``orderly``: an import of
+    ``worker`` or ``api`` would work here and fail for every user."""
+    bare = {*PRODUCT, "migrations", "orderly_client", "orderly_migrations"}
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules(*PRODUCT, "migrations", "orderly", "tooling", "tests", "benchmarks")
+        for name in _imports(path)
+        if name.split(".")[0] in bare
+    ]
+    assert offenders == []
+
+
 def test_mechanism_modules_import_no_celery_fastapi_or_spark() -> None:
     offenders = [
         f"{path.relative_to(ROOT)} imports {name}"
