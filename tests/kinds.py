@@ -31,7 +31,9 @@ E2E_MODULES = frozenset(
         "tests.test_cli",
         "tests.test_compose",
         "tests.test_flower_browser",
+        "tests.test_image",
         "tests.test_install",
+        "tests.test_docs",
         "tests.test_readme",
         "tests.test_report",
     }

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -26,7 +25,12 @@ from tests.conftest import PG_ADMIN_URL, TEST_DB_URL, TEST_REDIS_URL
 from tests.helpers import message, processes_with, wait_until
 from tooling.processes import BIN, free_port
 
-REPO = Path(__file__).resolve().parent.parent
+if TYPE_CHECKING:
+    from tests.wheel import Installed
+
+# The fixture ``installed`` (imported by pytest first, so that its asserts are rewritten).
+pytest_plugins = ["tests.wheel"]
+
 
 HANDLERS = """
 from orderly.worker.handlers import MessageContext, registry
@@ -38,47 +42,8 @@ def ship(ctx: MessageContext) -> None:
 """
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv with the wheel built from this checkout, core dependencies only."""
-    root = tmp_path_factory.mktemp("install")
-    # Built from a copy: a build in place leaves build/ and *.egg-info in the checkout.
-    source = root / "source"
-    shutil.copytree(
-        REPO,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "*.egg-info", "__pycache__", "artifacts", "reports-out"
-        ),
-    )
-    wheels = root / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=600,
-        cwd=root,
-    )
-    (wheel,) = wheels.glob("orderly-*.whl")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
-        check=True,
-        timeout=900,
-        cwd=root,
-    )
-    return venv
-
-
-def _env(venv: Path, **extra: str) -> dict[str, str]:
-    # Nothing of the checkout on the path: the installed package alone.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
-    return {**env, **extra}
-
-
-def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: Path) -> None:
-    bin_ = installed / "bin"
+def test_the_core_wheel_runs_outside_the_repository(installed: Installed, tmp_path: Path) -> None:
+    bin_ = installed.bin
     listed = subprocess.run(
         [str(bin_ / "pip"), "list", "--format", "freeze"], capture_output=True, text=True
     ).stdout.lower()
@@ -90,8 +55,7 @@ def test_the_core_wheel_runs_outside_the_repository(installed: Path, tmp_path: P
     (work / "my_handlers.py").write_text(textwrap.dedent(HANDLERS))
     database = f"orderly_install_{uuid.uuid4().hex[:8]}"
     url = make_url(TEST_DB_URL).set(database=database).render_as_string(hide_password=False)
-    env = _env(
-        installed,
+    env = installed.env(
         ORDERLY_DATABASE_URL=url,
         ORDERLY_REDIS_URL=TEST_REDIS_URL,
         ORDERLY_HANDLER_MODULES="my_handlers",

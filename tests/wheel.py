@@ -1,0 +1,82 @@
+"""orderly as a user installs it: the wheel built from a copy of this checkout, installed with
+its core dependencies into a fresh virtualenv outside the repository. A pytest plugin
+(``pytest_plugins = ["tests.wheel"]``): the fixture ``installed`` builds it once a session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Installed:
+    venv: Path
+    wheel: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.venv / "bin"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """This process's environment with the venv first on PATH and nothing of the checkout
+        or of the tests' own orderly settings (they come from ``extra`` only)."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "VIRTUAL_ENV")
+            and not k.startswith(("ORDERLY_", "AURA_QUEUE_", "AURA_LOGGING_"))
+        }
+        env["PATH"] = f"{self.bin}:{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(self.venv)
+        return {**env, **extra}
+
+
+def build_and_install(root: Path) -> Installed:
+    """Build the wheel from a copy of the checkout (a build in place leaves build/ and
+    *.egg-info behind) and install it, core dependencies only, into ``root/venv``."""
+    source = root / "source"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv",
+            "build",
+            "*.egg-info",
+            "__pycache__",
+            "artifacts",
+            "reports-out",
+            "site",
+        ),
+    )
+    wheels = root / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+        check=True,
+        timeout=600,
+        cwd=root,
+    )
+    (wheel,) = wheels.glob("orderly-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        check=True,
+        timeout=900,
+        cwd=root,
+    )
+    return Installed(venv=venv, wheel=wheel)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A virtualenv with the wheel built from this checkout, core dependencies only."""
+    return build_and_install(tmp_path_factory.mktemp("install"))
