@@ -4,6 +4,7 @@
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
 #   ./run.sh fast [pytest args]    ruff, mypy and every test but the end-to-end ones (< 1 min)
 #   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge
+#   ./run.sh image [--rebuild-base]  build the container image on a local Debian base and run it (podman)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -128,8 +129,17 @@ case "$cmd" in
     case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
+  image)
+    # The Dockerfile built on a Debian base made here (mmdebstrap) and run with podman:
+    # PostgreSQL, Redis, the API, a worker and beat in containers (tooling/image_check.py).
+    ensure_apt podman podman
+    ensure_apt mmdebstrap mmdebstrap
+    ensure_apt runc runc
+    ensure_venv
+    exec "$VENV/bin/python" -m tooling.image_check "$@"
+    ;;
   *)
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

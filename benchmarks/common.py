@@ -33,7 +33,7 @@ def worker_argv(name: str, queue: str, pool: str, concurrency: int) -> list[str]
     return [
         str(Path(sys.executable).parent / "celery"),
         "-A",
-        "worker",
+        "orderly.worker",
         "worker",
         "-n",
         f"{name}@%h",

@@ -1,10 +1,13 @@
 """docker-compose.yml as Debian's docker-compose resolves it, read as data: services, their
-commands, health checks, restart policies, volumes, dependencies and published ports (there
-is no Docker engine here to start them)."""
+commands, health checks, restart policies, volumes, dependencies, published ports and the
+worker's stop grace (there is no Docker engine here to start them); the metrics-key service's
+own command run for real against the test database."""
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -13,14 +16,20 @@ from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy import Engine
 
+from orderly.worker import keys
+from orderly.worker.settings import get_settings
+from orderly.worker.supervisor import Supervisor
 from tests.conftest import IN_CI
+from tooling.processes import BIN
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {
     "redis",
     "postgres",
     "migrate",
+    "metrics-key",
     "api",
     "worker",
     "beat",
@@ -60,7 +69,8 @@ def resolved() -> dict[str, Any]:
 
 
 ORDERLY = {"api", "worker", "beat", "flower"}
-LONG_RUNNING = SERVICES - {"migrate"}
+ONE_SHOT = {"migrate", "metrics-key"}
+LONG_RUNNING = SERVICES - ONE_SHOT
 
 
 def test_compose_file_is_valid_and_has_every_service() -> None:
@@ -85,7 +95,8 @@ def test_every_long_running_service_restarts_and_the_stores_and_orderly_report_h
         # A worker told to exit (orderly node stop --exit) exits 0 and stays down.
         expected = "on-failure" if name == "worker" else "unless-stopped"
         assert services[name]["restart"] == expected, name
-    assert services["migrate"]["restart"] == "no"
+    for name in ONE_SHOT:
+        assert services[name]["restart"] == "no", name
     for name in ORDERLY | {"redis", "postgres"}:
         test = services[name]["healthcheck"]["test"]
         assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
@@ -97,6 +108,27 @@ def test_every_long_running_service_restarts_and_the_stores_and_orderly_report_h
         assert services[name]["command"][:2] == ["orderly", name], name
     # Beat exactly once: nothing scales it.
     assert "scale" not in services["beat"] and "deploy" not in services["beat"]
+    # No Celery command line of its own: the Celery app is orderly.worker, behind the runners.
+    for name, service in services.items():
+        assert "celery" not in " ".join(service.get("command") or []), name
+
+
+def _seconds(duration: str) -> float:
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def test_the_worker_has_time_for_its_warm_shutdown() -> None:
+    """docker-compose stop waits stop_grace_period before SIGKILL: longer than the supervisor
+    waits for its Celery workers to finish the tasks in hand, itself longer than a handler may
+    run (its time limit and kill grace, by default)."""
+    worker = resolved()["services"]["worker"]
+    supervisor_grace = inspect.signature(Supervisor.stop).parameters["grace_s"].default
+    settings = get_settings()
+    handler_s = (settings.handler_time_limit_ms + settings.handler_kill_grace_ms) / 1000
+    assert handler_s < supervisor_grace < _seconds(worker["stop_grace_period"])
 
 
 def test_volumes_for_the_stores_and_the_reports() -> None:
@@ -146,17 +178,28 @@ def test_flower_needs_its_password_and_listens_on_every_interface(tmp_path: Path
     assert flower["command"] == ["orderly", "flower"]
 
 
+KEY_DIR, KEY_FILE = "/app/metrics-key", "orderly-metrics-key"
+
+
 def test_prometheus_scrapes_the_api_with_a_key_and_flower() -> None:
-    prometheus = resolved()["services"]["prometheus"]
+    config = resolved()
+    prometheus = config["services"]["prometheus"]
     assert prometheus["image"].startswith("prom/prometheus:")
-    mounted = {v.split(":")[1] for v in prometheus["volumes"]}
-    assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/orderly-metrics-key"} <= mounted
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in prometheus["volumes"]}
+    assert mounted["/etc/prometheus/prometheus.yml"].endswith("/deploy/prometheus.yml")
+    # The key comes from the volume metrics-key fills, not from a file a fresh clone lacks.
+    key_mount = next(m for m, source in mounted.items() if source == "metricskey")
+    assert "metricskey" in config["volumes"]
+    assert not [s for s in mounted.values() if "orderly-metrics-key" in s]
+    assert prometheus["depends_on"]["metrics-key"] == {
+        "condition": "service_completed_successfully"
+    }
     scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
     assert jobs["orderly-api"]["static_configs"] == [{"targets": ["api:8000"]}]
     assert jobs["orderly-api"]["authorization"] == {
         "type": "Bearer",
-        "credentials_file": "/etc/prometheus/orderly-metrics-key",
+        "credentials_file": f"{key_mount}/{KEY_FILE}",
     }
     assert jobs["flower"]["static_configs"] == [{"targets": ["flower:5555"]}]
     assert all(job["metrics_path"] == "/metrics" for job in jobs.values())
@@ -165,3 +208,38 @@ def test_prometheus_scrapes_the_api_with_a_key_and_flower() -> None:
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
     command = " ".join(resolved()["services"]["redis"]["command"])
     assert "--appendonly yes" in command and "--appendfsync everysec" in command
+
+
+def test_the_metrics_key_is_made_on_the_first_up_and_kept(db: Engine, tmp_path: Path) -> None:
+    """The metrics-key service's own command, run with orderly's CLI against the test
+    database (its volume a directory here): the first run makes a key with the metrics scope,
+    a second leaves it as it is."""
+    service = resolved()["services"]["metrics-key"]
+    assert service["image"] == "orderly:latest"
+    assert f"metricskey:{KEY_DIR}:rw" in service["volumes"]
+    assert service["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    shell, flags, script = service["command"]
+    assert (shell, flags) == ("sh", "-ec") and KEY_DIR in script
+    volume = tmp_path / "metricskey"
+    volume.mkdir()
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+    def up() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [shell, flags, script.replace(KEY_DIR, str(volume))],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    first = up()
+    assert first.returncode == 0, first.stdout + first.stderr
+    token = (volume / KEY_FILE).read_text().strip()
+    assert keys.authenticate(db, token, scope="metrics").name == "prometheus"
+    assert [k["name"] for k in keys.list_keys(db)] == ["prometheus"]
+    again = up()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (volume / KEY_FILE).read_text().strip() == token
+    assert len(keys.list_keys(db)) == 1
+    assert sorted(p.name for p in volume.iterdir()) == [KEY_FILE]

@@ -41,7 +41,7 @@ class Flower:
         self.url = f"http://127.0.0.1:{self.port}"
         self.managed = procs.start(
             "flower",
-            [str(BIN / "celery"), "-A", "worker", "flower"],
+            [str(BIN / "celery"), "-A", "orderly.worker", "flower"],
             {
                 "ORDERLY_FLOWER_USER": USER,
                 "ORDERLY_FLOWER_PASSWORD": self.password,
@@ -89,7 +89,7 @@ def test_flower_started_elsewhere_still_asks_for_the_password(
     assert httpx.get(f"{flower.url}/workers", timeout=10).status_code == 401
     assert flower.http.get("/workers").status_code == 200
     bare = subprocess.run(
-        [str(BIN / "celery"), "-A", "worker", "flower"],
+        [str(BIN / "celery"), "-A", "orderly.worker", "flower"],
         cwd=tmp_path,
         env={**os.environ, "ORDERLY_FLOWER_PASSWORD": "", "ORDERLY_FLOWER_PORT": str(free_port())},
         capture_output=True,
@@ -104,7 +104,7 @@ def test_flower_refuses_to_start_without_a_password() -> None:
     # Set and empty: an environment variable wins over a developer's .env.
     env = {**os.environ, "ORDERLY_FLOWER_PASSWORD": "", "ORDERLY_FLOWER_PORT": str(port)}
     done = subprocess.run(
-        [str(BIN / "celery"), "-A", "worker", "flower"],
+        [str(BIN / "celery"), "-A", "orderly.worker", "flower"],
         cwd=ROOT,
         env=env,
         capture_output=True,

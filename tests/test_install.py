@@ -199,3 +199,27 @@ def _state(db: Engine, msg_id: int) -> str:
                 text("SELECT state FROM message WHERE msg_id = :id"), {"id": msg_id}
             ).scalar_one()
         )
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [(["report"], "reports"), (["flower"], "dashboard")],
+    ids=["report", "flower"],
+)
+def test_a_command_whose_extra_is_missing_names_it_in_one_line(
+    installed: Installed, tmp_path: Path, argv: list[str], extra: str
+) -> None:
+    done = subprocess.run(
+        [str(installed.bin / "orderly"), *argv],
+        capture_output=True,
+        text=True,
+        env=installed.env(ORDERLY_FLOWER_PASSWORD="a-long-enough-password"),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], (
+        f"more than one line: {done.stderr}"
+    )
+    assert f"pip install 'orderly[{extra}]'" in done.stderr
+    assert done.stdout == ""

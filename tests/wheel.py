@@ -67,12 +67,18 @@ def build_and_install(root: Path) -> Installed:
     (wheel,) = wheels.glob("orderly-*.whl")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # Not the tests' PYTHONPATH: with the checkout on it, pip would take the checkout's
+    # orderly for installed and install nothing.
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run(
         [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
         check=True,
         timeout=900,
         cwd=root,
+        env=clean,
     )
+    if not (venv / "bin" / "orderly").exists():
+        raise AssertionError(f"the wheel installed no orderly command into {venv}")
     return Installed(venv=venv, wheel=wheel)
 
 

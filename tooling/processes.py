@@ -96,7 +96,7 @@ class ProcessGroup:
         argv = [
             str(BIN / "celery"),
             "-A",
-            "worker",
+            "orderly.worker",
             "worker",
             "-n",
             f"{name}@%h",
@@ -118,7 +118,7 @@ class ProcessGroup:
         return self.start(name, argv, env)
 
     def start_beat(self, name: str = "beat", extra_env: Mapping[str, str] | None = None) -> Managed:
-        argv = [str(BIN / "celery"), "-A", "worker", "beat", "--loglevel", "INFO"]
+        argv = [str(BIN / "celery"), "-A", "orderly.worker", "beat", "--loglevel", "INFO"]
         return self.start(name, argv, extra_env)
 
     def start_api(

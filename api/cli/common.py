@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from orderly.worker.core import logs
 from orderly.worker.core.errors import OrderlyError, first_line
@@ -41,7 +42,7 @@ def require_extra(extra: str, *modules: str) -> None:
     if missing:
         err.print(
             f"[bold red]error:[/] {', '.join(missing)} not installed: "
-            f"pip install 'orderly[{extra}]'",
+            + escape(f"pip install 'orderly[{extra}]'"),
             highlight=False,
             soft_wrap=True,
         )
