@@ -20,39 +20,6 @@ from pydantic_core import PydanticUndefined
 from typer._click.core import Command, Context, Parameter
 from typer.core import TyperArgument, TyperGroup
 
-# Meanings for the settings whose field carries no description yet (keyed by variable).
-# A key naming no setting fails the build: a note cannot outlive its setting.
-NOTES = {
-    "ORDERLY_API_HOST": "Address `orderly api` listens on (uvicorn's `--host` when run directly).",
-    "ORDERLY_API_PORT": "Port `orderly api` listens on (uvicorn's `--port` when run directly).",
-    "ORDERLY_CHANNEL_MULTIPLIER": "A channel's default backoff multiplier.",
-    "ORDERLY_CHANNEL_TIMEOUT_MS": "How long a POST to a channel may take, in ms "
-    "(below `AURA_QUEUE_MANAGER_MAX_PENDING_TTL`).",
-    "AURA_QUEUE_MANAGER_AWAITED_MESSAGE_TTL": "Maximum lifetime of a response, in ms; then "
-    "it is FAILED (`E_AWAITED_TTL`).",
-    "AURA_QUEUE_MANAGER_AWAITED_MESSAGES_BY_TURN": "Responses the awaited agent takes per turn.",
-    "AURA_QUEUE_MANAGER_AWAITED_MESSAGES_INTERVAL": "ms between the awaited agent's turns.",
-    "AURA_QUEUE_MANAGER_AWAITED_RETRIES_FACTOR": "Awaited backoff: "
-    "`awaitedRetries * MAX_PENDING_TTL * factor`.",
-    "AURA_QUEUE_MANAGER_AWAITED_TIME_WHEN_RETRIES_END": "ms before a response AWAITED after "
-    "its attempts ran out is tried again.",
-    "AURA_QUEUE_MANAGER_INTERVAL": "ms between beat's ticker turns while there is due work.",
-    "AURA_QUEUE_MANAGER_MAX_PENDING_TTL": "A conversation's drain lease, in ms; a response in "
-    "flight longer (plus the margin) becomes AWAITED.",
-    "AURA_QUEUE_MANAGER_MAX_PENDING_TTL_MARGIN": "ms added to the in-flight limit.",
-    "AURA_QUEUE_MANAGER_MAX_RETRIES": "With `INTERVAL`, the blocked limit: a response blocked "
-    "`MAX_RETRIES * INTERVAL` ms becomes AWAITED.",
-    "AURA_QUEUE_MANAGER_MESSAGE_TTL": "Lifetime of a request after its last activity, in ms; "
-    "a response after it is delivered late, marked.",
-    "AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL": "ms a SENT response waits for its ACK before it "
-    "counts as delivered.",
-    "AURA_QUEUE_MANAGER_DATABASE": "The queue database: REDIS (MONGODB is refused at start-up).",
-    "AURA_QUEUE_MANAGER_METRICS_PARTIAL_INTERVAL": "ms between partial queue metrics in the log.",
-    "AURA_LOGGING_EXTRA_TIME_METRICS": "Turns the partial queue metrics on.",
-    "ORDERLY_TRACK_RETRY_MULTIPLIER": "Timeout retry n waits `delay * multiplier^n`.",
-    "ORDERLY_FLOWER_PORT": "Port Flower listens on.",
-}
-
 
 def _cell(text: str) -> str:
     """Text made safe for one Markdown table cell."""
@@ -117,10 +84,9 @@ def settings_fields() -> Iterator[tuple[type, str, FieldInfo]]:
 
 def settings_page() -> str:
     fields = list(settings_fields())
-    known = {a for _, _, f in fields for a in aliases(f)}
-    stale = sorted(set(NOTES) - known)
-    if stale:
-        raise ValueError(f"tooling/docs/reference.py NOTES name no setting: {stale}")
+    undescribed = sorted(aliases(f)[0] for _, _, f in fields if not f.description)
+    if undescribed:
+        raise ValueError(f"settings without a description (description=...): {undescribed}")
     lines = [
         "# Settings",
         "",
@@ -153,7 +119,7 @@ def settings_page() -> str:
         if not names:
             continue
         main, *others = names
-        meaning = field.description or NOTES.get(main, "")
+        meaning = field.description or ""
         if others:
             meaning += " Also read as " + ", ".join(f"`{o}`" for o in others) + "."
         lines.append(

@@ -28,7 +28,11 @@ class ConversationSettings(Section):
         description="Default deliveryDelay of a channel: first retry waits delay * multiplier.",
     )
     channel_multiplier: float = Field(
-        1.5, ge=1.0, le=100.0, validation_alias="ORDERLY_CHANNEL_MULTIPLIER"
+        1.5,
+        ge=1.0,
+        le=100.0,
+        validation_alias="ORDERLY_CHANNEL_MULTIPLIER",
+        description="A channel's default backoff multiplier.",
     )
     channel_attempts: int = Field(
         3,
@@ -37,7 +41,13 @@ class ConversationSettings(Section):
         validation_alias="ORDERLY_CHANNEL_ATTEMPTS",
         description="Retries after a recoverable failure before the group becomes AWAITED.",
     )
-    channel_timeout_ms: int = Field(5_000, ge=1, validation_alias="ORDERLY_CHANNEL_TIMEOUT_MS")
+    channel_timeout_ms: int = Field(
+        5_000,
+        ge=1,
+        validation_alias="ORDERLY_CHANNEL_TIMEOUT_MS",
+        description="How long a POST to a channel may take, in ms (below "
+        "`AURA_QUEUE_MANAGER_MAX_PENDING_TTL`).",
+    )
     bridge_prefix: str = Field(
         "bridge:queue",
         min_length=1,
@@ -61,19 +71,34 @@ class ConversationSettings(Section):
     )
 
     awaited_message_ttl: int = Field(
-        900_000, ge=1, validation_alias=queue_var("AWAITED_MESSAGE_TTL")
+        900_000,
+        ge=1,
+        validation_alias=queue_var("AWAITED_MESSAGE_TTL"),
+        description="Maximum lifetime of a response, in ms; then it is FAILED (`E_AWAITED_TTL`).",
     )
     awaited_messages_by_turn: int = Field(
-        15, ge=1, validation_alias=queue_var("AWAITED_MESSAGES_BY_TURN")
+        15,
+        ge=1,
+        validation_alias=queue_var("AWAITED_MESSAGES_BY_TURN"),
+        description="Responses the awaited agent takes per turn.",
     )
     awaited_messages_interval: int = Field(
-        20_000, ge=1, validation_alias=queue_var("AWAITED_MESSAGES_INTERVAL")
+        20_000,
+        ge=1,
+        validation_alias=queue_var("AWAITED_MESSAGES_INTERVAL"),
+        description="ms between the awaited agent's turns.",
     )
     awaited_retries_factor: float = Field(
-        1, gt=0, validation_alias=queue_var("AWAITED_RETRIES_FACTOR")
+        1,
+        gt=0,
+        validation_alias=queue_var("AWAITED_RETRIES_FACTOR"),
+        description="Awaited backoff: `awaitedRetries * MAX_PENDING_TTL * factor`.",
     )
     awaited_time_when_retries_end: int = Field(
-        5_000, ge=0, validation_alias=queue_var("AWAITED_TIME_WHEN_RETRIES_END")
+        5_000,
+        ge=0,
+        validation_alias=queue_var("AWAITED_TIME_WHEN_RETRIES_END"),
+        description="ms before a response AWAITED after its attempts ran out is tried again.",
     )
     check_queue_interval: int = Field(
         1_000,
@@ -101,22 +126,62 @@ class ConversationSettings(Section):
         description="A worker holds at most FACTOR tasks per pool process from the broker "
         "(running and reserved): Celery's prefetch multiplier.",
     )
-    interval: int = Field(200, ge=1, validation_alias=queue_var("INTERVAL"))
-    max_pending_ttl: int = Field(30_000, ge=1, validation_alias=queue_var("MAX_PENDING_TTL"))
-    max_pending_ttl_margin: int = Field(
-        5_000, ge=0, validation_alias=queue_var("MAX_PENDING_TTL_MARGIN")
+    interval: int = Field(
+        200,
+        ge=1,
+        validation_alias=queue_var("INTERVAL"),
+        description="ms between beat's ticker turns while there is due work.",
     )
-    max_retries: int = Field(100, ge=0, validation_alias=queue_var("MAX_RETRIES"))
+    max_pending_ttl: int = Field(
+        30_000,
+        ge=1,
+        validation_alias=queue_var("MAX_PENDING_TTL"),
+        description="A conversation's drain lease, in ms; a response in flight longer (plus "
+        "the margin) becomes AWAITED.",
+    )
+    max_pending_ttl_margin: int = Field(
+        5_000,
+        ge=0,
+        validation_alias=queue_var("MAX_PENDING_TTL_MARGIN"),
+        description="ms added to the in-flight limit.",
+    )
+    max_retries: int = Field(
+        100,
+        ge=0,
+        validation_alias=queue_var("MAX_RETRIES"),
+        description="With `INTERVAL`, the blocked limit: a response blocked "
+        "`MAX_RETRIES * INTERVAL` ms becomes AWAITED.",
+    )
     # A request's life after its last activity; a response after it is late (it goes after
     # later requests' responses, marked: X-Orderly-Late, message.late_ms).
-    message_ttl: int = Field(10_000, ge=1, validation_alias=queue_var("MESSAGE_TTL"))
-    sent_message_ttl: int = Field(5_000, ge=1, validation_alias=queue_var("SENT_MESSAGE_TTL"))
-    queue_database: str = Field("REDIS", validation_alias=queue_var("DATABASE"))
+    message_ttl: int = Field(
+        10_000,
+        ge=1,
+        validation_alias=queue_var("MESSAGE_TTL"),
+        description="Lifetime of a request after its last activity, in ms; a response after "
+        "it is delivered late, marked.",
+    )
+    sent_message_ttl: int = Field(
+        5_000,
+        ge=1,
+        validation_alias=queue_var("SENT_MESSAGE_TTL"),
+        description="ms a SENT response waits for its ACK before it counts as delivered.",
+    )
+    queue_database: str = Field(
+        "REDIS",
+        validation_alias=queue_var("DATABASE"),
+        description="The queue database: REDIS (MONGODB is refused at start-up).",
+    )
     metrics_partial_interval: int = Field(
-        30_000, ge=1, validation_alias=queue_var("METRICS_PARTIAL_INTERVAL")
+        30_000,
+        ge=1,
+        validation_alias=queue_var("METRICS_PARTIAL_INTERVAL"),
+        description="ms between partial queue metrics in the log.",
     )
     logging_extra_time_metrics: bool = Field(
-        False, validation_alias="AURA_LOGGING_EXTRA_TIME_METRICS"
+        False,
+        validation_alias="AURA_LOGGING_EXTRA_TIME_METRICS",
+        description="Turns the partial queue metrics on.",
     )
 
     @field_validator("bridge_prefix")

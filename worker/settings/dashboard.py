@@ -36,4 +36,10 @@ class DashboardSettings(Section):
         validation_alias="ORDERLY_FLOWER_ADDRESS",
         description="Address Flower listens on (0.0.0.0 inside a container).",
     )
-    flower_port: int = Field(5555, ge=1, le=65535, validation_alias="ORDERLY_FLOWER_PORT")
+    flower_port: int = Field(
+        5555,
+        ge=1,
+        le=65535,
+        validation_alias="ORDERLY_FLOWER_PORT",
+        description="Port Flower listens on.",
+    )

@@ -73,8 +73,18 @@ class ServiceSettings(Section):
         description="Processes of `orderly api` (uvicorn's --workers): one serves requests on "
         "one core; more share the port.",
     )
-    api_host: str = Field("127.0.0.1", validation_alias="ORDERLY_API_HOST")
-    api_port: int = Field(8000, ge=1, le=65535, validation_alias="ORDERLY_API_PORT")
+    api_host: str = Field(
+        "127.0.0.1",
+        validation_alias="ORDERLY_API_HOST",
+        description="Address `orderly api` listens on (uvicorn's `--host` when run directly).",
+    )
+    api_port: int = Field(
+        8000,
+        ge=1,
+        le=65535,
+        validation_alias="ORDERLY_API_PORT",
+        description="Port `orderly api` listens on (uvicorn's `--port` when run directly).",
+    )
     retry_after_s: int = Field(
         1,
         ge=1,

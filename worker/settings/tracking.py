@@ -53,7 +53,11 @@ class TrackingSettings(Section):
         description="deliveryDelay of timeout retries: retry n waits delay * multiplier^n.",
     )
     track_retry_multiplier: float = Field(
-        2.0, ge=1.0, le=100.0, validation_alias="ORDERLY_TRACK_RETRY_MULTIPLIER"
+        2.0,
+        ge=1.0,
+        le=100.0,
+        validation_alias="ORDERLY_TRACK_RETRY_MULTIPLIER",
+        description="Timeout retry n waits `delay * multiplier^n`.",
     )
     track_retry_max_delay_ms: int = Field(
         60_000,
