@@ -19,6 +19,7 @@ import yaml
 from sqlalchemy import Engine
 
 from orderly.worker import keys
+from orderly.worker.core.errors import Unauthenticated
 from orderly.worker.settings import get_settings
 from orderly.worker.supervisor import Supervisor
 from tests.conftest import IN_CI
@@ -243,3 +244,12 @@ def test_the_metrics_key_is_made_on_the_first_up_and_kept(db: Engine, tmp_path: 
     assert (volume / KEY_FILE).read_text().strip() == token
     assert len(keys.list_keys(db)) == 1
     assert sorted(p.name for p in volume.iterdir()) == [KEY_FILE]
+    # The volume lost, the database kept: the old key goes and a new one takes its place.
+    (volume / KEY_FILE).unlink()
+    renewed = up()
+    assert renewed.returncode == 0, renewed.stdout + renewed.stderr
+    fresh = (volume / KEY_FILE).read_text().strip()
+    assert fresh != token
+    assert keys.authenticate(db, fresh, scope="metrics").name == "prometheus"
+    with pytest.raises(Unauthenticated):
+        keys.authenticate(db, token, scope="metrics")

@@ -464,3 +464,26 @@ def test_concurrent_publishes_with_one_key_store_one_event(db: Engine) -> None:
     )
     assert elsewhere.created and elsewhere.event_id != results[0].event_id
     assert _events(db) == 2
+
+
+def test_an_api_without_the_token_secret_refuses_a_publish_for_handlers(
+    client: TestClient, db: Engine
+) -> None:
+    from orderly.worker import pubsub
+
+    assert client.post("/rooms", json={**ROOM, "name": "audit"}).status_code == 201
+    # made by a process that has the secret (this API has none)
+    pubsub.create_subscription(
+        db,
+        "audit",
+        {"name": "h", "kind": "HANDLER", "handler": "test.record"},
+        token_secret="another-process-secret-of-enough-length",
+    )
+    answer = client.post("/rooms/audit/events", json={"routing_key": "login", "payload": {}})
+    assert answer.status_code == 500, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["field"] == "setting"
+    assert error["problem"].startswith("ORDERLY_TOKEN_SECRET is not set in this process")
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM event")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM delivery")).scalar_one() == 0

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from typing import Any
@@ -173,7 +174,7 @@ def inspect(hostname: str) -> tuple[int, int]:
     return len(active.get(hostname, [])), len(reserved.get(hostname, []))
 
 
-@pytest.mark.parametrize(("concurrent", "factor"), [(1, 2), (3, 2), (1, 3)])
+@pytest.mark.parametrize(("concurrent", "factor"), [(1, 2), (3, 2), (1, 3), (25, 1)])
 def test_concurrent_runs_that_many_at_once_and_the_factor_bounds_what_a_worker_holds(
     procs: ProcessGroup,
     db: Engine,
@@ -182,7 +183,9 @@ def test_concurrent_runs_that_many_at_once_and_the_factor_bounds_what_a_worker_h
     concurrent: int,
     factor: int,
 ) -> None:
-    held = concurrent * factor
+    # At most CONCURRENT at once, and no more pool processes than the cores this may run on.
+    pool = min(concurrent, len(os.sched_getaffinity(0)))
+    held = pool * factor
     total = held + 3  # more than the worker may hold: some stay in the broker
     key = f"orderly:test:gate:{uuid.uuid4().hex[:8]}"
     name = f"qm{concurrent}{factor}"
@@ -214,15 +217,15 @@ def test_concurrent_runs_that_many_at_once_and_the_factor_bounds_what_a_worker_h
         return int(redis_client.llen(PROCESS_QUEUE))
 
     try:
-        # Every handler holds: the worker runs CONCURRENT of them and holds CONCURRENT *
-        # FACTOR tasks in all; the rest stay in the broker.
-        wait_until(lambda: len(events()) >= concurrent, 60, f"{concurrent} handlers running")
+        # Every handler holds: the worker runs ``pool`` of them and holds pool * FACTOR
+        # tasks in all; the rest stay in the broker.
+        wait_until(lambda: len(events()) >= pool, 60, f"{pool} handlers running")
         wait_until(lambda: left_in_broker() == total - held, 30, f"{held} tasks taken")
         active, reserved = inspect(f"{name}@{socket.gethostname()}")
-        assert (active, reserved) == (concurrent, held - concurrent)
-        assert len(events()) == concurrent and left_in_broker() == total - held
+        assert (active, reserved) == (pool, held - pool)
+        assert len(events()) == pool and left_in_broker() == total - held
     finally:
         redis_client.rpush(f"{key}:go", *(["go"] * total))
     wait_until(lambda: all(row(db, i).state == "OK" for i in ids), 120, "every message done")
-    assert most_at_once(events()) == concurrent
+    assert most_at_once(events()) == pool
     assert len(events()) == 2 * total

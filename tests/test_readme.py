@@ -178,8 +178,6 @@ def json_values(out: str) -> list[Any]:
 def test_the_quick_start_as_written(user: Run) -> None:
     blocks = quick_start_blocks()
     assert any("pip install orderly-0.1.0-py3-none-any.whl" in b for b in blocks)
-    # No ACK deadline passes in this run: a response delivered here was ACKed.
-    user.env["AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL"] = "600000"
     out = follow(user, blocks)
     assert "orderly 0.1.0" in out
     first = user.message(correlation_id="order-1", source_system="webshop")

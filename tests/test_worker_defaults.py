@@ -36,7 +36,7 @@ def test_a_default_worker_forks_no_more_processes_than_cores(
         if not k.startswith(("AURA_QUEUE_MANAGER_CONCURRENT", "ORDERLY_WORKER_PROCESSES"))
     }
     env.update(ORDERLY_NODE_CODE=marker, ORDERLY_DEFAULTS_TEST_MARKER=marker)
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     pool = min(Settings().concurrent, cores)
     assert Settings().concurrent == 25  # the seed's default is in force
     log = tmp_path / "worker.log"

@@ -1,11 +1,11 @@
-"""orderly as a user installs it: the wheel built from a copy of this checkout, installed with
-its core dependencies into a fresh virtualenv outside the repository. A pytest plugin
-(``pytest_plugins = ["tests.wheel"]``): the fixture ``installed`` builds it once a session."""
+"""orderly as a user installs it: the wheel built from the image's sources (what the
+Dockerfile copies, ``tests.image_context``), installed with its core dependencies into a fresh
+virtualenv outside the repository. A pytest plugin (``pytest_plugins = ["tests.wheel"]``): the
+fixture ``installed`` builds it once a session."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.image_context import build_wheel
 
 
 @dataclass(frozen=True)
@@ -40,31 +40,10 @@ class Installed:
 
 
 def build_and_install(root: Path) -> Installed:
-    """Build the wheel from a copy of the checkout (a build in place leaves build/ and
-    *.egg-info behind) and install it, core dependencies only, into ``root/venv``."""
-    source = root / "source"
-    shutil.copytree(
-        REPO,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            "build",
-            "*.egg-info",
-            "__pycache__",
-            "artifacts",
-            "reports-out",
-            "site",
-        ),
-    )
-    wheels = root / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-        check=True,
-        timeout=600,
-        cwd=root,
-    )
-    (wheel,) = wheels.glob("orderly-*.whl")
+    """Build the wheel from what the Dockerfile copies (the image's own sources, a copy: a
+    build in place leaves build/ and *.egg-info behind) and install it, core dependencies
+    only, into ``root/venv``."""
+    wheel = build_wheel(root)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # Not the tests' PYTHONPATH: with the checkout on it, pip would take the checkout's

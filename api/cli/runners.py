@@ -152,7 +152,7 @@ def beat() -> None:
 
 def flower() -> None:
     """Flower, Celery's dashboard, behind ORDERLY_FLOWER_USER/PASSWORD on
-    ORDERLY_FLOWER_ADDRESS:ORDERLY_FLOWER_PORT (needs orderly[dashboard])."""
+    ORDERLY_FLOWER_ADDRESS:ORDERLY_FLOWER_PORT (needs the dashboard extra)."""
     require_extra("dashboard", "flower")
     _celery("flower")
 

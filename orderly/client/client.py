@@ -1,4 +1,4 @@
-"""The sync and async clients: the same calls (orderly_client.calls), sent with httpx; a 503
+"""The sync and async clients: the same calls (orderly.client.calls), sent with httpx; a 503
 is tried again after its Retry-After."""
 
 from __future__ import annotations

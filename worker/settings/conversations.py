@@ -201,7 +201,7 @@ class ConversationSettings(Section):
         """A worker's pool: CONCURRENT processes, but no more than the machine's cores (the
         seed's memory queue ran its CONCURRENT messages in one process; more processes than
         cores only add memory to CPU-bound handlers)."""
-        return max(1, min(self.concurrent, os.cpu_count() or 1))
+        return max(1, min(self.concurrent, len(os.sched_getaffinity(0))))
 
     @model_validator(mode="after")
     def _idle_not_shorter(self) -> ConversationSettings:

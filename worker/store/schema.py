@@ -16,10 +16,10 @@ from orderly.worker.store.queries import FUNCTIONS_FILE
 
 def migrations_dir() -> Path:
     """Where the migrations are: ``migrations/`` of the repository, installed as the package
-    ``orderly_migrations`` (pyproject.toml), so that an installed orderly finds them too."""
-    from orderly import migrations as orderly_migrations
+    ``orderly.migrations`` (pyproject.toml), so that an installed orderly finds them too."""
+    from orderly import migrations
 
-    return Path(orderly_migrations.__file__).resolve().parent
+    return Path(migrations.__file__).resolve().parent
 
 
 def alembic_config(url: str) -> Config:
