@@ -109,7 +109,7 @@ case "$cmd" in
     ensure_services
     ensure_venv
     lint
-    run_pytest "$@"
+    run_pytest -n auto --maxprocesses 2 --dist loadgroup --no-loadscope-reorder "$@"
     ;;
   fast)
     # Unit and integration tests only (tests/kinds.py): no process is started, so neither
@@ -118,7 +118,7 @@ case "$cmd" in
     ensure_services
     ensure_venv
     lint
-    run_pytest -m "not e2e" "$@"
+    run_pytest -n auto --maxprocesses 2 --dist loadgroup --no-loadscope-reorder -m "not e2e" "$@"
     ;;
   bench)
     ensure_spark_deps

@@ -31,7 +31,28 @@ PG_ADMIN_URL = os.environ.get(
 )
 TEST_DB = f"orderly_test_{_RUN}"
 TEST_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{TEST_DB}"
-TEST_REDIS_URL = os.environ.get("ORDERLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+REDIS_DATABASES = 16  # Redis's default ``databases``
+
+
+def worker_redis_url(base: str, worker: str | None) -> str:
+    """The Redis URL of one pytest-xdist worker: the base URL's DB plus the worker's index
+    (``gw0`` the base DB, ``gw1`` the next one, ...); the base itself without xdist."""
+    parts = urlsplit(base)
+    first = int(parts.path.strip("/") or 0)
+    index = int(worker.removeprefix("gw")) if worker else 0
+    if not 0 <= first + index < REDIS_DATABASES:
+        raise RuntimeError(
+            f"xdist worker {worker} would use Redis DB {first + index} of {base}: Redis has"
+            f" DBs 0..{REDIS_DATABASES - 1}; use fewer workers or a lower ORDERLY_TEST_REDIS_URL"
+        )
+    return parts._replace(path=f"/{first + index}").geturl()
+
+
+# Every xdist worker is a process of its own: its own database (the uuid) and Redis DB.
+TEST_REDIS_URL = worker_redis_url(
+    os.environ.get("ORDERLY_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"),
+    os.environ.get("PYTEST_XDIST_WORKER"),
+)
 os.environ.update(
     {
         "ORDERLY_DATABASE_URL": TEST_DB_URL,
@@ -43,7 +64,8 @@ os.environ.update(
         "ORDERLY_NODE_CODE": f"pytest-{_RUN}",
     }
 )
-os.environ.pop("ORDERLY_BROKER_URL", None)
+for _shared in ("ORDERLY_BROKER_URL", "ORDERLY_TRACK_REDIS_URL"):
+    os.environ.pop(_shared, None)
 # The processes the tests start import handler modules of the checkout (tooling, tests).
 os.environ.update(checkout_env(os.environ))
 
@@ -258,6 +280,72 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.stash[KIND] = found[0] if len(found) == 1 else "+".join(found)
     # Before ``-m`` deselects any: tests/test_kinds.py checks every collected test.
     config.stash[COLLECTED] = list(items)
+    groups = xdist_groups(items)
+    for item, group in groups.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The longest first, so that none is left to run alone at the end (xdist hands out
+        # work in this order with ``--no-loadscope-reorder``; every worker sorts alike).
+        items.sort(key=lambda item: _longest_first(item, groups.get(item)))
+
+
+# --- pytest-xdist ---------------------------------------------------------------------------
+
+# Session fixtures every worker may well make for itself (a database per worker).
+PER_WORKER_FIXTURES = frozenset({"pg_engine"})
+# Modules that must not run beside each other: both start Spark (a JVM each, and
+# local[*] takes every core), so they run one after the other on one worker.
+SHARED_GROUPS = {"tests.test_report": "spark", "tests.test_spark_cluster": "spark"}
+
+
+# What takes longest, longest first (minutes each on 2 cores): the API fuzzed, the Spark
+# report's group, the wheel built and installed.
+LONGEST_FIRST = ("tests.test_fuzz", "spark", "installed")
+
+
+def _longest_first(item: pytest.Item, group: str | None) -> int:
+    module = getattr(getattr(item, "module", None), "__name__", "")
+    for rank, name in enumerate(LONGEST_FIRST):
+        if name in (module, group):
+            return rank
+    return len(LONGEST_FIRST)
+
+
+def xdist_groups(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    """The tests that must run on one xdist worker (``--dist loadgroup``), by group name.
+
+    Tests that share what is built once per module (a module-scoped fixture: a Spark
+    session, a Redis cluster, a generated dataset) or once per session (the tests' own
+    session fixtures, e.g. the installed wheel) run on the same worker, so that it is built
+    once; the modules of :data:`SHARED_GROUPS` join their group. Every other test goes to
+    whichever worker is free."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys: dict[pytest.Item, list[str]] = {}
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", "")
+        found = [f"group:{SHARED_GROUPS[module]}"] if module in SHARED_GROUPS else []
+        info = item._fixtureinfo if isinstance(item, pytest.Function) else None
+        for name, defs in info.name2fixturedefs.items() if info else ():
+            fixture = defs[-1]
+            if fixture.scope in ("module", "package", "class"):
+                found.append(f"module:{module}")
+            elif (
+                fixture.scope == "session"
+                and name not in PER_WORKER_FIXTURES
+                and getattr(fixture.func, "__module__", "").startswith("tests.")
+            ):
+                found.append(f"fixture:{name}")
+        for key in found[1:]:
+            parent[find(key)] = find(found[0])
+        if found:
+            keys[item] = found
+    return {item: find(found[0]).split(":", 1)[1] for item, found in keys.items()}
 
 
 def collected(config: pytest.Config) -> list[pytest.Item]:
