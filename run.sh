@@ -131,12 +131,12 @@ case "$cmd" in
     ;;
   image)
     # The Dockerfile built on a Debian base made here (mmdebstrap) and run with podman:
-    # PostgreSQL, Redis, the API, a worker and beat in containers (tooling/image_check.py).
+    # PostgreSQL, Redis, the API, a worker and beat in containers (tooling/image/).
     ensure_apt podman podman
     ensure_apt mmdebstrap mmdebstrap
     ensure_apt runc runc
     ensure_venv
-    exec "$VENV/bin/python" -m tooling.image_check "$@"
+    exec "$VENV/bin/python" -m tooling.image "$@"
     ;;
   *)
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'

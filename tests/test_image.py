@@ -50,7 +50,7 @@ IMAGE_TOOLS = ("podman", "mmdebstrap")
 
 
 def test_the_image_builds_and_runs_a_message_and_a_conversation(tmp_path: Path) -> None:
-    """tooling/image_check.py: a local Debian base, the Dockerfile built on it, PostgreSQL and
+    """tooling/image/: a local Debian base, the Dockerfile built on it, PostgreSQL and
     Redis in containers, and the API, a worker and beat from the image processing a message
     and delivering a conversation's response. Minutes, not seconds: opted in."""
     if os.environ.get("ORDERLY_TEST_IMAGE") != "1":
@@ -62,7 +62,7 @@ def test_the_image_builds_and_runs_a_message_and_a_conversation(tmp_path: Path) 
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: `./run.sh image` installs them")
     done = subprocess.run(
-        [sys.executable, "-m", "tooling.image_check", "--log-dir", str(tmp_path)],
+        [sys.executable, "-m", "tooling.image", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=3600,

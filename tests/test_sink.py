@@ -121,6 +121,7 @@ def test_sync_delivery_is_answered_200_and_logged(sink: Sink, client: httpx.Clie
     assert before <= arrival["t_arrival"] <= arrival["t_responded"] <= time.time()
     assert arrival["duplicate"] is False and arrival["delay_ms"] == 0
     assert arrival["async_response_id"] is None and arrival["ack_status"] is None
+    assert arrival["payload"] == {"text": "hello"}
     assert sink.arrivals() == [arrival]
 
 

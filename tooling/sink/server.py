@@ -277,7 +277,13 @@ class _Server:
         conversation_id, request_id, response_id = ids
         key = req.headers.get("idempotency-key") or response_id
         arrival, decision = self.state.arrive(
-            conversation_id, request_id, response_id, key, req.t_arrival, req.headers
+            conversation_id,
+            request_id,
+            response_id,
+            key,
+            req.t_arrival,
+            req.headers,
+            data.get("payload"),
         )
 
         def answer() -> tuple[int, bytes]:

@@ -45,6 +45,8 @@ class _Arrival:
     late_by_ms: str | None = None
     # X-Orderly-Ack-Token as received: the ACK brings it back.
     ack_token: str | None = None
+    # The delivered body's payload, as received.
+    payload: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +67,7 @@ class _Arrival:
             "late": self.late,
             "late_by_ms": self.late_by_ms,
             "ack_token": self.ack_token,
+            "payload": self.payload,
         }
 
 
@@ -114,6 +117,7 @@ class _State:
         key: str,
         t: float,
         headers: dict[str, str] | None = None,
+        payload: Any = None,
     ) -> tuple[_Arrival, _Decision]:
         with self.lock:
             attempt = self._attempts.get(key, 0) + 1
@@ -134,6 +138,7 @@ class _State:
                 late=(headers or {}).get("x-orderly-late"),
                 late_by_ms=(headers or {}).get("x-orderly-late-by-ms"),
                 ack_token=(headers or {}).get("x-orderly-ack-token"),
+                payload=payload,
             )
             if decision.status == 202:
                 arrival.async_response_id = uuid.uuid4().hex

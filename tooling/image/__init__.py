@@ -1,0 +1,1 @@
+"""Build orderly's container image on a local Debian base and run it (``./run.sh image``)."""

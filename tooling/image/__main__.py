@@ -1,0 +1,5 @@
+import sys
+
+from tooling.image.check import main
+
+sys.exit(main())
