@@ -1,7 +1,7 @@
 # One image for every orderly process (api, worker, beat, flower, migrate) and the report.
 # The base is a build argument: Debian 12 (bookworm) by default, pinned: its openjdk-17 is the
 # Java Spark runs on here. Any bookworm with python3 (3.11) and python3-venv will do, e.g. one
-# built locally with mmdebstrap (tooling/image_check.py, `./run.sh image`).
+# built locally with mmdebstrap (tooling/image/, `./run.sh image`).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
