@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, Index, String, func, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orderly.models.base import Base
@@ -39,6 +39,9 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The objects the key may act on (worker.keys.Owns: source systems, origins,
+    # subscriptions); NULL: every object, as every key made before ownership did.
+    owns: Mapped[dict[str, list[str | int]] | None] = mapped_column(JSONB)
 
 
 class ChannelAckSecret(Base):

@@ -94,6 +94,11 @@ class ShardKeys:
     def async_prefix(self) -> str:
         return f"{self.base}:asyncRequest:"
 
+    @property
+    def conversation_prefix(self) -> str:
+        """A conversation's response order is this prefix and its id (BridgeKeys.response_list)."""
+        return f"{self.base}:"
+
 
 @dataclass(frozen=True)
 class BridgeKeys:
@@ -148,9 +153,45 @@ class BridgeKeys:
         return f"{self.shard(conversation_id).base}:{conversation_id}:lease"
 
 
+@dataclass(frozen=True)
+class RateKeys:
+    """The token buckets of the HTTP API's rate limits (worker/core/ratelimit.py): each a hash
+    {tokens, ms} that expires when it would be full again. Plain keys of ORDERLY_REDIS_URL's
+    Redis, one per bucket; a client address or a key name is the last part of its key."""
+
+    prefix: str = "orderly:rate"
+
+    def address(self, address: str) -> str:
+        """Every request of a client address."""
+        return f"{self.prefix}:address:{address}"
+
+    def key(self, name: str) -> str:
+        """Every request authenticated by the API key of that name."""
+        return f"{self.prefix}:key:{name}"
+
+    def refused(self, address: str) -> str:
+        """A client address's credentials refused: API keys and ACK tokens that match none."""
+        return f"{self.prefix}:refused:{address}"
+
+    def login_address(self, address: str) -> str:
+        """The console's sign-ins from a client address."""
+        return f"{self.prefix}:login:address:{address}"
+
+    def login_key(self, prefix: str) -> str:
+        """The console's sign-ins with a token naming that key (its prefix)."""
+        return f"{self.prefix}:login:key:{prefix}"
+
+
 # Whether a worker is woken, or looking, for due messages (worker/wake.py): intake wakes one
 # only when none is, or when the one looking is busy running handlers.
 PROCESS_WAKE_KEY = "orderly:process:wake"
+
+
+def console_session(session_digest: str) -> str:
+    """A console session (worker/sessions.py), named by the SHA-256 of its id rather than the
+    id: the keys of a Redis dump are no cookies. Expires at the session's idle or absolute
+    end."""
+    return f"orderly:console:session:{session_digest}"
 
 
 def min_message_info(request_id: str, response_id: str, conversation_id: str) -> str:

@@ -11,11 +11,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import redis
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 from orderly.models import Message
-from orderly.models.keys import BridgeKeys
+from orderly.models.keys import BridgeKeys, RateKeys
 from orderly.worker import keys
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.http import HttpOptions, OutboundHttp
@@ -165,3 +166,10 @@ def bridge_ready(client: Any, keys: BridgeKeys | None = None) -> bool:
     for shard in (keys or BridgeKeys()).every_shard:
         pipe.hget(shard.epoch, "state")
     return all(state == b"ready" for state in pipe.execute())
+
+
+def stored_keys(r: redis.Redis) -> int:
+    """Redis keys that hold orderly's objects: all but the rate limits' buckets, which a
+    refused request is charged to by design."""
+    prefix = f"{RateKeys().prefix}:".encode()
+    return sum(1 for key in r.scan_iter(count=1000) if not key.startswith(prefix))

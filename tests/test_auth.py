@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 from orderly.worker import keys, tokens
 from orderly.worker.core.errors import InvalidMessage, Unauthenticated
-from tests.helpers import ManualClock, OrderlyCli, api_key, message
+from tests.helpers import ManualClock, OrderlyCli, api_key, message, stored_keys
 
 PUBLIC = {("get", "/health"), ("get", "/ready")}
 # A value for every path parameter of the document.
@@ -59,7 +59,7 @@ def _counts(engine: Engine, r: redis.Redis) -> dict[str, int]:
             text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         ).scalars()
         counts = {t: conn.execute(text(f'SELECT count(*) FROM "{t}"')).scalar_one() for t in tables}
-    counts["redis keys"] = int(r.dbsize())
+    counts["redis keys"] = stored_keys(r)
     return counts
 
 

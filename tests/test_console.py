@@ -255,7 +255,7 @@ def test_a_read_only_key_sees_pages_and_changes_nothing(
     seen.open(f"/console/messages/{waiting}")
     assert seen.all("form[action$='/cancel']") == []
     assert "admin" in seen.text(".hint")
-    # HttpOnly: the page's own script cannot read the key.
+    # HttpOnly: the page's own script cannot read the session id.
     assert "orderly_console" not in browser.execute_script("return document.cookie")
     # Posting the form anyway is refused and changes nothing.
     answer = httpx.post(
@@ -302,9 +302,14 @@ def test_a_visit_without_a_valid_key_is_refused(stack: Stack, db: Engine) -> Non
         refused = http.post("/console/login", data={"key": metrics_only})
         assert refused.status_code == 403 and "operate" in refused.text
         assert "set-cookie" not in refused.headers
-        # The cookie alone does not make a change: the form token must come with it.
+        # The key is no cookie: the cookie is a session's id, given by signing in.
         admin = api_key(db, "operate", "admin", name="boss")
         http.cookies.set("orderly_console", admin, path="/console")
+        assert http.get("/console/messages").status_code == 401
+        http.cookies.clear()
+        signed_in = http.post("/console/login", data={"key": admin})
+        assert signed_in.status_code == 303 and http.cookies["orderly_console"] != admin
+        # The session's cookie alone does not make a change: the form token must come with it.
         for token in ("guessed", "é"):
             forged = http.post("/console/keys/boss/revoke", data={"form_token": token})
             assert forged.status_code == 403 and "form_token" in forged.text

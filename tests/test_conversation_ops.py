@@ -329,7 +329,7 @@ def test_set_awaited_by_request_sets_its_group_and_skips_a_sent_one(h: Harness) 
     ],
 )
 def test_set_awaited_refuses_bad_input_and_changes_nothing(
-    h: Harness, options: dict[str, str], body: Any, error: type[Exception], what: str
+    h: Harness, options: dict[str, Any], body: Any, error: type[Exception], what: str
 ) -> None:
     _two_requests(h)
     _refused(h, lambda: h.conv.set_awaited("c1", body, **options), error, what)

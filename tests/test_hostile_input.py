@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from orderly.worker.pubsub import topic_matches
-from tests.helpers import message
+from tests.helpers import message, stored_keys
 
 TABLES = ("message", "channel", "event", "delivery", "room", "event_type_version")
 
@@ -25,7 +25,7 @@ def rows(db: Engine) -> dict[str, int]:
 
 
 def keys(r: redis.Redis) -> int:
-    return int(r.dbsize())
+    return stored_keys(r)
 
 
 def _raw(client: TestClient, path: str, body: str, method: str = "POST") -> Any:

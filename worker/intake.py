@@ -32,8 +32,10 @@ from sqlalchemy import Engine
 
 from orderly.models import MessageState
 from orderly.worker import nodes
+from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
 from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.owners import Owns
 from orderly.worker.handlers import HandlerRegistry
 from orderly.worker.store.prepared import PreparedConnection, prepared_connection
 from orderly.worker.store.queries import sql
@@ -251,13 +253,17 @@ class Intake:
             data, max_payload_bytes=self._max_payload_bytes, registry=self._registry
         )
 
-    def submit(self, data: Any) -> SubmitResult:
+    def submit(self, data: Any, owns: Owns | None = None) -> SubmitResult:
+        """Store one message (idempotent on correlation_id and source_system). ``owns``: the
+        caller's objects; a message of another source system is refused (404) before
+        anything is stored."""
         message = self._parse(data)
+        owners.require_source_system(owns, message.source_system)
         result = self._store(message)
         self._hand_over([result])
         return result
 
-    def submit_many(self, items: Any) -> list[SubmitResult]:
+    def submit_many(self, items: Any, owns: Owns | None = None) -> list[SubmitResult]:
         """Store up to MAX_BATCH messages at once, each idempotent as with ``submit``; the
         result of each, in order. Every item is validated before anything is stored: one bad
         item refuses them all, its problems named ``messages[i].field``."""
@@ -274,6 +280,8 @@ class Intake:
                 problems += [(f"messages[{i}].{name}", problem) for name, problem in exc.problems]
         if problems:
             raise InvalidMessage(*problems[0], *problems[1:])
+        for message in messages:
+            owners.require_source_system(owns, message.source_system)
         results = self._store_many(messages)
         self._hand_over(results)
         return results

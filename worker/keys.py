@@ -10,12 +10,18 @@ responses), ``publish:<room>`` or ``publish:*`` (events), ``consume`` (pull and 
 pulled events), ``operate`` (list, show, cancel, re-drive; conversations, dead letters),
 ``admin`` (channels, rooms, event types, publishers, subscriptions, source systems, keys),
 ``metrics`` (``GET /metrics``) and ``impersonate`` (publish in another user's name).
+
+Scopes say what kind of thing a key may do; ``owns`` (worker.core.owners) says to whose
+objects: a key made with ``owns`` acts only on the source systems, origins and subscriptions
+it names, and every other object answers as if it did not exist. A key made without it acts
+on every object; ``admin`` and ``metrics`` keys always do (they cannot be given ``owns``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -28,6 +34,7 @@ from sqlalchemy import Engine
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound, Unauthenticated
 from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.owners import Owns
 from orderly.worker.core.scopes import (
     ADMIN,
     CONSUME,
@@ -51,6 +58,7 @@ __all__ = [
     "PRODUCE",
     "PUBLISH_ANY",
     "SCOPES",
+    "Owns",
     "Principal",
     "authenticate",
     "create_key",
@@ -74,6 +82,22 @@ def _scope(value: str) -> str:
 
 
 Scope = Annotated[str, StringConstraints(strict=True, max_length=120), AfterValidator(_scope)]
+# Keys that see across tenants by nature: they cannot be bound to objects.
+UNBOUND_SCOPES = frozenset({ADMIN, METRICS})
+# Names a key may own, of each kind: far above one tenant's, and a bound on the key's row.
+MAX_OWNED = 1000
+
+
+class OwnsIn(BaseModel):
+    """The objects a key may act on (each list may be empty: none of that kind)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_systems: Annotated[list[Name], Field(max_length=MAX_OWNED)] = []
+    origins: Annotated[list[Name], Field(max_length=MAX_OWNED)] = []
+    subscriptions: Annotated[
+        list[Annotated[int, Field(strict=True, ge=1)]], Field(max_length=MAX_OWNED)
+    ] = []
 
 
 class KeyIn(BaseModel):
@@ -82,6 +106,8 @@ class KeyIn(BaseModel):
     name: Name
     scopes: Annotated[list[Scope], Field(min_length=1, max_length=len(SCOPES) + 100)]
     expires_at: datetime | None = None
+    # None: every object (as every key made before owns existed).
+    owns: OwnsIn | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,8 @@ class Principal:
     scopes: frozenset[str]
     # Kept so that a verified key held in memory (api.http.auth) stops at its expiry exactly.
     expires_at: datetime | None = field(default=None, compare=False)
+    # The objects it may act on; None: every object.
+    owns: Owns | None = None
 
     def allows(self, scope: str) -> bool:
         if scope in self.scopes:
@@ -108,10 +136,12 @@ def _hash(token: str) -> str:
 
 
 def _view(row: Any) -> dict[str, Any]:
+    owns = Owns.from_json(row.owns)
     return {
         "name": row.name,
         "prefix": row.prefix,
         "scopes": list(row.scopes),
+        "owns": None if owns is None else owns.as_json(),
         "created_at": row.created_at.isoformat(),
         "expires_at": None if row.expires_at is None else row.expires_at.isoformat(),
         "revoked_at": None if row.revoked_at is None else row.revoked_at.isoformat(),
@@ -133,6 +163,18 @@ def create_key(engine: Engine, data: Any, clock: Clock = SYSTEM) -> tuple[dict[s
             raise InvalidMessage("expires_at", "give a time zone (e.g. 2027-01-31T12:00:00Z)")
         if key.expires_at <= now:
             raise InvalidMessage("expires_at", f"{key.expires_at.isoformat()} is not ahead")
+    owns = None
+    if key.owns is not None:
+        unbound = sorted(UNBOUND_SCOPES.intersection(key.scopes))
+        if unbound:
+            raise InvalidMessage(
+                "owns", f"a key with {', '.join(unbound)} acts on every object: leave owns out"
+            )
+        owns = Owns(
+            frozenset(key.owns.source_systems),
+            frozenset(key.owns.origins),
+            frozenset(key.owns.subscriptions),
+        ).as_json()
     prefix = secrets.token_hex(6)
     token = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     with engine.begin() as conn:
@@ -145,6 +187,7 @@ def create_key(engine: Engine, data: Any, clock: Clock = SYSTEM) -> tuple[dict[s
                 "scopes": sorted(set(key.scopes)),
                 "created_at": now,
                 "expires_at": key.expires_at,
+                "owns": None if owns is None else json.dumps(owns),
             },
         ).first()
     if row is None:
@@ -168,27 +211,37 @@ def revoke_key(engine: Engine, name: str, clock: Clock = SYSTEM) -> dict[str, An
     return _view(row)
 
 
+UNKNOWN_KEY = "unknown API key"
+
+
+def key_prefix(token: str | None) -> str:
+    """The prefix (what names the key) of a token in an API key's form; Unauthenticated
+    when it has none, without a lookup."""
+    if not token:
+        raise Unauthenticated("missing: send Authorization: Bearer <API key>")
+    parts = token.removeprefix(TOKEN_PREFIX).split("_", 1) if token.startswith(TOKEN_PREFIX) else []
+    if len(parts) != 2 or len(token) > 200:
+        raise Unauthenticated("not an orderly API key")
+    return parts[0]
+
+
 def authenticate(
     engine: Engine, token: str | None, clock: Clock = SYSTEM, *, scope: str | None = None
 ) -> Principal:
     """The key a bearer token stands for; Unauthenticated says why not, Forbidden when it
     lacks ``scope``. Only a key that passes records its use: a refused request writes
     nothing."""
-    if not token:
-        raise Unauthenticated("missing: send Authorization: Bearer <API key>")
-    parts = token.removeprefix(TOKEN_PREFIX).split("_", 1) if token.startswith(TOKEN_PREFIX) else []
-    if len(parts) != 2 or len(token) > 200:
-        raise Unauthenticated("not an orderly API key")
+    prefix = key_prefix(token)
     now = utcnow(clock)
     with engine.connect() as conn:
-        row = conn.execute(sql("api_key_by_prefix"), {"prefix": parts[0]}).first()
-        if row is None or not hmac.compare_digest(row.secret_hash, _hash(token)):
-            raise Unauthenticated("unknown API key")
+        row = conn.execute(sql("api_key_by_prefix"), {"prefix": prefix}).first()
+        if row is None or not hmac.compare_digest(row.secret_hash, _hash(token or "")):
+            raise Unauthenticated(UNKNOWN_KEY)
         if row.revoked_at is not None:
             raise Unauthenticated(f"the key {row.name!r} was revoked")
         if row.expires_at is not None and row.expires_at <= now:
             raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
-        found = Principal(row.name, frozenset(row.scopes), row.expires_at)
+        found = Principal(row.name, frozenset(row.scopes), row.expires_at, Owns.from_json(row.owns))
         if scope is not None:
             found.require(scope)
         if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:

@@ -166,6 +166,7 @@ class OpenConversation:
     reason: BlockReason | None  # None: not blocked (ready, or in flight)
     in_flight: bool  # the head is being sent now
     undelivered: int  # responses of the conversation not delivered yet
+    origin: str = ""  # the client its responses go to (the conversation's owner)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def _conversations(client: OrderingRedis, keys: BridgeKeys, now: int) -> _Conver
     for info in infos:
         pipe.hmget(
             keys.response(info["cnId"], info["rsId"]),
-            ["status", "notBefore", "sentAt", "claimedAt", "reqSeq", "msgId"],
+            ["status", "notBefore", "sentAt", "claimedAt", "reqSeq", "msgId", "origin"],
         )
     for cid in conversations:
         pipe.zrange(keys.response_list(cid), 0, -1)
@@ -228,7 +229,7 @@ def _conversations(client: OrderingRedis, keys: BridgeKeys, now: int) -> _Conver
         if not undelivered:
             continue
         head = undelivered[0]
-        status, not_before, _sent_at, claimed_at, req_seq, msg_id = (
+        status, not_before, _sent_at, claimed_at, req_seq, msg_id, origin = (
             as_text(v) if v is not None else None for v in live[head]
         )
         # The gate skips request keys whose hash expired; the first one left is the head.
@@ -259,6 +260,7 @@ def _conversations(client: OrderingRedis, keys: BridgeKeys, now: int) -> _Conver
                 reason=reason,
                 in_flight=in_flight,
                 undelivered=len(undelivered),
+                origin=origin or "",
             )
         )
     return _Conversations(found, live, int(scheduled) + int(waking), int(awaited_due))

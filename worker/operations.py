@@ -29,6 +29,7 @@ from pydantic import (
 from sqlalchemy import Connection, Engine
 
 from orderly.models import FINAL_STATES, MessageState
+from orderly.worker.core import owners
 from orderly.worker.core.errors import (
     InvalidMessage,
     MessageNotFound,
@@ -36,6 +37,7 @@ from orderly.worker.core.errors import (
     ResponseNotAwaited,
 )
 from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.owners import Owns
 from orderly.worker.pool import released_in
 from orderly.worker.store.queries import sql
 
@@ -109,25 +111,38 @@ def list_messages(
     limit: int = 100,
     offset: int = 0,
     newest_first: bool = False,
+    owns: Owns | None = None,
     **filters: Any,
 ) -> list[dict[str, Any]]:
     """Messages matching ``found`` (or the ``filters`` a MessageFilter takes), oldest
-    msg_timestamp first, or newest first; ``limit`` of them after ``offset``."""
+    msg_timestamp first, or newest first; ``limit`` of them after ``offset``. ``owns``: only
+    the caller's (worker.core.owners; None: every message)."""
     if not 1 <= limit <= MAX_LIST:
         raise InvalidMessage("limit", f"must be 1 to {MAX_LIST}")
     if not 0 <= offset <= MAX_OFFSET:
         raise InvalidMessage("offset", f"must be 0 to {MAX_OFFSET}")
     chosen = found if found is not None else message_filter(**filters)
-    params = {**chosen.params(), "limit": limit, "offset": offset, "newest": newest_first}
+    params = {
+        **chosen.params(),
+        "limit": limit,
+        "offset": offset,
+        "newest": newest_first,
+        "owned": owners.source_systems(owns),
+    }
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(sql("messages_list"), params)]
 
 
-def count_by_state(engine: Engine, found: MessageFilter) -> dict[MessageState, int]:
+def count_by_state(
+    engine: Engine, found: MessageFilter, owns: Owns | None = None
+) -> dict[MessageState, int]:
     """How many messages match ``found`` but its state, for every state (0 when none)."""
     counts = dict.fromkeys(MessageState, 0)
     with engine.connect() as conn:
-        for row in conn.execute(sql("messages_count_by_state"), found.params()):
+        for row in conn.execute(
+            sql("messages_count_by_state"),
+            {**found.params(), "owned": owners.source_systems(owns)},
+        ):
             counts[MessageState(row.state)] = int(row.n)
     return counts
 
@@ -141,13 +156,17 @@ class ConversationHistory:
     cut: bool
 
 
-def conversation_history(engine: Engine, conversation_id: str) -> ConversationHistory:
-    """A conversation's request and response rows, grouped by request."""
+def conversation_history(
+    engine: Engine, conversation_id: str, owns: Owns | None = None
+) -> ConversationHistory:
+    """A conversation's request and response rows, grouped by request (``owns``: of the
+    caller's origins only)."""
     with engine.connect() as conn:
         rows = [
             dict(r._mapping)
             for r in conn.execute(
-                sql("conversation_messages"), {"cid": conversation_id, "limit": MAX_LIST + 1}
+                sql("conversation_messages"),
+                {"cid": conversation_id, "limit": MAX_LIST + 1, "owned": owners.origins(owns)},
             )
         ]
     cut = len(rows) > MAX_LIST
@@ -160,18 +179,22 @@ def conversation_history(engine: Engine, conversation_id: str) -> ConversationHi
     return ConversationHistory(turns, cut)
 
 
-def late_responses(engine: Engine, limit: int = 50) -> list[dict[str, Any]]:
+def late_responses(
+    engine: Engine, limit: int = 50, owns: Owns | None = None
+) -> list[dict[str, Any]]:
     """The newest conversation responses that were handed to their client late."""
+    params = {"limit": limit, "owned": owners.origins(owns)}
     with engine.connect() as conn:
-        return [
-            dict(r._mapping) for r in conn.execute(sql("late_responses_recent"), {"limit": limit})
-        ]
+        return [dict(r._mapping) for r in conn.execute(sql("late_responses_recent"), params)]
 
 
-def inspect_message(engine: Engine, msg_id: int) -> dict[str, Any]:
-    """One message with its children, external calls and logged exchanges."""
+def inspect_message(engine: Engine, msg_id: int, owns: Owns | None = None) -> dict[str, Any]:
+    """One message with its children, external calls and logged exchanges (``owns``: one of
+    the caller's, else MessageNotFound)."""
     with engine.connect() as conn:
-        row = conn.execute(sql("message_show"), {"id": msg_id}).first()
+        row = conn.execute(
+            sql("message_show"), {"id": msg_id, "owned": owners.source_systems(owns)}
+        ).first()
         if row is None:
             raise MessageNotFound(msg_id)
         found = dict(row._mapping)
@@ -207,8 +230,11 @@ def _command(data: Any, key: str | None) -> tuple[CommandIn, str]:
     return command, f"key:{key} for {command.by}"
 
 
-def _refusal(conn: Connection, msg_id: int, wanted: str) -> OperationRefused | MessageNotFound:
-    row = conn.execute(sql("message_state_of"), {"id": msg_id}).first()
+def _refusal(
+    conn: Connection, msg_id: int, wanted: str, owns: Owns | None
+) -> OperationRefused | MessageNotFound:
+    owned = owners.source_systems(owns)
+    row = conn.execute(sql("message_state_of"), {"id": msg_id, "owned": owned}).first()
     if row is None:
         return MessageNotFound(msg_id)
     if row.service_name == "conversation":
@@ -231,20 +257,21 @@ def cancel(
     enqueue: Callable[[int], None],
     *,
     key: str | None = None,
+    owns: Owns | None = None,
 ) -> CommandResult:
     """CANCEL a message that is not final yet, with the operator's note (and the name of the
     API key that asked, ``key``), and with it its HARD children not final yet, theirs, and so
     on down (each with an audit entry naming its parent); SOFT children go on. One
     transaction: the funnel locks of the whole tree first (in key order), then the rows."""
     command, by = _command(data, key)
-    params = {"by": by, "note": command.note}
+    params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     cancelled: list[int] = []
     with engine.begin() as conn:
         tree = [r.msg_id for r in conn.execute(sql("cancel_hard_descendants"), {"id": msg_id})]
         conn.execute(sql("lock_funnels_of_ids"), {"ids": [msg_id, *tree]})
         done = conn.execute(sql("message_cancel"), {"id": msg_id, **params}).first()
         if done is None:
-            raise _refusal(conn, msg_id, "only a message not yet final can be cancelled")
+            raise _refusal(conn, msg_id, "only a message not yet final can be cancelled", owns)
         # Level by level, each statement seeing what committed since the last: a child
         # stored meanwhile (by a handler that finished) is reached too.
         level = [msg_id]
@@ -268,17 +295,18 @@ def redrive(
     enqueue: Callable[[int], None],
     *,
     key: str | None = None,
+    owns: Owns | None = None,
 ) -> CommandResult:
     """Send a FAILED or CANCEL message again (failures counted anew); the HARD ancestors that
     its failure had failed wait for it again. ``key``: as for :func:`cancel`."""
     command, by = _command(data, key)
-    params = {"by": by, "note": command.note}
+    params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     reopened: list[int] = []
     with engine.begin() as conn:
         conn.execute(sql("lock_funnel_of"), {"id": msg_id})
         done = conn.execute(sql("message_redrive"), {"id": msg_id, **params}).first()
         if done is None:
-            raise _refusal(conn, msg_id, "only a FAILED or CANCEL message can be re-driven")
+            raise _refusal(conn, msg_id, "only a FAILED or CANCEL message can be re-driven", owns)
         child, parent = msg_id, done.parent_msg_id
         while parent is not None:
             conn.execute(sql("lock_funnel_of"), {"id": parent})
@@ -331,13 +359,16 @@ def receive_response(
     note: str | None = None,
     key: str | None = None,
     msg_id: int | None = None,
+    owns: Owns | None = None,
 ) -> ResponseResult:
     """Store the response, end the wait and take the message up again (IN_QUEUE). A response
     that comes before the handler has returned is kept: the message goes on when it does.
 
     ``note``: an operator answering by hand says why; it goes into the audit trail as
     RESPOND, under the API key's name ``key`` (as for :func:`cancel`). ``msg_id``: the
-    message that must be the one waiting (else OperationRefused, and nothing is written)."""
+    message that must be the one waiting (else OperationRefused, and nothing is written).
+    ``owns``: the caller's objects; a message of another source system does not wait for
+    it (ResponseNotAwaited, nothing written)."""
     response = parse_input(ResponseIn, data)
     audit = None if note is None else _command({"note": note}, key)
     if response.failed and not response.reason:
@@ -349,7 +380,8 @@ def receive_response(
     )
     with engine.begin() as conn:
         waiting = conn.execute(
-            sql("response_waiting_message"), {"cid": response.correlation_id}
+            sql("response_waiting_message"),
+            {"cid": response.correlation_id, "owned": owners.source_systems(owns)},
         ).first()
         if waiting is None:
             raise ResponseNotAwaited(response.correlation_id)
@@ -390,6 +422,7 @@ def respond(
     *,
     note: str | None,
     key: str | None = None,
+    owns: Owns | None = None,
 ) -> ResponseResult:
     """An operator gives by hand the response message ``msg_id`` waits for (``data``: a
     response without its correlation_id), with a note for the audit trail."""
@@ -398,10 +431,14 @@ def respond(
     if "correlation_id" in data:
         raise InvalidMessage("correlation_id", "the message's own wait gives it: leave it out")
     with engine.connect() as conn:
-        found = conn.execute(sql("message_wait_of"), {"id": msg_id}).first()
+        found = conn.execute(
+            sql("message_wait_of"), {"id": msg_id, "owned": owners.source_systems(owns)}
+        ).first()
     if found is None:
         raise MessageNotFound(msg_id)
     if found.wait_correlation_id is None or found.state in FINAL_STATES:
         raise OperationRefused(msg_id, "it waits for no response")
     response = {**data, "correlation_id": found.wait_correlation_id}
-    return receive_response(engine, response, enqueue, note=note or "", key=key, msg_id=msg_id)
+    return receive_response(
+        engine, response, enqueue, note=note or "", key=key, msg_id=msg_id, owns=owns
+    )

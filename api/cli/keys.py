@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -13,6 +13,14 @@ from orderly.worker import keys
 from orderly.worker.runtime import get_runtime
 
 key_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
+
+
+def _owns(key: dict[str, Any]) -> str:
+    owns = key["owns"]
+    if owns is None:
+        return "every object"
+    named = [f"{kind}: {', '.join(map(str, owns[kind]))}" for kind in owns if owns[kind]]
+    return "; ".join(named) or "no object"
 
 
 @key_app.command("create")
@@ -29,17 +37,36 @@ def key_create(
     expires_at: Annotated[
         str | None, typer.Option(help="ISO 8601, e.g. 2027-01-31T00:00:00Z (default: never)")
     ] = None,
+    source_system: Annotated[
+        list[str] | None,
+        typer.Option(help="Bind the key: a source system whose messages it may act on (repeat)."),
+    ] = None,
+    origin: Annotated[
+        list[str] | None,
+        typer.Option(help="Bind the key: an origin whose conversations it may act on (repeat)."),
+    ] = None,
+    subscription: Annotated[
+        list[int] | None,
+        typer.Option(help="Bind the key: a subscription id it may pull and operate (repeat)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """Create a key; its token is printed this once and cannot be shown again."""
+    """Create a key; its token is printed this once and cannot be shown again. Without
+    --source-system, --origin or --subscription it acts on every object."""
     data: dict[str, object] = {"name": name, "scopes": scope}
     if expires_at is not None:
         data["expires_at"] = expires_at
+    if source_system or origin or subscription:
+        data["owns"] = {
+            "source_systems": source_system or [],
+            "origins": origin or [],
+            "subscriptions": subscription or [],
+        }
     made, token = call(keys.create_key, get_runtime().engine, data)
     if as_json:
         console.print_json(json.dumps({**made, "token": token}))
         return
-    err.print(f"key {made['name']!r} with scopes {', '.join(made['scopes'])}")
+    err.print(f"key {made['name']!r} with scopes {', '.join(made['scopes'])}, {_owns(made)}")
     err.print("its token, shown this once (send it as Authorization: Bearer <token>):")
     print(token)
 
@@ -54,12 +81,15 @@ def key_list(
     if as_json:
         console.print_json(json.dumps(found))
         return
-    table = Table("name", "prefix", "scopes", "created", "expires", "revoked", "last used")
+    table = Table(
+        "name", "prefix", "scopes", "acts on", "created", "expires", "revoked", "last used"
+    )
     for k in found:
         table.add_row(
             k["name"],
             k["prefix"],
             " ".join(k["scopes"]),
+            _owns(k),
             k["created_at"][:19],
             (k["expires_at"] or "")[:19],
             (k["revoked_at"] or "")[:19],

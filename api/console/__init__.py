@@ -1,10 +1,11 @@
 """The operator console: server-rendered pages under ``/console``, behind the API keys.
 
 A key with ``operate`` sees every page; changes (cancel, re-drive, respond, dead letters,
-configuration, keys) also need ``admin``, and the keys page needs it to be seen. The key
-comes in a cookie set by the login form (HttpOnly, SameSite=Strict, path /console) or in an
-``Authorization: Bearer`` header; every form carries a token derived from the key, so a page
-of another site cannot post one. Every value is escaped by the templates (Jinja2 autoescape)
+configuration, keys) also need ``admin``, and the keys page needs it to be seen. Signing in
+with a key opens a session: its cookie (HttpOnly, SameSite=Strict, path /console) holds a
+random session id, not the key (session.py, worker.sessions); a script may send the key in an
+``Authorization: Bearer`` header instead. Every form carries the session's form token, so a
+page of another site cannot post one. Every value is escaped by the templates (Jinja2 autoescape)
 and the pages load nothing but ``/console/static`` (a Content-Security-Policy says so): it
 works with no network access. Thin: the data and the changes are worker.*'s.
 """

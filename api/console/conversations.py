@@ -15,7 +15,7 @@ from orderly.api.console.session import Refused, Signed
 from orderly.worker import observe, operations
 from orderly.worker.conversations.model import check_conversation_id
 from orderly.worker.core.clock import now_ms
-from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage, NotFound
 from orderly.worker.runtime import Runtime
 
 router = APIRouter()
@@ -42,12 +42,17 @@ async def conversation_list(request: Request, viewer: Signed) -> Response:
             observe.open_conversations, runtime.ordering_redis, keys, now_ms(runtime.clock)
         )
     )
+    owns = viewer.key.owns
+    if owns is not None:
+        found = [c for c in found if c.origin in owns.origins]
     found.sort(key=lambda c: (_ORDER[c.reason], c.conversation_id))
     total, blocked = len(found), sum(1 for c in found if c.reason is not None)
     reason = request.query_params.get("reason", "")
     if reason:
         found = [c for c in found if (c.reason.value if c.reason else "none") == reason]
-    late = await run_in_threadpool(operations.late_responses, runtime.engine)
+    late = await run_in_threadpool(
+        functools.partial(operations.late_responses, runtime.engine, owns=owns)
+    )
     return page(
         request,
         "conversations.html",
@@ -69,12 +74,19 @@ async def conversation_page(request: Request, viewer: Signed, conversation_id: s
         check_conversation_id(conversation_id)
     except InvalidMessage as exc:
         raise Refused(422, list(exc.problems)) from None
+    owns = viewer.key.owns
     history = await run_in_threadpool(
-        operations.conversation_history, runtime.engine, conversation_id
+        operations.conversation_history, runtime.engine, conversation_id, owns
     )
-    live = await run_in_threadpool(runtime.conversations.describe, conversation_id)
+    missing = Refused(404, [("conversation_id", f"no conversation {conversation_id!r}")])
+    try:
+        live = await run_in_threadpool(runtime.conversations.describe, conversation_id, owns)
+    except NotFound:
+        if owns is not None:
+            raise missing from None
+        raise
     if not history.turns and not live["requests"] and not live["responses"]:
-        raise Refused(404, [("conversation_id", f"no conversation {conversation_id!r}")])
+        raise missing
     gate = {str(r["msgId"]): r for r in live["responses"] if r.get("msgId")}
     return page(
         request,

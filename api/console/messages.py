@@ -56,9 +56,10 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
                 limit=PAGE_SIZE + 1,
                 offset=(number - 1) * PAGE_SIZE,
                 newest_first=True,
+                owns=viewer.key.owns,
             )
         )
-        counts = await run_in_threadpool(operations.count_by_state, engine, chosen)
+        counts = await run_in_threadpool(operations.count_by_state, engine, chosen, viewer.key.owns)
     except InvalidMessage as exc:
         problems = list(exc.problems)
     return page(
@@ -79,7 +80,9 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
 @router.get("/messages/{msg_id}")
 async def message_page(request: Request, viewer: Signed, msg_id: RowId) -> Response:
     found = await attempt(
-        functools.partial(operations.inspect_message, _runtime(request).engine, msg_id)
+        functools.partial(
+            operations.inspect_message, _runtime(request).engine, msg_id, viewer.key.owns
+        )
     )
     return page(request, "message.html", viewer, m=found)
 

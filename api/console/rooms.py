@@ -24,16 +24,21 @@ router = APIRouter()
 async def room_list(request: Request, viewer: Signed) -> HTMLResponse:
     runtime: Runtime = request.app.state.runtime
     rooms = await run_in_threadpool(pubsub.list_rooms, runtime.engine)
-    dead = await run_in_threadpool(pubsub.dead_letter_counts, runtime.engine)
+    dead = await run_in_threadpool(pubsub.dead_letter_counts, runtime.engine, viewer.key.owns)
     return page(request, "rooms.html", viewer, rooms=rooms, dead=dead)
 
 
 @router.get("/rooms/{room}")
 async def room_page(request: Request, viewer: Signed, room: str) -> HTMLResponse:
     engine = request.app.state.runtime.engine
+    owns = viewer.key.owns
     subscriptions = await attempt(functools.partial(pubsub.list_subscriptions, engine, room))
     counts = await run_in_threadpool(pubsub.subscription_deliveries, engine, room)
-    dead = await run_in_threadpool(pubsub.dead_letters, engine, room)
+    if owns is not None:
+        # A bound key sees its own subscriptions of the room, nothing of another's.
+        subscriptions = [s for s in subscriptions if s["subscription_id"] in owns.subscriptions]
+        counts = {s: n for s, n in counts.items() if s in owns.subscriptions}
+    dead = await run_in_threadpool(pubsub.dead_letters, engine, room, owns)
     return page(
         request,
         "room.html",

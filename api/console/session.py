@@ -1,8 +1,11 @@
 """Signing in to the console with an API key, and what every page and form checks.
 
-The key's token is kept in a cookie (HttpOnly, SameSite=Strict, path /console, Secure over
-HTTPS) or sent as ``Authorization: Bearer``. A form posted with the cookie must carry the
-form token (an HMAC of the key's token): a page elsewhere can neither read nor make it.
+Signing in opens a session (worker.sessions): the cookie (HttpOnly, SameSite=Strict, path
+/console, Secure over HTTPS) carries its random id, never the key, and is no credential of the
+API. Each request finds the session in Redis and its key, live, in PostgreSQL; signing out
+ends the session. A script may send the key as ``Authorization: Bearer`` instead. A form
+posted with the cookie must carry the session's form token: a page elsewhere can neither read
+nor make it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import Viewer, back_to, page
 from orderly.api.http.errors import explain
+from orderly.api.http.ratelimit import sign_in_limited
 from orderly.worker import keys
 from orderly.worker.core.errors import Forbidden, OrderlyError, Unauthenticated
 from orderly.worker.runtime import Runtime
+from orderly.worker.sessions import ConsoleSessions
 
 COOKIE = "orderly_console"
 FORM_TOKEN_FIELD = "form_token"
@@ -34,10 +39,12 @@ router = APIRouter()
 
 
 class SignInNeeded(Exception):
-    """No valid key: the sign-in page (401)."""
+    """No valid key or session: the sign-in page (401); ``forget``: a session cookie that no
+    longer stands for anything, which the browser is told to drop."""
 
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: str, *, forget: bool = False) -> None:
         self.problem = problem
+        self.forget = forget
         super().__init__(problem)
 
 
@@ -51,6 +58,7 @@ class Refused(Exception):
 
 
 def form_token(token: str) -> str:
+    """The form token of a key sent as a bearer token (a session has its own)."""
     return hmac.new(token.encode(), b"orderly console form", hashlib.sha256).hexdigest()
 
 
@@ -70,18 +78,37 @@ async def _authenticate(request: Request, token: str | None) -> keys.Principal:
     return await run_in_threadpool(call)
 
 
+def _sessions(request: Request) -> ConsoleSessions:
+    runtime: Runtime = request.app.state.runtime
+    settings = runtime.settings
+    return ConsoleSessions(
+        runtime.redis,
+        runtime.engine,
+        runtime.clock,
+        idle_s=settings.console_session_idle_s,
+        max_s=settings.console_session_max_s,
+    )
+
+
 async def current_viewer(request: Request) -> Viewer:
-    """The signed-in viewer; SignInNeeded without a valid key, Refused without ``operate``."""
+    """The signed-in viewer; SignInNeeded without a valid key or session, Refused without
+    ``operate``."""
     token, by_cookie = _token(request)
     if not token:
         raise SignInNeeded("")
     try:
-        key = await _authenticate(request, token)
+        if by_cookie:
+            session, key = await run_in_threadpool(_sessions(request).resolve, token)
+            key.require(keys.OPERATE)
+            mark = session.form_token
+        else:
+            key = await _authenticate(request, token)
+            mark = form_token(token)
     except Unauthenticated as exc:
-        raise SignInNeeded(str(exc)) from None
+        raise SignInNeeded(str(exc), forget=by_cookie) from None
     except Forbidden as exc:
         raise Refused(403, [("scope", str(exc))]) from None
-    viewer = Viewer(key, form_token(token), by_cookie)
+    viewer = Viewer(key, mark, by_cookie)
     request.state.console_viewer = viewer  # a refusal's page shows it without asking again
     return viewer
 
@@ -128,7 +155,7 @@ def _same_site(request: Request) -> None:
 
 async def form(request: Request, viewer: Viewer | None = None) -> Form:
     """A posted form, from a console page. With ``viewer``: a change, which needs ``admin``
-    and, when the key came in the cookie, the form token."""
+    and, when the viewer came with the session cookie, the session's form token."""
     _same_site(request)
     if request.headers.get("content-type", "").split(";")[0].strip() != (
         "application/x-www-form-urlencoded"
@@ -191,16 +218,26 @@ async def login_page(request: Request) -> HTMLResponse:
 @router.post("/login")
 async def login(request: Request) -> Response:
     token = (await form(request)).get("key").strip()
+    # Guesses are throttled per address and per key tried, before any lookup.
+    throttled = await sign_in_limited(request, token)
+    if throttled is not None:
+        slow_down = _sign_in(request, str(throttled), 429)
+        slow_down.headers["Retry-After"] = str(throttled.retry_after_s)
+        return slow_down
     try:
-        await _authenticate(request, token)
+        key = await _authenticate(request, token)
     except Unauthenticated as exc:
         return _sign_in(request, str(exc), 401)
     except Forbidden as exc:
         return _sign_in(request, str(exc), 403)
+    opened = functools.partial(
+        _sessions(request).open, token, key.name, replacing=request.cookies.get(COOKIE)
+    )
+    session_id = await run_in_threadpool(opened)
     answer = RedirectResponse("/console/messages", status_code=303)
     answer.set_cookie(
         COOKIE,
-        token,
+        session_id,
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
@@ -212,6 +249,10 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request) -> Response:
     await form(request)
+    session_id = request.cookies.get(COOKIE)
+    if session_id:
+        # Ended in Redis, not only dropped by the browser: a copy of the cookie is dead too.
+        await run_in_threadpool(_sessions(request).close, session_id)
     answer = RedirectResponse("/console/login", status_code=303)
     answer.delete_cookie(COOKIE, path="/console")
     return answer
@@ -227,7 +268,10 @@ async def home(viewer: Signed) -> Response:
 
 async def _sign_in_needed(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SignInNeeded)
-    return _sign_in(request, exc.problem, 401)
+    answer = _sign_in(request, exc.problem, 401)
+    if exc.forget:
+        answer.delete_cookie(COOKIE, path="/console")
+    return answer
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

@@ -301,10 +301,18 @@ class SourceSystem(BaseModel):
     timeout_ms: int
 
 
+class KeyOwns(BaseModel):
+    source_systems: list[str]
+    origins: list[str]
+    subscriptions: list[int]
+
+
 class Key(BaseModel):
     name: str
     prefix: str
     scopes: list[str]
+    # What the key may act on; null: every object.
+    owns: KeyOwns | None
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None

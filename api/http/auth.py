@@ -9,6 +9,11 @@ A key PostgreSQL verified is held in memory by the app (:class:`KeyCache`) for
 request. Its expiry is still honoured to the instant; a revocation through this process (the
 API or the console) is at once; one through another process (``orderly key revoke``, another
 API process) takes effect here within :data:`KEY_CACHE_S`.
+
+A token no key has is refused by the app's directory of keys (worker.key_directory) without a
+lookup of its own, in the same time whether its prefix names a key or not. Each refusal of a
+token in a key's form counts against the client address's refused limit, each authenticated
+request against its key's (api.http.ratelimit).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
+from orderly.api.http.ratelimit import limits_of
 from orderly.worker import keys
 from orderly.worker.channels import ACK_TOKEN_HEADER
 from orderly.worker.core.clock import Clock
+from orderly.worker.core.errors import Unauthenticated
+from orderly.worker.key_directory import KeyDirectory, key_digests
 from orderly.worker.keys import Principal
 from orderly.worker.runtime import Runtime
 
@@ -97,6 +105,16 @@ def key_cache(app: Starlette) -> KeyCache:
     return cache
 
 
+def key_directory(app: Starlette) -> KeyDirectory:
+    """The app's directory of keys (made on its first request that needs it)."""
+    directory: KeyDirectory | None = getattr(app.state, "key_directory", None)
+    if directory is None:
+        runtime: Runtime = app.state.runtime
+        directory = KeyDirectory(functools.partial(key_digests, runtime.engine))
+        app.state.key_directory = directory
+    return directory
+
+
 bearer = HTTPBearer(
     scheme_name=SCHEME,
     bearerFormat="orderly_<prefix>_<secret> (orderly key create)",
@@ -127,22 +145,37 @@ async def _principal(
 ) -> Principal:
     (scope,) = scopes.scopes  # one per route
     scope = scope.format(**request.path_params)
-    token = None if credentials is None else credentials.credentials
+    token = "" if credentials is None else credentials.credentials
+    keys.key_prefix(token)  # none, or not in a key's form: refused here, uncounted
     cache = key_cache(request.app)
-    digest = None
-    if token:
-        digest = cache.digest(token)
-        held = cache.get(digest)
-        if held is not None:
-            held.require(scope)
-            return held
+    digest = cache.digest(token)
+    found = cache.get(digest) or await _look_up(request, cache, digest, token, scope)
+    await limits_of(request)[0].key(found.name)
+    found.require(scope)
+    return found
+
+
+async def _look_up(
+    request: Request, cache: KeyCache, digest: bytes, token: str, scope: str
+) -> Principal:
+    """A token not held: refused at once when no key has its digest, else verified by
+    PostgreSQL in a thread. A refusal counts against the client address's limit; over it, the
+    answer is 429, and so are the next ones from there until the limit allows again."""
+    limits, address = limits_of(request)
+    limits.refuse_if_blocked(address)
+    if not await key_directory(request.app).knows(digest):
+        await limits.refused(address)
+        raise Unauthenticated(keys.UNKNOWN_KEY)
     generation = cache.generation
     runtime: Runtime = request.app.state.runtime
-    found = await run_in_threadpool(
-        functools.partial(keys.authenticate, runtime.engine, token, runtime.clock, scope=scope)
-    )
-    if digest is not None:
-        cache.put(digest, found, generation)
+    try:
+        found = await run_in_threadpool(
+            functools.partial(keys.authenticate, runtime.engine, token, runtime.clock, scope=scope)
+        )
+    except Unauthenticated:
+        await limits.refused(address)
+        raise
+    cache.put(digest, found, generation)
     return found
 
 
@@ -157,3 +190,5 @@ def requires(scope: str) -> list[Any]:
 
 
 Operator = Annotated[Principal, caller(keys.OPERATE)]
+Producer = Annotated[Principal, caller(keys.PRODUCE)]
+Consumer = Annotated[Principal, caller(keys.CONSUME)]

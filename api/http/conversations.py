@@ -14,10 +14,9 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import Operator, ack_header, requires
+from orderly.api.http.auth import Operator, Producer, ack_header
 from orderly.api.http.common import AppRuntime, json_body
 from orderly.api.http.contract import body
-from orderly.worker import keys
 from orderly.worker.conversations.model import RequestIn, ResponseIn
 from orderly.worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
 
@@ -31,13 +30,14 @@ acks = APIRouter()
     responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("ConversationRequestIn", RequestIn),
-    dependencies=requires(keys.PRODUCE),
 )
 async def register_request(
-    runtime: AppRuntime, conversation_id: str, request: Request
+    runtime: AppRuntime, conversation_id: str, request: Request, key: Producer
 ) -> JSONResponse:
     data = await json_body(request)
-    result = await run_in_threadpool(runtime.conversations.register_request, conversation_id, data)
+    result = await run_in_threadpool(
+        runtime.conversations.register_request, conversation_id, data, key.owns
+    )
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},
@@ -49,14 +49,15 @@ async def register_request(
     responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("ConversationResponseIn", ResponseIn),
-    dependencies=requires(keys.PRODUCE),
 )
-async def add_response(runtime: AppRuntime, conversation_id: str, request: Request) -> JSONResponse:
+async def add_response(
+    runtime: AppRuntime, conversation_id: str, request: Request, key: Producer
+) -> JSONResponse:
     from orderly.worker.celery import enqueue_drain
 
     data = await json_body(request)
     result = await run_in_threadpool(
-        runtime.conversations.add_response, conversation_id, data, enqueue_drain
+        runtime.conversations.add_response, conversation_id, data, enqueue_drain, key.owns
     )
     return JSONResponse(
         status_code=201 if result.created else 200,
@@ -67,20 +68,21 @@ async def add_response(runtime: AppRuntime, conversation_id: str, request: Reque
 @router.get(
     "/conversations/{conversation_id}",
     responses=answers(a.Conversation),
-    dependencies=requires(keys.OPERATE),
 )
-async def describe_conversation(runtime: AppRuntime, conversation_id: str) -> JSONResponse:
-    view = await run_in_threadpool(runtime.conversations.describe, conversation_id)
+async def describe_conversation(
+    runtime: AppRuntime, conversation_id: str, key: Operator
+) -> JSONResponse:
+    view = await run_in_threadpool(runtime.conversations.describe, conversation_id, key.owns)
     return JSONResponse(view)
 
 
 @router.get(
     "/conversation-messages",
     responses=answers(a.ConversationMessage),
-    dependencies=requires(keys.OPERATE),
 )
 async def get_message(
     runtime: AppRuntime,
+    key: Operator,
     response_id: str | None = None,
     async_response_id: str | None = None,
     fields: Annotated[str | None, Query(description="Field names, comma-separated")] = None,
@@ -92,6 +94,7 @@ async def get_message(
             response_id=response_id,
             async_response_id=async_response_id,
             fields=fields,
+            owns=key.owns,
         )
     )
     return JSONResponse(view)
@@ -124,6 +127,7 @@ async def delete_register(
         data,
         enqueue_drain,
         key=key.name,
+        owns=key.owns,
     )
 
 
@@ -149,6 +153,7 @@ async def set_awaited_by_request(
         data,
         request_id=request_id,
         key=key.name,
+        owns=key.owns,
     )
 
 
@@ -168,6 +173,7 @@ async def set_awaited_by_response(
         data,
         response_id=response_id,
         key=key.name,
+        owns=key.owns,
     )
 
 
@@ -182,7 +188,12 @@ async def set_awaited_date(
     """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
     data = await json_body(request)
     return await _answer(
-        runtime.conversations.set_awaited_date, conversation_id, response_id, data, key=key.name
+        runtime.conversations.set_awaited_date,
+        conversation_id,
+        response_id,
+        data,
+        key=key.name,
+        owns=key.owns,
     )
 
 
@@ -197,21 +208,38 @@ async def remove_at(
     """removeAllReferencesAtTime: the response's references leave Redis after ``delay_s``."""
     data = await json_body(request)
     return await _answer(
-        runtime.conversations.remove_at, conversation_id, response_id, data, key=key.name
+        runtime.conversations.remove_at,
+        conversation_id,
+        response_id,
+        data,
+        key=key.name,
+        owns=key.owns,
     )
 
 
 @acks.post("/acks/{async_response_id}", responses=answers(a.Acked))
 async def ack(
     runtime: AppRuntime,
+    request: Request,
     async_response_id: str,
     token: Annotated[str, Depends(ack_header)],
 ) -> JSONResponse:
     """A client's ACK of a response it answered 202: no API key, but the response's ACK token
-    (``X-Orderly-Ack-Token``, sent with the response) brought back."""
+    (``X-Orderly-Ack-Token``, sent with the response) brought back. A refused ACK whose token
+    has the right form (a guess) counts against the client address's refused limit."""
+    from orderly.api.http.ratelimit import limits_of
     from orderly.worker.celery import enqueue_drain
+    from orderly.worker.channels import ACK_TOKEN_FORM
+    from orderly.worker.core.errors import Unauthenticated, UnknownAck
 
-    msg_id = await run_in_threadpool(
-        runtime.conversations.ack, async_response_id, enqueue_drain, token
-    )
+    limits, address = limits_of(request)
+    limits.refuse_if_blocked(address)
+    try:
+        msg_id = await run_in_threadpool(
+            runtime.conversations.ack, async_response_id, enqueue_drain, token
+        )
+    except (UnknownAck, Unauthenticated):
+        if ACK_TOKEN_FORM.fullmatch(token):
+            await limits.refused(address)
+        raise
     return JSONResponse({"msg_id": msg_id, "state": "OK"})

@@ -1,9 +1,10 @@
 """The HTTP face's one table from exception to status and erring field, and its handlers.
 
 Every refusal answers ``{"errors": [{"field": ..., "problem": ...}]}``; a 503 (a service
-unreachable, a node refusing input) also carries ``Retry-After``. Driver exceptions that mean
-PostgreSQL, Redis or the broker cannot be reached are 503s naming that service; any other
-exception is a 500 of the same shape, and the connection stays open for the next request.
+unreachable, a node refusing input) and a 429 (a rate limit) also carry ``Retry-After``.
+Driver exceptions that mean PostgreSQL, Redis or the broker cannot be reached are 503s naming
+that service; any other exception is a 500 of the same shape, and the connection stays open
+for the next request.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class PayloadTooLarge(Exception):
     """A request body over the size limit (raised by the face)."""
 
 
+class RateLimited(Exception):
+    """A client over one of its rate limits (raised by the face, api/http/ratelimit.py): 429
+    with ``Retry-After``, whole seconds."""
+
+    def __init__(self, problem: str, retry_after_s: int, field: str = "client") -> None:
+        self.retry_after_s = retry_after_s
+        self.field = field
+        super().__init__(problem)
+
+
 Problems = Callable[[Any], list[tuple[str, str]]]
 # A field name reports the exception's message against that one field; a function names
 # the fields itself.
@@ -66,6 +77,10 @@ def _what(exc: NotFound) -> list[tuple[str, str]]:
 
 
 def _credential(exc: Unauthenticated) -> list[tuple[str, str]]:
+    return [(exc.field, str(exc))]
+
+
+def _rate(exc: RateLimited) -> list[tuple[str, str]]:
     return [(exc.field, str(exc))]
 
 
@@ -109,6 +124,7 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     UnknownAck: (404, "async_response_id"),
     ResponseNotAwaited: (404, "correlation_id"),
     OperationRefused: (409, "msg_id"),
+    RateLimited: (429, _rate),
     NodeNotAccepting: (503, "node"),
     # The API runs without a setting the request needs: the operator's to fix, not the caller's.
     SettingMissing: (500, "setting"),
@@ -130,7 +146,7 @@ def problem(
 ) -> JSONResponse:
     errors = [{"field": field, "problem": text} for field, text in problems]
     headers = None
-    if status == 503:
+    if status in (429, 503):
         headers = {"Retry-After": str(retry_after_s)}
     elif status == 401:
         headers = {"WWW-Authenticate": 'Bearer realm="orderly"'}
@@ -156,6 +172,8 @@ def _handler(status: int, field: Field) -> Callable[[Request, Exception], Awaita
         found = _problems(field, exc)
         if status == 503:
             log.warning("%s %s: 503 %s", request.method, request.url.path, found)
+        if isinstance(exc, RateLimited):
+            return problem(status, found, retry_after_s=exc.retry_after_s)
         return problem(status, found, retry_after_s=request.app.state.retry_after_s)
 
     return handle

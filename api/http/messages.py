@@ -12,11 +12,11 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import Operator, requires
+from orderly.api.http.auth import Operator, Producer
 from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body
 from orderly.api.http.contract import body
 from orderly.models import MessageState
-from orderly.worker import keys, operations
+from orderly.worker import operations
 from orderly.worker.intake import MessageBatchIn, MessageIn, batch_items
 from orderly.worker.operations import CommandIn, ResponseIn
 
@@ -30,11 +30,10 @@ ISO_8601 = "ISO 8601 (2026-01-31T12:00:00Z; without a zone, UTC)"
     responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("MessageIn", MessageIn),
-    dependencies=requires(keys.PRODUCE),
 )
-async def submit(intake: AppIntake, request: Request) -> JSONResponse:
+async def submit(intake: AppIntake, request: Request, key: Producer) -> JSONResponse:
     data = await json_body(request)
-    result = await run_in_threadpool(intake.submit, data)
+    result = await run_in_threadpool(intake.submit, data, key.owns)
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},
@@ -46,14 +45,15 @@ async def submit(intake: AppIntake, request: Request) -> JSONResponse:
     responses=answers(a.BatchAccepted, created=True, repeat=True),
     status_code=201,
     openapi_extra=body("MessageBatchIn", MessageBatchIn),
-    dependencies=requires(keys.PRODUCE),
 )
-async def submit_batch(intake: AppIntake, runtime: AppRuntime, request: Request) -> JSONResponse:
+async def submit_batch(
+    intake: AppIntake, runtime: AppRuntime, request: Request, key: Producer
+) -> JSONResponse:
     """Up to 1,000 messages at once, each idempotent as with POST /messages: all are
     validated first (one bad message refuses them all, named ``messages[i].field``), then
     stored in one transaction. 201 when any was stored now, 200 when all were stored before."""
     data = await json_body(request, runtime.settings.max_batch_bytes)
-    results = await run_in_threadpool(intake.submit_many, batch_items(data))
+    results = await run_in_threadpool(intake.submit_many, batch_items(data), key.owns)
     return JSONResponse(
         status_code=201 if any(r.created for r in results) else 200,
         content={
@@ -68,14 +68,19 @@ async def submit_batch(intake: AppIntake, runtime: AppRuntime, request: Request)
     "/messages/responses",
     responses=answers(a.ResponseAccepted, created=True, repeat=True),
     openapi_extra=body("ExternalResponseIn", ResponseIn),
-    dependencies=requires(keys.PRODUCE),
 )
-async def receive_response(runtime: AppRuntime, request: Request) -> JSONResponse:
+async def receive_response(runtime: AppRuntime, request: Request, key: Producer) -> JSONResponse:
     from orderly.worker.celery import enqueue_processing
 
     data = await json_body(request)
     result = await run_in_threadpool(
-        operations.receive_response, runtime.engine, data, enqueue_processing
+        functools.partial(
+            operations.receive_response,
+            runtime.engine,
+            data,
+            enqueue_processing,
+            owns=key.owns,
+        )
     )
     return JSONResponse(
         status_code=201 if result.created else 200,
@@ -83,9 +88,10 @@ async def receive_response(runtime: AppRuntime, request: Request) -> JSONRespons
     )
 
 
-@router.get("/messages", responses=answers(list[a.MessageRow]), dependencies=requires(keys.OPERATE))
+@router.get("/messages", responses=answers(list[a.MessageRow]))
 async def list_messages(
     runtime: AppRuntime,
+    key: Operator,
     state: MessageState | None = None,
     funnel: str | None = None,
     service: str | None = None,
@@ -110,17 +116,20 @@ async def list_messages(
     )
     rows = await run_in_threadpool(
         functools.partial(
-            operations.list_messages, runtime.engine, found, limit=limit, offset=offset
+            operations.list_messages,
+            runtime.engine,
+            found,
+            limit=limit,
+            offset=offset,
+            owns=key.owns,
         )
     )
     return JSONResponse(jsonable_encoder(rows))
 
 
-@router.get(
-    "/messages/{msg_id}", responses=answers(a.MessageDetail), dependencies=requires(keys.OPERATE)
-)
-async def show(runtime: AppRuntime, msg_id: RowId) -> JSONResponse:
-    row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id)
+@router.get("/messages/{msg_id}", responses=answers(a.MessageDetail))
+async def show(runtime: AppRuntime, msg_id: RowId, key: Operator) -> JSONResponse:
+    row = await run_in_threadpool(operations.inspect_message, runtime.engine, msg_id, key.owns)
     return JSONResponse(jsonable_encoder(row))
 
 
@@ -137,7 +146,13 @@ async def cancel(
     data = await json_body(request)
     done = await run_in_threadpool(
         functools.partial(
-            operations.cancel, runtime.engine, msg_id, data, enqueue_processing, key=key.name
+            operations.cancel,
+            runtime.engine,
+            msg_id,
+            data,
+            enqueue_processing,
+            key=key.name,
+            owns=key.owns,
         )
     )
     return JSONResponse(
@@ -158,7 +173,13 @@ async def redrive_message(
     data = await json_body(request)
     done = await run_in_threadpool(
         functools.partial(
-            operations.redrive, runtime.engine, msg_id, data, enqueue_processing, key=key.name
+            operations.redrive,
+            runtime.engine,
+            msg_id,
+            data,
+            enqueue_processing,
+            key=key.name,
+            owns=key.owns,
         )
     )
     return JSONResponse(

@@ -13,9 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import requires
+from orderly.api.http.auth import Operator
 from orderly.api.http.common import AppRuntime, RowId
-from orderly.worker import keys, pubsub
+from orderly.worker import pubsub
+from orderly.worker.keys import Principal
 from orderly.worker.pubsub.logs import MAX_LOG_ROWS
 
 router = APIRouter()
@@ -31,17 +32,16 @@ Limit = Annotated[int, Query(ge=1, le=MAX_LOG_ROWS)]
 Before = Annotated[int | None, Query(ge=1, le=MAX_ID, description="rows older than this id")]
 
 
-async def _json(fn: Any, runtime: AppRuntime, **filters: Any) -> JSONResponse:
+async def _json(fn: Any, runtime: AppRuntime, key: Principal, **filters: Any) -> JSONResponse:
     asked = {k: v for k, v in filters.items() if v is not None}
-    rows = await run_in_threadpool(functools.partial(fn, runtime.engine, **asked))
+    rows = await run_in_threadpool(functools.partial(fn, runtime.engine, key.owns, **asked))
     return JSONResponse(jsonable_encoder(rows))
 
 
-@router.get(
-    "/queue-messages", responses=answers(list[a.QueueLogRow]), dependencies=requires(keys.OPERATE)
-)
+@router.get("/queue-messages", responses=answers(list[a.QueueLogRow]))
 async def queue_log(
     runtime: AppRuntime,
+    key: Operator,
     delivery_id: DeliveryId = None,
     correlation_id: CorrelationId = None,
     subscription_id: SubscriptionId = None,
@@ -54,6 +54,7 @@ async def queue_log(
     return await _json(
         pubsub.queue_log,
         runtime,
+        key,
         delivery_id=delivery_id,
         correlation_id=correlation_id,
         subscription_id=subscription_id,
@@ -64,11 +65,10 @@ async def queue_log(
     )
 
 
-@router.get(
-    "/exceptions", responses=answers(list[a.ExceptionListed]), dependencies=requires(keys.OPERATE)
-)
+@router.get("/exceptions", responses=answers(list[a.ExceptionListed]))
 async def exception_list(
     runtime: AppRuntime,
+    key: Operator,
     delivery_id: DeliveryId = None,
     correlation_id: CorrelationId = None,
     subscription_id: SubscriptionId = None,
@@ -81,6 +81,7 @@ async def exception_list(
     return await _json(
         pubsub.exception_list,
         runtime,
+        key,
         delivery_id=delivery_id,
         correlation_id=correlation_id,
         subscription_id=subscription_id,
@@ -94,21 +95,20 @@ async def exception_list(
 @router.get(
     "/exceptions/{exception_id}",
     responses=answers(a.ExceptionDetail),
-    dependencies=requires(keys.OPERATE),
 )
-async def exception_get(runtime: AppRuntime, exception_id: RowId) -> JSONResponse:
+async def exception_get(runtime: AppRuntime, exception_id: RowId, key: Operator) -> JSONResponse:
     """One exception with its traceback."""
-    found = await run_in_threadpool(pubsub.exception_get, runtime.engine, exception_id)
+    found = await run_in_threadpool(pubsub.exception_get, runtime.engine, exception_id, key.owns)
     return JSONResponse(jsonable_encoder(found))
 
 
 @router.get(
     "/published-messages",
     responses=answers(list[a.PublishedRow]),
-    dependencies=requires(keys.OPERATE),
 )
 async def published_log(
     runtime: AppRuntime,
+    key: Operator,
     delivery_id: DeliveryId = None,
     correlation_id: CorrelationId = None,
     subscription_id: SubscriptionId = None,
@@ -121,6 +121,7 @@ async def published_log(
     return await _json(
         pubsub.published_log,
         runtime,
+        key,
         delivery_id=delivery_id,
         correlation_id=correlation_id,
         subscription_id=subscription_id,

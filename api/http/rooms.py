@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import caller, requires
+from orderly.api.http.auth import Consumer, caller, requires
 from orderly.api.http.common import AppRuntime, RowId, json_body
 from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
@@ -188,12 +188,14 @@ async def publish(
 @router.get(
     "/subscriptions/{subscription_id}/messages",
     responses=answers(list[a.Pulled]),
-    dependencies=requires(keys.CONSUME),
 )
 async def pull(
-    runtime: AppRuntime, subscription_id: RowId, max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10
+    runtime: AppRuntime,
+    subscription_id: RowId,
+    key: Consumer,
+    max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10,
 ) -> JSONResponse:
-    taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max)
+    taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max, key.owns)
     return JSONResponse(jsonable_encoder(taken))
 
 
@@ -201,13 +203,12 @@ async def pull(
     "/subscriptions/{subscription_id}/messages/{delivery_id}/ack",
     responses=answers(a.PulledAcked),
     openapi_extra=body("PulledAckIn", PulledAckIn),
-    dependencies=requires(keys.CONSUME),
 )
 async def ack_pulled(
-    runtime: AppRuntime, subscription_id: RowId, delivery_id: RowId, request: Request
+    runtime: AppRuntime, subscription_id: RowId, delivery_id: RowId, request: Request, key: Consumer
 ) -> JSONResponse:
     acked = parse_input(PulledAckIn, await json_body(request))
     await run_in_threadpool(
-        pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, acked.receipt
+        pubsub.ack_pulled, runtime.engine, subscription_id, delivery_id, acked.receipt, key.owns
     )
     return JSONResponse({"delivery_id": delivery_id, "state": "DELIVERED"})

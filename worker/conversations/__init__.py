@@ -46,6 +46,7 @@ from orderly.worker.conversations.model import (
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.due import ShardedDueSets
+from orderly.worker.core.owners import Owns
 from orderly.worker.settings import Settings
 
 __all__ = [
@@ -99,13 +100,18 @@ class Conversations:
     def blocked_ms(self) -> int:
         return self.ctx.blocked_ms
 
-    def register_request(self, conversation_id: str, data: Any) -> Registered:
-        """createConversationRegister: the request waits (WAITING) for its responses."""
-        return intake.register_request(self.ctx, conversation_id, data)
+    def register_request(
+        self, conversation_id: str, data: Any, owns: Owns | None = None
+    ) -> Registered:
+        """createConversationRegister: the request waits (WAITING) for its responses.
+        ``owns`` (here and below): the caller's objects (worker.core.owners), None: all."""
+        return intake.register_request(self.ctx, conversation_id, data, owns)
 
-    def add_response(self, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
+    def add_response(
+        self, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
+    ) -> Registered:
         """markPendingConversationRegister: the response joins its conversation's order."""
-        return intake.add_response(self.ctx, conversation_id, data, enqueue)
+        return intake.add_response(self.ctx, conversation_id, data, enqueue, owns)
 
     def can_send(self, conversation_id: str, response_id: str) -> Gate:
         """canSendConversationMessage: may this response go out now, by the order alone?"""
@@ -121,8 +127,8 @@ class Conversations:
         only for callers orderly trusts (in-process code)."""
         return gate.ack(self.ctx, async_response_id, enqueue, token)
 
-    def describe(self, conversation_id: str) -> dict[str, Any]:
-        return agent.describe(self.ctx, conversation_id)
+    def describe(self, conversation_id: str, owns: Owns | None = None) -> dict[str, Any]:
+        return agent.describe(self.ctx, conversation_id, owns)
 
     def partial_metrics(self) -> dict[str, int]:
         return agent.partial_metrics(self.ctx)
@@ -144,10 +150,15 @@ class Conversations:
         response_id: str | None = None,
         async_response_id: str | None = None,
         fields: Any = None,
+        owns: Owns | None = None,
     ) -> dict[str, Any]:
         """getConversationMessage: one response by responseId or asyncResponseId."""
         return operations.get_message(
-            self.ctx, response_id=response_id, async_response_id=async_response_id, fields=fields
+            self.ctx,
+            response_id=response_id,
+            async_response_id=async_response_id,
+            fields=fields,
+            owns=owns,
         )
 
     def delete_register(
@@ -158,9 +169,12 @@ class Conversations:
         enqueue: Enqueue,
         *,
         key: str | None = None,
+        owns: Owns | None = None,
     ) -> operations.Deleted:
         """deleteConversationRegister: a request's messages deleted (status, allOriginExcept)."""
-        return operations.delete(self.ctx, conversation_id, request_id, data, enqueue, key=key)
+        return operations.delete(
+            self.ctx, conversation_id, request_id, data, enqueue, key=key, owns=owns
+        )
 
     def set_awaited(
         self,
@@ -170,23 +184,46 @@ class Conversations:
         request_id: str | None = None,
         response_id: str | None = None,
         key: str | None = None,
+        owns: Owns | None = None,
     ) -> operations.AwaitedSet:
         """setAwaitedByRequestId / setAwaitedByResponseId."""
         return operations.set_awaited(
-            self.ctx, conversation_id, data, request_id=request_id, response_id=response_id, key=key
+            self.ctx,
+            conversation_id,
+            data,
+            request_id=request_id,
+            response_id=response_id,
+            key=key,
+            owns=owns,
         )
 
     def set_awaited_date(
-        self, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+        self,
+        conversation_id: str,
+        response_id: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        owns: Owns | None = None,
     ) -> dict[str, Any]:
         """updateAwaitedExpires: a new awaitedToDate for an AWAITED response."""
-        return operations.set_awaited_date(self.ctx, conversation_id, response_id, data, key=key)
+        return operations.set_awaited_date(
+            self.ctx, conversation_id, response_id, data, key=key, owns=owns
+        )
 
     def remove_at(
-        self, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+        self,
+        conversation_id: str,
+        response_id: str,
+        data: Any,
+        *,
+        key: str | None = None,
+        owns: Owns | None = None,
     ) -> dict[str, Any]:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
-        return operations.remove_at(self.ctx, conversation_id, response_id, data, key=key)
+        return operations.remove_at(
+            self.ctx, conversation_id, response_id, data, key=key, owns=owns
+        )
 
     def log_partial_metrics(self) -> None:
         """AURA_LOGGING_EXTRA_TIME_METRICS: the queue's figures, logged."""

@@ -19,7 +19,9 @@ from orderly.worker.conversations import removal
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
 from orderly.worker.core.due import RedisDueSet, ShardedDueSets
+from orderly.worker.core.errors import NotFound
 from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
+from orderly.worker.core.owners import Owns
 from orderly.worker.core.scripts import as_text
 from orderly.worker.store.queries import sql
 
@@ -114,8 +116,10 @@ def release_dead_drains(ctx: Context) -> int:
     return released
 
 
-def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
-    """What Redis holds for a conversation now: its requests and responses in order."""
+def describe(ctx: Context, conversation_id: str, owns: Owns | None = None) -> dict[str, Any]:
+    """What Redis holds for a conversation now: its requests and responses in order.
+    ``owns``: the caller's objects; a conversation whose requests are of another origin (or
+    that holds none) is not found."""
     k = ctx.keys
     requests = []
     for key in ctx.redis.lrange(k.request_list(conversation_id), 0, -1):
@@ -123,6 +127,10 @@ def describe(ctx: Context, conversation_id: str) -> dict[str, Any]:
         requests.append(
             {as_text(f): as_text(v) for f, v in fields.items()} or {"key": as_text(key)}
         )
+    if owns is not None and not (
+        requests and all(r.get("origin") in owns.origins for r in requests)
+    ):
+        raise NotFound("conversation", conversation_id)
     responses = []
     for member in ctx.redis.zrange(k.response_list(conversation_id), 0, -1):
         info = json.loads(as_text(member))

@@ -37,7 +37,8 @@ from orderly.worker.store.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
 
-# How long an ACK for an id not (yet) known waits for the 202 to be recorded: ~130 ms.
+# How long an ACK for an id not (yet) known, bringing the token of a response being sent,
+# waits for that response's 202 to be recorded: ~130 ms.
 ACK_GRACE_S = (0.001, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)
 
 
@@ -264,15 +265,7 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
         _check_ack_token(ctx, {}, token)  # refused before any lookup
     if not 0 < len(async_response_id) <= MAX_ASYNC_ID:
         raise UnknownAck(async_response_id[:MAX_ASYNC_ID])
-    found = find_ack(ctx, async_response_id)
-    for pause in ACK_GRACE_S:
-        if found is not None:
-            break
-        # A client may ACK before the worker has recorded its 202: wait a moment.
-        time.sleep(pause)
-        found = find_ack(ctx, async_response_id)
-    if found is None:
-        raise UnknownAck(async_response_id)
+    found = find_ack(ctx, async_response_id) or _early_ack(ctx, async_response_id, token)
     shard, member = found
     info = json.loads(member)
     if token is not None:
@@ -309,6 +302,47 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     if taken:
         enqueue(cid, token)
     return msg_id
+
+
+def _early_ack(ctx: Context, async_response_id: str, token: str | None) -> tuple[ShardKeys, str]:
+    """An ACK no ACK key holds: a client may ACK before the worker has recorded its 202, so it
+    waits a moment (ACK_GRACE_S) for the id to show. Only an ACK whose token is that of a
+    response being sent now waits: any other (an id guessed or long gone) is refused after
+    one more look, without a sleep, in about the time a wrong token for a known id takes."""
+    if token is not None:
+        heads = ctx.scripts.run_each(
+            "ack_inflight",
+            [
+                (
+                    [shard.async_request(async_response_id), shard.drains],
+                    [shard.conversation_prefix, shard.response_prefix],
+                )
+                for shard in ctx.keys.every_shard
+            ],
+        )
+        if any(reply[0] for reply in heads):  # recorded meanwhile
+            found = find_ack(ctx, async_response_id)
+            if found is not None:
+                return found
+        sent = [as_text(v) for reply in heads for v in reply[1:]]
+        in_flight = zip(sent[0::3], sent[1::3], sent[2::3], strict=True)
+        if not any(_signed(ctx, cid, rid, origin, token) for cid, rid, origin in in_flight):
+            raise UnknownAck(async_response_id)
+    for pause in ACK_GRACE_S:
+        time.sleep(pause)
+        found = find_ack(ctx, async_response_id)
+        if found is not None:
+            return found
+    raise UnknownAck(async_response_id)
+
+
+def _signed(ctx: Context, conversation_id: str, response_id: str, origin: str, token: str) -> bool:
+    """Whether ``token`` is the ACK token of that response (sent to ``origin``)."""
+    try:
+        secret = ctx.channels.get(origin).ack_secret
+    except UnknownChannel:
+        return False
+    return bool(secret) and ack_token_matches(secret, conversation_id, response_id, token)
 
 
 def find_ack(ctx: Context, async_response_id: str) -> tuple[ShardKeys, str] | None:

@@ -22,9 +22,11 @@ from orderly.worker.conversations.model import (
     check_conversation_id,
     payload_text,
 )
-from orderly.worker.core.errors import InvalidMessage, UnknownRequest
+from orderly.worker.core import owners
+from orderly.worker.core.errors import InvalidMessage, NotFound, UnknownRequest
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
+from orderly.worker.core.owners import Owns
 from orderly.worker.core.scripts import as_text
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,15 @@ def _ms(ctx: Context, moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment else ctx.now_ms()
 
 
-def register_request(ctx: Context, conversation_id: str, data: Any) -> Registered:
-    """createConversationRegister: the request waits (WAITING) for its responses."""
+def register_request(
+    ctx: Context, conversation_id: str, data: Any, owns: Owns | None = None
+) -> Registered:
+    """createConversationRegister: the request waits (WAITING) for its responses. A
+    conversation belongs to the origin of its first request; ``owns``: the caller's objects
+    (an origin or a conversation of another's is not found, and nothing is written)."""
     check_conversation_id(conversation_id)
     req = parse_input(RequestIn, data)
+    owners.require_origin(owns, req.origin)
     ctx.channels.get(req.origin)  # UnknownChannel before anything is written
     payload = payload_text(req.payload, ctx.settings.max_payload_bytes)
     timestamp_ms = _ms(ctx, req.timestamp)
@@ -52,12 +59,19 @@ def register_request(ctx: Context, conversation_id: str, data: Any) -> Registere
             payload,
             ctx.node_id,
             req.corr,
+            before=("conv_lock", [conversation_id]),
         )
         if row is None:
             found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
             if found is None:
+                held = conn.run("conv_origin", conversation_id)
+                if held is not None and held[0] != req.origin:
+                    raise NotFound("conversation", conversation_id)
                 raise nodes.refusal(conn, ctx.node_id)
             msg_id, state, owner, origin, moment, _, age_ms = found
+            if owns is not None and origin not in owns.origins:
+                # Another tenant's request id: say it is taken, not where.
+                raise InvalidMessage("request_id", f"{req.request_id!r} is taken: choose another")
             if owner != conversation_id:
                 raise InvalidMessage(
                     "request_id", f"{req.request_id!r} belongs to conversation {owner!r}"
@@ -112,8 +126,11 @@ def _register_in_redis(
     )
 
 
-def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue) -> Registered:
-    """markPendingConversationRegister: the response joins its conversation's order."""
+def add_response(
+    ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
+) -> Registered:
+    """markPendingConversationRegister: the response joins its conversation's order.
+    ``owns``: the caller's objects; a request of another origin is unknown (nothing written)."""
     check_conversation_id(conversation_id)
     res = parse_input(ResponseIn, data)
     payload = payload_text(res.payload, ctx.settings.max_payload_bytes)
@@ -131,6 +148,7 @@ def add_response(ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue
             ctx.node_id,
             res.last,
             res.corr,
+            owners.origins(owns),
         )
         if row is None:
             raise UnknownRequest(res.request_id, conversation_id)

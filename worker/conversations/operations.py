@@ -34,8 +34,10 @@ from orderly.worker.conversations.model import (
     check_conversation_id,
     json_list,
 )
+from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound, OperationRefused
 from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.owners import Owns
 from orderly.worker.core.scripts import as_text
 
 # The statuses a response has in Redis (deleteConversationRegister's status filter).
@@ -133,10 +135,13 @@ def _who(command: OperatorIn, key: str | None) -> str:
     return f"key:{key} for {command.by}"
 
 
-def _row(ctx: Context, conversation_id: str, ident: str, source: str, what: str) -> Any:
-    """The PostgreSQL row of a request or response of this conversation, or NotFound."""
+def _row(
+    ctx: Context, conversation_id: str, ident: str, source: str, what: str, owns: Owns | None
+) -> Any:
+    """The PostgreSQL row of a request or response of this conversation, or NotFound (also
+    when its origin is not one of ``owns``: worker.core.owners)."""
     with ctx.pg() as conn:
-        row = conn.run("conv_op_find", ident, source)
+        row = conn.run("conv_op_find", ident, source, owners.origins(owns))
     if row is None or row[2] != conversation_id:
         raise NotFound(what, f"{ident} in conversation {conversation_id}")
     return row
@@ -172,6 +177,7 @@ def get_message(
     response_id: str | None = None,
     async_response_id: str | None = None,
     fields: Any = None,
+    owns: Owns | None = None,
 ) -> dict[str, Any]:
     """getConversationMessage: one response by its responseId or its asyncResponseId (the
     seed's SyncMessageOptions), as Redis holds it (``inRedis``), with its row's ``state``
@@ -188,7 +194,7 @@ def get_message(
         response_id = str(json.loads(found[1])["rsId"])
     rid = _check_id("response_id", response_id)
     with ctx.pg() as conn:
-        row = conn.run("conv_op_find", rid, RESPONSE_SOURCE)
+        row = conn.run("conv_op_find", rid, RESPONSE_SOURCE, owners.origins(owns))
     if row is None:
         raise NotFound("conversation message", rid)
     msg_id, state, cid, origin, request_id, _, corr = row
@@ -216,6 +222,7 @@ def delete(
     enqueue: Enqueue,
     *,
     key: str | None = None,
+    owns: Owns | None = None,
 ) -> Deleted:
     """deleteConversationRegister: delete the responses of a request (only those in
     ``status``, if given; with no status the request goes too, CANCEL like a cancelled
@@ -225,7 +232,7 @@ def delete(
     _check_id("request_id", request_id)
     command = parse_input(DeleteIn, data)
     request_msg_id, _, _, origin, _, _, _ = _row(
-        ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request"
+        ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request", owns
     )
     k = ctx.keys
     shard = k.shard(conversation_id)
@@ -282,6 +289,7 @@ def set_awaited(
     request_id: str | None = None,
     response_id: str | None = None,
     key: str | None = None,
+    owns: Owns | None = None,
 ) -> AwaitedSet:
     """setAwaitedByRequestId (``request_id``: every response of it) or
     setAwaitedByResponseId (``response_id``): PENDING responses become AWAITED as when their
@@ -293,10 +301,10 @@ def set_awaited(
     command = parse_input(OperatorIn, data)
     if request_id is not None:
         _check_id("request_id", request_id)
-        _row(ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request")
+        _row(ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request", owns)
     else:
         _check_id("response_id", response_id)
-        _row(ctx, conversation_id, str(response_id), RESPONSE_SOURCE, "conversation response")
+        _row(ctx, conversation_id, str(response_id), RESPONSE_SOURCE, "conversation response", owns)
     k = ctx.keys
     shard = k.shard(conversation_id)
     raw = ctx.scripts.run(
@@ -340,7 +348,13 @@ def set_awaited(
 
 
 def set_awaited_date(
-    ctx: Context, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+    ctx: Context,
+    conversation_id: str,
+    response_id: str,
+    data: Any,
+    *,
+    key: str | None = None,
+    owns: Owns | None = None,
 ) -> dict[str, Any]:
     """updateAwaitedExpires: an AWAITED response's awaitedToDate becomes the date given (not
     after its AWAITED_MESSAGE_TTL ends; a past date: at once); the awaited agent takes it
@@ -349,7 +363,9 @@ def set_awaited_date(
     _check_id("response_id", response_id)
     command = parse_input(AwaitedDateIn, data)
     at = int(command.awaited_to_date.timestamp() * 1000)
-    msg_id = _row(ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response")[0]
+    msg_id = _row(
+        ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response", owns
+    )[0]
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
     code, *rest = ctx.scripts.run(
@@ -381,14 +397,22 @@ def set_awaited_date(
 
 
 def remove_at(
-    ctx: Context, conversation_id: str, response_id: str, data: Any, *, key: str | None = None
+    ctx: Context,
+    conversation_id: str,
+    response_id: str,
+    data: Any,
+    *,
+    key: str | None = None,
+    owns: Owns | None = None,
 ) -> dict[str, Any]:
     """removeAllReferencesAtTime: the response's references leave Redis ``delay_s`` seconds
     from now, as due work of the conversations' wake-ups (worker.conversations.removal)."""
     check_conversation_id(conversation_id)
     _check_id("response_id", response_id)
     command = parse_input(RemovalIn, data)
-    msg_id = _row(ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response")[0]
+    msg_id = _row(
+        ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response", owns
+    )[0]
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
     at = now + command.delay_s * 1000

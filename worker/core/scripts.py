@@ -7,11 +7,13 @@ turns it into the exception ``orderly.worker.core.errors`` maps it to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.errors import from_script_error
@@ -23,6 +25,7 @@ SCRIPT_NAMES = (
     "add_response",
     "advance",
     "ack",
+    "ack_inflight",
     "expire",
     "awaited",
     "rebuild_conversation",
@@ -51,6 +54,8 @@ SCRIPT_NAMES = (
     "service_register",
     "service_renew",
     "service_restore",
+    # the HTTP API's rate limits (worker/core/ratelimit.py)
+    "rate_take",
 )
 
 
@@ -82,3 +87,49 @@ class Scripts:
             if mapped is None:
                 raise
             raise mapped from None
+
+    def run_each(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """The script once per (keys, args), in one pipelined round trip per server (a Redis
+        Cluster's client pipelines no scripts: each node's calls go in a pipeline of that
+        node's own). A call its server could not run there (the script not loaded yet, its
+        slot moved) runs again on its own, through the client."""
+        script = self._scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        for indexes, client in self._by_server([keys[0] for keys, _ in calls]):
+            pipe = client.pipeline(transaction=False)
+            for i in indexes:
+                keys, args = calls[i]
+                # By its SHA alone: a pipeline that registers scripts asks SCRIPT EXISTS
+                # first, a round trip more; a server without it answers NOSCRIPT (below).
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        done = []
+        for (keys, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, _AGAIN):
+                reply = self.run(name, keys, args)
+            elif isinstance(reply, Exception):
+                raise reply
+            done.append(reply)
+        return done
+
+    def _by_server(self, first_keys: list[str]) -> list[tuple[list[int], redis.Redis]]:
+        if not isinstance(self.client, RedisCluster):
+            return [(list(range(len(first_keys))), self.client)]
+        groups: dict[str, tuple[list[int], redis.Redis]] = {}
+        for i, key in enumerate(first_keys):
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            if node.name not in groups:
+                groups[node.name] = ([], self.client.get_redis_connection(node))
+            groups[node.name][0].append(i)
+        return list(groups.values())
+
+
+# A pipelined call that runs again on its own: its server lacked the script, or no longer
+# holds its slot.
+_AGAIN = (
+    redis.exceptions.NoScriptError,
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+)

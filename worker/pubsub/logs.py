@@ -10,8 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
 from orderly.models import Outcome, QueueState
+from orderly.worker.core import owners
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.owners import Owns
 from orderly.worker.store.queries import sql
 
 # At most this many rows per page.
@@ -47,33 +49,42 @@ class PublishedFilter(LogFilter):
     state: Literal["PENDING", "DELIVERED", "FAILED", "DEAD", "EXPIRED"] | None = None
 
 
-def _rows(engine: Engine, name: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(
+    engine: Engine, name: str, values: dict[str, Any], owns: Owns | None
+) -> list[dict[str, Any]]:
+    """The rows of one log query: only those of the caller's subscriptions (``owns``:
+    worker.core.owners; None: every one)."""
+    params = {**values, "owned": owners.subscriptions(owns)}
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(sql(name), values)]
+        return [dict(r._mapping) for r in conn.execute(sql(name), params)]
 
 
-def queue_log(engine: Engine, **filters: Any) -> list[dict[str, Any]]:
+def queue_log(engine: Engine, owns: Owns | None = None, **filters: Any) -> list[dict[str, Any]]:
     """Queue message log rows (``QueueLogFilter``'s fields), newest first."""
     asked = parse_input(QueueLogFilter, filters)
-    rows = _rows(engine, "queue_log", asked.model_dump())
+    rows = _rows(engine, "queue_log", asked.model_dump(), owns)
     return [{**r, "state": QueueState(r["state"]).value} for r in rows]
 
 
-def exception_list(engine: Engine, **filters: Any) -> list[dict[str, Any]]:
+def exception_list(
+    engine: Engine, owns: Owns | None = None, **filters: Any
+) -> list[dict[str, Any]]:
     """Exceptions (``ExceptionFilter``'s fields) without their tracebacks, newest first."""
-    return _rows(engine, "exception_list", parse_input(ExceptionFilter, filters).model_dump())
+    asked = parse_input(ExceptionFilter, filters).model_dump()
+    return _rows(engine, "exception_list", asked, owns)
 
 
-def exception_get(engine: Engine, exception_id: int) -> dict[str, Any]:
+def exception_get(engine: Engine, exception_id: int, owns: Owns | None = None) -> dict[str, Any]:
     """One exception with its traceback."""
-    found = _rows(engine, "exception_get", {"id": exception_id})
+    found = _rows(engine, "exception_get", {"id": exception_id}, owns)
     if not found:
         raise NotFound("exception", exception_id)
     return found[0]
 
 
-def published_log(engine: Engine, **filters: Any) -> list[dict[str, Any]]:
+def published_log(engine: Engine, owns: Owns | None = None, **filters: Any) -> list[dict[str, Any]]:
     """published_messages rows (``PublishedFilter``'s fields; ``state`` is the outcome),
     newest first."""
-    rows = _rows(engine, "published_log", parse_input(PublishedFilter, filters).model_dump())
+    asked = parse_input(PublishedFilter, filters).model_dump()
+    rows = _rows(engine, "published_log", asked, owns)
     return [{**r, "outcome": Outcome(r["outcome"]).value} for r in rows]

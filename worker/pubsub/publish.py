@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
@@ -64,12 +63,6 @@ class Published:
 
 # An Idempotency-Key: printable ASCII, as an HTTP header carries it.
 _KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
-
-
-def _schema_path(error: jsonschema.ValidationError) -> str:
-    return "payload" + "".join(
-        f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
-    )
 
 
 def _context(conn: Connection, room_name: str) -> tuple[Any, dict[str, int], list[Route]]:
@@ -209,6 +202,7 @@ def publish(
     max_payload_bytes: int | None = None,
     caller: str | None = None,
     may_impersonate: bool = False,
+    schema_limits: schemas.Limits | None = None,
 ) -> tuple[Published, list[int]]:
     """Store an event and one delivery per active matching subscription; with ``node_id``,
     only through that node in RUN (NodeNotAccepting otherwise: a draining or stopped node
@@ -219,6 +213,9 @@ def publish(
     caller; naming another ``user`` needs ``may_impersonate`` and makes the caller the
     impersonator (both are signed into the token). Without a caller (Python code, the CLI),
     ``user`` and ``impersonator`` are taken as given.
+
+    ``schema_limits``: what validating the payload against its event type's schema may cost
+    (worker.pubsub.schemas); the configured ones when not given.
 
     Returns the result and the deliveries due now, for the caller to enqueue after the
     commit (delayed ones are left to the ticker).
@@ -283,11 +280,12 @@ def publish(
                     raise InvalidMessage("event_type", f"no event type {pub.event_type!r} here")
                 raise InvalidMessage("version", f"{pub.event_type} has no version {pub.version}")
             event_type_id, version, schema = found
-            # patterns in linear time; one validator per event type version
+            # bounded, never fetching; one validator per event type version
             validator = schemas.validator(schema, (int(event_type_id), int(version)))
-            error = jsonschema.exceptions.best_match(validator.iter_errors(pub.payload))
-            if error is not None:
-                raise InvalidMessage(_schema_path(error), error.message)
+            limits = schema_limits or schemas.configured_limits()
+            failed = schemas.errors(validator, pub.payload, limits)
+            if failed is not None:
+                raise InvalidMessage(*failed)
         routing_key = pub.routing_key or pub.event_type
         if routing_key is None:
             raise InvalidMessage("routing_key", "missing (or give an event_type)")

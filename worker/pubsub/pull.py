@@ -9,8 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Engine
 
 from orderly.models import Status, SubscriptionKind
+from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound
 from orderly.worker.core.lease import new_token
+from orderly.worker.core.owners import Owns
 from orderly.worker.store.queries import sql
 
 # At most this many messages per pull.
@@ -35,13 +37,19 @@ class RedriveIn(BaseModel):
     subscription_id: RowId | None = None
 
 
-def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
+def pull(
+    engine: Engine, subscription_id: int, max_messages: int = 10, owns: Owns | None = None
+) -> list[dict[str, Any]]:
     """A PULL subscriber takes due messages; each must be ACKed within the visibility timeout
-    with the receipt it came with."""
+    with the receipt it came with. ``owns`` (here and below): the caller's objects
+    (worker.core.owners); another's subscription is not found."""
     if not 1 <= max_messages <= MAX_PULL:
         raise InvalidMessage("max", f"must be 1 to {MAX_PULL}")
     with engine.begin() as conn:
-        found = conn.execute(sql("pull_subscription"), {"s": subscription_id}).first()
+        found = conn.execute(
+            sql("pull_subscription"),
+            {"s": subscription_id, "owned": owners.subscriptions(owns)},
+        ).first()
         if found is None:
             raise NotFound("subscription", subscription_id)
         kind, status = found
@@ -56,11 +64,23 @@ def pull(engine: Engine, subscription_id: int, max_messages: int = 10) -> list[d
         return [{**dict(r._mapping), "receipt": receipt} for r in taken]
 
 
-def ack_pulled(engine: Engine, subscription_id: int, delivery_id: int, receipt: str) -> None:
+def ack_pulled(
+    engine: Engine,
+    subscription_id: int,
+    delivery_id: int,
+    receipt: str,
+    owns: Owns | None = None,
+) -> None:
     """The subscriber processed a pulled message: delivered (only with the current receipt)."""
     with engine.begin() as conn:
         settled = conn.execute(
-            sql("pull_ack"), {"d": delivery_id, "s": subscription_id, "r": receipt}
+            sql("pull_ack"),
+            {
+                "d": delivery_id,
+                "s": subscription_id,
+                "r": receipt,
+                "owned": owners.subscriptions(owns),
+            },
         ).scalar_one()
     if not settled:
         raise NotFound("pulled message (or its visibility timeout passed)", delivery_id)
@@ -72,6 +92,7 @@ def redrive(
     subscription_id: int | None = None,
     *,
     room: str | None = None,
+    owns: Owns | None = None,
 ) -> list[int]:
     """An operator sends dead-lettered deliveries again: attempts start over, due now. With
     ``room``, only dead letters of that room's subscriptions."""
@@ -80,18 +101,28 @@ def redrive(
     with engine.begin() as conn:
         rows = conn.execute(
             sql("dead_letters_redrive"),
-            {"ids": delivery_ids, "sub": subscription_id, "room": room},
+            {
+                "ids": delivery_ids,
+                "sub": subscription_id,
+                "room": room,
+                "owned": owners.subscriptions(owns),
+            },
         )
         return [int(r[0]) for r in rows]
 
 
-def dead_letter_counts(engine: Engine) -> dict[str, int]:
+def dead_letter_counts(engine: Engine, owns: Owns | None = None) -> dict[str, int]:
     """Dead letters per room (rooms without any left out)."""
+    params = {"owned": owners.subscriptions(owns)}
     with engine.connect() as conn:
-        return {r.room: int(r.n) for r in conn.execute(sql("dead_letters_per_room"))}
+        return {r.room: int(r.n) for r in conn.execute(sql("dead_letters_per_room"), params)}
 
 
-def dead_letters(engine: Engine, room_name: str | None = None) -> list[dict[str, Any]]:
+def dead_letters(
+    engine: Engine, room_name: str | None = None, owns: Owns | None = None
+) -> list[dict[str, Any]]:
     with engine.connect() as conn:
-        rows = conn.execute(sql("dead_letters_list"), {"room": room_name})
+        rows = conn.execute(
+            sql("dead_letters_list"), {"room": room_name, "owned": owners.subscriptions(owns)}
+        )
         return [dict(r._mapping) for r in rows]

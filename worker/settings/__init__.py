@@ -16,6 +16,7 @@ from orderly.worker.settings.conversations import ConversationSettings
 from orderly.worker.settings.dashboard import DashboardSettings
 from orderly.worker.settings.http import HttpSettings
 from orderly.worker.settings.pubsub import PubSubSettings
+from orderly.worker.settings.ratelimits import RateLimitSettings
 from orderly.worker.settings.reports import ReportSettings
 from orderly.worker.settings.services import ServiceSettings
 from orderly.worker.settings.tracking import TrackingSettings
@@ -24,6 +25,7 @@ from orderly.worker.settings.workers import WorkerSettings
 SECTIONS = (
     ServiceSettings,
     HttpSettings,
+    RateLimitSettings,
     ConversationSettings,
     PubSubSettings,
     TrackingSettings,
@@ -36,6 +38,7 @@ SECTIONS = (
 class Settings(
     ServiceSettings,
     HttpSettings,
+    RateLimitSettings,
     ConversationSettings,
     PubSubSettings,
     TrackingSettings,

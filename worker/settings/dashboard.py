@@ -1,4 +1,4 @@
-"""The dashboard (Flower): its login and address."""
+"""The dashboards: Flower's login and address, and how long a sign-in to the console lasts."""
 
 from __future__ import annotations
 
@@ -42,4 +42,19 @@ class DashboardSettings(Section):
         le=65535,
         validation_alias="ORDERLY_FLOWER_PORT",
         description="Port Flower listens on.",
+    )
+    console_session_idle_s: int = Field(
+        1800,
+        ge=60,
+        le=2_592_000,
+        validation_alias="ORDERLY_CONSOLE_SESSION_IDLE_S",
+        description="A console session unused for this many seconds is over: the next visit "
+        "gets the sign-in page.",
+    )
+    console_session_max_s: int = Field(
+        43200,
+        ge=60,
+        le=2_592_000,
+        validation_alias="ORDERLY_CONSOLE_SESSION_MAX_S",
+        description="A console session is over this many seconds after its sign-in, however busy.",
     )

@@ -1,4 +1,5 @@
-"""Publish/subscribe: the secret that signs message tokens, and their lifetime."""
+"""Publish/subscribe: the secret that signs message tokens, their lifetime, and what checking
+a payload against its event type's schema may cost."""
 
 from __future__ import annotations
 
@@ -18,4 +19,22 @@ class PubSubSettings(Section):
         ge=1,
         validation_alias="ORDERLY_TOKEN_TTL_MS",
         description="A token is valid this long after its message is due.",
+    )
+    schema_max_unique_items: int = Field(
+        2_000,
+        ge=0,
+        validation_alias="ORDERLY_SCHEMA_MAX_UNIQUE_ITEMS",
+        description=(
+            "Longest payload array an event type's schema checks with uniqueItems; a longer"
+            " one is refused at publish, naming this limit."
+        ),
+    )
+    schema_validation_budget_ms: int = Field(
+        2_000,
+        ge=1,
+        validation_alias="ORDERLY_SCHEMA_VALIDATION_BUDGET_MS",
+        description=(
+            "CPU time one publish may spend validating its payload against its event type's"
+            " schema; past it the publish is refused, naming this limit."
+        ),
     )

@@ -1,9 +1,24 @@
 -- Conversation rows in the message store: requests, responses and their outcomes.
 -- Redis holds the order (worker/lua); PostgreSQL the durable truth.
 
+-- name: conv_lock
+-- Sent before conv_insert_request in its transaction: two first requests of one new
+-- conversation, from two origins, cannot both see it empty.
+-- prepare: text
+SELECT pg_advisory_xact_lock(hashtextextended('conversation:' || $1, 0));
+
+-- name: conv_origin
+-- The origin a conversation belongs to (that of its requests), if it has any.
+-- prepare: text
+SELECT entity_type FROM message
+ WHERE service_name = 'conversation' AND process_id = $1 AND source_system = 'bridge.request'
+ LIMIT 1;
+
 -- name: conv_insert_request
 -- New input: only through a node in RUN, checked in the same statement (as
 -- orderly_insert_message); nothing is inserted on a duplicate or a node that refuses input.
+-- A conversation belongs to one origin, that of its first request: a request of another
+-- origin is not inserted either (conv_lock, sent first, holds out a concurrent first one).
 -- $7: the request's corr (NULL: none), kept as {"corr": ...} in envelope.
 -- prepare: text, text, text, timestamptz, text, bigint, text
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
@@ -14,6 +29,9 @@ SELECT $4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
        'bridge.request', 'WAITING_FOR_RES', $6,
        CASE WHEN $7 IS NOT NULL THEN json_build_object('corr', $7)::text END
  WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
+   AND NOT EXISTS (SELECT 1 FROM message o
+                    WHERE o.service_name = 'conversation' AND o.process_id = $2
+                      AND o.source_system = 'bridge.request' AND o.entity_type <> $3)
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id;
 
@@ -26,15 +44,17 @@ SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
 -- name: conv_insert_response
 -- The response (nothing on a duplicate or through a node not in RUN, checked in the same
 -- statement), and its request; no row when the request is unknown in this conversation.
--- prepare: text, text, text, timestamptz, text, bigint, boolean, text
--- $7: the response is its request's last. $8: its corr (NULL: none), kept as envelope. The last column returned: the request was
+-- prepare: text, text, text, timestamptz, text, bigint, boolean, text, text[]
+-- $7: the response is its request's last. $8: its corr (NULL: none), kept as envelope.
+-- $9: the origins of the caller's key (NULL: every one): a request of another origin is
+-- unknown, as one that does not exist. The last column returned: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
 -- without a final response. A response whose request is gone from Redis is late unless the
 -- request completed (add_response.lua).
 WITH r AS (
     SELECT msg_id, state, process_id, entity_type, msg_timestamp, custom_data FROM message
      WHERE correlation_id = $2 AND source_system = 'bridge.request'
-       AND process_id = $3),
+       AND process_id = $3 AND ($9 IS NULL OR entity_type = ANY($9))),
 ins AS (
     INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                          service_name, operation_name, object_id, entity_type,
@@ -147,10 +167,14 @@ SELECT p AS pid,
 -- name: conv_op_find
 -- A conversation row by its id and source (bridge.request / bridge.response), for the
 -- operators' operations (worker/conversations/operations.py); its corr from the envelope.
--- prepare: text, text
+-- $3: the origins of the caller's key (NULL: every one); a row of another origin is not
+-- found. A row's conversation and origin never change: what is done with it after is done
+-- to the caller's own.
+-- prepare: text, text, text[]
 SELECT msg_id, state, process_id, entity_type, object_id, parent_msg_id,
        CAST(envelope AS json) ->> 'corr' AS corr
-  FROM message WHERE correlation_id = $1 AND source_system = $2;
+  FROM message WHERE correlation_id = $1 AND source_system = $2
+   AND ($3 IS NULL OR entity_type = ANY($3));
 
 -- name: conv_op_cancel
 -- Responses an operator deleted or removed: CANCEL, with the audit entry ($5: its action);

@@ -1,6 +1,7 @@
 -- The pub/sub logs (worker.pubsub.logs): the queue message log, the exceptions its Error rows
 -- point at and the published_messages rows, filtered by message (delivery, correlation id),
--- queue (subscription, routing key) and state, newest first, a page before an id.
+-- queue (subscription, routing key) and state, newest first, a page before an id; only the
+-- rows of the caller's subscriptions (:owned, NULL: every one).
 
 -- name: queue_log
 SELECT q.id, q.delivery_id, q.attempt, q.state, q.routing_key, q.message,
@@ -15,6 +16,7 @@ SELECT q.id, q.delivery_id, q.attempt, q.state, q.routing_key, q.message,
    AND (CAST(:routing_key AS text) IS NULL OR q.routing_key = :routing_key)
    AND (CAST(:state AS text) IS NULL OR q.state = :state)
    AND (CAST(:before AS bigint) IS NULL OR q.id < :before)
+   AND (CAST(:owned AS bigint[]) IS NULL OR d.subscription_id = ANY(CAST(:owned AS bigint[])))
  ORDER BY q.id DESC
  LIMIT :limit;
 
@@ -31,6 +33,7 @@ SELECT x.id, x.time, x.type, x.message, x.delivery_id, x.attempt, e.correlation_
    AND (CAST(:routing_key AS text) IS NULL OR e.routing_key = :routing_key)
    AND (CAST(:type AS text) IS NULL OR x.type = :type)
    AND (CAST(:before AS bigint) IS NULL OR x.id < :before)
+   AND (CAST(:owned AS bigint[]) IS NULL OR d.subscription_id = ANY(CAST(:owned AS bigint[])))
  ORDER BY x.id DESC
  LIMIT :limit;
 
@@ -40,7 +43,7 @@ SELECT x.id, x.time, x.type, x.message, x.traceback, x.delivery_id, x.attempt,
   FROM log_exception x
   JOIN delivery d ON d.delivery_id = x.delivery_id
   JOIN event e ON e.event_id = d.event_id
- WHERE x.id = :id;
+ WHERE x.id = :id AND (CAST(:owned AS bigint[]) IS NULL OR d.subscription_id = ANY(CAST(:owned AS bigint[])));
 
 -- name: published_log
 SELECT p.id, p.delivery_id, p.correlation_id, p.event_id, p.subscription_id, p.attempt,
@@ -53,5 +56,6 @@ SELECT p.id, p.delivery_id, p.correlation_id, p.event_id, p.subscription_id, p.a
    AND (CAST(:routing_key AS text) IS NULL OR e.routing_key = :routing_key)
    AND (CAST(:state AS text) IS NULL OR p.outcome = :state)
    AND (CAST(:before AS bigint) IS NULL OR p.id < :before)
+   AND (CAST(:owned AS bigint[]) IS NULL OR p.subscription_id = ANY(CAST(:owned AS bigint[])))
  ORDER BY p.id DESC
  LIMIT :limit;

@@ -16,6 +16,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
    AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
    AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
    AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
+   AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
  ORDER BY CASE WHEN :newest THEN msg_id END DESC, msg_timestamp, msg_id
  LIMIT :limit OFFSET :offset;
 
@@ -30,6 +31,7 @@ SELECT state, count(*) AS n
    AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
    AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
    AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
+   AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
  GROUP BY state;
 
 -- name: message_show
@@ -39,7 +41,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
        exclude_failed_state, parent_msg_id, parent_binding_type, failed_count,
        failed_error_code, failed_desc, custom_data, node_id, obsolete_by, wait_correlation_id,
        response_deadline, wait_res_id, audit, payload
-  FROM message WHERE msg_id = :id;
+  FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_children
 SELECT msg_id, state, parent_binding_type, service_name, operation_name
@@ -71,6 +73,7 @@ SELECT msg_id, operation_name, correlation_id, object_id, state, msg_timestamp,
        failed_desc, parent_msg_id
   FROM message
  WHERE service_name = 'conversation' AND process_id = :cid
+   AND (CAST(:owned AS text[]) IS NULL OR entity_type = ANY(CAST(:owned AS text[])))
  ORDER BY msg_timestamp, msg_id
  LIMIT :limit;
 
@@ -78,14 +81,16 @@ SELECT msg_id, operation_name, correlation_id, object_id, state, msg_timestamp,
 -- The newest conversation responses delivered after their request expired (ix_message_late).
 SELECT msg_id, process_id AS conversation_id, correlation_id AS response_id,
        object_id AS request_id, late_ms, last_process_timestamp
-  FROM message WHERE late_ms IS NOT NULL
+  FROM message WHERE late_ms IS NOT NULL AND (CAST(:owned AS text[]) IS NULL OR entity_type = ANY(CAST(:owned AS text[])))
  ORDER BY msg_id DESC LIMIT :limit;
 
 -- name: message_wait_of
-SELECT state, wait_correlation_id FROM message WHERE msg_id = :id;
+SELECT state, wait_correlation_id FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_state_of
-SELECT state, service_name FROM message WHERE msg_id = :id;
+-- :owned in these queries: the source systems of the caller's key (NULL: every one); another
+-- tenant's message is not found, in the statement that reads or writes it.
+SELECT state, service_name FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_cancel
 -- CANCEL a message not final yet, with the operator's audit entry. Conversation rows are
@@ -95,7 +100,7 @@ UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timesta
            'at', now(), 'action', 'CANCEL', 'by', CAST(:by AS text),
            'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
  WHERE msg_id = :id AND state NOT IN ('OK', 'FAILED', 'CANCEL')
-   AND service_name <> 'conversation'
+   AND service_name <> 'conversation' AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
 RETURNING msg_id;
 
 -- name: cancel_hard_descendants
@@ -147,7 +152,7 @@ UPDATE message SET state = 'IN_QUEUE', failed_count = 0, start_in_queue_timestam
            'at', now(), 'action', 'REDRIVE', 'by', CAST(:by AS text),
            'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
  WHERE msg_id = :id AND state IN ('FAILED', 'CANCEL')
-   AND service_name <> 'conversation'
+   AND service_name <> 'conversation' AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
 RETURNING parent_msg_id;
 
 -- name: message_reopen_parent
@@ -163,6 +168,7 @@ RETURNING parent_msg_id;
 -- The message waiting for a response under this correlation id, locked.
 SELECT msg_id, state, wait_res_id FROM message
  WHERE wait_correlation_id = :cid AND state NOT IN ('OK', 'FAILED', 'CANCEL')
+   AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
    FOR UPDATE;
 
 -- name: response_insert

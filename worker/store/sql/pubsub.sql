@@ -121,6 +121,7 @@ SELECT s.subscription_id, d.state, count(d.delivery_id) AS n,
 SELECT r.name AS room, count(*) AS n
   FROM delivery d JOIN subscription s USING (subscription_id) JOIN room r USING (room_id)
  WHERE d.state = 'DEAD'
+   AND (CAST(:owned AS bigint[]) IS NULL OR d.subscription_id = ANY(CAST(:owned AS bigint[])))
  GROUP BY r.name;
 
 -- --- publish -----------------------------------------------------------------------------------
@@ -535,6 +536,7 @@ WITH moved AS (
      WHERE state = 'DEAD'
        AND (CAST(:ids AS bigint[]) IS NULL OR delivery_id = ANY(:ids))
        AND (CAST(:sub AS bigint) IS NULL OR subscription_id = :sub)
+       AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])))
        AND (CAST(:room AS text) IS NULL OR subscription_id IN (
             SELECT s.subscription_id FROM subscription s JOIN room r USING (room_id)
              WHERE r.name = :room))
@@ -556,12 +558,15 @@ SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
        e.correlation_id, e.routing_key, r.name AS room
   FROM delivery d JOIN event e USING (event_id) JOIN room r USING (room_id)
  WHERE d.state = 'DEAD' AND (CAST(:room AS text) IS NULL OR r.name = :room)
+   AND (CAST(:owned AS bigint[]) IS NULL OR d.subscription_id = ANY(CAST(:owned AS bigint[])))
  ORDER BY d.delivery_id;
 
 -- --- pull ----------------------------------------------------------------------------------------
 
 -- name: pull_subscription
-SELECT kind, status FROM subscription WHERE subscription_id = :s;
+-- :owned here and below: the subscriptions of the caller's key (NULL: every one); another
+-- tenant's is not found, in the statement that reads or writes it.
+SELECT kind, status FROM subscription WHERE subscription_id = :s AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])));
 
 -- name: pull_take
 -- A PULL subscriber takes up to :max due messages under the receipt :receipt (its fencing
@@ -601,7 +606,7 @@ SELECT t.delivery_id, t.attempt, e.correlation_id, e.routing_key, e.payload,
 WITH done AS (
     UPDATE delivery SET state = 'DELIVERED', delivered_at = now(), receipt = NULL
      WHERE delivery_id = :d AND subscription_id = :s AND pull
-       AND state = 'IN_PROCESS' AND receipt = :r
+       AND state = 'IN_PROCESS' AND receipt = :r AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])))
     RETURNING delivery_id, event_id, attempt, claimed_at, delivered_at),
 logged AS (
     UPDATE published_messages p SET outcome = 'DELIVERED', delivered_at = done.delivered_at

@@ -1,0 +1,143 @@
+"""Token buckets in Redis (worker/lua/rate_take.lua): how much a client may ask of the API, one
+atomic take per request, shared by every API process. The keys are built in models/keys.py.
+
+:func:`take` and :class:`Buckets` run on a plain client (threads, tests); :class:`Limiter` is
+the API's: on the event loop (``redis.asyncio``), on the clock it is given, and failing open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.commands.core import AsyncScript
+
+from orderly.worker.core.clock import Clock, now_ms
+from orderly.worker.core.scripts import source
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "rate_take"
+# Redis unreachable: requests pass unlimited (fail open) and Redis is not asked again for this
+# long, so that an outage adds no timeout to every request; a warning at most this often.
+FAIL_OPEN_PAUSE_S = 1.0
+FAIL_OPEN_WARN_EVERY_S = 30.0
+# A limiter's Redis calls give up after this: a slow Redis must not hold every request.
+REDIS_TIMEOUT_S = 0.5
+# Connections of a limiter to Redis: takes beyond them wait for one (a take holds it for one
+# round trip), so that a burst of requests queues instead of opening a connection each.
+REDIS_CONNECTIONS = 32
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bucket's shape: ``burst`` tokens at most, refilled at ``per_s`` a second. A rate of 0
+    is no limit (the bucket is never asked)."""
+
+    per_s: float
+    burst: int
+
+    @property
+    def unlimited(self) -> bool:
+        return self.per_s <= 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    # Until the refused cost would be there (0 when allowed).
+    retry_after_s: float
+    remaining: int
+
+    @property
+    def retry_after(self) -> int:
+        """``Retry-After``: whole seconds, rounded up, at least 1."""
+        return max(1, math.ceil(self.retry_after_s))
+
+
+UNLIMITED = Verdict(True, 0.0, 0)
+
+
+def _args(limit: Limit, cost: int, at_ms: int) -> list[Any]:
+    if not 1 <= cost <= limit.burst:
+        raise ValueError(f"a cost of {cost} can never be taken from a bucket of {limit.burst}")
+    return [repr(float(limit.per_s)), limit.burst, cost, at_ms]
+
+
+def _verdict(reply: Any) -> Verdict:
+    allowed, retry_ms, remaining = (int(v) for v in reply)
+    return Verdict(allowed == 1, retry_ms / 1000, remaining)
+
+
+class Buckets:
+    """The buckets of one plain Redis client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._script = client.register_script(source(SCRIPT))
+
+    def take(self, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:
+        """Take ``cost`` tokens from the bucket at ``at_ms`` (the caller's clock), if it holds
+        them."""
+        if limit.unlimited:
+            return UNLIMITED
+        return _verdict(self._script(keys=[bucket_key], args=_args(limit, cost, at_ms)))
+
+
+def take(client: redis.Redis, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:
+    """One take (:meth:`Buckets.take`) without keeping the registered script."""
+    return Buckets(client).take(bucket_key, limit, at_ms, cost)
+
+
+class Limiter:
+    """The buckets of an API process, taken from on its event loop. When Redis cannot be
+    reached or refuses, every take is allowed (fail open: the API goes on serving, unlimited,
+    rather than refusing everyone) and logged; Redis is then left alone for
+    :data:`FAIL_OPEN_PAUSE_S`."""
+
+    def __init__(self, url: str, clock: Clock, timeout_s: float = REDIS_TIMEOUT_S) -> None:
+        self._url = url
+        self._clock = clock
+        self._timeout_s = timeout_s
+        # One client per event loop: an asyncio connection belongs to the loop it was made in.
+        self._bound: tuple[asyncio.AbstractEventLoop, AsyncScript] | None = None
+        self._paused_until = float("-inf")
+        self._warned_at = float("-inf")
+
+    def _script_on_this_loop(self) -> AsyncScript:
+        loop = asyncio.get_running_loop()
+        if self._bound is None or self._bound[0] is not loop:
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                self._url,
+                max_connections=REDIS_CONNECTIONS,
+                timeout=self._timeout_s,
+                socket_connect_timeout=self._timeout_s,
+                socket_timeout=self._timeout_s,
+            )
+            client = redis.asyncio.Redis(connection_pool=pool)
+            self._bound = (loop, client.register_script(source(SCRIPT)))
+        return self._bound[1]
+
+    async def take(self, bucket_key: str, limit: Limit, cost: int = 1) -> Verdict:
+        if limit.unlimited:
+            return UNLIMITED
+        args = _args(limit, cost, now_ms(self._clock))
+        if self._clock.monotonic() < self._paused_until:
+            return UNLIMITED
+        try:
+            reply = await self._script_on_this_loop()(keys=[bucket_key], args=args)
+        except (redis.RedisError, OSError) as exc:
+            self._fail_open(exc)
+            return UNLIMITED
+        return _verdict(reply)
+
+    def _fail_open(self, exc: Exception) -> None:
+        now = self._clock.monotonic()
+        self._paused_until = now + FAIL_OPEN_PAUSE_S
+        if now - self._warned_at >= FAIL_OPEN_WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("rate limits not applied (Redis: %s): requests pass unlimited", exc)
