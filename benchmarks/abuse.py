@@ -245,6 +245,11 @@ def start_stack(group: ProcessGroup, port: int) -> tuple[Managed, list[Managed]]
     return api, [worker, beat]
 
 
+def load() -> float:
+    """The machine's 1-minute load average: the figures depend on what else runs."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def figures(latencies: list[float]) -> tuple[float, float]:
     return round(pct(latencies, 0.5), 2), round(pct(latencies, 0.99), 2)
 
@@ -281,6 +286,7 @@ def main() -> None:
         producer = abuse_sweep.make_key(http, f"abuse-producer-{run}", ["produce"], None)
         flooder = abuse_sweep.make_key(http, f"abuse-flooder-{run}", ["produce"], None)
         produce(port, producer, 2.0, f"warm-{run}")
+        load_before = load()
         sampler = Sampler(api.proc.pid)
         sampler.start()
         quiet, quiet_statuses = produce(port, producer, seconds, f"quiet-{run}")
@@ -295,13 +301,19 @@ def main() -> None:
             pipes.append(mine)
             loaders.append(proc)
         attacked, attacked_statuses = produce(port, producer, seconds, f"attack-{run}")
+        for pipe, proc in zip(pipes, loaders, strict=True):
+            # Each loader stops sending at the phase's end and waits for its answers.
+            if not pipe.poll(ANSWER_S * 6):
+                raise RuntimeError(f"a load generator gave no figures (exit {proc.exitcode})")
         attack_counts, flood_counts = (p.recv() for p in pipes)
         for proc in loaders:
             proc.join(60)
+        http.close()
         sampler.stop.set()
         sampler.join()
         rss_peak = max(mb for t, mb in sampler.samples if t >= attack_started)
         hwm = sampler.field("VmHWM")
+        load_after = load()
     finally:
         group.stop_all()
         r.close()
@@ -322,6 +334,7 @@ def main() -> None:
         "attack_rate_per_s": args.attack_rate,
         "producer_per_s": PRODUCER_PER_S,
         "rate_key_per_s": KEY_PER_S,
+        "load_1min": [load_before, load_after],
         "p50_quiet_ms": p50_quiet,
         "p99_quiet_ms": p99_quiet,
         "p50_attack_ms": p50_attack,

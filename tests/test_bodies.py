@@ -83,12 +83,13 @@ class Reader:
         return False
 
 
-def exchange(port: int, head: str, chunks: Iterable[bytes] = ()) -> Answer:
-    """Send ``head`` (the request line and headers), then ``chunks`` while the server has not
-    answered; then read its answer. Sending stops at the first byte of an answer, and a
-    connection the server closed on the sender is not an error: both are ways to refuse."""
+def exchange(port: int, head: str, chunks: Iterable[bytes] = (), body: bytes = b"") -> Answer:
+    """Send ``head`` (the request line and headers) and ``body`` in one write, then ``chunks``
+    while the server has not answered; then read its answer. Sending stops at the first byte
+    of an answer, and a connection the server closed on the sender is not an error: both are
+    ways to refuse."""
     with socket.create_connection(("127.0.0.1", port), timeout=ANSWER_S) as sock:
-        sock.sendall(head.encode("latin-1") + b"\r\n")
+        sock.sendall(head.encode("latin-1") + b"\r\n" + body)
         for chunk in chunks:
             readable, _, _ = select.select([sock], [], [], 0)
             if readable:
@@ -205,7 +206,7 @@ def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_not(
             head = request_head(
                 "POST", "/messages", api.token, kind, f"Content-Length: {len(body)}"
             )
-            answer = exchange(api.port, head, [body])
+            answer = exchange(api.port, head, body=body)
         else:
             head = request_head("POST", "/messages", api.token, kind, "Transfer-Encoding: chunked")
             answer = exchange(
@@ -235,10 +236,10 @@ def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_not(
         "Content-Type: application/x-www-form-urlencoded",
         f"Content-Length: {len(form)}",
     )
-    assert exchange(api.port, head, [form]).status == 401
+    assert exchange(api.port, head, body=form).status == 401
     # A stray body of a GET within the small limit is no reason to refuse.
     head = request_head("GET", "/health", None, f"Content-Length: {BODILESS_BYTES}")
-    assert exchange(api.port, head, [b" " * BODILESS_BYTES]).status == 200
+    assert exchange(api.port, head, body=b" " * BODILESS_BYTES).status == 200
     assert count_messages(db) == before + 2
 
 
@@ -251,8 +252,14 @@ def test_an_answer_before_the_body_is_read_closes_the_connection(api: Stack, db:
     answer = exchange(api.port, head, chunked(300 * MESSAGE_LIMIT))
     assert answer.status == 401, answer
     assert answer.headers.get("connection") == "close" and answer.closed
-    # A refusal of a request without a body keeps the connection for the next one.
-    answer = exchange(api.port, request_head("GET", "/messages", "orderly_000000000000_x" * 2))
+    # A refusal of a request without a body, or with a small one, keeps the connection.
+    bad_key = "orderly_000000000000_" + "x" * 43
+    answer = exchange(api.port, request_head("GET", "/messages", bad_key))
+    assert answer.status == 401 and not answer.closed, answer
+    small = json.dumps(message(1)).encode()
+    head = request_head("POST", "/messages", bad_key, f"Content-Length: {len(small)}")
+    # In one write with its head: the body is on the wire before the refusal can come.
+    answer = exchange(api.port, head, body=small)
     assert answer.status == 401 and not answer.closed, answer
     assert count_messages(db) == before
 

@@ -22,6 +22,7 @@ from orderly.client import (
     Invalid,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     Unauthorized,
     Unavailable,
 )
@@ -108,7 +109,7 @@ def test_every_call_and_every_refusal(live: Stack, db: Engine) -> None:
             wait_until(lambda: bool(sink.arrivals()), 60, "the response at the client")
             arrival = sink.arrivals()[0]
             assert orderly.conversation("c1")["conversation_id"] == "c1"
-            with pytest.raises(Unauthorized):
+            with pytest.raises(NotFound):  # as an unknown id: no oracle
                 orderly.ack(arrival["async_response_id"], "A" * 43)
             acked = orderly.ack(arrival["async_response_id"], arrival["ack_token"])
             assert acked.state == "OK"
@@ -180,6 +181,19 @@ def test_a_503_is_tried_again_after_its_retry_after(live: Stack, db: Engine) -> 
     with orderly, pytest.raises(Unavailable) as down:
         orderly.submit(message(2, service="test", operation="script"))
     assert down.value.fields == ["node"] and down.value.retry_after_s == 0
+
+
+def test_a_429_is_tried_again_after_its_retry_after(stack: Stack) -> None:
+    stack.env(ORDERLY_RATE_KEY_PER_S="1", ORDERLY_RATE_KEY_BURST="1")
+    stack.start_api()
+    watching = Watching()
+    with Client(stack.url, stack.token, retries=5, max_wait_s=2, transport=watching) as orderly:
+        orderly.submit(message(1, service="test", operation="script"))
+        sent = orderly.submit(message(2, service="test", operation="script"))
+    assert sent.created and 429 in watching.statuses and watching.statuses[-1] == 201
+    with Client(stack.url, stack.token, retries=0) as orderly, pytest.raises(RateLimited) as over:
+        orderly.submit(message(3, service="test", operation="script"))
+    assert over.value.retry_after_s is not None and over.value.retry_after_s >= 1
 
 
 def test_the_async_client(live: Stack) -> None:

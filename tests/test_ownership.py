@@ -14,6 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from orderly.api.console.session import COOKIE
 from orderly.worker import keys
 from orderly.worker.core.errors import InvalidMessage
 from tests.helpers import message
@@ -143,7 +144,7 @@ def _counts(db: Engine, r: redis.Redis) -> dict[str, Any]:
 
 
 # (method, path, body) for tenant ``t``'s objects; each is refused with 404 to another tenant.
-def _refused_404(t: Tenant, name: str) -> list[tuple[str, str, Any]]:
+def _refused_404(t: Tenant, name: str, other: Tenant) -> list[tuple[str, str, Any]]:
     note = {"note": "not yours"}
     cid, rs = f"conv-{name}", f"rs-{name}"
     return [
@@ -156,6 +157,7 @@ def _refused_404(t: Tenant, name: str) -> list[tuple[str, str, Any]]:
         ("POST", f"/conversations/{cid}/responses", {"request_id": f"rq-{name}",
                                                      "response_id": "evil", "payload": "x"}),
         ("POST", f"/conversations/{cid}/requests", {"request_id": "evil", "origin": "web-z"}),
+        ("POST", f"/conversations/{cid}/requests", {"request_id": "evil", "origin": other.origin}),
         ("POST", "/conversations/evil/requests", {"request_id": "evil", "origin": t.origin}),
         ("GET", f"/conversations/{cid}", None),
         ("GET", f"/conversation-messages?response_id={rs}", None),
@@ -196,7 +198,7 @@ def test_every_operation_on_another_tenants_object_is_refused_and_writes_nothing
     client: TestClient, db: Engine, redis_client: redis.Redis, tenants: tuple[Tenant, Tenant]
 ) -> None:
     a, b = tenants
-    refused = _refused_404(a, "a")
+    refused = _refused_404(a, "a", b)
     listed = _listings(a)
     for method, path, body in refused:
         before = _counts(db, redis_client)
@@ -215,8 +217,8 @@ def test_every_operation_on_another_tenants_object_is_refused_and_writes_nothing
 def test_the_owner_may_do_what_another_tenant_may_not(
     client: TestClient, db: Engine, tenants: tuple[Tenant, Tenant]
 ) -> None:
-    a, _ = tenants
-    allowed = {path: (method, body) for method, path, body in _refused_404(a, "a")}
+    a, b = tenants
+    allowed = {path: (method, body) for method, path, body in _refused_404(a, "a", b)}
     ok = [
         f"/messages/{a.msg_id}",
         "/conversations/conv-a",
@@ -240,6 +242,56 @@ def test_the_owner_may_do_what_another_tenant_may_not(
         "/dead-letters/redrive", json={"delivery_ids": [a.dead_id]}, headers=a.auth
     )
     assert redriven.json() == {"redriven": [a.dead_id]}
+
+
+@pytest.mark.parametrize(
+    ("foreign", "missing"),
+    [
+        ("/messages/{msg_id}", "/messages/999999"),
+        ("/conversation-messages?response_id=rs-a", "/conversation-messages?response_id=rs-zz"),
+        ("/conversations/conv-a", "/conversations/conv-zz"),
+        ("/exceptions/{exception_id}", "/exceptions/999999"),
+    ],
+)
+def test_another_tenants_object_is_answered_as_one_that_does_not_exist(
+    client: TestClient, tenants: tuple[Tenant, Tenant], foreign: str, missing: str
+) -> None:
+    a, b = tenants
+    path = foreign.format(msg_id=a.msg_id, exception_id=a.exception_id)
+    theirs = client.get(path, headers=b.auth)
+    nobodys = client.get(missing, headers=b.auth)
+    assert theirs.status_code == nobodys.status_code == 404
+    asked, absent = (
+        path.rsplit("/", 1)[-1].split("=")[-1],
+        missing.rsplit("/", 1)[-1].split("=")[-1],
+    )
+    assert theirs.text.replace(asked, "ID") == nobodys.text.replace(absent, "ID")
+    assert set(theirs.headers) == set(nobodys.headers)
+
+
+def test_a_bound_key_neither_adopts_another_tenants_message_nor_enters_its_funnel(
+    client: TestClient, db: Engine, redis_client: redis.Redis, tenants: tuple[Tenant, Tenant]
+) -> None:
+    a, b = tenants
+    before = _counts(db, redis_client)
+    for parent in (a.waiting_id, 999999):
+        child = message(7, source_system=b.source, correlation_id="child", parent_msg_id=parent)
+        answer = client.post("/messages", json=child, headers=b.auth)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["errors"] == [
+            {"field": "parent_msg_id", "problem": f"no message {parent} exists"}
+        ]
+        batch = client.post("/messages:batch", json={"messages": [child]}, headers=b.auth)
+        assert batch.status_code == 422 and "messages[0].parent_msg_id" in batch.text
+    for funnel in ("fa", f"{a.source}:fa", "crm-z:fa"):
+        body = message(8, source_system=b.source, funnel_value=funnel, guaranteed_order=True)
+        answer = client.post("/messages", json=body, headers=b.auth)
+        assert answer.status_code == 422 and "funnel_value" in answer.text, answer.text
+    assert _counts(db, redis_client) == before
+    own = message(8, source_system=b.source, funnel_value=f"{b.source}:fa", guaranteed_order=True)
+    assert client.post("/messages", json=own, headers=b.auth).status_code == 201
+    child = message(9, source_system=b.source, correlation_id="own-child", parent_msg_id=b.msg_id)
+    assert client.post("/messages", json=child, headers=b.auth).status_code == 201
 
 
 def test_an_unrestricted_key_still_sees_every_tenant(
@@ -268,17 +320,21 @@ def test_a_request_id_of_another_tenant_is_taken_without_saying_where(
     assert _counts(db, redis_client) == before
 
 
-def test_a_conversation_belongs_to_the_origin_of_its_first_request(client: TestClient) -> None:
-    """Even for a key that owns every origin: a request of another origin does not join."""
-    for origin in ("web-x", "web-y"):
-        put = client.put(f"/channels/{origin}", json={"url": "http://127.0.0.1:9/", **CHANNEL})
-        assert put.status_code == 200
-    first = {"request_id": "q1", "origin": "web-x"}
-    assert client.post("/conversations/c/requests", json=first).status_code == 201
-    other = client.post("/conversations/c/requests", json={"request_id": "q2", "origin": "web-y"})
-    assert other.status_code == 404, other.text
-    same = client.post("/conversations/c/requests", json={"request_id": "q3", "origin": "web-x"})
-    assert same.status_code == 201, same.text
+def test_a_conversation_of_several_origins_is_only_an_unrestricted_keys(
+    client: TestClient, tenants: tuple[Tenant, Tenant]
+) -> None:
+    """A key that owns every origin may mix them in one conversation (the seed's
+    allOriginExcept); a bound key may not join one that holds another tenant's request."""
+    a, b = tenants
+    first = {"request_id": "q1", "origin": a.origin}
+    assert client.post("/conversations/mixed/requests", json=first).status_code == 201
+    second = {"request_id": "q2", "origin": b.origin}
+    assert client.post("/conversations/mixed/requests", json=second).status_code == 201
+    third = {"request_id": "q3", "origin": b.origin}
+    joined = client.post("/conversations/mixed/requests", json=third, headers=b.auth)
+    assert joined.status_code == 404, joined.text
+    assert client.get("/conversations/mixed", headers=b.auth).status_code == 404
+    assert client.get("/conversations/mixed").status_code == 200
 
 
 def test_the_console_shows_a_bound_key_its_own_objects_only(
@@ -292,6 +348,31 @@ def test_the_console_shows_a_bound_key_its_own_objects_only(
     assert client.get(f"/console/messages/{a.msg_id}", headers=b.auth).status_code == 404
     assert client.get("/console/conversations/conv-a", headers=b.auth).status_code == 404
     assert client.get("/console/conversations/conv-b", headers=b.auth).status_code == 200
+
+
+def test_a_bound_keys_console_session_keeps_its_bounds(
+    client: TestClient, tenants: tuple[Tenant, Tenant]
+) -> None:
+    """Signed in with a bound key, the session (a cookie, not the key) sees what the key
+    sees: its own messages and conversations, none of the system-wide pages."""
+    a, b = tenants
+    client.cookies.clear()
+    signed = client.post(
+        "/console/login", data={"key": b.token}, headers={"Authorization": ""},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert signed.status_code == 303, signed.text
+    session = {"Cookie": f"{COOKIE}={signed.cookies[COOKIE]}", "Authorization": ""}
+    client.cookies.clear()
+    page = client.get("/console/messages", headers=session)
+    assert page.status_code == 200
+    assert f"/console/messages/{b.msg_id}" in page.text
+    assert f"/console/messages/{a.msg_id}" not in page.text
+    assert "/console/figures" not in page.text
+    assert client.get(f"/console/messages/{a.msg_id}", headers=session).status_code == 404
+    assert client.get("/console/conversations/conv-a", headers=session).status_code == 404
+    for system_wide in ("/console/figures", "/console/figures.json", "/console/nodes"):
+        assert client.get(system_wide, headers=session).status_code == 403, system_wide
 
 
 @pytest.mark.parametrize(

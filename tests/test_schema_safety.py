@@ -11,14 +11,16 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.pubsub import schemas
+from orderly.worker.runtime import Runtime
 from orderly.worker.settings import get_settings
 
 LIMITS = schemas.Limits(max_unique_items=2_000, budget_ms=2_000)
@@ -140,6 +142,12 @@ def room(client: TestClient) -> TestClient:
 
 
 # --- through the API ----------------------------------------------------------------------------
+
+
+def _renew_runtime(client: TestClient) -> None:
+    """The app reads its settings from its runtime: a new one, of the environment now."""
+    get_settings.cache_clear()
+    cast(FastAPI, client.app).state.runtime = Runtime(get_settings())
 
 
 @pytest.mark.parametrize("path", ["/doc", "/moved"])
@@ -269,7 +277,7 @@ def test_the_unique_items_limit_is_the_setting(
     payload = {"tags": list(range(11))}
     assert room.post("/rooms/r/events", json={"event_type": "t", "payload": payload}).is_success
     settings_env.setenv("ORDERLY_SCHEMA_MAX_UNIQUE_ITEMS", "10")
-    get_settings.cache_clear()
+    _renew_runtime(room)
     answer = room.post("/rooms/r/events", json={"event_type": "t", "payload": payload})
     assert answer.status_code == 422, answer.text
     assert "over 10 items" in answer.json()["errors"][0]["problem"]
@@ -315,7 +323,7 @@ def test_the_validation_budget_is_the_setting(
     assert answer.status_code == 422, answer.text
     assert "ORDERLY_SCHEMA_VALIDATION_BUDGET_MS" not in answer.text
     settings_env.setenv("ORDERLY_SCHEMA_VALIDATION_BUDGET_MS", "5")
-    get_settings.cache_clear()
+    _renew_runtime(room)
     answer = room.post("/rooms/r/events", json=publish)
     assert answer.status_code == 422, answer.text
     error = answer.json()["errors"][0]

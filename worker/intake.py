@@ -226,6 +226,22 @@ def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
         conn.execute(sql("hand_over_later"), {"ids": msg_ids})
 
 
+def _require_owned(owns: Owns | None, message: MessageIn) -> None:
+    """What a bound key may submit: messages of its source systems (else 404, as if the
+    source system did not exist), in funnels named after one of them (``<source system>:...``)
+    so that no tenant's message can hold up another's funnel."""
+    owners.require_source_system(owns, message.source_system)
+    funnel = message.funnel_value
+    if owns is None or funnel is None:
+        return
+    if not any(funnel.startswith(f"{s}:") for s in owns.source_systems):
+        raise InvalidMessage(
+            "funnel_value",
+            f"{funnel!r}: a bound key's funnel values begin with one of its source "
+            f"systems and a colon (e.g. '{message.source_system}:{funnel}')",
+        )
+
+
 class Intake:
     """Accepts messages through one node. After commit, ``wake`` is called when new messages
     are due (a worker claims them in batches); without ``wake``, ``enqueue`` is called with the
@@ -258,8 +274,8 @@ class Intake:
         caller's objects; a message of another source system is refused (404) before
         anything is stored."""
         message = self._parse(data)
-        owners.require_source_system(owns, message.source_system)
-        result = self._store(message)
+        _require_owned(owns, message)
+        result = self._store(message, owns)
         self._hand_over([result])
         return result
 
@@ -280,9 +296,12 @@ class Intake:
                 problems += [(f"messages[{i}].{name}", problem) for name, problem in exc.problems]
         if problems:
             raise InvalidMessage(*problems[0], *problems[1:])
-        for message in messages:
-            owners.require_source_system(owns, message.source_system)
-        results = self._store_many(messages)
+        for i, message in enumerate(messages):
+            try:
+                _require_owned(owns, message)
+            except InvalidMessage as exc:
+                raise InvalidMessage(f"messages[{i}].{exc.field}", exc.problem) from None
+        results = self._store_many(messages, owns)
         self._hand_over(results)
         return results
 
@@ -314,18 +333,26 @@ class Intake:
                 "answers again (submitting again answers 200 with the same msg_id)",
             ) from exc
 
-    def _store(self, message: MessageIn) -> SubmitResult:
+    def _store(self, message: MessageIn, owns: Owns | None) -> SubmitResult:
         with prepared_connection(self._engine) as conn:
-            return self._store_one(conn, message)
+            return self._store_one(conn, message, owns)
 
-    def _store_one(self, conn: PreparedConnection, message: MessageIn) -> SubmitResult:
+    def _store_one(
+        self, conn: PreparedConnection, message: MessageIn, owns: Owns | None
+    ) -> SubmitResult:
+        unknown_parent = InvalidMessage(
+            "parent_msg_id", f"no message {message.parent_msg_id} exists"
+        )
+        if owns is not None and message.parent_msg_id is not None:
+            # Another tenant's message is no parent of the caller's: as if it did not exist.
+            owned = owners.source_systems(owns)
+            if conn.run("orderly_parent_owned", message.parent_msg_id, owned) is None:
+                raise unknown_parent
         try:
             inserted = insert_message(conn, insert_values(message, self._node_id), require_run=True)
         except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
             if "parent_msg_id" in str(exc):
-                raise InvalidMessage(
-                    "parent_msg_id", f"no message {message.parent_msg_id} exists"
-                ) from None
+                raise unknown_parent from None
             raise
         if inserted is not None:
             return SubmitResult(inserted[0], inserted[1], created=True)
@@ -338,7 +365,7 @@ class Intake:
             return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
         raise nodes.refusal(conn, self._node_id)
 
-    def _store_many(self, messages: list[MessageIn]) -> list[SubmitResult]:
+    def _store_many(self, messages: list[MessageIn], owns: Owns | None) -> list[SubmitResult]:
         """One transaction: the messages without a parent in one statement, the others one by
         one in their order (a parent's check)."""
         results: list[SubmitResult | None] = [None] * len(messages)
@@ -356,7 +383,7 @@ class Intake:
                 for i, m in enumerate(messages):
                     if results[i] is None and not batchable(m):
                         try:
-                            results[i] = self._store_one(conn, m)
+                            results[i] = self._store_one(conn, m, owns)
                         except InvalidMessage as exc:
                             field = f"messages[{i}].{exc.field}"
                             raise InvalidMessage(field, exc.problem) from None

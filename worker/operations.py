@@ -242,6 +242,16 @@ def _refusal(
     return OperationRefused(msg_id, f"it is {row.state}; {wanted}")
 
 
+def _require_own(conn: Connection, msg_id: int, owns: Owns | None) -> None:
+    """A bound key's command on another tenant's message stops here, before it takes (or
+    waits for) any lock of that tenant's; the command's own statement checks again."""
+    if owns is None:
+        return
+    owned = owners.source_systems(owns)
+    if conn.execute(sql("message_state_of"), {"id": msg_id, "owned": owned}).first() is None:
+        raise MessageNotFound(msg_id)
+
+
 @dataclass(frozen=True)
 class CommandResult:
     msg_id: int
@@ -267,6 +277,7 @@ def cancel(
     params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     cancelled: list[int] = []
     with engine.begin() as conn:
+        _require_own(conn, msg_id, owns)
         tree = [r.msg_id for r in conn.execute(sql("cancel_hard_descendants"), {"id": msg_id})]
         conn.execute(sql("lock_funnels_of_ids"), {"ids": [msg_id, *tree]})
         done = conn.execute(sql("message_cancel"), {"id": msg_id, **params}).first()
@@ -303,6 +314,7 @@ def redrive(
     params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     reopened: list[int] = []
     with engine.begin() as conn:
+        _require_own(conn, msg_id, owns)
         conn.execute(sql("lock_funnel_of"), {"id": msg_id})
         done = conn.execute(sql("message_redrive"), {"id": msg_id, **params}).first()
         if done is None:

@@ -11,7 +11,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import HEADERS, page
-from orderly.api.console.session import Signed
+from orderly.api.console.session import Signed, require_unbound
 
 router = APIRouter()
 
@@ -29,11 +29,13 @@ def samples(registry: CollectorRegistry) -> list[dict[str, Any]]:
 
 @router.get("/figures")
 async def figures_page(request: Request, viewer: Signed) -> HTMLResponse:
+    require_unbound(viewer)
     found = await run_in_threadpool(samples, request.app.state.metrics_registry)
     return page(request, "figures.html", viewer, samples=found)
 
 
 @router.get("/figures.json")
 async def figures_json(request: Request, viewer: Signed) -> JSONResponse:
+    require_unbound(viewer)
     found = await run_in_threadpool(samples, request.app.state.metrics_registry)
     return JSONResponse({"samples": found}, headers=HEADERS)

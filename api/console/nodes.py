@@ -8,7 +8,7 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import page
-from orderly.api.console.session import Signed, act, form
+from orderly.api.console.session import Signed, act, form, require_unbound
 from orderly.worker import configuration, nodes
 from orderly.worker.runtime import Runtime
 from orderly.worker.tracking import ServiceInfo
@@ -28,6 +28,7 @@ def _gather(runtime: Runtime) -> tuple[list[nodes.NodeView], list[ServiceInfo], 
 
 @router.get("/nodes")
 async def node_list(request: Request, viewer: Signed) -> HTMLResponse:
+    require_unbound(viewer)
     runtime: Runtime = request.app.state.runtime
     found, workers, problem = await run_in_threadpool(_gather, runtime)
     items = await run_in_threadpool(configuration.list_items, runtime.engine)

@@ -23,7 +23,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import Viewer, back_to, page
-from orderly.api.http.errors import explain
+from orderly.api.http.auth import authenticated
+from orderly.api.http.errors import RateLimited, explain
 from orderly.api.http.ratelimit import sign_in_limited
 from orderly.worker import keys
 from orderly.worker.core.errors import Forbidden, OrderlyError, Unauthenticated
@@ -71,11 +72,7 @@ def _token(request: Request) -> tuple[str | None, bool]:
 
 
 async def _authenticate(request: Request, token: str | None) -> keys.Principal:
-    runtime: Runtime = request.app.state.runtime
-    call = functools.partial(
-        keys.authenticate, runtime.engine, token, runtime.clock, scope=keys.OPERATE
-    )
-    return await run_in_threadpool(call)
+    return await authenticated(request, token or "", keys.OPERATE)
 
 
 def _sessions(request: Request) -> ConsoleSessions:
@@ -134,6 +131,14 @@ class Form:
     def text(self, name: str) -> str | None:
         """The field's value stripped, None when blank."""
         return self.get(name).strip() or None
+
+
+def require_unbound(viewer: Viewer) -> None:
+    """Pages about the whole system (figures, nodes): not for a key bound to its own objects,
+    as ``GET /metrics`` is not (its scope cannot be bound)."""
+    if viewer.key.owns is not None:
+        problem = f"the key {viewer.key.name!r} acts on its own objects only, not the whole system"
+        raise Refused(403, [("owns", problem)])
 
 
 def require_admin(viewer: Viewer) -> None:
@@ -230,6 +235,10 @@ async def login(request: Request) -> Response:
         return _sign_in(request, str(exc), 401)
     except Forbidden as exc:
         return _sign_in(request, str(exc), 403)
+    except RateLimited as exc:  # this address's refused keys: over their limit
+        slowed = _sign_in(request, str(exc), 429)
+        slowed.headers["Retry-After"] = str(exc.retry_after_s)
+        return slowed
     opened = functools.partial(
         _sessions(request).open, token, key.name, replacing=request.cookies.get(COOKIE)
     )

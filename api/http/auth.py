@@ -144,8 +144,13 @@ async def _principal(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     (scope,) = scopes.scopes  # one per route
-    scope = scope.format(**request.path_params)
     token = "" if credentials is None else credentials.credentials
+    return await authenticated(request, token, scope.format(**request.path_params))
+
+
+async def authenticated(request: Request, token: str, scope: str) -> Principal:
+    """The key ``token`` stands for, holding ``scope``, charged to its rate limit: the one
+    way an API key is checked (the routes' and the console's)."""
     keys.key_prefix(token)  # none, or not in a key's form: refused here, uncounted
     cache = key_cache(request.app)
     digest = cache.digest(token)

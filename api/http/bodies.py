@@ -12,9 +12,12 @@ from orderly.api.http.common import ENVELOPE_BYTES
 from orderly.api.http.errors import PayloadTooLarge, problem
 from orderly.worker.settings import Settings
 
-# Enough for any request line's worth of stray body (a client that sends "{}" with a GET),
-# nothing that costs memory: the limit of every request that takes no body.
+# A request that reads no body may still bring a few bytes (a client that sends "{}" with a
+# GET): this many, and no more.
 BODILESS_BYTES = 4_096
+# A body left unread this small the server reads and drops at no cost (uvicorn buffers as
+# much): its connection is kept. A larger one, or one of unknown length, closes it.
+DROPPED_BYTES = 65_536
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 # POST routes that read no body: the ACK carries its token in a header.
 BODILESS_PREFIXES = ("/acks/",)
@@ -58,8 +61,9 @@ class BodyTooLarge(PayloadTooLarge):
 
 
 def _framing(scope: Scope) -> tuple[int | None, bool]:
-    """The request's Content-Length (None without one) and whether it has a body at all (a
-    length above 0, or chunked). The server has refused a malformed length already."""
+    """The request's Content-Length (None without one), and whether the connection must close
+    unless the app reads the body to its end: a body over DROPPED_BYTES or a chunked one. The
+    server has refused a malformed length already."""
     declared = None
     chunked = False
     for name, value in scope.get("headers", ()):
@@ -67,7 +71,9 @@ def _framing(scope: Scope) -> tuple[int | None, bool]:
             declared = int(value) if value.isdigit() else None
         elif name == b"transfer-encoding":
             chunked = True
-    return declared, bool(declared) or (declared is None and chunked)
+    if declared is None:
+        return None, chunked
+    return declared, declared > DROPPED_BYTES
 
 
 def _closed(message: Message) -> Message:
@@ -81,7 +87,7 @@ class LimitBodies:
     Content-Length over the route's limit is refused before the body is read; any other body
     is counted as the app reads it and refused past the limit.
 
-    An answer given before the request's body was read to its end (a refusal, a 401 that
+    An answer given before a large or chunked body was read to its end (a refusal, a 401 that
     never needed the body) closes the connection (``Connection: close``): the server would
     otherwise go on reading, and throwing away, whatever the client still streams."""
 
@@ -145,7 +151,7 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, text: str) -> None
 
 
 def install(app: Starlette, settings: Settings) -> None:
-    """Bound every request's body on ``app``: outermost, so a refusal costs nothing else."""
+    """Bound every request's body on ``app``, before its routes and error handlers run."""
     # Here, not at the top: the console's modules import this package.
     from orderly.api.console.session import MAX_FORM_BYTES
 

@@ -43,10 +43,13 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         400: "malformed input (the body is not JSON, a NUL in the path)",
         401: "no API key, or one that is unknown, revoked or expired",
         403: "the API key lacks the scope this operation needs (named)",
-        404: "no such message, room, subscription, request or ACK id",
+        404: "no such message, room, subscription, request or ACK id (or not the API key's: "
+        "another tenant's object answers as one that does not exist)",
         409: "the message is not in a state that allows this",
         413: "the body is over the size limit",
         422: "invalid input: every bad field named",
+        429: "over a rate limit (the client address's, the API key's or its refused "
+        "credentials'; with Retry-After)",
         503: "PostgreSQL, Redis or the broker unreachable, or the node takes no new input "
         "(with Retry-After)",
     }.items()

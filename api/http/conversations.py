@@ -17,8 +17,11 @@ from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, Producer, ack_header
 from orderly.api.http.common import AppRuntime, json_body
 from orderly.api.http.contract import body
+from orderly.api.http.ratelimit import limits_of
+from orderly.worker.channels import ACK_TOKEN_FORM
 from orderly.worker.conversations.model import RequestIn, ResponseIn
 from orderly.worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
+from orderly.worker.core.errors import Unauthenticated, UnknownAck
 
 router = APIRouter()
 # The clients' ACKs: authenticated by their ACK token, not an API key.
@@ -227,10 +230,7 @@ async def ack(
     """A client's ACK of a response it answered 202: no API key, but the response's ACK token
     (``X-Orderly-Ack-Token``, sent with the response) brought back. A refused ACK whose token
     has the right form (a guess) counts against the client address's refused limit."""
-    from orderly.api.http.ratelimit import limits_of
     from orderly.worker.celery import enqueue_drain
-    from orderly.worker.channels import ACK_TOKEN_FORM
-    from orderly.worker.core.errors import Unauthenticated, UnknownAck
 
     limits, address = limits_of(request)
     limits.refuse_if_blocked(address)

@@ -19,6 +19,7 @@ from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.keys import Principal
+from orderly.worker.pubsub import schemas
 from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
@@ -166,6 +167,7 @@ async def publish(
             max_payload_bytes=runtime.settings.max_payload_bytes,
             caller=key.name,
             may_impersonate=key.allows(keys.IMPERSONATE),
+            schema_limits=schemas.configured_limits(runtime.settings),
         )
     )
     try:

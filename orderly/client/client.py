@@ -1,5 +1,5 @@
 """The sync and async clients: the same calls (orderly.client.calls), sent with httpx; a 503
-is tried again after its Retry-After."""
+or a 429 is tried again after its Retry-After."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from orderly.client.calls import Acked, Call, Published, Submitted
 from orderly.client.errors import OrderlyError, error_for
 
 T = TypeVar("T")
+
+# Answers sent again after their Retry-After: a service down for a moment, a rate limit.
+RETRIED = frozenset({429, 503})
 
 
 class _Settings:
@@ -60,7 +63,7 @@ class _Settings:
             body = None
         if answer.is_success:
             return call.read(answer.status_code, body)
-        retry_after = self.wait_s(answer) if answer.status_code == 503 else None
+        retry_after = self.wait_s(answer) if answer.status_code in RETRIED else None
         raise error_for(answer.status_code, body, retry_after)
 
 
@@ -88,10 +91,11 @@ class Client:
         )
 
     def call(self, call: Call[T]) -> T:
-        """Send one call; a 503 is sent again after its Retry-After, ``retries`` times."""
+        """Send one call; a 503 or a 429 is sent again after its Retry-After, ``retries``
+        times."""
         for attempt in range(self._s.retries + 1):
             answer = self._http.request(**self._s.request(call))
-            if answer.status_code != 503 or attempt == self._s.retries:
+            if answer.status_code not in RETRIED or attempt == self._s.retries:
                 return self._s.read(call, answer)
             time.sleep(self._s.wait_s(answer))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -267,7 +271,7 @@ class AsyncClient:
     async def call(self, call: Call[T]) -> T:
         for attempt in range(self._s.retries + 1):
             answer = await self._http.request(**self._s.request(call))
-            if answer.status_code != 503 or attempt == self._s.retries:
+            if answer.status_code not in RETRIED or attempt == self._s.retries:
                 return self._s.read(call, answer)
             await asyncio.sleep(self._s.wait_s(answer))
         raise AssertionError("unreachable")  # pragma: no cover

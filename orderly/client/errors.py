@@ -44,7 +44,8 @@ class Forbidden(OrderlyError):
 
 
 class NotFound(OrderlyError):
-    """404: no such message, room, subscription, request or ACK id."""
+    """404: no such message, room, subscription, request or ACK id (or another tenant's: it
+    answers as one that does not exist)."""
 
 
 class Conflict(OrderlyError):
@@ -57,6 +58,11 @@ class PayloadTooLarge(OrderlyError):
 
 class Invalid(OrderlyError):
     """422: invalid input; every bad field is named."""
+
+
+class RateLimited(OrderlyError):
+    """429: over a rate limit (the address's, the key's, or its refused credentials');
+    still so after the client's retries. ``retry_after_s``: when to try again."""
 
 
 class Unavailable(OrderlyError):
@@ -76,6 +82,7 @@ BY_STATUS: dict[int, type[OrderlyError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     422: Invalid,
+    429: RateLimited,
     503: Unavailable,
 }
 

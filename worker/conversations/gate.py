@@ -269,7 +269,11 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     shard, member = found
     info = json.loads(member)
     if token is not None:
-        _check_ack_token(ctx, info, token)
+        try:
+            _check_ack_token(ctx, info, token)
+        except Unauthenticated:
+            # The same answer as an unknown id: a guess learns nothing of which ids exist.
+            raise UnknownAck(async_response_id) from None
     cid = info["cnId"]
     k = ctx.keys
     token = new_token()

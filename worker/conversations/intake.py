@@ -39,9 +39,9 @@ def _ms(ctx: Context, moment: datetime | None) -> int:
 def register_request(
     ctx: Context, conversation_id: str, data: Any, owns: Owns | None = None
 ) -> Registered:
-    """createConversationRegister: the request waits (WAITING) for its responses. A
-    conversation belongs to the origin of its first request; ``owns``: the caller's objects
-    (an origin or a conversation of another's is not found, and nothing is written)."""
+    """createConversationRegister: the request waits (WAITING) for its responses. ``owns``:
+    the caller's objects; an origin of another's, or a conversation that holds a request of
+    another's origin, is not found, and nothing is written."""
     check_conversation_id(conversation_id)
     req = parse_input(RequestIn, data)
     owners.require_origin(owns, req.origin)
@@ -59,13 +59,15 @@ def register_request(
             payload,
             ctx.node_id,
             req.corr,
+            owners.origins(owns),
             before=("conv_lock", [conversation_id]),
         )
         if row is None:
             found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
             if found is None:
-                held = conn.run("conv_origin", conversation_id)
-                if held is not None and held[0] != req.origin:
+                if owns is not None and conn.run(
+                    "conv_foreign_request", conversation_id, owners.origins(owns)
+                ):
                     raise NotFound("conversation", conversation_id)
                 raise nodes.refusal(conn, ctx.node_id)
             msg_id, state, owner, origin, moment, _, age_ms = found

@@ -188,15 +188,19 @@ def get_message(
     if async_response_id is not None:
         if not isinstance(async_response_id, str) or not 0 < len(async_response_id) <= MAX_ASYNC_ID:
             raise InvalidMessage("async_response_id", f"must be 1 to {MAX_ASYNC_ID} characters")
+        unknown = NotFound("conversation message with async_response_id", async_response_id)
         found = find_ack(ctx, async_response_id)
         if found is None:
-            raise NotFound("conversation message with async_response_id", async_response_id)
+            raise unknown
         response_id = str(json.loads(found[1])["rsId"])
+    else:
+        unknown = NotFound("conversation message", response_id)
     rid = _check_id("response_id", response_id)
     with ctx.pg() as conn:
         row = conn.run("conv_op_find", rid, RESPONSE_SOURCE, owners.origins(owns))
     if row is None:
-        raise NotFound("conversation message", rid)
+        # Another tenant's is answered as one that does not exist, by the id asked for.
+        raise unknown
     msg_id, state, cid, origin, request_id, _, corr = row
     raw = ctx.redis.hgetall(ctx.keys.response(cid, rid))
     view: dict[str, Any] = {as_text(f): as_text(v) for f, v in raw.items()}

@@ -124,11 +124,12 @@ class UnknownRequest(OrderlyError):
 
 
 class UnknownAck(OrderlyError):
-    """An ACK for an async response id that is unknown or whose wait already ran out."""
+    """An ACK for an async response id that is unknown, whose wait already ran out, or that
+    does not bring its response's token (one answer for all three: no existence oracle)."""
 
     def __init__(self, async_response_id: str) -> None:
         self.async_response_id = async_response_id
-        super().__init__(f"no message is waiting for the ACK {async_response_id!r}")
+        super().__init__(f"no message is waiting for the ACK {async_response_id!r} with this token")
 
 
 class OperationRefused(OrderlyError):

@@ -44,6 +44,8 @@ import referencing.jsonschema
 from jsonschema.exceptions import ValidationError
 
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.settings import get_settings
+from orderly.worker.settings.pubsub import PubSubSettings
 
 if TYPE_CHECKING:
     from referencing._core import Resolver
@@ -72,11 +74,10 @@ class Limits:
     budget_ms: int  # ORDERLY_SCHEMA_VALIDATION_BUDGET_MS
 
 
-def configured_limits() -> Limits:
-    from orderly.worker.settings import get_settings
-
-    settings = get_settings()
-    return Limits(settings.schema_max_unique_items, settings.schema_validation_budget_ms)
+def configured_limits(settings: PubSubSettings | None = None) -> Limits:
+    """The limits of ``settings`` (a runtime's), else of the process's environment."""
+    chosen = settings or get_settings()
+    return Limits(chosen.schema_max_unique_items, chosen.schema_validation_budget_ms)
 
 
 # --- the budget -------------------------------------------------------------------------------

@@ -108,6 +108,15 @@ class ServiceSettings(Section):
         validation_alias="ORDERLY_READY_TIMEOUT_MS",
         description="How long GET /ready waits for each of PostgreSQL, Redis and the broker.",
     )
+    ready_cache_ms: int = Field(
+        1_000,
+        ge=0,
+        le=60_000,
+        validation_alias="ORDERLY_READY_CACHE_MS",
+        description="How long a GET /ready verdict stands, in ms: however many ask meanwhile "
+        "(it needs no key), PostgreSQL, Redis and the broker are checked once per this, and "
+        "requests that come during a check share it. 0: every request checks.",
+    )
     heartbeat_interval_ms: int = Field(
         5_000,
         ge=100,

@@ -2,25 +2,26 @@
 -- Redis holds the order (worker/lua); PostgreSQL the durable truth.
 
 -- name: conv_lock
--- Sent before conv_insert_request in its transaction: two first requests of one new
--- conversation, from two origins, cannot both see it empty.
+-- Sent before conv_insert_request in its transaction: a request of a bound key and another
+-- tenant's, both first in a new conversation, cannot both see it empty.
 -- prepare: text
 SELECT pg_advisory_xact_lock(hashtextextended('conversation:' || $1, 0));
 
--- name: conv_origin
--- The origin a conversation belongs to (that of its requests), if it has any.
--- prepare: text
-SELECT entity_type FROM message
+-- name: conv_foreign_request
+-- Whether the conversation holds a request of an origin not among $2 (a bound key's).
+-- prepare: text, text[]
+SELECT 1 AS foreign_request FROM message
  WHERE service_name = 'conversation' AND process_id = $1 AND source_system = 'bridge.request'
+   AND entity_type <> ALL($2)
  LIMIT 1;
 
 -- name: conv_insert_request
 -- New input: only through a node in RUN, checked in the same statement (as
 -- orderly_insert_message); nothing is inserted on a duplicate or a node that refuses input.
--- A conversation belongs to one origin, that of its first request: a request of another
--- origin is not inserted either (conv_lock, sent first, holds out a concurrent first one).
+-- $8: the origins of the caller's key (NULL: every one): such a key joins no conversation
+-- that holds a request of another origin (conv_lock, sent first, holds out a concurrent one).
 -- $7: the request's corr (NULL: none), kept as {"corr": ...} in envelope.
--- prepare: text, text, text, timestamptz, text, bigint, text
+-- prepare: text, text, text, timestamptz, text, bigint, text, text[]
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, source_system, state, node_id,
@@ -29,9 +30,10 @@ SELECT $4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
        'bridge.request', 'WAITING_FOR_RES', $6,
        CASE WHEN $7 IS NOT NULL THEN json_build_object('corr', $7)::text END
  WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
-   AND NOT EXISTS (SELECT 1 FROM message o
-                    WHERE o.service_name = 'conversation' AND o.process_id = $2
-                      AND o.source_system = 'bridge.request' AND o.entity_type <> $3)
+   AND ($8 IS NULL OR NOT EXISTS (
+        SELECT 1 FROM message o
+         WHERE o.service_name = 'conversation' AND o.process_id = $2
+           AND o.source_system = 'bridge.request' AND o.entity_type <> ALL($8)))
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id;
 

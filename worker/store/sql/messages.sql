@@ -50,6 +50,12 @@ RETURNING msg_id, correlation_id, source_system;
 -- prepare: text, text
 SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2;
 
+-- name: orderly_parent_owned
+-- Whether a message exists and is of one of the source systems $2 (a bound key's): a child
+-- may name only such a parent. A message's source system never changes.
+-- prepare: bigint, text[]
+SELECT 1 AS owned FROM message WHERE msg_id = $1 AND source_system = ANY($2);
+
 -- name: orderly_node_state
 -- prepare: bigint
 SELECT code, state FROM node WHERE node_id = $1;

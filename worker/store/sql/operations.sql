@@ -1,5 +1,7 @@
 -- Operator commands on the message store (worker.operations): list and inspect messages,
 -- cancel and re-drive with an audit note, and external responses that resume a waiting one.
+-- :owned in these queries: the source systems of the caller's key (NULL: every one); another
+-- tenant's message is not found, in the statement that reads or writes it.
 
 -- name: messages_list
 -- Messages matching every filter given (NULL: any), oldest msg_timestamp first or, with
@@ -88,8 +90,6 @@ SELECT msg_id, process_id AS conversation_id, correlation_id AS response_id,
 SELECT state, wait_correlation_id FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_state_of
--- :owned in these queries: the source systems of the caller's key (NULL: every one); another
--- tenant's message is not found, in the statement that reads or writes it.
 SELECT state, service_name FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_cancel
