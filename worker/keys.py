@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound, Unauthenticated
@@ -237,14 +237,30 @@ def authenticate(
         row = conn.execute(sql("api_key_by_prefix"), {"prefix": prefix}).first()
         if row is None or not hmac.compare_digest(row.secret_hash, _hash(token or "")):
             raise Unauthenticated(UNKNOWN_KEY)
-        if row.revoked_at is not None:
-            raise Unauthenticated(f"the key {row.name!r} was revoked")
-        if row.expires_at is not None and row.expires_at <= now:
-            raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
-        found = Principal(row.name, frozenset(row.scopes), row.expires_at, Owns.from_json(row.owns))
-        if scope is not None:
-            found.require(scope)
-        if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
-            conn.execute(sql("api_key_used"), {"key_id": row.key_id, "now": now})
-            conn.commit()
+        return _admitted(conn, row, now, scope)
+
+
+def live_key(engine: Engine, prefix: str, clock: Clock = SYSTEM) -> Principal:
+    """The key of that prefix (its secret checked before, as a console session's was) while
+    it may be used: the checks :func:`authenticate` makes after the secret."""
+    with engine.connect() as conn:
+        row = conn.execute(sql("api_key_by_prefix"), {"prefix": prefix}).first()
+        if row is None:
+            raise Unauthenticated(UNKNOWN_KEY)
+        return _admitted(conn, row, utcnow(clock), None)
+
+
+def _admitted(conn: Connection, row: Any, now: datetime, scope: str | None) -> Principal:
+    """The key of ``row`` if neither revoked nor expired (and holding ``scope``); its use
+    recorded, at most once per LAST_USED_EVERY, only when it passes."""
+    if row.revoked_at is not None:
+        raise Unauthenticated(f"the key {row.name!r} was revoked")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
+    found = Principal(row.name, frozenset(row.scopes), row.expires_at, Owns.from_json(row.owns))
+    if scope is not None:
+        found.require(scope)
+    if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
+        conn.execute(sql("api_key_used"), {"key_id": row.key_id, "now": now})
+        conn.commit()
     return found

@@ -22,10 +22,8 @@ from sqlalchemy import Engine
 
 from orderly.models.keys import console_session
 from orderly.worker import keys
-from orderly.worker.core.clock import Clock, now_ms, utcnow
+from orderly.worker.core.clock import Clock, now_ms
 from orderly.worker.core.errors import Unauthenticated
-from orderly.worker.core.owners import Owns
-from orderly.worker.store.queries import sql
 
 # 256 random bits, like an API key's secret.
 SESSION_ID_BYTES = 32
@@ -58,30 +56,6 @@ class Session:
             return None
 
 
-def key_prefix(token: str) -> str:
-    """The prefix of an API key's token ``orderly_<prefix>_<secret>``, authenticated before."""
-    return token.removeprefix(keys.TOKEN_PREFIX).split("_", 1)[0]
-
-
-def live_key(engine: Engine, prefix: str, clock: Clock) -> keys.Principal:
-    """The key of that prefix while it may be used (the checks keys.authenticate makes after
-    the secret: neither revoked nor expired); Unauthenticated says why not. Records its use as
-    a bearer request would (at most once per keys.LAST_USED_EVERY)."""
-    now = utcnow(clock)
-    with engine.connect() as conn:
-        row = conn.execute(sql("api_key_by_prefix"), {"prefix": prefix}).first()
-        if row is None:
-            raise Unauthenticated("unknown API key")
-        if row.revoked_at is not None:
-            raise Unauthenticated(f"the key {row.name!r} was revoked")
-        if row.expires_at is not None and row.expires_at <= now:
-            raise Unauthenticated(f"the key {row.name!r} expired at {row.expires_at.isoformat()}")
-        if row.last_used_at is None or now - row.last_used_at >= keys.LAST_USED_EVERY:
-            conn.execute(sql("api_key_used"), {"key_id": row.key_id, "now": now})
-            conn.commit()
-    return keys.Principal(row.name, frozenset(row.scopes), row.expires_at, Owns.from_json(row.owns))
-
-
 class ConsoleSessions:
     """The console's sessions in one Redis, on one clock, with one idle and absolute limit."""
 
@@ -110,7 +84,7 @@ class ConsoleSessions:
             self.close(replacing)
         session_id = secrets.token_urlsafe(SESSION_ID_BYTES)
         now = now_ms(self._clock)
-        found = Session(key_prefix(token), key_name, secrets.token_urlsafe(32), now, now)
+        found = Session(keys.key_prefix(token), key_name, secrets.token_urlsafe(32), now, now)
         made = self._client.set(
             self._key(session_id), found.as_json(), nx=True, px=self._ttl_ms(found, now)
         )
@@ -130,7 +104,7 @@ class ConsoleSessions:
         now = now_ms(self._clock)
         try:
             self._check(found, now)
-            key = live_key(self._engine, found.key_prefix, self._clock)
+            key = keys.live_key(self._engine, found.key_prefix, self._clock)
         except Unauthenticated:
             self._client.delete(name)
             raise
