@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orderly.worker import confirmations, nodes, pool, pubsub, rebuild, timeouts
+from orderly.worker import confirmations, nodes, pool, pubsub, rebuild, schedules, timeouts
 from orderly.worker.celery import (
     app,
     enqueue_drain,
@@ -37,19 +37,16 @@ def redis_watch() -> rebuild.RebuildReport | None:
     )
 
 
-def requeue_due() -> int:
-    """The re-processing pool, guaranteed order held back too long, response deadlines."""
+def pool_checks() -> int:
+    """Guaranteed order held back too long, response deadlines: what they failed."""
     runtime = get_runtime()
-    moved = pool.requeue_due(runtime.engine, runtime.config, enqueue_processing)
-    if moved:
-        log.info("pool re-queued %d messages", len(moved))
     failed = pool.fail_postponed(runtime.engine, runtime.config, enqueue_processing)
     if failed:
         log.warning("pool failed %d messages postponed behind a FAILED one", failed)
     expired = pool.expire_waits(runtime.engine, runtime.config, enqueue_processing)
     if expired:
         log.warning("pool failed %d messages whose response did not come", expired)
-    return len(moved)
+    return failed + expired
 
 
 def wake_due() -> bool:
@@ -133,6 +130,16 @@ def timeout_monitor() -> timeouts.TimeoutReport:
 def pubsub_upkeep() -> None:
     runtime = get_runtime()
     pubsub.upkeep(runtime.engine, runtime.settings.worker_lost_limit)
+
+
+def produce_schedules() -> schedules.ProduceReport:
+    """The message of every due schedule, through the intake (which wakes a worker)."""
+    runtime = get_runtime()
+    intake = runtime.intake(enqueue_processing, wake_processing)
+    report = schedules.produce_due(runtime.engine, intake.submit, runtime.clock)
+    if report.produced or report.repeated:
+        log.info("schedules produced %s (stored before: %s)", report.produced, report.repeated)
+    return report
 
 
 @app.task(name="orderly.agents.nightly_report", bind=True)

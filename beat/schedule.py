@@ -1,9 +1,10 @@
 """What beat runs, built when beat starts from the configuration table and the settings.
 
-A ticker (worker.core.due) hands every kind of due work to the broker when it is due: event
-deliveries (``$delay``, retry waits), confirmations, conversation wake-ups and the retries of
-timed-out messages; a second one runs the agents at their periods, beside it. The Celery beat
-schedule itself only holds the nightly report (a cron entry).
+A ticker (worker.core.due) hands every kind of due work to the broker when it is due: the
+messages that wait for a time (scheduled, retry waits, postponed, timed out), event
+deliveries (``$delay``, retry waits), confirmations and conversation wake-ups; a second one
+runs the agents at their periods, beside it. The Celery beat schedule itself only holds the
+nightly report (a cron entry).
 """
 
 from __future__ import annotations
@@ -20,26 +21,23 @@ from orderly.worker.celery import (
     enqueue_drain,
     enqueue_event_deliveries,
     enqueue_processing_many,
+    wake_processing,
 )
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.due import DueSource, Job, Ticker
+from orderly.worker.messages.due import due_messages
 from orderly.worker.runtime import Runtime
 from orderly.worker.settings import Settings
 
 
 def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job]:
     """The agents and their periods (seconds)."""
-    # POSTPONED messages are due after postponedIntervalSec (5 s by default), so the pool runs
-    # at least that often; PARTLY_FAILED ones wait for their own interval inside the query.
-    pool_every = min(
-        config.get_int("asynch.partlyFailedRepeatTimeSec"),
-        max(1, config.get_int("asynch.postponedIntervalSec")),
-    )
+    pool_every = config.get_int("asynch.partlyFailedRepeatTimeSec")
     awaited_every = settings.awaited_messages_interval / 1000
     found = [
         # First, every tick: a Redis that lost its state is rebuilt before anything else.
         Job("redis-watch", settings.interval / 1000, agents.redis_watch),
-        Job("reprocess-pool", float(pool_every), agents.requeue_due),
+        Job("pool-checks", float(pool_every), agents.pool_checks),
         # A dead worker's claims are known at once (its connection is gone): released within a
         # second. Stuck messages wait repairRepeatTimeSec; running repair more often than that
         # costs one indexed query.
@@ -54,6 +52,8 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
         ),
         Job("timeout-monitor", settings.track_monitor_interval_ms / 1000, agents.timeout_monitor),
         Job("pubsub-upkeep", 1.0, agents.pubsub_upkeep),
+        # Periodic schedules: each due instant's message, once (worker/schedules.py).
+        Job("schedules", 1.0, agents.produce_schedules),
         # The awaited agent starts at a random second (within the first minute, or the first
         # interval when that is shorter) so that two beats started together do not ask for
         # AWAITED messages at the same moment (the seed's rule).
@@ -81,6 +81,9 @@ def build_tickers(
     """The due work, and the agents: two tickers, so that a long agent turn (a repair of
     many rows) never holds back what is due."""
     sources: list[DueSource] = [
+        due_messages(
+            runtime.engine, wake_processing, config.get_int("asynch.postponedIntervalSec")
+        ),
         pubsub.due_deliveries(runtime.engine, enqueue_event_deliveries),
         confirmations.due_confirmations(runtime.engine, enqueue_confirmations),
         runtime.conversations.wakes(enqueue_drain),

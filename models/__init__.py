@@ -13,6 +13,7 @@ from orderly.models.enums import (
     NodeState,
 )
 from orderly.models.external_call import ExternalCall
+from orderly.models.funnel_limit import FunnelLimit
 from orderly.models.message import Message
 from orderly.models.node import Node
 from orderly.models.pubsub import (
@@ -34,6 +35,7 @@ from orderly.models.pubsub import (
 )
 from orderly.models.report import ReportWatermark
 from orderly.models.request_response import Request, Response
+from orderly.models.schedule import Schedule
 from orderly.models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "EventTypeVersion",
     "ExternalCall",
     "ExternalCallState",
+    "FunnelLimit",
     "LogException",
     "Message",
     "MessageState",
@@ -67,6 +70,7 @@ __all__ = [
     "Request",
     "Response",
     "Room",
+    "Schedule",
     "SourceSystem",
     "Status",
     "Subscription",

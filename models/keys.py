@@ -186,6 +186,10 @@ class RateKeys:
 # only when none is, or when the one looking is busy running handlers.
 PROCESS_WAKE_KEY = "orderly:process:wake"
 
+# Cancelled messages whose handlers may be running (worker/abort.py): a stream of entries
+# {msg: <msg_id>}, trimmed by age, that every worker process reads on from its last entry.
+PROCESS_ABORTS_KEY = "orderly:process:aborts"
+
 
 def console_session(session_digest: str) -> str:
     """A console session (worker/sessions.py), named by the SHA-256 of its id rather than the

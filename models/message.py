@@ -13,6 +13,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -70,6 +71,23 @@ class Message(Base):
         ),
         Index(
             "ix_message_parent", "parent_msg_id", postgresql_where=text("parent_msg_id IS NOT NULL")
+        ),
+        # What a claim takes: messages due now, higher priority first, then by place in line.
+        Index(
+            "ix_message_ready",
+            text("priority DESC"),
+            "fair_at",
+            postgresql_where=text(
+                "state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL AND service_name <> 'conversation'"
+            ),
+        ),
+        # Messages waiting for a time (scheduled, retry waits): the ticker's next due time.
+        Index(
+            "ix_message_due",
+            "due_at",
+            postgresql_where=text(
+                "due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED')"
+            ),
         ),
         # Late conversation responses, counted for GET /metrics and listed by operators.
         Index("ix_message_late", "msg_id", postgresql_where=text("late_ms IS NOT NULL")),
@@ -144,3 +162,18 @@ class Message(Base):
     # Not in the seed: a conversation response's ``last`` flag (its request's final response);
     # NULL for every other message. Redis's rebuild from the rows needs it (worker.rebuild).
     response_last: Mapped[bool | None] = mapped_column(Boolean)
+    # Not in the seed: when a waiting message is due (NULL: it is due now, or it waits for
+    # something that is not a time). A NEW message scheduled for later (``delay_ms``,
+    # ``not_before``), a PARTLY_FAILED one until its retry (``delay * multiplier^attempt``), a
+    # POSTPONED one until the pool looks at it again. The due-work ticker makes it claimable
+    # when the time comes (worker.messages.due).
+    due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Not in the seed: claims take higher priority first, then the oldest; funnel and
+    # guaranteed-order rules win over it.
+    priority: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
+    # Not in the seed: a waiting message's place in line among those of the same priority
+    # (fair queueing by a virtual clock): the time it came, or for the k-th waiting message of
+    # a funnel, one second after the one before it in that funnel. Many funnels then take
+    # turns (A B C A B C ...) and a busy one cannot starve the rest; a message that comes back
+    # (a retry, a release) keeps its place. Set by intake.
+    fair_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -110,6 +110,8 @@ TABLES = (
     "room",
     "api_key",
     "channel_ack_secret",
+    "schedule",
+    "funnel_limit",
 )
 
 

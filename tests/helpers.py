@@ -173,3 +173,21 @@ def stored_keys(r: redis.Redis) -> int:
     refused request is charged to by design."""
     prefix = f"{RateKeys().prefix}:".encode()
     return sum(1 for key in r.scan_iter(count=1000) if not key.startswith(prefix))
+
+
+def make_due(engine: Engine, *msg_ids: int) -> None:
+    """Let the due time of waiting messages come now (as if their wait had passed)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE message SET due_at = now() - interval '1 ms' WHERE msg_id = ANY(:ids)"),
+            {"ids": list(msg_ids)},
+        )
+
+
+def take_due(engine: Engine, postponed_s: int = 5, wake: Callable[[], object] | None = None) -> int:
+    """One turn of the messages' due source (what beat's ticker does): how many became
+    claimable; ``wake`` (default: nothing) is the worker wake-up it hands them to."""
+    from orderly.worker.core.due import drain
+    from orderly.worker.messages.due import due_messages
+
+    return drain(due_messages(engine, wake or (lambda: None), postponed_s), 1000)

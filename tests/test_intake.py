@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 
 from orderly.models import MessageState, NodeState
 from orderly.worker import nodes
-from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting
+from orderly.worker.core.errors import ConflictingMessage, InvalidMessage, NodeNotAccepting
 from orderly.worker.handlers import registry
 from orderly.worker.intake import Intake
 from orderly.worker.runtime import get_runtime
@@ -59,11 +59,32 @@ def test_json_payload_is_stored_as_text(intake: Intake, db: Engine) -> None:
 
 
 def test_duplicate_is_idempotent(intake: Intake, db: Engine, sent: Recorder) -> None:
-    first = intake.submit(message(1))
-    again = intake.submit(message(1, payload="different"))
+    first = intake.submit(message(1, payload={"a": 1, "b": [2, 3]}))
+    again = intake.submit(message(1, payload={"b": [2, 3], "a": 1}))  # the same JSON value
     assert again.msg_id == first.msg_id and not again.created
     assert count_messages(db) == 1
     assert sent.ids == [first.msg_id]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"payload": "different"}, "payload"),
+        ({"payload": {"a": 2, "b": [2, 3]}}, "payload"),
+        ({"operation": "extcall"}, "operation"),
+    ],
+)
+def test_a_resubmission_with_other_content_is_refused_naming_the_stored_message(
+    intake: Intake, db: Engine, sent: Recorder, change: dict[str, Any], named: str
+) -> None:
+    first = intake.submit(message(1, payload={"a": 1, "b": [2, 3]}))
+    with pytest.raises(ConflictingMessage) as refused:
+        intake.submit(message(1, **change))
+    assert refused.value.msg_id == first.msg_id
+    assert f"message {first.msg_id} holds correlation_id 'corr-1'" in str(refused.value)
+    assert f"another {named}" in str(refused.value)
+    assert count_messages(db) == 1 and sent.ids == [first.msg_id]
+    assert row(db, first.msg_id).payload == '{"a":1,"b":[2,3]}'  # the stored one stands
 
 
 def test_same_correlation_from_another_system_is_a_new_message(intake: Intake, db: Engine) -> None:

@@ -30,11 +30,13 @@ from orderly.worker.store.queries import sql
 from tests.helpers import (
     BASE_TS,
     local_http,
+    make_due,
     message,
     processor,
     row,
     set_config,
     states,
+    take_due,
     wait_until,
 )
 from tests.push_recorder import Recorder
@@ -223,17 +225,19 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
         extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
     assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
     assert row(db, second.msg_id).failed_count == 0  # a busy key is no failure
-    set_config(db, asynch__postponedIntervalSec="0")
-    requeued: list[int] = []
-    pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), requeued.append)
-    assert requeued == [second.msg_id]
+    waiting = row(db, second.msg_id)
+    assert waiting.state is MessageState.POSTPONED and waiting.due_at is not None
+    assert take_due(db) == 0  # due after postponedIntervalSec
+    make_due(db, second.msg_id)
+    assert take_due(db) == 1
     with prepared_connection(db) as conn:
         still_busy = processor(db).process(second.msg_id)
         assert still_busy.outcome is Outcome.POSTPONED
         call_id = extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
         assert isinstance(call_id, int)
         extcall.finish_call(conn, call_id, first.msg_id, ok=True)
-    pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), requeued.append)
+    make_due(db, second.msg_id)
+    assert take_due(db) == 1
     assert processor(db).process(second.msg_id).outcome is Outcome.OK
     assert row(db, second.msg_id).custom_data == "CALLED"  # newer than the first call
 

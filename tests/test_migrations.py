@@ -1,19 +1,25 @@
-"""`alembic upgrade head` on an empty database equals the models; downgrade to base works."""
+"""`alembic upgrade head` on an empty database equals the models; downgrade to base works; each
+migration installs the functions and triggers of its own time (its frozen copy of
+functions.sql), and the newest copy is the canonical file."""
 
 from __future__ import annotations
 
-import re
+import hashlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, inspect, text
+from alembic.script import Script, ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, inspect, text
 
 from orderly.models import Base
 from orderly.worker.store import schema
+from orderly.worker.store.queries import FUNCTIONS_FILE
 from tests.conftest import PG_ADMIN_URL, TABLES
+from tooling.freeze_functions import FreezeError, freeze
 
 
 @pytest.fixture
@@ -56,40 +62,67 @@ def test_upgrade_matches_models_and_downgrade_empties(empty_db: str) -> None:
 
 _FUNCTIONS = text(
     """
-    SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
-           pg_get_functiondef(p.oid)
+    SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS name,
+           pg_get_functiondef(p.oid) AS definition,
+           format('DROP FUNCTION IF EXISTS %s CASCADE', p.oid::regprocedure) AS dropping
       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
      WHERE n.nspname = 'public' AND p.proname LIKE 'orderly\\_%'
     UNION ALL
-    SELECT 'trigger ' || t.tgname, pg_get_triggerdef(t.oid)
+    SELECT 'trigger ' || t.tgname, pg_get_triggerdef(t.oid),
+           format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass)
       FROM pg_trigger t WHERE NOT t.tgisinternal AND t.tgname LIKE 'orderly\\_%'
     """
 )
 
 
+def _installed(conn: Connection) -> dict[str, str]:
+    """Every orderly function and trigger of the database, by signature: its definition."""
+    return {str(row.name): str(row.definition) for row in conn.execute(_FUNCTIONS)}
+
+
+def _installed_alone(conn: Connection, functions: Path) -> dict[str, str]:
+    """What the SQL file ``functions`` alone installs, in a transaction that is rolled back:
+    every orderly function and trigger dropped first (triggers before functions)."""
+    conn.commit()
+    trans = conn.begin()
+    try:
+        rows = sorted(conn.execute(_FUNCTIONS), key=lambda row: not row.name.startswith("trigger "))
+        for row in rows:
+            conn.execute(text(row.dropping))
+        cursor = conn.connection.cursor()
+        cursor.execute("SET LOCAL check_function_bodies = off")
+        cursor.execute(functions.read_text())
+        return _installed(conn)
+    finally:
+        trans.rollback()
+
+
+def _revisions() -> list[Script]:
+    """Every migration, oldest first."""
+    script = ScriptDirectory.from_config(schema.alembic_config(""))
+    return list(reversed(list(script.walk_revisions())))
+
+
+def _frozen() -> list[str]:
+    """The revisions that have a frozen copy of functions.sql, oldest first."""
+    return [
+        rev.revision for rev in _revisions() if schema.frozen_functions_file(rev.revision).exists()
+    ]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_functions_installed_by_migrations_equal_the_canonical_file(empty_db: str) -> None:
     """What `alembic upgrade head` installs is functions.sql, no more and no less: the file
-    is applied again in a transaction that is rolled back, and nothing may change."""
+    alone, installed in a transaction that is rolled back, gives the same definitions."""
     schema.upgrade(empty_db)
     engine = create_engine(empty_db)
     try:
         with engine.connect() as conn:
-            installed = {str(k): str(v) for k, v in conn.execute(_FUNCTIONS)}
-            conn.commit()
-            trans = conn.begin()
-            try:
-                # Drop every orderly function and trigger, then install the file alone.
-                for name in installed:
-                    if name.startswith("trigger "):
-                        conn.execute(text(f"DROP TRIGGER {name.split()[1]} ON message"))
-                for name in installed:
-                    if not name.startswith("trigger "):
-                        conn.execute(text(f"DROP FUNCTION IF EXISTS {name} CASCADE"))
-                cursor = conn.connection.cursor()
-                schema.apply_functions(cursor.execute)
-                from_file = {str(k): str(v) for k, v in conn.execute(_FUNCTIONS)}
-            finally:
-                trans.rollback()
+            installed = _installed(conn)
+            from_file = _installed_alone(conn, FUNCTIONS_FILE)
         assert set(from_file) == set(installed)
         for name, definition in from_file.items():
             assert installed[name] == definition, name
@@ -100,16 +133,95 @@ def test_functions_installed_by_migrations_equal_the_canonical_file(empty_db: st
         engine.dispose()
 
 
-def test_the_newest_functions_migration_names_the_current_file() -> None:
-    """A change to functions.sql needs a migration that applies it and records its hash."""
-    versions = sorted((schema.migrations_dir() / "versions").glob("*.py"))
-    recorded = [
-        match.group(1)
-        for path in versions
-        if (match := re.search(r'^FUNCTIONS_SHA256 = "([0-9a-f]{64})"', path.read_text(), re.M))
-    ]
-    assert recorded, "no migration applies functions.sql"
-    assert recorded[-1] == schema.functions_sha256()
+def test_each_migration_installs_the_functions_of_its_own_time(empty_db: str) -> None:
+    """Upgrading one revision at a time from base, a migration that applies functions installs
+    its frozen copy (the text of its time, not today's functions.sql), no more and no less; and
+    downgrading one revision at a time gives back at each revision what the upgrade installed
+    there."""
+    revisions = [rev.revision for rev in _revisions()]
+    frozen = set(_frozen())
+    assert {"0006", "0015"} <= frozen
+    engine = create_engine(empty_db)
+    upgraded: dict[str, dict[str, str]] = {}
+    try:
+        for revision in revisions:
+            schema.upgrade(empty_db, revision)
+            with engine.connect() as conn:
+                upgraded[revision] = _installed(conn)
+                if revision in frozen:
+                    alone = _installed_alone(conn, schema.frozen_functions_file(revision))
+                    assert upgraded[revision] == alone, f"{revision} installs other functions"
+        # Today's text at 0006 would bring 0015's orderly_lock_funnels_of along.
+        assert not any(n.startswith("orderly_lock_funnels_of") for n in upgraded["0006"])
+        assert any(n.startswith("orderly_lock_funnels_of") for n in upgraded["0015"])
+        for above, below in reversed(list(zip(revisions[1:], revisions, strict=False))):
+            schema.downgrade(empty_db, below)
+            with engine.connect() as conn:
+                assert _installed(conn) == upgraded[below], f"downgrading {above} to {below}"
+    finally:
+        engine.dispose()
+
+
+def test_the_newest_frozen_copy_is_the_canonical_file() -> None:
+    """functions.sql is the text the newest functions migration applies: a change to the file
+    needs a new migration with its own frozen copy."""
+    frozen = _frozen()
+    assert frozen, "no migration applies a frozen copy of functions.sql"
+    newest = schema.frozen_functions_file(frozen[-1])
+    assert newest.read_bytes() == FUNCTIONS_FILE.read_bytes(), (
+        f"functions.sql is not {newest.name}: a change to it needs a new migration and "
+        "`python -m tooling.freeze_functions <its revision>`"
+    )
+
+
+def test_each_frozen_copy_is_the_text_its_migration_records() -> None:
+    """A migration that applies functions applies its own frozen copy and records its sha256
+    (a copy edited in place shows in its migration too); none applies today's functions.sql;
+    no copy belongs to no migration."""
+    revisions = {rev.revision: rev for rev in _revisions()}
+    copies = {
+        path.name.removesuffix("_functions.sql"): path
+        for path in (schema.migrations_dir() / "sql").glob("*.sql")
+    }
+    assert set(copies) - set(revisions) == set(), "a frozen copy of no migration"
+    for revision, rev in revisions.items():
+        source = Path(rev.path).read_text()
+        assert "apply_functions(" not in source, f"{revision} applies today's functions.sql"
+        recorded = getattr(rev.module, "FUNCTIONS_SHA256", None)
+        applies = f'apply_frozen(op.execute, "{revision}")' in source
+        if revision not in copies:
+            assert (recorded, applies) == (None, False), f"{revision} has no frozen copy"
+            continue
+        assert applies, f"{revision} does not apply {copies[revision].name}"
+        assert recorded == _sha256(copies[revision]), f"{revision} records another hash"
+
+
+def test_the_freeze_tool_copies_the_file_for_a_new_migration_only(tmp_path: Path) -> None:
+    """tooling.freeze_functions: a migration with no frozen copy after it gets functions.sql
+    byte for byte and its hash; an unknown revision, one with a copy after it and one with a
+    copy of its own (without replace) are refused, and nothing is written."""
+    head = _revisions()[-1].revision
+    newest = _frozen()[-1]
+    target = tmp_path / "copy.sql"
+    for refused, why in (
+        ("9999", "no migration"),
+        ("0006", "0015 after 0006"),
+        (newest, "--replace"),
+    ):
+        with pytest.raises(FreezeError, match=why):
+            freeze(refused, target)
+        assert not target.exists()
+    if newest != head and schema.frozen_functions_file(newest).read_bytes() == (
+        FUNCTIONS_FILE.read_bytes()
+    ):
+        # functions.sql has not changed since the newest copy: nothing to freeze for the head.
+        with pytest.raises(FreezeError, match="nothing new"):
+            freeze(head, target)
+        assert not target.exists()
+        return
+    path, digest = freeze(head, target, replace=True)
+    assert path == target and target.read_bytes() == FUNCTIONS_FILE.read_bytes()
+    assert digest == _sha256(FUNCTIONS_FILE)
 
 
 def test_0016_gives_open_deliveries_their_pending_attempt_and_clears_old_exception_ids(

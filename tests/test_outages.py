@@ -18,15 +18,14 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from orderly.worker import configuration, pool
-from orderly.worker.configuration import ConfigReader
+from orderly.worker import configuration
 from orderly.worker.core.errors import ServiceUnavailable
 from orderly.worker.intake import Intake
 from orderly.worker.runtime import Runtime, get_runtime
 from orderly.worker.settings import Settings
 from orderly.worker.store import schema
 from orderly.worker.store.db import engine_for
-from tests.helpers import api_key, message, set_config, wait_until
+from tests.helpers import api_key, message, set_config, take_due, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http
 from tooling.servers import PostgresServer, RedisServer
@@ -227,33 +226,22 @@ def test_a_message_the_broker_refused_waits_postponed_for_the_pool(db: Engine) -
     assert (again.msg_id, again.created, again.state.value) == (msg_id, False, "POSTPONED")
 
 
-def test_messages_the_pool_could_not_hand_over_wait_postponed_again(
-    db: Engine, intake: Intake, queue: list[int]
-) -> None:
+def test_messages_no_worker_could_be_woken_for_are_due_again(db: Engine, intake: Intake) -> None:
     ids = [intake.submit(message(n)).msg_id for n in (1, 2)]
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state = 'POSTPONED', due_at = now()"))
 
-    def due_again() -> None:
-        with db.begin() as conn:
-            conn.execute(
-                text(
-                    "UPDATE message SET state = 'POSTPONED',"
-                    " last_process_timestamp = now() - interval '1 hour'"
-                )
-            )
-
-    def refuse(msg_id: int) -> None:
+    def refuse() -> None:
         raise ConnectionError("Connection refused.")
 
-    due_again()
-    config = ConfigReader(db)
     with pytest.raises(ConnectionError):
-        pool.requeue_due(db, config, refuse)
+        take_due(db, wake=refuse)
     with db.connect() as conn:
-        states = conn.execute(text("SELECT state FROM message ORDER BY msg_id")).scalars().all()
-    assert states == ["POSTPONED", "POSTPONED"]  # not left IN_QUEUE for repair
-    due_again()
-    handed: list[int] = []
-    assert pool.requeue_due(db, config, handed.append) == ids == handed
+        found = conn.execute(text("SELECT state, due_at IS NOT NULL FROM message ORDER BY msg_id"))
+        waiting = [tuple(r) for r in found]
+    assert waiting == [("IN_QUEUE", True), ("IN_QUEUE", True)]  # due again: tried next tick
+    woken: list[int] = []
+    assert take_due(db, wake=lambda: woken.append(1)) == len(ids) and woken == [1]
 
 
 @pytest.mark.integration  # a PostgreSQL connection attempt, to a server of its own

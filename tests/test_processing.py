@@ -17,7 +17,15 @@ from orderly.worker.intake import Intake
 from orderly.worker.processing import ERROR_NO_HANDLER, Outcome
 from orderly.worker.runtime import get_runtime
 from tests.conftest import TEST_DB_URL
-from tests.helpers import message, processor, row, set_config, wait_until
+from tests.helpers import (
+    make_due,
+    message,
+    processor,
+    row,
+    set_config,
+    take_due,
+    wait_until,
+)
 
 
 def script(**spec: object) -> str:
@@ -37,21 +45,42 @@ def test_success_moves_new_to_ok_and_records_node_and_custom_data(
     assert stored.processing_pid is None
 
 
+def _retry_wait_ms(db: Engine, msg_id: int) -> float | None:
+    """How long after its outcome a failed message is due again (None: not waiting)."""
+    with db.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT extract(epoch FROM due_at - last_process_timestamp) * 1000"
+                " FROM message WHERE msg_id = :i"
+            ),
+            {"i": msg_id},
+        ).scalar()
+    return None if found is None else float(found)
+
+
 def test_failures_count_up_then_fail_at_the_limit(db: Engine, intake: Intake) -> None:
-    set_config(db, asynch__countPartlyFailsBeforeFailed="2")
+    set_config(
+        db,
+        asynch__countPartlyFailsBeforeFailed="2",
+        asynch__partlyFailedIntervalSec="3",
+        asynch__partlyFailedMultiplier="2.5",
+    )
     msg_id = intake.submit(message(1, payload=script(fail_times=10, code="E_DOWN"))).msg_id
     proc = processor(db)
     seen = []
     for _ in range(3):
         result = proc.process(msg_id)
-        seen.append((result.outcome, row(db, msg_id).failed_count))
+        seen.append((result.outcome, row(db, msg_id).failed_count, _retry_wait_ms(db, msg_id)))
         if result.outcome is Outcome.PARTLY_FAILED:
-            # the pool's move back to the queue, done directly here
-            with db.begin() as conn:
-                conn.execute(
-                    text("UPDATE message SET state='IN_QUEUE' WHERE msg_id=:i"), {"i": msg_id}
-                )
-    assert seen == [(Outcome.PARTLY_FAILED, 1), (Outcome.PARTLY_FAILED, 2), (Outcome.FAILED, 3)]
+            assert proc.process(msg_id).outcome is Outcome.NOT_CLAIMABLE  # not before its time
+            make_due(db, msg_id)
+            assert take_due(db) == 1
+    # delay * multiplier ^ attempt: 3 s * 2.5 = 7.5 s, then 3 s * 2.5^2 = 18.75 s
+    assert seen == [
+        (Outcome.PARTLY_FAILED, 1, 7_500.0),
+        (Outcome.PARTLY_FAILED, 2, 18_750.0),
+        (Outcome.FAILED, 3, None),
+    ]
     stored = row(db, msg_id)
     assert stored.failed_error_code == "E_DOWN"
     assert stored.failed_desc == "scripted failure 2"
@@ -221,22 +250,41 @@ def _set(db: Engine, msg_id: int, state: str, age_s: float, failed_count: int = 
         )
 
 
-def test_pool_requeues_due_messages_oldest_first(db: Engine, intake: Intake) -> None:
-    set_config(db, asynch__partlyFailedIntervalSec="60", asynch__postponedIntervalSec="5")
+def _due_in(engine: Engine, msg_id: int, state: str, in_s: float) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET state = :s, due_at = now() + make_interval(secs => :d)"
+                " WHERE msg_id = :i"
+            ),
+            {"s": state, "d": in_s, "i": msg_id},
+        )
+
+
+def test_waiting_messages_become_claimable_when_their_due_time_comes(
+    db: Engine, intake: Intake
+) -> None:
     ids = [intake.submit(message(n)).msg_id for n in (5, 1, 3, 2, 4)]
-    _set(db, ids[0], "PARTLY_FAILED", 61)  # due, msg ts 5
-    _set(db, ids[1], "PARTLY_FAILED", 120)  # due, msg ts 1
-    _set(db, ids[2], "PARTLY_FAILED", 30)  # not due yet
-    _set(db, ids[3], "POSTPONED", 6)  # due, msg ts 2
-    _set(db, ids[4], "POSTPONED", 1)  # not due yet
-    enqueued: list[int] = []
-    moved = pool.requeue_due(db, ConfigReader(db, ttl_seconds=0), enqueued.append)
-    assert moved == enqueued == [ids[1], ids[3], ids[0]]
-    for i in (ids[1], ids[3], ids[0]):
+    _due_in(db, ids[0], "PARTLY_FAILED", -1)  # due
+    _due_in(db, ids[1], "PARTLY_FAILED", -120)  # due
+    _due_in(db, ids[2], "PARTLY_FAILED", 30)  # not due yet
+    _due_in(db, ids[3], "POSTPONED", -6)  # due
+    _due_in(db, ids[4], "NEW", 60)  # scheduled for later
+    wakes: list[int] = []
+    assert take_due(db, wake=lambda: wakes.append(1)) == 3
+    assert wakes == [1]  # one wake-up for the batch
+    for i in (ids[0], ids[1], ids[3]):
         stored = row(db, i)
-        assert stored.state is MessageState.IN_QUEUE and stored.start_in_queue_timestamp
+        assert stored.state is MessageState.IN_QUEUE and stored.due_at is None
+        assert stored.start_in_queue_timestamp
     assert row(db, ids[2]).state is MessageState.PARTLY_FAILED
-    assert row(db, ids[4]).state is MessageState.POSTPONED
+    assert row(db, ids[4]).state is MessageState.NEW and row(db, ids[4]).due_at is not None
+    # the scheduled one is no candidate of a claim before its time
+    assert [r.outcome for r in [processor(db).process(ids[4])]] == [Outcome.NOT_CLAIMABLE]
+    assert take_due(db) == 0
+    make_due(db, ids[4])
+    assert take_due(db) == 1
+    assert row(db, ids[4]).state is MessageState.NEW and row(db, ids[4]).due_at is None
 
 
 def test_repair_releases_stuck_messages_and_fails_them_at_the_limit(

@@ -16,7 +16,6 @@ from sqlalchemy import Engine, text
 from orderly.models.keys import TrackKeys
 from orderly.worker import timeouts
 from orderly.worker.core.clock import SYSTEM, now_ms
-from orderly.worker.core.due import drain
 from orderly.worker.core.errors import TrackingError
 from orderly.worker.intake import Intake
 from orderly.worker.tracking import (
@@ -29,7 +28,7 @@ from orderly.worker.tracking import (
     snapshot,
     xid_of,
 )
-from tests.helpers import ManualClock, message, row
+from tests.helpers import ManualClock, make_due, message, row, take_due
 
 KEYS = TrackKeys("demo:mpush")
 T0 = 1_459_166_173_000  # the seed's example timestamp, in ms
@@ -236,7 +235,6 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
     )
     enqueued: list[int] = []
     now = T0
-    retries = t.retries(enqueued.extend)  # the ticker's due work
     expected_delays = [1_500, 4_500]  # deliveryDelay * multiplier ^ n
     for attempt, delay in enumerate(expected_delays, start=1):
         t.register(msg_id, now=now, claim=_hang(db, msg_id))
@@ -251,14 +249,14 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
             "E_TIMEOUT",
         )
         assert got.processing_pid is None  # the hung worker's outcome will be dropped
-        # Not before its backoff.
-        clock.now = (now + delay - 1) / 1000
-        assert drain(retries, 1000) == 0
-        assert enqueued == [msg_id] * (attempt - 1)
-        now += delay
-        clock.now = now / 1000
-        assert drain(retries, 1000) == 1
-        assert enqueued == [msg_id] * attempt
+        # The retry waits on the row for its backoff: the messages' due source takes it then.
+        assert got.due_at is not None and got.last_process_timestamp is not None
+        assert (got.due_at - got.last_process_timestamp).total_seconds() * 1000 == delay
+        assert take_due(db) == 0
+        make_due(db, msg_id)
+        assert take_due(db) == 1
+        assert row(db, msg_id).due_at is None
+    assert enqueued == []  # nothing goes to the broker but through the due source
 
     t.register(msg_id, now=now, claim=_hang(db, msg_id))
     report = timeouts.monitor(db, t, enqueued.append, now=now + 1_001)

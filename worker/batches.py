@@ -1,9 +1,10 @@
 """Due messages in batches: what a woken worker does (``run_woken``, ``process_batch``).
 
 Intake stores a message NEW and wakes a worker (worker.wake) instead of sending it a task of
-its own. The worker claims up to ``limit`` due messages at once, one per funnel (a funnel's
-message only when its funnel lets it go, as the single claim decides), runs their handlers one
-after another on the claiming connection, and writes their OK outcomes together in one
+its own. The worker claims up to ``limit`` due messages at once, higher priority first, then
+by place in line (funnels take turns), one per funnel or as many as its funnel_limit allows (a
+funnel's message only when its funnel lets it go, as the single claim decides), runs their
+handlers one after another on the claiming connection, and writes their OK outcomes together in one
 statement; any other outcome is written as it comes. The funnel messages those outcomes
 release are claimed together next, on the same connection, and so on: many funnels advance
 side by side, each in its order, with one commit per round instead of one per message.
@@ -24,10 +25,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from orderly.worker.core.clock import SYSTEM, Clock
-from orderly.worker.processing import CLAIM_COLUMNS, Outcome, Processor, ProcessResult, parse_ids
+from orderly.worker.processing import Claimed, Processor, ProcessResult, parse_ids
 from orderly.worker.store.prepared import PreparedConnection, prepared_connection
 from orderly.worker.tracking import claim_of
 from orderly.worker.wake import Holder, Wake
@@ -41,36 +43,63 @@ BATCH_BUDGET_S = 1.0
 # What a batch claim is tracked as (worker.timeouts takes a timed-out one back).
 BATCH_KIND = "batch"
 
-_STATE = 0
-_MSG_ID = 1 + CLAIM_COLUMNS.index("msg_id")
-_PID = 1 + CLAIM_COLUMNS.index("processing_pid")
-_CLAIMED_AT = 1 + CLAIM_COLUMNS.index("last_process_timestamp")
+
+@dataclass(frozen=True)
+class Candidate:
+    """A due message a claim may take (``orderly_due_candidates``, by column name): its
+    funnel's lock key (None without a funnel) and how many more of its funnel may start."""
+
+    msg_id: int
+    funnel_key: int | None
+    msg_timestamp: datetime
+    free: int
 
 
-def one_per_funnel(candidates: Sequence[Sequence[Any]]) -> tuple[list[int], list[int]]:
-    """Of candidates (msg_id, funnel key or None, msg_timestamp): those to claim, every one
-    without a funnel and the oldest of each funnel, in the candidates' order; and the rest,
-    which wait behind the oldest of their funnel (its outcome releases the next)."""
-    oldest: dict[int, tuple[Any, int]] = {}
-    for msg_id, key, at in candidates:
-        if key is not None and (key not in oldest or (at, msg_id) < oldest[key]):
-            oldest[key] = (at, msg_id)
-    first = {msg_id for _, msg_id in oldest.values()}
-    chosen = [int(c[0]) for c in candidates if c[1] is None or c[0] in first]
-    behind = [int(c[0]) for c in candidates if c[1] is not None and c[0] not in first]
+@dataclass(frozen=True)
+class Done:
+    msg_id: int
+
+
+def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
+    """Of due candidates: those to claim, every one without a funnel and the oldest of each
+    funnel with a free slot, in the candidates' order; and those that wait behind a funnel's
+    free slots (POSTPONED: an outcome releases the next). A funnel whose limit allows more than
+    one at a time leaves its next ones (up to its free slots) due, for other workers' claims:
+    one worker runs its batch one message after another, so claiming them here would not run
+    them side by side."""
+    by_funnel: dict[int, list[Candidate]] = {}
+    for c in candidates:
+        if c.funnel_key is not None:
+            by_funnel.setdefault(c.funnel_key, []).append(c)
+    first: set[int] = set()
+    left: set[int] = set()
+    for waiting in by_funnel.values():
+        ordered = [c.msg_id for c in sorted(waiting, key=lambda c: (c.msg_timestamp, c.msg_id))]
+        free = waiting[0].free
+        first.update(ordered[: min(1, free)])
+        left.update(ordered[1:free])
+    chosen = [c.msg_id for c in candidates if c.funnel_key is None or c.msg_id in first]
+    behind = [
+        c.msg_id
+        for c in candidates
+        if c.funnel_key is not None and c.msg_id not in first and c.msg_id not in left
+    ]
     return chosen, behind
 
 
-def claim_due(conn: PreparedConnection, node_id: int, size: int) -> tuple[list[Any], int]:
+def claim_due(
+    conn: PreparedConnection, node_id: int, size: int, postponed_s: int
+) -> tuple[list[Claimed], int]:
     """Claim up to ``size`` due messages in one transaction: the claimed rows (PROCESSING, or
-    POSTPONED for a funnel message its funnel holds back), and how many were due."""
+    POSTPONED for a funnel message its funnel holds back: due again after ``postponed_s``),
+    and how many were due."""
     conn.execute("BEGIN")
     try:
-        found = conn.run_all("orderly_due_candidates", node_id, size)
-        chosen, behind = one_per_funnel(found)
-        rows = claim_ids(conn, node_id, chosen) if chosen else []
+        found = conn.all(Candidate, "orderly_due_candidates", node_id, size)
+        chosen, behind = per_funnel(found)
+        rows = claim_ids(conn, node_id, chosen, postponed_s) if chosen else []
         if behind:
-            conn.run_all("orderly_postpone_ids", behind)
+            conn.run_all("orderly_postpone_ids", behind, postponed_s)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -78,10 +107,12 @@ def claim_due(conn: PreparedConnection, node_id: int, size: int) -> tuple[list[A
     return rows, len(found)
 
 
-def claim_ids(conn: PreparedConnection, node_id: int, msg_ids: list[int]) -> list[Any]:
+def claim_ids(
+    conn: PreparedConnection, node_id: int, msg_ids: list[int], postponed_s: int
+) -> list[Claimed]:
     """Claim the messages chosen from the due ones, or released to this worker (one
     statement; a dead worker's message is left to the orphan job here: a limit of 1)."""
-    return conn.run_all("orderly_claim_ids", msg_ids, node_id, 1)
+    return conn.all(Claimed, "orderly_claim_ids", msg_ids, node_id, 1, postponed_s)
 
 
 def finish_held(
@@ -95,7 +126,7 @@ def finish_held(
     conn.execute("BEGIN")
     try:
         customs = [custom for _, custom in held]
-        done = {int(row[0]) for row in conn.run_all("orderly_finish_ok", ids, customs)}
+        done = {row.msg_id for row in conn.all(Done, "orderly_finish_ok", ids, customs)}
         released = parse_ids(conn.value("released_in_transaction"))
         conn.execute("COMMIT")
     except BaseException:
@@ -118,13 +149,13 @@ def wake_quietly(wake: Callable[[], object]) -> None:
 
 
 @contextlib.contextmanager
-def tracked(processor: Processor, claimed: list[Any], budget_s: float) -> Iterator[None]:
+def tracked(processor: Processor, claimed: list[Claimed], budget_s: float) -> Iterator[None]:
     """Track a claim as one unit (kind ``batch``; its xid names the claim)."""
     tracker = processor.tracker
     if tracker is None:
         yield
         return
-    claim = claim_of(claimed[0][_PID], claimed[0][_CLAIMED_AT])
+    claim = claim_of(claimed[0].processing_pid, claimed[0].last_process_timestamp)
     deadlines = (processor.limited_deadline_ms(row) or 0 for row in claimed)
     timeout_ms = max(tracker.policy.timeout_ms, *deadlines)
     if len(claimed) > 1:
@@ -164,11 +195,12 @@ def process_batch(
     results: list[ProcessResult] = []
     ready: list[int] = []
     node_id = processor.node_id
+    postponed_s = processor.postponed_s()
     with prepared_connection(processor.engine) as conn:
-        claimed, due = claim_due(conn, node_id, size)
+        claimed, due = claim_due(conn, node_id, size, postponed_s)
         try:
             while claimed:
-                runnable = [row for row in claimed if row[_STATE] == "PROCESSING"]
+                runnable = [row for row in claimed if row.running]
                 if runnable:
                     with tracked(processor, runnable, budget_s):
                         done, left, released = _run(processor, conn, runnable, enqueue, deadline)
@@ -178,7 +210,7 @@ def process_batch(
                         break
                 if not ready or time.monotonic() > deadline:
                     break
-                claimed = claim_ids(conn, node_id, ready[:size])
+                claimed = claim_ids(conn, node_id, ready[:size], postponed_s)
                 ready = ready[size:]
         finally:
             # Released messages have no task of their own: never leave one behind.
@@ -314,7 +346,7 @@ def _release(holder: Holder) -> bool:
 def _run(
     processor: Processor,
     conn: PreparedConnection,
-    claimed: list[Any],
+    claimed: list[Claimed],
     enqueue: Callable[[int], None],
     deadline: float,
 ) -> tuple[list[ProcessResult], list[int], list[int]]:
@@ -337,7 +369,7 @@ def _run(
     finally:
         # Even when something failed on the way: what ran keeps its outcome, and what did not
         # start is not left claimed.
-        left = [int(row[_MSG_ID]) for row in pending]
+        left = [row.msg_id for row in pending]
         try:
             if held:
                 lost, more = finish_held(conn, held)
@@ -345,10 +377,9 @@ def _run(
         finally:
             if left:
                 give_back(conn, left)
-    for msg_id in sorted(lost):
-        log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
     if lost:
+        why = {msg_id: processor.lost(conn, msg_id) for msg_id in sorted(lost)}
         results = [
-            ProcessResult(r.msg_id, Outcome.LOST_CLAIM) if r.msg_id in lost else r for r in results
+            ProcessResult(r.msg_id, why[r.msg_id]) if r.msg_id in lost else r for r in results
         ]
     return results, left, released

@@ -42,7 +42,8 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "3",
             ConfigDataType.INT,
-            "PARTLY_FAILED tries before the next error makes a message FAILED.",
+            "Retries of a failed message before the next error makes it FAILED (a handler's"
+            " Retry(attempts=...) overrides it).",
             validation=_NON_NEGATIVE_INT,
         ),
         ConfigItem(
@@ -50,7 +51,26 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "60",
             ConfigDataType.INT,
-            "Seconds a PARTLY_FAILED message rests before the pool takes it up again.",
+            "The retry policy's base delay in seconds: retry n of a failed message waits"
+            " partlyFailedIntervalSec * partlyFailedMultiplier ^ n (a handler's"
+            " Retry(delay_s=...) overrides it).",
+            validation=_NON_NEGATIVE_INT,
+        ),
+        ConfigItem(
+            "asynch.partlyFailedMultiplier",
+            "asynch",
+            "2.0",
+            ConfigDataType.FLOAT,
+            "Retry n of a failed message waits partlyFailedIntervalSec * multiplier ^ n (1 to"
+            " 100; 1: always partlyFailedIntervalSec).",
+            validation=r"[1-9][0-9]?(\.[0-9]+)?|100(\.0+)?",
+        ),
+        ConfigItem(
+            "asynch.partlyFailedMaxIntervalSec",
+            "asynch",
+            "3600",
+            ConfigDataType.INT,
+            "The longest wait before a retry of a failed message, in seconds (the formula's cap).",
             validation=_NON_NEGATIVE_INT,
         ),
         ConfigItem(
@@ -58,7 +78,8 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "60",
             ConfigDataType.INT,
-            "Seconds between two runs of the re-processing pool (read when beat starts).",
+            "Seconds between two runs of the pool's checks: guaranteed order held back by a"
+            " FAILED message, response deadlines (read when beat starts).",
             validation=_POSITIVE_INT,
         ),
         ConfigItem(
@@ -66,7 +87,8 @@ KNOWN_ITEMS: dict[str, ConfigItem] = {
             "asynch",
             "5",
             ConfigDataType.INT,
-            "Seconds a POSTPONED message rests before the pool takes it up again.",
+            "Seconds a POSTPONED message rests before it is looked at again (its funnel's"
+            " release normally comes first).",
             validation=_NON_NEGATIVE_INT,
         ),
         ConfigItem(

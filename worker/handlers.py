@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from orderly.models import BindingType
+from orderly.worker.core.retry import MAX_DELAY_MS, RetryPolicy, policy_problems
 from orderly.worker.extcall import CallKey, CallResult
 
 T = TypeVar("T")
@@ -90,6 +91,15 @@ class MessageContext:
     children: list[ChildSpec] = field(default_factory=list)
     waits_for: str | None = None
     backend: HandlerBackend | None = field(default=None, repr=False)
+    # Set by the processor while the handler runs: whether its message was cancelled.
+    abort_flag: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def aborted(self) -> bool:
+        """True once the message was cancelled while its handler runs: return soon. After
+        ORDERLY_ABORT_GRACE_MS the handler is stopped (``Aborted`` raised inside it); the
+        cancel is the message's outcome either way."""
+        return self.abort_flag is not None and self.abort_flag()
 
     def _backend(self) -> HandlerBackend:
         if self.backend is None:
@@ -166,25 +176,92 @@ class MessageContext:
 Handler = Callable[[MessageContext], None]
 
 
+@dataclass(frozen=True)
+class Retry:
+    """A handler's retry policy: a failed try is retried after ``delay_s * multiplier ^
+    attempt`` seconds (the first retry is attempt 1), at most ``max_delay_s``, up to
+    ``attempts`` retries; then the message is FAILED. Only errors of the ``retry_on`` types
+    are retried (others fail the message at once); a stopped handler (its time limit) counts
+    as a retried error. Fields left None take the configuration table's values:
+    ``asynch.partlyFailedIntervalSec``, ``asynch.partlyFailedMultiplier``,
+    ``asynch.countPartlyFailsBeforeFailed``, ``asynch.partlyFailedMaxIntervalSec``."""
+
+    delay_s: float | None = None
+    multiplier: float | None = None
+    attempts: int | None = None
+    max_delay_s: float | None = None
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        problems = policy_problems(
+            0 if self.delay_s is None else _ms(self.delay_s),
+            1.0 if self.multiplier is None else self.multiplier,
+            0 if self.attempts is None else self.attempts,
+            MAX_DELAY_MS if self.max_delay_s is None else _ms(self.max_delay_s),
+        )
+        if problems:
+            name, problem = problems[0]
+            raise ValueError(f"retry policy: {name.removesuffix('_ms')} {problem}")
+        if not self.retry_on or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on
+        ):
+            raise ValueError("retry policy: retry_on must name exception types")
+
+    def policy(self, default: RetryPolicy) -> RetryPolicy:
+        """This policy with the defaults filled in."""
+        return RetryPolicy(
+            delay_ms=default.delay_ms if self.delay_s is None else _ms(self.delay_s),
+            multiplier=default.multiplier if self.multiplier is None else self.multiplier,
+            attempts=default.attempts if self.attempts is None else self.attempts,
+            max_delay_ms=(
+                default.max_delay_ms if self.max_delay_s is None else _ms(self.max_delay_s)
+            ),
+        )
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether a try that raised ``error`` is retried."""
+        return isinstance(error, self.retry_on)
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000) if math.isfinite(seconds) else -1
+
+
+DEFAULT_RETRY = Retry()
+
+
 class HandlerRegistry:
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._limits: dict[tuple[str, str], float] = {}
+        self._retries: dict[tuple[str, str], Retry] = {}
 
     def register(
-        self, service: str, operation: str, *, time_limit_s: float | None = None
+        self,
+        service: str,
+        operation: str,
+        *,
+        time_limit_s: float | None = None,
+        retry: Retry | None = None,
     ) -> Callable[[Handler], Handler]:
         """Decorator: ``@registry.register("customer", "createCustomer")``; ``time_limit_s``
-        is the handler's own time limit (default: ORDERLY_HANDLER_TIME_LIMIT_MS)."""
+        is the handler's own time limit (default: ORDERLY_HANDLER_TIME_LIMIT_MS), ``retry``
+        its retry policy (default: the configuration table's)."""
 
         def wrap(fn: Handler) -> Handler:
-            self.add(service, operation, fn, time_limit_s=time_limit_s)
+            self.add(service, operation, fn, time_limit_s=time_limit_s, retry=retry)
             return fn
 
         return wrap
 
     def add(
-        self, service: str, operation: str, fn: Handler, *, time_limit_s: float | None = None
+        self,
+        service: str,
+        operation: str,
+        fn: Handler,
+        *,
+        time_limit_s: float | None = None,
+        retry: Retry | None = None,
     ) -> None:
         key = (service, operation)
         if time_limit_s is not None and not (
@@ -203,6 +280,10 @@ class HandlerRegistry:
         self._handlers[key] = fn
         if time_limit_s is not None:
             self._limits[key] = float(time_limit_s)
+        if retry is not None:
+            if not isinstance(retry, Retry):
+                raise ValueError(f"the retry policy of {service}.{operation} must be a Retry")
+            self._retries[key] = retry
 
     def get(self, service: str, operation: str) -> Handler | None:
         return self._handlers.get((service, operation))
@@ -210,6 +291,10 @@ class HandlerRegistry:
     def time_limit_s(self, service: str, operation: str) -> float | None:
         """The handler's declared time limit; None when it takes the default."""
         return self._limits.get((service, operation))
+
+    def retry(self, service: str, operation: str) -> Retry:
+        """The handler's declared retry policy (its unset fields: the configuration's)."""
+        return self._retries.get((service, operation), DEFAULT_RETRY)
 
     def has_service(self, service: str) -> bool:
         return any(s == service for s, _ in self._handlers)

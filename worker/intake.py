@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -33,7 +34,12 @@ from sqlalchemy import Engine
 from orderly.models import MessageState
 from orderly.worker import nodes
 from orderly.worker.core import owners
-from orderly.worker.core.errors import InvalidMessage, ServiceUnavailable, first_line
+from orderly.worker.core.errors import (
+    ConflictingMessage,
+    InvalidMessage,
+    ServiceUnavailable,
+    first_line,
+)
 from orderly.worker.core.inputs import parse_input, parse_timestamp
 from orderly.worker.core.owners import Owns
 from orderly.worker.handlers import HandlerRegistry
@@ -44,6 +50,10 @@ log = logging.getLogger(__name__)
 
 # The most messages one ``submit_many`` takes.
 MAX_BATCH = 1000
+
+# The longest a message may be scheduled ahead (a year and a day), and the priority range.
+MAX_DELAY_MS = 366 * 86_400_000
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 Name = Annotated[
     str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
@@ -71,11 +81,27 @@ class MessageIn(BaseModel):
     exclude_failed_state: StrictBool = False
     parent_msg_id: Annotated[StrictInt, Field(gt=0)] | None = None
     envelope: str | None = None
+    # Scheduling: processed no earlier than ``delay_ms`` after intake, or than ``not_before``
+    # (one of the two); the message waits durably in the store (its row's due time).
+    delay_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] | None = None
+    not_before: datetime | None = None
+    # Claims take higher priority first; funnel and guaranteed-order rules win over it.
+    priority: Annotated[StrictInt, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
 
-    @field_validator("msg_timestamp", mode="before")
+    @field_validator("msg_timestamp", "not_before", mode="before")
     @classmethod
-    def _timestamp(cls, value: Any) -> datetime:
-        return parse_timestamp(value)
+    def _timestamp(cls, value: Any) -> datetime | None:
+        return None if value is None else parse_timestamp(value)
+
+    @property
+    def due_in_ms(self) -> int | None:
+        """How long after intake the message is due (None: at once)."""
+        if self.delay_ms:
+            return self.delay_ms
+        if self.not_before is None:
+            return None
+        wait = (self.not_before - datetime.now(UTC)).total_seconds() * 1000
+        return math.ceil(wait) if wait > 0 else None
 
     @property
     def payload_text(self) -> str:
@@ -108,10 +134,24 @@ def batch_items(data: Any) -> list[Any]:
 
 
 @dataclass(frozen=True)
+class StoredIds:
+    """The message stored under a (correlation_id, source_system), as a resubmission meets it."""
+
+    msg_id: int
+    state: str
+    service_name: str
+    operation_name: str
+    payload: str
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     msg_id: int
     state: MessageState
     created: bool
+    # Stored to wait for its due time (``delay_ms``, ``not_before``): beat's ticker wakes a
+    # worker for it then (worker.messages.due), not intake.
+    scheduled: bool = False
 
 
 def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistry) -> MessageIn:
@@ -130,6 +170,8 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
         )
     if message.exclude_failed_state and not message.guaranteed_order:
         raise InvalidMessage("exclude_failed_state", "only meaningful with guaranteed_order true")
+    if message.delay_ms is not None and message.not_before is not None:
+        raise InvalidMessage("not_before", "give delay_ms or not_before, not both")
     return message
 
 
@@ -153,6 +195,8 @@ def insert_values(message: MessageIn, node_id: int, binding: str | None = None) 
         message.guaranteed_order,
         message.exclude_failed_state,
         node_id,
+        message.due_in_ms,
+        message.priority,
     )
 
 
@@ -168,7 +212,7 @@ def insert_many(
 ) -> dict[tuple[str, str], int]:
     """Insert messages NEW in one statement, in order; the msg_id of each one inserted, by
     (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
-    columns: list[list[Any]] = [[] for _ in range(14)]
+    columns: list[list[Any]] = [[] for _ in range(16)]
     for m in messages:
         row = (
             m.msg_timestamp,
@@ -185,6 +229,8 @@ def insert_many(
             m.funnel_component_id,
             m.guaranteed_order,
             m.exclude_failed_state,
+            m.due_in_ms,
+            m.priority,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -221,9 +267,38 @@ def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]
             raise
 
 
+# A message the broker refused is handed over again this long after (by beat's ticker,
+# worker.messages.due), and again every tick while the broker refuses.
+HAND_OVER_AGAIN_S = 1.0
+
+
 def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
     with engine.begin() as conn:
-        conn.execute(sql("hand_over_later"), {"ids": msg_ids})
+        conn.execute(sql("hand_over_later"), {"ids": msg_ids, "after_s": HAND_OVER_AGAIN_S})
+
+
+def _same_payload(stored: str, given: str) -> bool:
+    """Equal texts, or equal JSON values (a client may order an object's keys otherwise)."""
+    if stored == given:
+        return True
+    try:
+        return bool(json.loads(stored) == json.loads(given))
+    except ValueError:
+        return False
+
+
+def _differs(message: MessageIn, service: str, operation: str, payload: str) -> str:
+    """What a submission under stored ids changes ("" when it is the same message again)."""
+    changed = [
+        name
+        for name, same in (
+            ("service", message.service == service),
+            ("operation", message.operation == operation),
+            ("payload", _same_payload(payload, message.payload_text)),
+        )
+        if not same
+    ]
+    return " and ".join(changed)
 
 
 def _require_owned(owns: Owns | None, message: MessageIn) -> None:
@@ -307,10 +382,14 @@ class Intake:
 
     def _hand_over(self, results: Sequence[SubmitResult]) -> None:
         """Wake a worker for the new messages (or, without ``wake``, send each its task). What
-        could not be handed over waits POSTPONED: the re-processing pool hands it to the broker
-        again once it answers (or, should even that fail, repair takes up the NEW message).
+        could not be handed over waits POSTPONED: beat's ticker hands it to the broker again
+        once it answers (or, should even that fail, repair takes up the NEW message).
         The producer is told; submitting again answers 200."""
-        new = [r.msg_id for r in results if r.created and r.state is MessageState.NEW]
+        new = [
+            r.msg_id
+            for r in results
+            if r.created and r.state is MessageState.NEW and not r.scheduled
+        ]
         if not new:
             return
         try:
@@ -355,15 +434,24 @@ class Intake:
                 raise unknown_parent from None
             raise
         if inserted is not None:
-            return SubmitResult(inserted[0], inserted[1], created=True)
+            return SubmitResult(
+                inserted[0], inserted[1], created=True, scheduled=message.due_in_ms is not None
+            )
         return self._existing(conn, message)
 
     def _existing(self, conn: PreparedConnection, message: MessageIn) -> SubmitResult:
         """The message stored before under the same ids; or why the node refused it."""
-        existing = conn.run("orderly_find_message", message.correlation_id, message.source_system)
-        if existing is not None:
-            return SubmitResult(int(existing[0]), MessageState(existing[1]), created=False)
-        raise nodes.refusal(conn, self._node_id)
+        found = conn.one(
+            StoredIds, "orderly_find_message", message.correlation_id, message.source_system
+        )
+        if found is None:
+            raise nodes.refusal(conn, self._node_id)
+        differs = _differs(message, found.service_name, found.operation_name, found.payload)
+        if differs:
+            raise ConflictingMessage(
+                found.msg_id, message.correlation_id, message.source_system, differs
+            )
+        return SubmitResult(found.msg_id, MessageState(found.state), created=False)
 
     def _store_many(self, messages: list[MessageIn], owns: Owns | None) -> list[SubmitResult]:
         """One transaction: the messages without a parent in one statement, the others one by
@@ -379,7 +467,12 @@ class Intake:
                         m = messages[i]
                         msg_id = inserted.pop((m.correlation_id, m.source_system), None)
                         if msg_id is not None:
-                            results[i] = SubmitResult(msg_id, MessageState.NEW, created=True)
+                            results[i] = SubmitResult(
+                                msg_id,
+                                MessageState.NEW,
+                                created=True,
+                                scheduled=m.due_in_ms is not None,
+                            )
                 for i, m in enumerate(messages):
                     if results[i] is None and not batchable(m):
                         try:

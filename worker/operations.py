@@ -12,7 +12,7 @@ commit.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
@@ -268,11 +268,14 @@ def cancel(
     *,
     key: str | None = None,
     owns: Owns | None = None,
+    announce: Callable[[Sequence[int]], object] | None = None,
 ) -> CommandResult:
     """CANCEL a message that is not final yet, with the operator's note (and the name of the
     API key that asked, ``key``), and with it its HARD children not final yet, theirs, and so
     on down (each with an audit entry naming its parent); SOFT children go on. One
-    transaction: the funnel locks of the whole tree first (in key order), then the rows."""
+    transaction: the funnel locks of the whole tree first (in key order), then the rows.
+    After the commit ``announce`` gets every message cancelled: a worker running one of them
+    stops its handler (worker.abort; ``Runtime.announce_aborts``)."""
     command, by = _command(data, key)
     params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     cancelled: list[int] = []
@@ -294,6 +297,8 @@ def cancel(
             ]
             cancelled.extend(level)
         released = released_in(conn)
+    if announce is not None:
+        announce([msg_id, *cancelled])
     for other in released:
         enqueue(other)
     return CommandResult(msg_id, MessageState.CANCEL, cancelled=tuple(sorted(cancelled)))

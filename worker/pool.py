@@ -1,11 +1,9 @@
 """The re-processing pool and repair: the periodic work beat triggers.
 
-Pool: PARTLY_FAILED messages idle for partlyFailedIntervalSec and POSTPONED ones idle for
-postponedIntervalSec go back to IN_QUEUE (oldest msg_timestamp first) and are enqueued; a
-POSTPONED message only once its funnel lets it go (its release normally comes at once, when
-the message ahead of it ends: the pool is the safety net). A guaranteed-order message held
-back by a FAILED one longer than postponedIntervalWhenFailedSec becomes FAILED; a message
-whose wait for an external response ran out becomes FAILED.
+Pool: a guaranteed-order message held back by a FAILED one longer than
+postponedIntervalWhenFailedSec becomes FAILED; a message whose wait for an external response
+ran out becomes FAILED. (PARTLY_FAILED and POSTPONED messages come back when their due time
+comes: worker.messages.due.)
 Orphans: a PROCESSING message whose worker died (its claiming connection is gone) goes back
 to IN_QUEUE within a second, the death counted in ``lost_count``; at ORDERLY_WORKER_LOST_LIMIT
 deaths it is quarantined (FAILED, E_WORKER_LOST) instead.
@@ -60,26 +58,6 @@ class RepairReport:
     failed: int
     external_calls: int
     parents: int = 0
-
-
-def requeue_due(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> list[int]:
-    """Move due PARTLY_FAILED/POSTPONED messages to IN_QUEUE and enqueue them, oldest first."""
-    params = {
-        "partly_s": config.get_int("asynch.partlyFailedIntervalSec"),
-        "postponed_s": config.get_int("asynch.postponedIntervalSec"),
-        "batch": config.get_int("asynch.pool.batchSize"),
-    }
-    moved: list[int] = []
-    for _ in range(MAX_BATCHES):
-        with engine.begin() as conn:
-            rows = conn.execute(sql("pool_requeue"), params).all()
-        # Enqueue after commit; what the broker refuses waits POSTPONED for the next run.
-        ids = [row.msg_id for row in sorted(rows, key=lambda r: r.msg_timestamp)]
-        hand_over(engine, ids, enqueue)
-        moved.extend(ids)
-        if len(rows) < params["batch"]:
-            break
-    return moved
 
 
 def _batches(

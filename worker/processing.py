@@ -26,18 +26,27 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
 
 from orderly.models import BindingType, MessageState
+from orderly.worker.abort import AbortWatch
 from orderly.worker.backend import HandlerBackend
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core import logs
 from orderly.worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from orderly.worker.core.http import OutboundHttp
-from orderly.worker.core.limits import TimeLimitExceeded, TimeLimits
-from orderly.worker.handlers import ExternalResponse, Handler, HandlerRegistry, MessageContext
+from orderly.worker.core.limits import Aborted, TimeLimitExceeded, TimeLimits
+from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
+from orderly.worker.handlers import (
+    ExternalResponse,
+    Handler,
+    HandlerRegistry,
+    MessageContext,
+    Retry,
+)
 from orderly.worker.intake import insert_message, insert_values, parse_message
 from orderly.worker.store.prepared import PreparedConnection, prepared_connection
 from orderly.worker.tracking import Tracker, claim_of
@@ -48,25 +57,64 @@ log = logging.getLogger(__name__)
 # broker (fair to the messages waiting there).
 CHAIN_LIMIT = 100
 
-CLAIM_COLUMNS = (
-    "msg_id",
-    "service_name",
-    "operation_name",
-    "correlation_id",
-    "source_system",
-    "msg_timestamp",
-    "payload",
-    "object_id",
-    "entity_type",
-    "process_id",
-    "funnel_value",
-    "failed_count",
-    "custom_data",
-    "wait_res_id",
-    # the claim's identity, for the timeout monitor
-    "processing_pid",
-    "last_process_timestamp",
-)
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed message as ``orderly_claim_ids`` returns it (built by column name): its state
+    (PROCESSING, or POSTPONED when its funnel held it back), what its handler reads, the
+    claim's identity (for the timeout monitor) and the newer processed message of the same
+    object, if any (then it is obsolete)."""
+
+    state: str
+    msg_id: int
+    service_name: str
+    operation_name: str
+    correlation_id: str
+    source_system: str
+    msg_timestamp: datetime
+    payload: str
+    object_id: str | None
+    entity_type: str | None
+    process_id: str | None
+    funnel_value: str | None
+    failed_count: int
+    custom_data: str | None
+    wait_res_id: int | None
+    processing_pid: int | None
+    last_process_timestamp: datetime
+    newer: int | None
+
+    @property
+    def running(self) -> bool:
+        return self.state == MessageState.PROCESSING
+
+
+@dataclass(frozen=True)
+class Finished:
+    """``orderly_finish``'s answer: the new state (None: the claim was lost) and the funnel
+    messages the outcome released (comma-separated ids)."""
+
+    new_state: str | None
+    released: str | None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """An external response a parked message's handler reads."""
+
+    res_id: int
+    res_envelope: str | None
+    failed: bool
+    failed_reason: str | None
+    res_timestamp: datetime
+
+
+@dataclass(frozen=True)
+class WhyNot:
+    """Why a message was not claimed: its state, and the node's (None: missing)."""
+
+    msg_state: str | None
+    node_state: str | None
 
 
 class Outcome(enum.StrEnum):
@@ -81,6 +129,7 @@ class Outcome(enum.StrEnum):
     NOT_CLAIMABLE = "NOT_CLAIMABLE"  # wrong state (already done, or running elsewhere)
     NODE_STOPPED = "NODE_STOPPED"  # this node processes nothing; the task goes back
     LOST_CLAIM = "LOST_CLAIM"  # someone took the message over while the handler ran
+    ABORTED = "ABORTED"  # cancelled while its handler ran: the cancel is its outcome
     MISSING = "MISSING"  # no such message
 
 
@@ -126,7 +175,10 @@ class Processor:
         worker_lost_limit: int = 3,
         limits: TimeLimits | None = None,
         default_time_limit_s: float | None = None,
+        aborts: AbortWatch | None = None,
     ) -> None:
+        # Handlers stopped when their message is cancelled meanwhile (needs ``limits``).
+        self._aborts = aborts
         self._tracker = tracker
         # Without ``limits`` handlers run unlimited; a handler declaring no time limit takes
         # ``default_time_limit_s`` (None: unlimited).
@@ -189,34 +241,35 @@ class Processor:
             return False
         return self._default_time_limit_s is not None or self._registry.all_limited()
 
-    def limited_deadline_ms(self, claimed: Any) -> int | None:
+    def limited_deadline_ms(self, claimed: Claimed) -> int | None:
         """The tracking deadline a claimed message's time-limited handler needs: its limit,
         the kill grace and the margin (None: it runs unlimited, messageTimeout applies)."""
-        limit_s = self._time_limit_s(
-            claimed[1 + CLAIM_COLUMNS.index("service_name")],
-            claimed[1 + CLAIM_COLUMNS.index("operation_name")],
-        )
+        limit_s = self._time_limit_s(claimed.service_name, claimed.operation_name)
         if limit_s is None or self._limits is None:
             return None
         return round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
 
     def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        claimed = conn.run("orderly_claim_ids", [msg_id], self._node_id, self._worker_lost_limit)
+        claimed = conn.one(
+            Claimed,
+            "orderly_claim_ids",
+            [msg_id],
+            self._node_id,
+            self._worker_lost_limit,
+            self.postponed_s(),
+        )
         if claimed is None:
             return self._not_claimed(conn, msg_id)
-        if claimed[0] == MessageState.POSTPONED:
+        if not claimed.running:
             return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
         if self._tracker is None:
             return self.run_claimed(conn, claimed)
         # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
         # Never before its handler's time limit and kill grace have passed: the limits stop a
         # hung handler; taking its message back while it may still run would run it twice.
-        pid = claimed[1 + CLAIM_COLUMNS.index("processing_pid")]
-        at = claimed[1 + CLAIM_COLUMNS.index("last_process_timestamp")]
+        claim = claim_of(claimed.processing_pid, claimed.last_process_timestamp)
         timeout_ms = self.limited_deadline_ms(claimed)
-        with self._tracker.tracking(
-            msg_id, "message", claim=claim_of(pid, at), timeout_ms=timeout_ms
-        ):
+        with self._tracker.tracking(msg_id, "message", claim=claim, timeout_ms=timeout_ms):
             return self.run_claimed(conn, claimed)
 
     def _time_limit_s(self, service: str, operation: str) -> float | None:
@@ -224,78 +277,93 @@ class Processor:
         return self._default_time_limit_s if declared is None else declared
 
     def _call_handler(self, handler: Handler, ctx: MessageContext) -> None:
-        """The handler under its time limit, if it has one (worker.core.limits)."""
+        """The handler under its time limit, if it has one (worker.core.limits), ended with
+        Aborted if its message is cancelled meanwhile (worker.abort)."""
         limit_s = self._time_limit_s(ctx.service, ctx.operation)
-        if limit_s is None or self._limits is None:
+        if self._limits is None:
             handler(ctx)
             return
         what = f"handler {ctx.service}.{ctx.operation} (message {ctx.msg_id})"
-        self._limits.run(limit_s, what, lambda: handler(ctx))
+        if self._aborts is None:
+            self._limits.run(limit_s, what, lambda: handler(ctx))
+            return
+        with self._aborts.running(ctx.msg_id) as abort:
+            ctx.abort_flag = abort.is_set
+            self._limits.run(limit_s, what, lambda: handler(ctx), abort)
 
     def run_claimed(
-        self, conn: PreparedConnection, claimed: Any, held: list[tuple[int, Any]] | None = None
+        self,
+        conn: PreparedConnection,
+        claimed: Claimed,
+        held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
         """Run a claimed message's handler and record its outcome (a plain OK goes to ``held``
         instead, when given: worker.batches writes a batch's OK outcomes together)."""
-        row = dict(zip(CLAIM_COLUMNS, claimed[1:-1], strict=True))
-        newer: int | None = claimed[-1]
         ctx = MessageContext(
-            msg_id=row["msg_id"],
-            service=row["service_name"],
-            operation=row["operation_name"],
-            correlation_id=row["correlation_id"],
-            source_system=row["source_system"],
-            msg_timestamp=row["msg_timestamp"],
-            payload=row["payload"],
-            object_id=row["object_id"],
-            entity_type=row["entity_type"],
-            process_id=row["process_id"],
-            funnel_value=row["funnel_value"],
-            failed_count=row["failed_count"],
-            custom_data=row["custom_data"],
+            msg_id=claimed.msg_id,
+            service=claimed.service_name,
+            operation=claimed.operation_name,
+            correlation_id=claimed.correlation_id,
+            source_system=claimed.source_system,
+            msg_timestamp=claimed.msg_timestamp,
+            payload=claimed.payload,
+            object_id=claimed.object_id,
+            entity_type=claimed.entity_type,
+            process_id=claimed.process_id,
+            funnel_value=claimed.funnel_value,
+            failed_count=claimed.failed_count,
+            custom_data=claimed.custom_data,
             backend=HandlerBackend(conn, self._config, self._integrity, self._http),
         )
         with logs.bound(msg_id=ctx.msg_id, correlation_id=ctx.correlation_id):
-            return self._handle(conn, ctx, row, newer, held)
+            return self._handle(conn, ctx, claimed, held)
 
     def _handle(
         self,
         conn: PreparedConnection,
         ctx: MessageContext,
-        row: dict[str, Any],
-        newer: int | None,
+        claimed: Claimed,
         held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
         """Run the handler and record the outcome; a plain OK goes to ``held`` instead, when
         given (a batch writes its OK outcomes together: worker.batches)."""
+        newer = claimed.newer
         if newer is not None:
             return self._finish(
                 conn, ctx, "OK", obsolete_by=newer, detail=f"obsolete: message {newer} is newer"
             )
-        if row["wait_res_id"] is not None:
-            ctx.response = self._response(conn, row["wait_res_id"])
+        if claimed.wait_res_id is not None:
+            ctx.response = self._response(conn, claimed.wait_res_id)
         handler = self._registry.get(ctx.service, ctx.operation)
         if handler is None:
             desc = f"no handler registered for {ctx.service}.{ctx.operation}"
             return self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
         try:
             self._call_handler(handler, ctx)
+        except Aborted as exc:
+            # The cancel is the outcome, written with its audit entry by the operator's
+            # command: nothing to write here, nothing to retry.
+            log.info("message %s aborted by cancel", ctx.msg_id)
+            return ProcessResult(ctx.msg_id, Outcome.ABORTED, str(exc))
         except TimeLimitExceeded as exc:
             # Stopped, not left running: the message is failed like any handler error and
             # comes back through the pool (or ends FAILED) with no copy of it still running.
             desc = f"{exc}; stopped"
-            return self._finish(conn, ctx, "FAIL", code=ERROR_TIME_LIMIT, desc=desc)
+            return self._fail(conn, ctx, ERROR_TIME_LIMIT, desc)
         except CallInProgress as exc:
-            # Not a failure: the key is busy; the pool takes the message up again.
-            return self._finish(conn, ctx, "POSTPONED", detail=str(exc))
+            # Not a failure: the key is busy; the message is due again after
+            # postponedIntervalSec.
+            return self._finish(
+                conn, ctx, "POSTPONED", detail=str(exc), due_ms=self.postponed_s() * 1000
+            )
         except HandlerError as exc:
-            return self._finish(conn, ctx, "FAIL", code=exc.code, desc=exc.description)
+            return self._fail(conn, ctx, exc.code, exc.description, exc)
         except Exception as exc:
             desc = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
-            return self._finish(conn, ctx, "FAIL", code=ERROR_HANDLER, desc=desc)
+            return self._fail(conn, ctx, ERROR_HANDLER, desc, exc)
         if ctx.children and ctx.waits_for is not None:
             desc = "a handler may wait for a response or add children, not both"
-            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=desc)
+            return self._fail(conn, ctx, ERROR_INVALID_CHILD, desc)
         if ctx.children:
             return self._split(conn, ctx)
         if ctx.waits_for is not None:
@@ -304,6 +372,46 @@ class Processor:
             held.append((ctx.msg_id, ctx.custom_data))
             return ProcessResult(ctx.msg_id, Outcome.OK)
         return self._finish(conn, ctx, "OK")
+
+    def retry_policy(self, service: str, operation: str) -> tuple[Retry, RetryPolicy]:
+        """A handler's retry policy, its unset parts taken from the configuration table."""
+        declared = self._registry.retry(service, operation)
+        config = self._config
+        default = RetryPolicy(
+            delay_ms=config.get_int("asynch.partlyFailedIntervalSec") * 1000,
+            multiplier=config.get_float("asynch.partlyFailedMultiplier"),
+            # The policy's own bound; the table allows more, which would mean "for ever".
+            attempts=min(config.get_int("asynch.countPartlyFailsBeforeFailed"), MAX_ATTEMPTS),
+            max_delay_ms=config.get_int("asynch.partlyFailedMaxIntervalSec") * 1000,
+        )
+        return declared, declared.policy(default)
+
+    def postponed_s(self) -> int:
+        """How long a message held back waits before it is looked at again."""
+        return self._config.get_int("asynch.postponedIntervalSec")
+
+    def _fail(
+        self,
+        conn: PreparedConnection,
+        ctx: MessageContext,
+        code: str,
+        desc: str,
+        error: BaseException | None = None,
+    ) -> ProcessResult:
+        """A failed try: retried after ``delay * multiplier^attempt`` while the policy allows
+        (and the error is of a kind it retries), else FAILED."""
+        declared, policy = self.retry_policy(ctx.service, ctx.operation)
+        attempt = ctx.failed_count + 1
+        retried = error is None or declared.retries(error)
+        return self._finish(
+            conn,
+            ctx,
+            "FAIL" if retried else "FAILED",
+            code=code,
+            desc=desc,
+            limit=policy.attempts,
+            due_ms=policy.delay(attempt) if policy.allows(attempt) else 0,
+        )
 
     def _finish(
         self,
@@ -315,9 +423,11 @@ class Processor:
         desc: str | None = None,
         obsolete_by: int | None = None,
         detail: str = "",
+        limit: int = 0,
+        due_ms: int = 0,
     ) -> ProcessResult:
-        limit = self._config.get_int("asynch.countPartlyFailsBeforeFailed")
-        done = conn.run(
+        done = conn.one(
+            Finished,
             "orderly_finish",
             ctx.msg_id,
             kind,
@@ -326,14 +436,12 @@ class Processor:
             desc,
             ctx.custom_data,
             obsolete_by,
+            due_ms,
         )
         assert done is not None
-        new_state, released = done
+        new_state, released = done.new_state, done.released
         if new_state is None:
-            log.warning(
-                "message %s was taken over while its handler ran; outcome dropped", ctx.msg_id
-            )
-            return ProcessResult(ctx.msg_id, Outcome.LOST_CLAIM)
+            return ProcessResult(ctx.msg_id, self.lost(conn, ctx.msg_id))
         ready = tuple(parse_ids(released))
         if new_state == MessageState.IN_QUEUE:
             ready = (ctx.msg_id, *ready)  # parked, but the response is here: go on at once
@@ -372,13 +480,13 @@ class Processor:
                 for n, spec in enumerate(ctx.children, start=1)
             ]
         except InvalidMessage as exc:
-            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=str(exc))
+            return self._fail(conn, ctx, ERROR_INVALID_CHILD, str(exc))
         if ctx.funnel_value is not None and any(
             child.funnel_value == ctx.funnel_value for _, child in children
         ):
             # The parent holds its funnel while WAITING: such a child could never start.
             desc = f"a child may not join its parent's funnel {ctx.funnel_value!r}"
-            return self._finish(conn, ctx, "FAIL", code=ERROR_INVALID_CHILD, desc=desc)
+            return self._fail(conn, ctx, ERROR_INVALID_CHILD, desc)
         hard = any(binding is BindingType.HARD for binding, _ in children)
         conn.execute("BEGIN")
         try:
@@ -404,20 +512,30 @@ class Processor:
         return ProcessResult(result.msg_id, result.outcome, result.detail, result.ready, tuple(new))
 
     def _response(self, conn: PreparedConnection, res_id: int) -> ExternalResponse | None:
-        found = conn.run("orderly_load_response", res_id)
+        found = conn.one(Loaded, "orderly_load_response", res_id)
         if found is None:
             return None
         return ExternalResponse(
-            res_id=int(found[0]),
-            envelope=found[1],
-            failed=bool(found[2]),
-            reason=found[3],
-            received_at=found[4],
+            res_id=found.res_id,
+            envelope=found.res_envelope,
+            failed=bool(found.failed),
+            reason=found.failed_reason,
+            received_at=found.res_timestamp,
         )
 
+    def lost(self, conn: PreparedConnection, msg_id: int) -> Outcome:
+        """A message whose outcome this worker could not record: cancelled meanwhile (the
+        cancel is its outcome), or taken over (by repair, the timeout monitor, an operator)."""
+        why = conn.one(WhyNot, "orderly_why_not_claimed", msg_id, self._node_id)
+        if why is not None and why.msg_state == MessageState.CANCEL:
+            log.info("message %s aborted by cancel", msg_id)
+            return Outcome.ABORTED
+        log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
+        return Outcome.LOST_CLAIM
+
     def _not_claimed(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        why = conn.run("orderly_why_not_claimed", msg_id, self._node_id)
-        msg_state, node_state = why if why is not None else (None, None)
+        why = conn.one(WhyNot, "orderly_why_not_claimed", msg_id, self._node_id)
+        msg_state, node_state = (why.msg_state, why.node_state) if why else (None, None)
         if msg_state is None:
             return ProcessResult(msg_id, Outcome.MISSING)
         if node_state == "STOPPED" and msg_state in ("NEW", "IN_QUEUE"):

@@ -6,8 +6,9 @@ mechanisms themselves receive everything as arguments.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property, lru_cache
 
 import redis
@@ -15,7 +16,7 @@ from redis import Redis
 from sqlalchemy import Engine
 
 from orderly.models.keys import TrackKeys
-from orderly.worker import configuration, nodes
+from orderly.worker import abort, configuration, nodes
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.conversations import Conversations
@@ -98,7 +99,23 @@ class Runtime:
             worker_lost_limit=self.settings.worker_lost_limit,
             limits=self.time_limits,
             default_time_limit_s=(self.settings.handler_time_limit_ms / 1000) or None,
+            aborts=self.aborts,
         )
+
+    @cached_property
+    def aborts(self) -> abort.AbortWatch:
+        """Cancels of the messages this process runs (its listener starts with its first run)."""
+        s = self.settings
+        return abort.AbortWatch(
+            lambda: abort.listening_client(s.redis_url, s.connect_timeout_s),
+            functools.partial(abort.claim_gone, self.engine),
+            s.abort_grace_ms / 1000,
+            clock=self.clock,
+        )
+
+    def announce_aborts(self, msg_ids: Sequence[int]) -> None:
+        """After a cancel committed: the workers running these messages stop them."""
+        abort.announce(self.redis, msg_ids, clock=self.clock)
 
     @cached_property
     def time_limits(self) -> TimeLimits:

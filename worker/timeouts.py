@@ -73,6 +73,7 @@ def _take_back(
                 "pid": int(pid),
                 "claimed_at": claimed_at,
                 "attempts": policy.retry_attempts,
+                "delays": [policy.retry.delay(n) for n in range(1, policy.retry_attempts + 1)],
                 # the message's own deadline may be longer than messageTimeout (its
                 # handler's time limit): say how long it really ran
                 "timeout_ms": t.elapsed_ms,
@@ -80,10 +81,8 @@ def _take_back(
         ).first()
         if row is None:
             return None, 0, []
-        state, number = str(row[0]), int(row[1])
-        if state == "IN_QUEUE":
-            tracker.schedule_retry(str(msg_id), number, now)
-        return state, number, released_in(conn)
+        # A retry waits on the row (its due time), taken up by the messages' due source.
+        return str(row.state), int(row.timeout_count), released_in(conn)
 
 
 def _claim_members(engine: Engine, claim: str) -> list[int]:

@@ -22,6 +22,7 @@ from orderly.api.cli import (
     report,
     rooms,
     runners,
+    schedules,
     settings,
     sources,
     status,
@@ -82,6 +83,7 @@ app.add_typer(channels.channel_app, name="channel")
 app.add_typer(config.config_app, name="config")
 app.add_typer(nodes.node_app, name="node")
 app.add_typer(keys.key_app, name="key")
+app.add_typer(schedules.schedule_app, name="schedule")
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """What the command lines share: their consoles, how results and errors are printed, how JSON
-options are read, and :func:`run`, which turns orderly's errors into exit code 2."""
+options are read, and :func:`run`, which turns orderly's errors into exit code 2 (3 for a
+message that conflicts with the one stored under its ids: :func:`exit_code`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from orderly.worker.core import logs
-from orderly.worker.core.errors import OrderlyError, first_line
+from orderly.worker.core.errors import ConflictingMessage, OrderlyError, first_line
 from orderly.worker.settings import get_settings
 
 console = Console()
@@ -24,15 +25,25 @@ err = Console(stderr=True)
 
 T = TypeVar("T")
 
+# Exit codes of a refusal: input, state or a service (2); a message that conflicts with the
+# one stored under its (correlation_id, source_system), which sending it again cannot fix (3).
+EXIT_REFUSED = 2
+EXIT_CONFLICT = 3
+
+
+def exit_code(exc: Exception) -> int:
+    """The exit code a command that ``exc`` refused ends with."""
+    return EXIT_CONFLICT if isinstance(exc, ConflictingMessage) else EXIT_REFUSED
+
 
 def show_result(msg_id: int, state: str, verb: str, **more: Any) -> None:
     console.print_json(json.dumps({"msg_id": msg_id, "state": state, "result": verb, **more}))
 
 
 def fail(exc: Exception) -> typer.Exit:
-    """Print the error; the caller raises what this returns (exit code 2)."""
-    err.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(code=2)
+    """Print the error on one line; the caller raises what this returns (:func:`exit_code`)."""
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    return typer.Exit(code=exit_code(exc))
 
 
 def require_extra(extra: str, *modules: str) -> None:
@@ -50,7 +61,7 @@ def require_extra(extra: str, *modules: str) -> None:
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)``; an orderly error is printed and the command exits 2."""
+    """``fn(*args, **kwargs)``; an orderly error is printed and the command exits 2 (or 3)."""
     try:
         return fn(*args, **kwargs)
     except OrderlyError as exc:
@@ -95,15 +106,15 @@ def _unreachable(exc: Exception) -> tuple[str, str] | None:
 def run(app: typer.Typer) -> None:
     """Run a command line with logging from the settings. An orderly error that escapes a
     command, settings that do not validate, or a service that cannot be reached end it with
-    one red line (naming the setting to fix) and exit code 2."""
+    one red line (naming the setting to fix) and exit code 2 (3: :func:`exit_code`)."""
     try:
         settings = get_settings()
         logs.configure(settings.log_level, settings.log_format, node=settings.node_code)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
         app()
     except OrderlyError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise SystemExit(2) from None
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(exit_code(exc)) from None
     except ValidationError as exc:
         # Every problem, each on its line, naming its variable.
         for error in exc.errors():

@@ -30,28 +30,46 @@ def submit(
     msg_timestamp: Annotated[str | None, typer.Option(help="ISO 8601; default now")] = None,
     funnel_value: Annotated[str | None, typer.Option()] = None,
     object_id: Annotated[str | None, typer.Option()] = None,
+    delay_ms: Annotated[
+        int | None, typer.Option(help="Process no earlier than this many ms from now")
+    ] = None,
+    not_before: Annotated[
+        str | None, typer.Option(help="Process no earlier than this time (ISO 8601)")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(help="-100 to 100, default 0: claims take higher first")
+    ] = None,
     as_json: Annotated[
         str | None, typer.Option("--json", help="The whole message as JSON ('-' reads stdin)")
     ] = None,
 ) -> None:
-    """Submit one message (the same path as POST /messages)."""
+    """Submit one message (the same path as POST /messages). Exit 2 when it is refused, 3
+    when another message is stored under its correlation id and source system."""
     from orderly.worker.celery import enqueue_processing, wake_processing
 
+    options = {
+        "service": service,
+        "operation": operation,
+        "correlation_id": correlation_id,
+        "source_system": source_system,
+        "payload": payload,
+        "msg_timestamp": msg_timestamp,
+        "funnel_value": funnel_value,
+        "object_id": object_id,
+        "delay_ms": delay_ms,
+        "not_before": not_before,
+        "priority": priority,
+    }
+    given = {k: v for k, v in options.items() if v is not None}
     data: Any
-    if as_json is not None:
-        data = json_option(as_json, "body")
+    if as_json is None:
+        data = {"msg_timestamp": datetime.now(UTC).isoformat(), **given}
+    elif given:
+        # Neither would silently win over the other.
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        raise fail(ValueError(f"--json holds the whole message: give {flags} in it instead"))
     else:
-        options = {
-            "service": service,
-            "operation": operation,
-            "correlation_id": correlation_id,
-            "source_system": source_system,
-            "payload": payload,
-            "msg_timestamp": msg_timestamp or datetime.now(UTC).isoformat(),
-            "funnel_value": funnel_value,
-            "object_id": object_id,
-        }
-        data = {k: v for k, v in options.items() if v is not None}
+        data = json_option(as_json, "body")
     runtime = get_runtime()
     try:
         result = runtime.intake(enqueue_processing, wake_processing).submit(data)
@@ -120,8 +138,11 @@ def message_show(msg_id: int) -> None:
 def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
     from orderly.worker.celery import enqueue_processing
 
+    runtime = get_runtime()
+    extra_args = {"announce": runtime.announce_aborts} if verb == "cancel" else {}
     command = operations.cancel if verb == "cancel" else operations.redrive
-    done = call(command, get_runtime().engine, msg_id, {"note": note, "by": by}, enqueue_processing)
+    body = {"note": note, "by": by}
+    done = call(command, runtime.engine, msg_id, body, enqueue_processing, **extra_args)
     extra = {"cancelled": list(done.cancelled)} if verb == "cancel" else {}
     show_result(done.msg_id, done.state.value, verb, **extra)
 

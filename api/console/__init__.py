@@ -15,7 +15,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
-from orderly.api.console import conversations, figures, keys, messages, nodes, rooms, session
+from orderly.api.console import (
+    conversations,
+    figures,
+    keys,
+    messages,
+    nodes,
+    rooms,
+    schedules,
+    session,
+)
 from orderly.api.console.render import STATIC_DIR
 
 __all__ = ["install"]
@@ -24,6 +33,6 @@ __all__ = ["install"]
 def install(app: FastAPI) -> None:
     """Mount the console's pages and its static files on ``app`` (not in /openapi.json)."""
     session.install(app)
-    for module in (session, messages, conversations, rooms, nodes, keys, figures):
+    for module in (session, messages, conversations, rooms, schedules, nodes, keys, figures):
         app.include_router(module.router, prefix="/console", include_in_schema=False)
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")

@@ -1,5 +1,6 @@
-"""Messages: a filtered, paged list with counts by state; one message with everything the
-store knows of it; cancel, re-drive and respond, each with a note."""
+"""Messages: a filtered, paged list with counts by state (a NEW message due later reads
+"scheduled"); one message with everything the store knows of it; cancel, re-drive and
+respond, each with a note."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from orderly.api.console.session import Signed, act, attempt, form
 from orderly.api.http.common import RowId
 from orderly.models import MessageState
 from orderly.worker import operations
+from orderly.worker.core.clock import utcnow
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.runtime import Runtime
 
@@ -74,6 +76,8 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
         number=number,
         counts=counts,
         problems=problems,
+        # What "scheduled" is measured against: a NEW message due after it waits for a time.
+        now=utcnow(_runtime(request).clock),
     )
 
 
@@ -110,7 +114,8 @@ async def _command(
 
 @router.post("/messages/{msg_id}/cancel")
 async def cancel(request: Request, viewer: Signed, msg_id: RowId) -> Response:
-    return await _command(request, viewer, msg_id, operations.cancel, "cancelled")
+    command = functools.partial(operations.cancel, announce=_runtime(request).announce_aborts)
+    return await _command(request, viewer, msg_id, command, "cancelled")
 
 
 @router.post("/messages/{msg_id}/redrive")

@@ -30,6 +30,7 @@ from orderly.api.http import (
     pubsub_logs,
     ratelimit,
     rooms,
+    schedules,
     source_systems,
 )
 from orderly.worker import nodes
@@ -51,6 +52,7 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (dead_letters.router, "dead letters", _ERRORS),
     (pubsub_logs.router, "logs", _ERRORS),
     (messages.router, "messages", _ERRORS),
+    (schedules.router, "schedules", _ERRORS),
     (source_systems.router, "source systems", _ERRORS),
     (keys.router, "API keys", _ERRORS),
     (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),

@@ -66,6 +66,11 @@ class MessageRow(_Open):
     failed_count: int
     failed_error_code: str | None
     last_process_timestamp: datetime | None
+    # Claims take higher priority first (-100 to 100).
+    priority: int
+    # When the message is due (scheduled with delay_ms or not_before, or a retry's wait);
+    # None: it waits for no time.
+    due_at: datetime | None
 
 
 class MessageDetail(MessageRow):

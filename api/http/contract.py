@@ -3,9 +3,9 @@
 The routes read their bodies by hand (worker.* validates them and names every bad field), so
 FastAPI cannot infer the bodies; each write route declares its pydantic model here
 (:func:`body`) and the OpenAPI document gets the model's schema under that name. Every error
-status answers ``{"errors": [{"field", "problem"}]}`` (:class:`Errors`). Swagger UI's assets
-(a release that reads OpenAPI 3.1) come from the ``fastapi-offline`` package, so /docs works
-without internet.
+status answers ``{"errors": [{"field", "problem"}]}`` (:class:`Errors`); a route may
+describe its 409 its own way (:func:`conflict`). Swagger UI's assets (a release that reads
+OpenAPI 3.1) come from the ``fastapi-offline`` package, so /docs works without internet.
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "(with Retry-After)",
     }.items()
 }
+
+
+def conflict(description: str) -> dict[int | str, dict[str, Any]]:
+    """A route's own description of its 409, in place of the generic one (the same shape)."""
+    return {409: {"model": Errors, "description": description}}
+
 
 # /health and /ready take no credential: they never answer 401 or 403; an ACK's credential is
 # its token, which has no scopes: never 403.

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orderly.worker.core.errors import (
+    ConflictingMessage,
     Forbidden,
     InvalidMessage,
     MessageNotFound,
@@ -124,6 +125,7 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     UnknownAck: (404, "async_response_id"),
     ResponseNotAwaited: (404, "correlation_id"),
     OperationRefused: (409, "msg_id"),
+    ConflictingMessage: (409, "correlation_id"),
     RateLimited: (429, _rate),
     NodeNotAccepting: (503, "node"),
     # The API runs without a setting the request needs: the operator's to fix, not the caller's.

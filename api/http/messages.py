@@ -14,7 +14,7 @@ from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, Producer
 from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body
-from orderly.api.http.contract import body
+from orderly.api.http.contract import body, conflict
 from orderly.models import MessageState
 from orderly.worker import operations
 from orderly.worker.intake import MessageBatchIn, MessageIn, batch_items
@@ -24,14 +24,24 @@ router = APIRouter()
 
 ISO_8601 = "ISO 8601 (2026-01-31T12:00:00Z; without a zone, UTC)"
 
+# Intake's 409: the ids are taken by another message (the stored one stands).
+CONFLICTING = (
+    "another message (another service, operation or payload) is stored under this "
+    "`(correlation_id, source_system)`: refused, nothing stored; the problem (field "
+    "`correlation_id`) names the stored msg_id. The same message again answers 200"
+)
+
 
 @router.post(
     "/messages",
-    responses=answers(a.Accepted, created=True, repeat=True),
+    responses={**answers(a.Accepted, created=True, repeat=True), **conflict(CONFLICTING)},
     status_code=201,
     openapi_extra=body("MessageIn", MessageIn),
 )
 async def submit(intake: AppIntake, request: Request, key: Producer) -> JSONResponse:
+    """One message: 201 stored now (due at once, or scheduled by ``delay_ms`` or
+    ``not_before``); 200 the same message stored before; 409 another message holds its
+    (correlation_id, source_system)."""
     data = await json_body(request)
     result = await run_in_threadpool(intake.submit, data, key.owns)
     return JSONResponse(
@@ -42,7 +52,10 @@ async def submit(intake: AppIntake, request: Request, key: Producer) -> JSONResp
 
 @router.post(
     "/messages:batch",
-    responses=answers(a.BatchAccepted, created=True, repeat=True),
+    responses={
+        **answers(a.BatchAccepted, created=True, repeat=True),
+        **conflict(f"{CONFLICTING}. One such message refuses the whole batch"),
+    },
     status_code=201,
     openapi_extra=body("MessageBatchIn", MessageBatchIn),
 )
@@ -51,7 +64,8 @@ async def submit_batch(
 ) -> JSONResponse:
     """Up to 1,000 messages at once, each idempotent as with POST /messages: all are
     validated first (one bad message refuses them all, named ``messages[i].field``), then
-    stored in one transaction. 201 when any was stored now, 200 when all were stored before."""
+    stored in one transaction (one that conflicts with a stored message refuses them all:
+    409). 201 when any was stored now, 200 when all were stored before."""
     data = await json_body(request, runtime.settings.max_batch_bytes)
     results = await run_in_threadpool(intake.submit_many, batch_items(data), key.owns)
     return JSONResponse(
@@ -153,6 +167,7 @@ async def cancel(
             enqueue_processing,
             key=key.name,
             owns=key.owns,
+            announce=runtime.announce_aborts,
         )
     )
     return JSONResponse(

@@ -4,8 +4,9 @@
 It needs nothing of orderly but its address and an API key: it imports httpx and pydantic
 only. Bodies are dicts or pydantic models (the API's own ``MessageIn``, ``PublishIn``, ... are
 sent as they dump). Every refusal of the API (``{"errors": [{"field", "problem"}]}``) is raised
-as a typed :class:`OrderlyError`; a 503 is tried again after its ``Retry-After`` (at most
-``retries`` times, each wait at most ``max_wait_s``).
+as a typed :class:`OrderlyError` (a submit whose ids another message holds:
+:class:`ConflictingMessage`, with the stored ``msg_id``); a 503 is tried again after its
+``Retry-After`` (at most ``retries`` times, each wait at most ``max_wait_s``).
 
     with Client("http://127.0.0.1:8000", api_key) as orderly:
         sent = orderly.submit(message)            # Submitted(msg_id, state, created)
@@ -17,6 +18,7 @@ from orderly.client.client import AsyncClient, Client
 from orderly.client.errors import (
     BadRequest,
     Conflict,
+    ConflictingMessage,
     Forbidden,
     Invalid,
     NotFound,
@@ -35,6 +37,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "Conflict",
+    "ConflictingMessage",
     "Forbidden",
     "Invalid",
     "MessageFilter",

@@ -61,10 +61,13 @@ def segment(value: object) -> str:
 
 
 def json_of(value: Any) -> Any:
-    """A body: a pydantic model as it dumps for JSON (aliases, only the fields set), else the
-    value itself."""
+    """A body: a pydantic model as it dumps for JSON (aliases, only the fields set); a dict
+    with its datetime values in ISO 8601 (``msg_timestamp``, ``not_before``); else the value
+    itself."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if isinstance(value, Mapping):
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in value.items()}
     return value
 
 
@@ -246,3 +249,26 @@ def pubsub_log(table: str, filters: Mapping[str, Any]) -> Call[list[dict[str, An
 
 def exception(exception_id: int) -> Call[dict[str, Any]]:
     return Call("GET", f"/exceptions/{segment(exception_id)}")
+
+
+def create_schedule(schedule: Any) -> Call[dict[str, Any]]:
+    """A periodic schedule: ``{name, cron, time_zone?, service, operation, source_system,
+    payload, ...}``; one message per due instant."""
+    return Call("POST", "/schedules", json_of(schedule))
+
+
+def schedules(limit: int, offset: int) -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/schedules", params={"limit": limit, "offset": offset})
+
+
+def schedule(name: str) -> Call[dict[str, Any]]:
+    return Call("GET", f"/schedules/{segment(name)}")
+
+
+def update_schedule(name: str, changes: Any) -> Call[dict[str, Any]]:
+    """Fields to change (``enabled``, ``cron``, ``time_zone``, the template's)."""
+    return Call("PATCH", f"/schedules/{segment(name)}", json_of(changes))
+
+
+def delete_schedule(name: str) -> Call[dict[str, Any]]:
+    return Call("DELETE", f"/schedules/{segment(name)}")

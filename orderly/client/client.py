@@ -114,12 +114,15 @@ class Client:
     # --- producers -------------------------------------------------------------------------
 
     def submit(self, message: Any) -> Submitted:
-        """``POST /messages``: a dict or a ``MessageIn``."""
+        """``POST /messages``: a dict or a ``MessageIn`` (``delay_ms`` or ``not_before`` to
+        schedule it, ``priority``). Another message stored under its (correlation_id,
+        source_system) raises :class:`ConflictingMessage` (its ``msg_id``)."""
         return self.call(calls.submit(message))
 
     def submit_many(self, messages: Sequence[Any]) -> list[Submitted]:
-        """``POST /messages:batch``: up to 1,000 messages, all stored or none; a result per
-        message, in order (``created`` False: it had it already)."""
+        """``POST /messages:batch``: up to 1,000 messages, all stored or none (one invalid or
+        conflicting refuses all); a result per message, in order (``created`` False: it had
+        it already)."""
         return self.call(calls.submit_many(messages))
 
     def respond(self, response: Any) -> dict[str, Any]:
@@ -243,6 +246,35 @@ class Client:
     def remove_at(self, conversation_id: str, response_id: str, delay_s: int) -> dict[str, Any]:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
         return self.call(calls.remove_at(conversation_id, response_id, delay_s))
+
+    # --- schedules -------------------------------------------------------------------------
+
+    def create_schedule(self, schedule: Any) -> dict[str, Any]:
+        """``POST /schedules`` (a produce key): one message per due instant of ``cron`` in
+        ``time_zone``; ``{{instant}}`` and ``{{name}}`` in the payload's strings replaced."""
+        return self.call(calls.create_schedule(schedule))
+
+    def schedules(self, *, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        """The schedules by name, with their next and last instants (an operate key)."""
+        return self.call(calls.schedules(limit, offset))
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        return self.call(calls.schedule(name))
+
+    def update_schedule(self, name: str, changes: Any) -> dict[str, Any]:
+        """``PATCH /schedules/{name}``: ``enabled``, ``cron``, ``time_zone`` or the template's
+        fields."""
+        return self.call(calls.update_schedule(name, changes))
+
+    def enable_schedule(self, name: str) -> dict[str, Any]:
+        """Due again from its first instant after now."""
+        return self.call(calls.update_schedule(name, {"enabled": True}))
+
+    def disable_schedule(self, name: str) -> dict[str, Any]:
+        return self.call(calls.update_schedule(name, {"enabled": False}))
+
+    def delete_schedule(self, name: str) -> dict[str, Any]:
+        return self.call(calls.delete_schedule(name))
 
 
 class AsyncClient:
@@ -406,6 +438,27 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
         return await self.call(calls.remove_at(conversation_id, response_id, delay_s))
+
+    async def create_schedule(self, schedule: Any) -> dict[str, Any]:
+        return await self.call(calls.create_schedule(schedule))
+
+    async def schedules(self, *, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        return await self.call(calls.schedules(limit, offset))
+
+    async def schedule(self, name: str) -> dict[str, Any]:
+        return await self.call(calls.schedule(name))
+
+    async def update_schedule(self, name: str, changes: Any) -> dict[str, Any]:
+        return await self.call(calls.update_schedule(name, changes))
+
+    async def enable_schedule(self, name: str) -> dict[str, Any]:
+        return await self.call(calls.update_schedule(name, {"enabled": True}))
+
+    async def disable_schedule(self, name: str) -> dict[str, Any]:
+        return await self.call(calls.update_schedule(name, {"enabled": False}))
+
+    async def delete_schedule(self, name: str) -> dict[str, Any]:
+        return await self.call(calls.delete_schedule(name))
 
 
 __all__ = ["AsyncClient", "Client", "OrderlyError"]

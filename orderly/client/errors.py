@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,19 @@ class NotFound(OrderlyError):
 
 
 class Conflict(OrderlyError):
-    """409: the message is not in a state that allows this."""
+    """409: the message is not in a state that allows this, or (:class:`ConflictingMessage`)
+    another message holds the submitted one's ids."""
+
+
+class ConflictingMessage(Conflict):
+    """409 of a submit: another message (another service, operation or payload) is stored
+    under the same (correlation_id, source_system); nothing was stored. ``msg_id``: the stored
+    message's, when the answer names it. Sending the same message again answers as before;
+    a new message needs a new correlation_id."""
+
+    def __init__(self, status: int, problems: list[Problem], retry_after_s: float | None = None):
+        super().__init__(status, problems, retry_after_s)
+        self.msg_id = _stored_msg_id(problems)
 
 
 class PayloadTooLarge(OrderlyError):
@@ -87,6 +100,18 @@ BY_STATUS: dict[int, type[OrderlyError]] = {
 }
 
 
+# The stored message a conflict names: "message 12 holds correlation_id ...".
+_STORED = re.compile(r"\bmessage (\d+)\b")
+
+
+def _stored_msg_id(problems: list[Problem]) -> int | None:
+    for p in problems:
+        found = _STORED.search(p.problem) if p.field == "correlation_id" else None
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def error_for(status: int, body: Any, retry_after_s: float | None = None) -> OrderlyError:
     """The exception of an answer with this status and (decoded) body."""
     problems = []
@@ -95,4 +120,7 @@ def error_for(status: int, body: Any, retry_after_s: float | None = None) -> Ord
             if isinstance(item, dict):
                 problems.append(Problem(str(item.get("field", "")), str(item.get("problem", ""))))
     cls = BY_STATUS.get(status, ServerError if status >= 500 else OrderlyError)
+    if status == 409 and any(p.field == "correlation_id" for p in problems):
+        # A conflict over a message's ids, not over a message's state (field msg_id).
+        cls = ConflictingMessage
     return cls(status, problems, retry_after_s)

@@ -140,6 +140,18 @@ class OperationRefused(OrderlyError):
         super().__init__(f"message {msg_id}: {reason}")
 
 
+class ConflictingMessage(OrderlyError):
+    """A message submitted again under a stored (correlation_id, source_system) with other
+    content: the stored one stands, the new one is refused."""
+
+    def __init__(self, msg_id: int, correlation_id: str, source_system: str, fields: str) -> None:
+        self.msg_id = msg_id
+        super().__init__(
+            f"message {msg_id} holds correlation_id {correlation_id!r} of {source_system!r} "
+            f"with another {fields}; submit the same message again, or use a new correlation_id"
+        )
+
+
 class ResponseNotAwaited(OrderlyError):
     """A response names a correlation id no message waits for."""
 

@@ -161,6 +161,15 @@ class ServiceSettings(Section):
         description="How long a handler past its time limit has to stop before its worker "
         "process is killed (the hard limit).",
     )
+    abort_grace_ms: int = Field(
+        300,
+        ge=0,
+        le=60_000,
+        validation_alias="ORDERLY_ABORT_GRACE_MS",
+        description="How long a handler whose message was cancelled while it ran has to "
+        "return once it can see ctx.aborted: then Aborted is raised inside it, and its "
+        "process is killed ORDERLY_HANDLER_KILL_GRACE_MS later if it still runs. 0: at once.",
+    )
 
     claim_batch: int = Field(
         100,

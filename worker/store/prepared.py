@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
 from orderly.worker.store.queries import Query, query
+
+# A typed row: a dataclass whose fields are a statement's column names.
+R = TypeVar("R")
 
 
 class PreparedConnection:
@@ -69,6 +72,24 @@ class PreparedConnection:
         if self._cursor.description is None:
             return []
         return [tuple(row) for row in self._cursor.fetchall()]
+
+    def one(self, row_type: type[R], name: str, *args: Any) -> R | None:
+        """Execute a prepared statement; its first row as ``row_type`` (a dataclass whose
+        fields are the statement's column names), or None."""
+        self._send(name, args, "", ())
+        found = self._cursor.fetchone() if self._cursor.description is not None else None
+        return None if found is None else self._typed(row_type, found)
+
+    def all(self, row_type: type[R], name: str, *args: Any) -> list[R]:
+        """Execute a prepared statement; every row as ``row_type`` (built by column name)."""
+        self._send(name, args, "", ())
+        if self._cursor.description is None:
+            return []
+        return [self._typed(row_type, found) for found in self._cursor.fetchall()]
+
+    def _typed(self, row_type: type[R], found: Sequence[Any]) -> R:
+        names = [column[0] for column in self._cursor.description]
+        return row_type(**dict(zip(names, found, strict=True)))
 
     def value(self, name: str) -> Any:
         """The one value a named query without parameters returns (not prepared: for the

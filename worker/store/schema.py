@@ -1,9 +1,18 @@
-"""Database schema management: Alembic migrations run programmatically, and the canonical
-functions and triggers (``sql/functions.sql``) that migrations apply."""
+"""Database schema management: Alembic migrations run programmatically, and the store's
+functions and triggers as migrations install them.
+
+``sql/functions.sql`` is the canonical text of the functions and triggers, as of the newest
+migration. A migration that changes them does not read it: it applies its own frozen copy,
+``migrations/sql/<revision>_functions.sql`` (:func:`apply_frozen`), the file as it stood when the
+migration was written, so that upgrading an old database installs at each revision the text
+written for that revision's tables. A change to ``functions.sql`` therefore needs a new migration
+and a copy frozen from the file (``python -m tooling.freeze_functions <revision>``); the
+migration records the copy's hash (``FUNCTIONS_SHA256``), and tests/test_migrations.py holds the
+newest copy to the file and each copy to its hash.
+"""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,18 +94,36 @@ def create_database(url: str) -> bool:
         admin.dispose()
 
 
-def functions_sha256() -> str:
-    """The hash a migration that applies ``functions.sql`` records (see ``apply_functions``)."""
-    return hashlib.sha256(FUNCTIONS_FILE.read_bytes()).hexdigest()
+def frozen_functions_file(revision: str) -> Path:
+    """The frozen copy of ``functions.sql`` that migration ``revision`` applies (it ships in the
+    package ``orderly.migrations`` with the migrations)."""
+    return migrations_dir() / "sql" / f"{revision}_functions.sql"
+
+
+def apply_frozen(execute: Callable[[str], object], revision: str) -> None:
+    """Install, from migration ``revision``, the functions and triggers it was written for: its
+    frozen copy of ``functions.sql`` (every definition CREATE OR REPLACE, a removed one dropped).
+
+    A migration's ``downgrade`` applies the copy of the functions migration before it, after
+    dropping what it added, so a downgrade gives back the text of the revision below.
+    """
+    path = frozen_functions_file(revision)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"migration {revision} has no frozen functions.sql ({path}); in a checkout, "
+            f"python -m tooling.freeze_functions {revision} writes it"
+        )
+    _install(execute, path.read_text())
 
 
 def apply_functions(execute: Callable[[str], object]) -> None:
-    """Install ``functions.sql`` (CREATE OR REPLACE) from a migration.
+    """Install ``functions.sql`` as it stands today: what the tests compare a database with.
+    Not for a migration, which applies its own frozen copy (:func:`apply_frozen`)."""
+    _install(execute, FUNCTIONS_FILE.read_text())
 
-    Every migration that changes the functions applies the file as it stands and records its
-    hash (``FUNCTIONS_SHA256``); a test holds the newest such migration to the file, so a
-    changed file needs a new migration. Bodies are not checked against the tables here: an
-    older migration may apply text written for columns a later one adds.
-    """
+
+def _install(execute: Callable[[str], object], functions: str) -> None:
+    # Bodies are not checked at creation: an SQL-language body naming a function defined
+    # further down the file (or one this text drops and defines anew) would otherwise fail.
     execute("SET LOCAL check_function_bodies = off")
-    execute(FUNCTIONS_FILE.read_text())
+    execute(functions)

@@ -1,8 +1,10 @@
 -- The store's functions and triggers: the rules that must hold under concurrency, next to the
--- rows they guard. This file is the canonical text: migrations apply it (every definition is
--- CREATE OR REPLACE), and a test checks that what `alembic upgrade head` installs equals it.
--- Change it only together with a new migration that applies it and records its hash
--- (worker.store.schema.apply_functions).
+-- rows they guard. This file is the canonical text, as of the newest migration: every definition
+-- is CREATE OR REPLACE, and a function taken out is dropped here (DROP ... IF EXISTS). No
+-- migration reads it: each applies its own frozen copy, migrations/sql/<revision>_functions.sql,
+-- the text of its time (worker.store.schema.apply_frozen). Change it only together with a new
+-- migration and a copy frozen from it (python -m tooling.freeze_functions <revision>); tests hold
+-- the newest copy and what `alembic upgrade head` installs to this file.
 --
 -- The funnel predicate, the release of a funnel's next message, the parent's outcome when a
 -- HARD child settles, and the confirmation recorded when a message becomes final. A trigger on
@@ -44,66 +46,132 @@ BEGIN
 END
 $$;
 
+-- The place in line (message.fair_at) of a new message: now, or for the p_rank-th new message
+-- of a funnel (1 for one inserted alone), p_rank seconds after the newest waiting message of
+-- that funnel, when that is later: a virtual clock, so that funnels with many waiting
+-- messages take turns with each other and with what comes meanwhile, instead of running one
+-- funnel's backlog first.
+CREATE OR REPLACE FUNCTION orderly_fair_at(p_value text, p_component text, p_rank bigint)
+    RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_value IS NULL THEN now()
+           ELSE greatest(now() + make_interval(secs => p_rank - 1),
+                         (SELECT o.fair_at FROM message o
+                           WHERE o.funnel_value = p_value
+                             AND o.state NOT IN ('OK', 'CANCEL')
+                             AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                           ORDER BY o.msg_timestamp DESC, o.msg_id DESC
+                           LIMIT 1) + make_interval(secs => p_rank))
+           END
+$$;
+
+-- How many messages of one funnel value may run at once: its component's funnel_limit, or one
+-- (the seed's funnel). '' stands for funnels without a component.
+CREATE OR REPLACE FUNCTION orderly_funnel_limit(p_component text) RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce((SELECT max_in_flight FROM funnel_limit
+                      WHERE component_id = coalesce(p_component, '')), 1)
+$$;
+
 -- May this message (p_msg_id NULL: one not yet stored, newer than all) not go on now?
---   funnel: another message of the funnel is active (PROCESSING, WAITING, WAITING_FOR_RES)
---           and was started within asynch.funnelIdleIntervalSec;
+--   funnel: as many other messages of the funnel as its limit (orderly_funnel_limit) are
+--           active (PROCESSING, WAITING, WAITING_FOR_RES) and were started within
+--           asynch.funnelIdleIntervalSec;
 --   guaranteed order: another message of the funnel is active, or an older guaranteed-order
 --           message of the funnel is not final (FAILED counts unless p_exclude_failed).
 CREATE OR REPLACE FUNCTION orderly_funnel_blocked(
     p_msg_id bigint, p_value text, p_component text, p_ts timestamptz,
     p_guaranteed boolean, p_exclude_failed boolean) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
+    SELECT CASE WHEN p_guaranteed THEN EXISTS (
         SELECT 1 FROM message o
          WHERE o.funnel_value = p_value
            AND o.state NOT IN ('OK', 'CANCEL')
            AND o.funnel_component_id IS NOT DISTINCT FROM p_component
            AND o.msg_id IS DISTINCT FROM p_msg_id
-           AND ((o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                 AND (p_guaranteed OR o.last_process_timestamp >= now() - make_interval(secs =>
-                      coalesce((SELECT coalesce(current_value, default_value)::int
-                                  FROM configuration
-                                 WHERE code = 'asynch.funnelIdleIntervalSec'), 600))))
-             OR (p_guaranteed AND o.guaranteed_order
-                 AND (o.msg_timestamp < p_ts
-                      OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL AND o.msg_id < p_msg_id))
-                 AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
+           AND (o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                OR (o.guaranteed_order
+                    AND (o.msg_timestamp < p_ts
+                         OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL
+                             AND o.msg_id < p_msg_id))
+                    AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
+    ELSE (SELECT count(*) FROM (
+              SELECT 1 FROM message o
+               WHERE o.funnel_value = p_value
+                 AND o.state NOT IN ('OK', 'CANCEL')
+                 AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                 AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                 AND o.msg_id IS DISTINCT FROM p_msg_id
+                 AND o.last_process_timestamp >= now() - make_interval(secs =>
+                     coalesce((SELECT coalesce(current_value, default_value)::int
+                                 FROM configuration
+                                WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
+               LIMIT orderly_funnel_limit(p_component)) active)
+         >= orderly_funnel_limit(p_component)
+    END
 $$;
 
--- Release the funnel's oldest POSTPONED message if it may go on now: POSTPONED -> IN_QUEUE.
--- Only the oldest is looked at: in guaranteed order every other one waits behind it, and in a
--- plain funnel whatever blocks it blocks them all. The released id is appended to the
--- transaction's 'orderly.released' setting, from which the caller enqueues it after commit.
+-- How many more messages of a funnel may start now (0 or more): its limit less those active.
+-- A claim takes that many of a funnel's due messages at most (worker.batches); guaranteed
+-- order takes one, the claim's orderly_funnel_blocked deciding.
+CREATE OR REPLACE FUNCTION orderly_funnel_free(p_value text, p_component text) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(0, orderly_funnel_limit(p_component) - (
+        SELECT count(*) FROM message o
+         WHERE o.funnel_value = p_value
+           AND o.state NOT IN ('OK', 'CANCEL')
+           AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+           AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+           AND o.last_process_timestamp >= now() - make_interval(secs =>
+               coalesce((SELECT coalesce(current_value, default_value)::int
+                           FROM configuration
+                          WHERE code = 'asynch.funnelIdleIntervalSec'), 600)))::integer)
+$$;
+
+-- Release the funnel's oldest POSTPONED message if it may go on now: POSTPONED -> IN_QUEUE;
+-- a funnel whose limit allows more than one at a time releases as many as it has free slots.
+-- Only the oldest are looked at: in guaranteed order every other one waits behind them, and in
+-- a plain funnel whatever blocks them blocks them all. The released ids are appended to the
+-- transaction's 'orderly.released' setting, from which the caller enqueues them after commit.
+-- Returns the first released id.
 CREATE OR REPLACE FUNCTION orderly_funnel_release(p_value text, p_component text) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_first bigint;
     v_id bigint;
     v_blocked boolean;
+    v_slots integer := 1;
 BEGIN
     PERFORM pg_advisory_xact_lock(orderly_funnel_key(p_value, p_component));
-    SELECT c.msg_id,
-           orderly_funnel_blocked(c.msg_id, c.funnel_value, c.funnel_component_id,
-                                  c.msg_timestamp, c.guaranteed_order, c.exclude_failed_state)
-      INTO v_id, v_blocked
-      FROM message c
-     WHERE c.funnel_value = p_value
-       AND c.state NOT IN ('OK', 'CANCEL')
-       AND c.funnel_component_id IS NOT DISTINCT FROM p_component
-       AND c.state = 'POSTPONED'
-     ORDER BY c.msg_timestamp, c.msg_id
-     LIMIT 1
-       FOR UPDATE SKIP LOCKED;
-    IF v_id IS NULL OR v_blocked THEN
-        RETURN NULL;
+    IF orderly_funnel_limit(p_component) > 1 THEN
+        v_slots := orderly_funnel_free(p_value, p_component);
     END IF;
-    UPDATE message
-       SET state = 'IN_QUEUE', start_in_queue_timestamp = now(), last_process_timestamp = now()
-     WHERE msg_id = v_id;
-    PERFORM set_config('orderly.released',
-                       concat_ws(',', nullif(current_setting('orderly.released', true), ''),
-                                 v_id::text),
-                       true);
-    RETURN v_id;
+    FOR v_id, v_blocked IN
+        SELECT c.msg_id,
+               orderly_funnel_blocked(c.msg_id, c.funnel_value, c.funnel_component_id,
+                                      c.msg_timestamp, c.guaranteed_order,
+                                      c.exclude_failed_state)
+          FROM message c
+         WHERE c.funnel_value = p_value
+           AND c.state NOT IN ('OK', 'CANCEL')
+           AND c.funnel_component_id IS NOT DISTINCT FROM p_component
+           AND c.state = 'POSTPONED'
+         ORDER BY c.msg_timestamp, c.msg_id
+         LIMIT greatest(v_slots, 1)
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN v_blocked;
+        UPDATE message
+           SET state = 'IN_QUEUE', start_in_queue_timestamp = now(),
+               last_process_timestamp = now(), due_at = NULL
+         WHERE msg_id = v_id;
+        PERFORM set_config('orderly.released',
+                           concat_ws(',', nullif(current_setting('orderly.released', true), ''),
+                                     v_id::text),
+                           true);
+        v_first := coalesce(v_first, v_id);
+    END LOOP;
+    RETURN v_first;
 END
 $$;
 
@@ -193,11 +261,13 @@ CREATE OR REPLACE TRIGGER orderly_message_transition
 -- A worker's outcome, only while its connection holds the claim. p_kind: OK; FAIL (PARTLY_FAILED,
 -- or FAILED once failed_count reached p_limit); FAILED (final at once); WAITING (a parent whose
 -- children were just stored); WAITING_FOR_RES (IN_QUEUE instead if the response already came);
--- POSTPONED (to be taken up again by the pool). Returns the new state (NULL: the claim was lost)
--- and the ids the funnel released, comma-separated.
-CREATE OR REPLACE FUNCTION orderly_finish(
+-- POSTPONED (taken up again when due). p_due_ms: how long a PARTLY_FAILED or POSTPONED
+-- message waits before it is due again (its retry policy's delay, or postponedIntervalSec);
+-- the due-work ticker takes it up then (worker.messages.due). Returns the new state (NULL: the
+-- claim was lost) and the ids the funnel released, comma-separated.
+CREATE OR REPLACE FUNCTION orderly_finish_v2(
     p_msg_id bigint, p_kind text, p_limit integer, p_code text, p_desc text, p_custom text,
-    p_obsolete_by bigint) RETURNS TABLE (new_state text, released text)
+    p_obsolete_by bigint, p_due_ms bigint) RETURNS TABLE (new_state text, released text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_state text;
@@ -222,6 +292,10 @@ BEGIN
            start_in_queue_timestamp = CASE WHEN p_kind = 'WAITING_FOR_RES'
                                             AND m.wait_res_id IS NOT NULL
                                            THEN now() ELSE m.start_in_queue_timestamp END,
+           due_at = CASE WHEN (p_kind = 'FAIL' AND m.failed_count < p_limit)
+                              OR p_kind = 'POSTPONED'
+                         THEN now() + make_interval(secs => coalesce(p_due_ms, 0) / 1000.0)
+                    END,
            processing_pid = NULL
      WHERE m.msg_id = p_msg_id AND m.state = 'PROCESSING'
        AND m.processing_pid = pg_backend_pid()
@@ -231,4 +305,21 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_state, current_setting('orderly.released', true);
 END
+$$;
+
+-- The outcome as workers of the previous release record it (seven arguments), kept so that
+-- they run beside new ones during a deploy: their retries wait partlyFailedIntervalSec,
+-- their postponements postponedIntervalSec. A later migration drops it.
+CREATE OR REPLACE FUNCTION orderly_finish(
+    p_msg_id bigint, p_kind text, p_limit integer, p_code text, p_desc text, p_custom text,
+    p_obsolete_by bigint) RETURNS TABLE (new_state text, released text)
+LANGUAGE sql AS $$
+    SELECT * FROM orderly_finish_v2(
+        p_msg_id, p_kind, p_limit, p_code, p_desc, p_custom, p_obsolete_by,
+        1000 * coalesce((SELECT coalesce(current_value, default_value)::bigint
+                           FROM configuration
+                          WHERE code = CASE WHEN p_kind = 'POSTPONED'
+                                            THEN 'asynch.postponedIntervalSec'
+                                            ELSE 'asynch.partlyFailedIntervalSec' END),
+                        CASE WHEN p_kind = 'POSTPONED' THEN 5 ELSE 60 END))
 $$;

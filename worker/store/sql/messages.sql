@@ -6,20 +6,26 @@
 -- insert are one statement: a node that stops accepting input cannot race an insert; a
 -- duplicate (correlation_id, source_system) inserts nothing. A funnel message is sent after
 -- its funnel's advisory lock (worker.intake.FUNNEL_LOCK), so a release cannot miss it.
--- $18: new input needs the node in RUN (a child of existing work does not).
--- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, boolean
+-- $18: due in so many ms (NULL: now); a scheduled message is NEW until then, whatever its
+-- funnel (the claim decides when it is due). $19: its priority. $20: new input needs the node
+-- in RUN (a child of existing work does not). Its place in line: orderly_fair_at.
+-- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, bigint, integer, boolean
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
                      guaranteed_order, exclude_failed_state, node_id,
-                     receive_timestamp, last_process_timestamp, state, failed_count)
+                     receive_timestamp, last_process_timestamp, state, failed_count,
+                     due_at, priority, fair_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
        now(), now(),
-       CASE WHEN $13 IS NOT NULL
+       CASE WHEN $13 IS NOT NULL AND $18 IS NULL
                  AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
             THEN 'POSTPONED' ELSE 'NEW' END,
-       0
- WHERE NOT $18 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
+       0,
+       now() + make_interval(secs => $18 / 1000.0),
+       $19,
+       orderly_fair_at($13, $14, 1)
+ WHERE NOT $20 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, state;
 
@@ -29,26 +35,37 @@ RETURNING msg_id, state;
 -- NEW too, without its lock: the claim decides under the lock which one goes first and holds
 -- the others back (POSTPONED), as the insert of one message would have (worker.batches). One
 -- already stored under its (correlation_id, source_system), or twice in the arrays, is
--- inserted once. Returns msg_id, correlation_id, source_system of each inserted.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint
+-- inserted once. $15/$16: each one's due delay in ms (NULL: now) and priority. The k-th of a
+-- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
+-- Returns msg_id, correlation_id, source_system of each inserted.
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint[], integer[], bigint
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      funnel_value, funnel_component_id, guaranteed_order, exclude_failed_state,
-                     node_id, receive_timestamp, last_process_timestamp, state, failed_count)
+                     node_id, receive_timestamp, last_process_timestamp, state, failed_count,
+                     due_at, priority, fair_at)
 SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
        i.process_id, i.payload, i.envelope, i.source_system, i.funnel, i.component,
-       i.guaranteed, i.exclude_failed, $15, now(), now(), 'NEW', 0
-  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) WITH ORDINALITY
+       i.guaranteed, i.exclude_failed, $17, now(), now(), 'NEW', 0,
+       now() + make_interval(secs => i.due_ms / 1000.0), i.priority,
+       orderly_fair_at(i.funnel, i.component,
+                       row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n))
+  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+       WITH ORDINALITY
        AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
-            payload, envelope, source_system, funnel, component, guaranteed, exclude_failed, n)
- WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $15 AND state = 'RUN')
+            payload, envelope, source_system, funnel, component, guaranteed, exclude_failed,
+            due_ms, priority, n)
+ WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
  ORDER BY i.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, correlation_id, source_system;
 
 -- name: orderly_find_message
+-- The message stored under (correlation_id, source_system), with what a submission under the
+-- same ids must repeat (worker.intake: the same message again, or a conflict).
 -- prepare: text, text
-SELECT msg_id, state FROM message WHERE correlation_id = $1 AND source_system = $2;
+SELECT msg_id, state, service_name, operation_name, payload
+  FROM message WHERE correlation_id = $1 AND source_system = $2;
 
 -- name: orderly_parent_owned
 -- Whether a message exists and is of one of the source systems $2 (a bound key's): a child
@@ -61,27 +78,33 @@ SELECT 1 AS owned FROM message WHERE msg_id = $1 AND source_system = ANY($2);
 SELECT code, state FROM node WHERE node_id = $1;
 
 -- name: orderly_due_candidates
--- Up to $2 due messages (NEW, not conversation rows), oldest first, row-locked (rows another
+-- Up to $2 due messages (NEW or IN_QUEUE with no due time left, not conversation rows), higher
+-- priority first, then by place in line (fair_at; ix_message_ready), row-locked (rows another
 -- worker is claiming are skipped: SKIP LOCKED) for orderly_claim_ids in the same transaction;
 -- a funnel message only when its funnel's lock is free now (tried, never waited for: no row
 -- lock is held while waiting for a funnel). A STOPPED node finds none. Returns msg_id, the
--- funnel's lock key (NULL without a funnel) and msg_timestamp.
+-- funnel's lock key (NULL without a funnel), msg_timestamp and how many more of its funnel
+-- may start now (orderly_funnel_free; 1 for guaranteed order, where the claim decides).
 -- prepare: bigint, integer
 SELECT x.msg_id,
        CASE WHEN x.funnel_value IS NOT NULL
-            THEN orderly_funnel_key(x.funnel_value, x.funnel_component_id) END,
-       x.msg_timestamp
+            THEN orderly_funnel_key(x.funnel_value, x.funnel_component_id) END AS funnel_key,
+       x.msg_timestamp,
+       CASE WHEN x.funnel_value IS NULL OR x.guaranteed_order THEN 1
+            ELSE orderly_funnel_free(x.funnel_value, x.funnel_component_id) END AS free
   FROM message x
- WHERE x.state = 'NEW' AND x.service_name <> 'conversation'
+ WHERE x.state IN ('NEW', 'IN_QUEUE') AND x.due_at IS NULL
+   AND x.service_name <> 'conversation'
    AND (x.funnel_value IS NULL
         OR pg_try_advisory_xact_lock(orderly_funnel_key(x.funnel_value, x.funnel_component_id)))
    AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $1 AND n.state = 'STOPPED')
- ORDER BY x.last_process_timestamp
+ ORDER BY x.priority DESC, x.fair_at
  LIMIT $2
    FOR UPDATE SKIP LOCKED;
 
 -- name: orderly_claim_ids
--- Messages NEW or IN_QUEUE (due, or released by their funnel; or PROCESSING by a dead worker:
+-- Messages NEW or IN_QUEUE whose due time, if any, has come (due, or released by their funnel;
+-- or PROCESSING by a dead worker:
 -- its backend pid is gone; that death is counted in lost_count, and a message whose next
 -- death would reach $3 is left to worker.pool.release_orphans, which quarantines it) ->
 -- PROCESSING in one statement, or POSTPONED when their funnel holds them back; never on a
@@ -90,10 +113,12 @@ SELECT x.msg_id,
 -- one takes them so: no deadlock), so that the funnel checks see every transition committed
 -- before. The claim records the claiming connection's backend pid and time (now(): the same
 -- for every row of a batch): only that connection may finish it. Returns each claim
--- (worker.processing.CLAIM_COLUMNS) and the newer processed message of the same object, if
--- any (the message is then obsolete). The claim's commit need not wait for the disk: a
--- server crash that loses it leaves the messages where they were.
--- prepare: bigint[], bigint, integer
+-- (worker.processing.Claimed) and the newer processed message of the same object, if
+-- any (the message is then obsolete). A message held back is due again after $4 seconds
+-- (postponedIntervalSec: the safety net, its funnel's release normally comes first); a claimed
+-- one has no due time. The claim's commit need not wait for the disk: a server crash that
+-- loses it leaves the messages where they were.
+-- prepare: bigint[], bigint, integer, integer
 -- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnels_of(CAST(%s AS bigint[]));
 UPDATE message m
    SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
@@ -102,7 +127,8 @@ UPDATE message m
                                                  >= pg_postmaster_start_time()
                                         THEN 1 ELSE 0 END,
        node_id = $2, last_process_timestamp = now(),
-       processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END
+       processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END,
+       due_at = CASE WHEN b.blocked THEN now() + make_interval(secs => $4) END
   FROM (SELECT x.msg_id,
                x.funnel_value IS NOT NULL
                AND orderly_funnel_blocked(x.msg_id, x.funnel_value, x.funnel_component_id,
@@ -110,7 +136,7 @@ UPDATE message m
                                           x.exclude_failed_state) AS blocked
           FROM message x WHERE x.msg_id = ANY($1)) b
  WHERE m.msg_id = b.msg_id
-   AND (m.state IN ('NEW', 'IN_QUEUE')
+   AND ((m.state IN ('NEW', 'IN_QUEUE') AND (m.due_at IS NULL OR m.due_at <= now()))
         OR (m.state = 'PROCESSING' AND m.lost_count + 1 < $3
             AND orderly_orphaned(m.processing_pid)))
    AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $2 AND n.state = 'STOPPED')
@@ -126,14 +152,16 @@ RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
               AND (m.entity_type IS NOT NULL OR o.operation_name = m.operation_name)
               AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
             ORDER BY o.msg_timestamp DESC, o.msg_id DESC
-            LIMIT 1);
+            LIMIT 1) AS newer;
 
 -- name: orderly_postpone_ids
 -- Due messages a claim passed over because an older one of their funnel goes first: POSTPONED,
--- so that its outcome releases the next of them (a claim holds their funnel locks).
--- prepare: bigint[]
-UPDATE message SET state = 'POSTPONED', last_process_timestamp = now()
- WHERE msg_id = ANY($1) AND state = 'NEW' AND funnel_value IS NOT NULL
+-- so that its outcome releases the next of them (a claim holds their funnel locks); due again
+-- after $2 seconds (postponedIntervalSec), should no release come.
+-- prepare: bigint[], integer
+UPDATE message SET state = 'POSTPONED', last_process_timestamp = now(),
+                   due_at = now() + make_interval(secs => $2)
+ WHERE msg_id = ANY($1) AND state IN ('NEW', 'IN_QUEUE') AND funnel_value IS NOT NULL
 RETURNING msg_id;
 
 -- name: orderly_finish_ok
@@ -162,13 +190,14 @@ RETURNING msg_id;
 
 -- name: orderly_why_not_claimed
 -- prepare: bigint, bigint
-SELECT (SELECT state FROM message WHERE msg_id = $1),
-       (SELECT state FROM node WHERE node_id = $2);
+SELECT (SELECT state FROM message WHERE msg_id = $1) AS msg_state,
+       (SELECT state FROM node WHERE node_id = $2) AS node_state;
 
 -- name: orderly_finish
--- The outcome, only while this connection holds the claim (functions.sql: orderly_finish).
--- prepare: bigint, text, integer, text, text, text, bigint
-SELECT new_state, released FROM orderly_finish($1, $2, $3, $4, $5, $6, $7);
+-- The outcome, only while this connection holds the claim (functions.sql: orderly_finish_v2);
+-- $8: how long a PARTLY_FAILED or POSTPONED outcome waits before it is due again (ms).
+-- prepare: bigint, text, integer, text, text, text, bigint, bigint
+SELECT new_state, released FROM orderly_finish_v2($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: orderly_register_wait
 -- A running handler parks its message until a response names this correlation id.
@@ -189,9 +218,10 @@ SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response 
 SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
 
 -- name: hand_over_later
--- NEW or IN_QUEUE messages whose tasks the broker refused: POSTPONED, so the re-processing
--- pool hands them over again (after postponedIntervalSec) instead of repair taking them up as
--- stuck. One that a task reached meanwhile has moved on and is left alone.
-UPDATE message SET state = 'POSTPONED', last_process_timestamp = now()
+-- NEW or IN_QUEUE messages whose tasks the broker refused: POSTPONED and due again after
+-- :after_s, so the due-work ticker hands them over again instead of repair taking them up
+-- as stuck. One that a task reached meanwhile has moved on and is left alone.
+UPDATE message SET state = 'POSTPONED', last_process_timestamp = now(),
+                   due_at = now() + make_interval(secs => :after_s)
  WHERE msg_id = ANY(CAST(:ids AS bigint[])) AND state IN ('NEW', 'IN_QUEUE')
 RETURNING msg_id;

@@ -5,10 +5,11 @@
 
 -- name: messages_list
 -- Messages matching every filter given (NULL: any), oldest msg_timestamp first or, with
--- :newest, newest msg_id first; a page of them.
+-- :newest, newest msg_id first; a page of them. due_at: when a waiting message is due (a
+-- scheduled NEW one, a retry), NULL when it waits for no time.
 SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
        msg_timestamp, funnel_value, guaranteed_order, parent_msg_id, failed_count,
-       failed_error_code, last_process_timestamp
+       failed_error_code, last_process_timestamp, priority, due_at
   FROM message
  WHERE (CAST(:state AS text) IS NULL OR state = :state)
    AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
@@ -42,7 +43,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
        object_id, entity_type, process_id, funnel_value, funnel_component_id, guaranteed_order,
        exclude_failed_state, parent_msg_id, parent_binding_type, failed_count,
        failed_error_code, failed_desc, custom_data, node_id, obsolete_by, wait_correlation_id,
-       response_deadline, wait_res_id, audit, payload
+       response_deadline, wait_res_id, audit, payload, priority, due_at
   FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
 -- name: message_children

@@ -5,42 +5,67 @@
 -- lock comes first everywhere else: here a row whose funnel lock is busy is left for the next
 -- run (pg_try_advisory_xact_lock).
 
--- name: pool_requeue
--- PARTLY_FAILED idle >= :partly_s, and POSTPONED idle >= :postponed_s whose funnel lets it go,
--- back to IN_QUEUE, oldest msg_timestamp first. Conversation rows are delivered by the
--- ordering gate, not by handlers.
-UPDATE message m
-   SET state = 'IN_QUEUE', start_in_queue_timestamp = now(), last_process_timestamp = now()
- WHERE m.msg_id IN (
-       SELECT msg_id FROM message
-        WHERE service_name <> 'conversation'
-          AND ((state = 'PARTLY_FAILED'
-               AND last_process_timestamp <= now() - make_interval(secs => :partly_s))
-           OR (state = 'POSTPONED'
-               AND last_process_timestamp <= now() - make_interval(secs => :postponed_s)
-               AND NOT (funnel_value IS NOT NULL
-                        AND orderly_funnel_blocked(msg_id, funnel_value,
-                                                   funnel_component_id, msg_timestamp,
-                                                   guaranteed_order, exclude_failed_state))))
-        ORDER BY msg_timestamp
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED)
-RETURNING m.msg_id, m.msg_timestamp;
+-- name: messages_due_take
+-- Messages whose due time came (worker.messages.due, a due source of beat's ticker): a NEW
+-- one scheduled for now, a PARTLY_FAILED one whose retry wait ended, a POSTPONED one whose
+-- rest ended and whose funnel lets it go, a timed-out one whose retry is due: claimable now
+-- (no due time; PARTLY_FAILED and POSTPONED become IN_QUEUE), returned for a worker's wake-up.
+-- A POSTPONED one its funnel still holds back is looked at again after :lease_s (its
+-- release normally comes first, when the message ahead of it ends). Oldest due first.
+WITH due AS (
+    SELECT msg_id,
+           state = 'POSTPONED' AND funnel_value IS NOT NULL
+           AND orderly_funnel_blocked(msg_id, funnel_value, funnel_component_id,
+                                      msg_timestamp, guaranteed_order,
+                                      exclude_failed_state) AS blocked
+      FROM message
+     WHERE due_at <= now() AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED')
+     ORDER BY due_at
+     LIMIT :limit
+       FOR UPDATE SKIP LOCKED),
+moved AS (
+    UPDATE message m
+       SET state = CASE WHEN d.blocked OR m.state IN ('NEW', 'IN_QUEUE') THEN m.state
+                        ELSE 'IN_QUEUE' END,
+           start_in_queue_timestamp = CASE WHEN d.blocked OR m.state IN ('NEW', 'IN_QUEUE')
+                                           THEN m.start_in_queue_timestamp ELSE now() END,
+           due_at = CASE WHEN d.blocked THEN now() + make_interval(secs => :lease_s) END,
+           last_process_timestamp = now()
+      FROM due d
+     WHERE m.msg_id = d.msg_id
+    RETURNING m.msg_id, d.blocked)
+SELECT msg_id FROM moved WHERE NOT blocked ORDER BY msg_id;
+
+-- name: messages_due_next
+-- Milliseconds until the earliest waiting message is due (NULL when none waits): how long an
+-- idle beat may wait (ix_message_due).
+SELECT extract(epoch FROM min(due_at) - now()) * 1000
+  FROM message
+ WHERE due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED');
+
+-- name: messages_due_release
+-- Made claimable, but no worker could be woken for them (Redis or the broker refused): due
+-- again at once, so that the ticker tries the wake-up again (:token unused: the take itself
+-- moved them on).
+UPDATE message SET due_at = now()
+ WHERE msg_id = ANY(CAST(:ids AS bigint[])) AND state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL;
 
 -- name: repair_messages
 -- NEW/IN_QUEUE/PROCESSING idle >= :stuck_s become PARTLY_FAILED (FAILED once failed_count
--- reached :limit). A PROCESSING message whose worker is alive but silent is stuck too; one
--- whose worker died is release_orphans' (released within a second, not after :stuck_s).
+-- reached :limit), due again at once (they waited :stuck_s already). A PROCESSING message
+-- whose worker is alive but silent is stuck too; one whose worker died is release_orphans'
+-- (released within a second, not after :stuck_s); one waiting for its due time is not stuck.
 UPDATE message m
    SET state = CASE WHEN m.failed_count >= :limit THEN 'FAILED' ELSE 'PARTLY_FAILED' END,
        failed_count = m.failed_count + 1,
        failed_error_code = 'E_REPAIR',
        failed_desc = 'stuck in ' || m.state || ' since ' || m.last_process_timestamp::text,
-       last_process_timestamp = now(), processing_pid = NULL
+       last_process_timestamp = now(), processing_pid = NULL,
+       due_at = CASE WHEN m.failed_count >= :limit THEN NULL ELSE now() END
  WHERE m.msg_id IN (
        SELECT msg_id FROM message m
         WHERE m.service_name <> 'conversation'
-          AND m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING')
+          AND m.state IN ('NEW', 'IN_QUEUE', 'PROCESSING') AND m.due_at IS NULL
           AND m.last_process_timestamp <= now() - make_interval(secs => :stuck_s)
           AND NOT (m.state = 'PROCESSING' AND orderly_orphaned(m.processing_pid))
           AND (m.funnel_value IS NULL OR pg_try_advisory_xact_lock(
@@ -162,9 +187,11 @@ SELECT current_setting('orderly.released', true);
 SELECT orderly_lock_funnel_of(:id);
 
 -- name: due_waiting
--- Whether a message has waited NEW (due: what workers claim in batches) longer than :after_s.
+-- Whether a message has waited due (NEW or IN_QUEUE: what workers claim in batches) longer
+-- than :after_s.
 SELECT EXISTS (SELECT 1 FROM message
-                WHERE state = 'NEW' AND service_name <> 'conversation'
+                WHERE state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL
+                  AND service_name <> 'conversation'
                   AND last_process_timestamp <= now() - make_interval(secs => :after_s));
 
 -- name: claim_members
@@ -176,9 +203,10 @@ SELECT msg_id FROM message
  ORDER BY msg_id;
 
 -- name: timeout_take_back
--- A timed-out claim taken back: IN_QUEUE with timeout_count + 1 (FAILED at the last
--- attempt), only the very claim that timed out (pid and claim time), never a message of a
--- plain funnel (that counts only started messages: taking one back would let its successor
+-- A timed-out claim taken back: IN_QUEUE with timeout_count + 1, due after :delays[n] ms
+-- (the retry policy's wait before retry n, worker.core.retry; the due-work ticker takes it
+-- up then), FAILED at the last attempt; only the very claim that timed out (pid and claim
+-- time), never a message of a plain funnel (that counts only started messages: taking one back would let its successor
 -- run beside the hung handler; funnelIdleIntervalSec and repair apply).
 UPDATE message m
    SET state = CASE WHEN m.timeout_count >= :attempts THEN 'FAILED' ELSE 'IN_QUEUE' END,
@@ -189,7 +217,11 @@ UPDATE message m
                             :timeout_ms, m.timeout_count + 1, :attempts + 1,
                             CASE WHEN m.timeout_count >= :attempts THEN 'no retries left'
                                  ELSE 'retried' END),
-       processing_pid = NULL, last_process_timestamp = now()
+       processing_pid = NULL, last_process_timestamp = now(),
+       due_at = CASE WHEN m.timeout_count >= :attempts THEN NULL
+                     ELSE now() + make_interval(
+                              secs => (CAST(:delays AS bigint[]))[m.timeout_count + 1] / 1000.0)
+                END
  WHERE m.msg_id = :msg_id AND m.state = 'PROCESSING'
    AND m.processing_pid = :pid AND m.last_process_timestamp = CAST(:claimed_at AS timestamptz)
    AND (m.funnel_value IS NULL OR m.guaranteed_order)

@@ -1,0 +1,312 @@
+"""Scheduling in the message store, against the real PostgreSQL: messages due later
+(``delay_ms``, ``not_before``), priorities, funnels taking turns, a funnel's limit of
+messages in flight, a handler's retry policy (``delay * multiplier^attempt``, which errors
+retry) and the one route back (every waiting message's due time, taken up by the due source)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orderly.models import MessageState
+from orderly.worker.batches import claim_due, process_batch
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.handlers import HandlerRegistry, MessageContext, Retry
+from orderly.worker.intake import Intake
+from orderly.worker.processing import Outcome
+from orderly.worker.runtime import get_runtime
+from orderly.worker.store.prepared import prepared_connection
+from tests.helpers import make_due, message, processor, row, set_config, take_due
+
+
+def ignore(msg_id: int) -> None:
+    """An enqueue that sends nothing."""
+
+
+def due_in_ms(db: Engine, msg_id: int) -> float | None:
+    with db.connect() as conn:
+        found = conn.execute(
+            text(
+                "SELECT extract(epoch FROM due_at - receive_timestamp) * 1000 FROM message"
+                " WHERE msg_id = :i"
+            ),
+            {"i": msg_id},
+        ).scalar()
+    return None if found is None else float(found)
+
+
+class Recording:
+    """A registry whose test.script handler records the order messages run in."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.registry = HandlerRegistry()
+        self.registry.add("test", "script", self._run)
+
+    def _run(self, ctx: MessageContext) -> None:
+        self.ran.append(ctx.correlation_id)
+
+
+def run_one_by_one(db: Engine, recording: Recording, limit: int = 100) -> None:
+    """One slot: claims of one message, until none is due."""
+    proc = processor(db, recording.registry)
+    for _ in range(limit):
+        _, due = process_batch(proc, 1, ignore)
+        if not due:
+            return
+    raise AssertionError("messages still due after the limit")
+
+
+def test_a_delayed_message_waits_for_its_time_then_is_claimable(
+    db: Engine, intake: Intake, queue: list[int]
+) -> None:
+    now = intake.submit(message(1))
+    later = intake.submit(message(2, delay_ms=60_000))
+    at = intake.submit(message(3, not_before=(datetime.now(UTC) + timedelta(hours=1)).isoformat()))
+    assert queue == [now.msg_id]  # nothing is handed to the broker before its time
+    assert later.scheduled and at.scheduled and not now.scheduled
+    assert due_in_ms(db, later.msg_id) == pytest.approx(60_000, abs=5)
+    assert due_in_ms(db, at.msg_id) == pytest.approx(3_600_000, abs=2_000)
+    recording = Recording()
+    run_one_by_one(db, recording)
+    assert recording.ran == ["corr-1"]  # the others are no claim's candidates yet
+    assert take_due(db) == 0
+    make_due(db, later.msg_id)
+    assert take_due(db) == 1
+    run_one_by_one(db, recording)
+    assert recording.ran == ["corr-1", "corr-2"]
+    assert row(db, at.msg_id).state is MessageState.NEW  # still waiting for its hour
+
+
+def test_a_batch_schedules_each_message_on_its_own(db: Engine, intake: Intake) -> None:
+    results = intake.submit_many(
+        [message(1, delay_ms=5_000, priority=3), message(2), message(3, delay_ms=0)]
+    )
+    assert [r.scheduled for r in results] == [True, False, False]  # 0 ms: at once
+    assert due_in_ms(db, results[0].msg_id) == pytest.approx(5_000, abs=5)
+    assert row(db, results[0].msg_id).priority == 3
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"delay_ms": 1, "not_before": "2030-01-01T00:00:00Z"}, "not_before"),
+        ({"delay_ms": -1}, "delay_ms"),
+        ({"delay_ms": "soon"}, "delay_ms"),
+        ({"not_before": "tomorrow"}, "not_before"),
+        ({"priority": 101}, "priority"),
+        ({"priority": 1.5}, "priority"),
+    ],
+)
+def test_bad_scheduling_input_is_refused_naming_the_field(
+    db: Engine, intake: Intake, fields: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(InvalidMessage) as refused:
+        intake.submit(message(1, **fields))
+    assert refused.value.field == named
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM message")).scalar() == 0
+
+
+def test_higher_priority_is_claimed_first_then_the_oldest(db: Engine, intake: Intake) -> None:
+    for n, priority in ((1, 0), (2, 5), (3, 0), (4, 5), (5, -2)):
+        intake.submit(message(n, priority=priority))
+    recording = Recording()
+    run_one_by_one(db, recording)
+    assert recording.ran == ["corr-2", "corr-4", "corr-1", "corr-3", "corr-5"]
+
+
+def test_funnels_take_turns_when_one_slot_serves_them(db: Engine, intake: Intake) -> None:
+    """Hatchet's GROUP_ROUND_ROBIN: A x5, B x5, C x5 queued one key after the other, one slot:
+    A B C A B C ..., not A's backlog first."""
+    n = 0
+    for key in "ABC":
+        for _ in range(5):
+            n += 1
+            intake.submit(message(n, funnel_value=key, correlation_id=f"{key}{n}"))
+    recording = Recording()
+    run_one_by_one(db, recording)
+    assert "".join(c[0] for c in recording.ran) == "ABC" * 5
+
+
+def test_funnels_take_turns_in_a_batch_too(db: Engine, intake: Intake) -> None:
+    items = [
+        message(n, funnel_value=key, correlation_id=f"{key}{n}")
+        for n, key in enumerate("A" * 4 + "B" * 4, start=1)
+    ]
+    intake.submit_many(items)
+    recording = Recording()
+    run_one_by_one(db, recording)
+    assert "".join(c[0] for c in recording.ran) == "AB" * 4
+
+
+def _claim(db: Engine, size: int = 50) -> list[int]:
+    """One worker's claim (committed; the claim stays with its connection's backend, which
+    the test keeps open as a running worker would): the ids it took."""
+    conn_cm = prepared_connection(db)
+    conn = conn_cm.__enter__()
+    _OPEN.append(conn_cm)
+    rows, _ = claim_due(conn, get_runtime().node_id, size, 5)
+    return sorted(r.msg_id for r in rows if r.running)
+
+
+_OPEN: list[Any] = []
+
+
+@pytest.fixture
+def workers() -> Any:
+    yield
+    while _OPEN:
+        _OPEN.pop().__exit__(None, None, None)
+
+
+def test_a_funnel_limit_lets_that_many_run_at_once(
+    db: Engine, intake: Intake, workers: None
+) -> None:
+    with db.begin() as conn:
+        conn.execute(text("INSERT INTO funnel_limit (component_id, max_in_flight) VALUES ('c', 2)"))
+    ids = [
+        intake.submit(message(n, funnel_value="f", funnel_component_id="c")).msg_id
+        for n in range(1, 6)
+    ]
+    plain = [intake.submit(message(n, funnel_value="g")).msg_id for n in range(6, 9)]
+    # each worker's claim takes one of a funnel; funnel f may have two running, g one
+    assert _claim(db) == [ids[0], plain[0]]
+    assert row(db, ids[1]).state is MessageState.NEW  # left due for another worker
+    assert row(db, plain[1]).state is MessageState.POSTPONED  # waits for a release
+    assert _claim(db) == [ids[1]]
+    assert _claim(db) == []  # f's two slots are taken
+    assert {row(db, i).state for i in ids[2:]} == {MessageState.POSTPONED}
+    # one outcome frees one slot: the next of f is released
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :i"), {"i": ids[0]})
+    assert row(db, ids[2]).state is MessageState.IN_QUEUE
+    assert row(db, ids[3]).state is MessageState.POSTPONED
+    assert _claim(db) == [ids[2]]
+
+
+def test_a_funnel_limit_releases_as_many_as_it_frees(
+    db: Engine, intake: Intake, workers: None
+) -> None:
+    with db.begin() as conn:
+        conn.execute(text("INSERT INTO funnel_limit (component_id, max_in_flight) VALUES ('c', 3)"))
+    ids = [
+        intake.submit(message(n, funnel_value="f", funnel_component_id="c")).msg_id
+        for n in range(1, 7)
+    ]
+    assert _claim(db, 1) == [ids[0]]
+    with db.begin() as conn:  # the rest wait behind it (as a claim of a bigger batch leaves them)
+        conn.execute(
+            text("UPDATE message SET state = 'POSTPONED' WHERE msg_id = ANY(:i)"), {"i": ids[1:]}
+        )
+        conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :i"), {"i": ids[0]})
+    # three slots free: three released, oldest first
+    assert [row(db, i).state for i in ids[1:]] == [MessageState.IN_QUEUE] * 3 + [
+        MessageState.POSTPONED
+    ] * 2
+
+
+def test_a_funnel_limit_is_refused_outside_its_bounds(db: Engine) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    with pytest.raises(IntegrityError), db.begin() as conn:
+        conn.execute(text("INSERT INTO funnel_limit (component_id, max_in_flight) VALUES ('c', 0)"))
+
+
+class Flaky(Exception):
+    """Retried by the policy below."""
+
+
+def test_a_handler_retry_policy_sets_the_waits_and_which_errors_retry(
+    db: Engine, intake: Intake
+) -> None:
+    reg = HandlerRegistry()
+    errors: list[BaseException] = [Flaky("try 1"), Flaky("try 2"), ValueError("bad input")]
+
+    def failing(ctx: MessageContext) -> None:
+        raise errors.pop(0)
+
+    policy = Retry(delay_s=0.2, multiplier=3.0, attempts=5, max_delay_s=1.0, retry_on=(Flaky,))
+    reg.add("test", "script", failing, retry=policy)
+    msg_id = intake.submit(message(1)).msg_id
+    proc = processor(db, reg)
+    waits = []
+    for _ in range(3):
+        result = proc.process(msg_id)
+        stored = row(db, msg_id)
+        if stored.due_at is not None:
+            assert stored.last_process_timestamp is not None
+            waits.append(
+                (stored.due_at - stored.last_process_timestamp) / timedelta(milliseconds=1)
+            )
+            make_due(db, msg_id)
+            assert take_due(db) == 1
+    # 200 ms * 3^1 = 600 ms, then 200 * 3^2 = 1800 ms capped at 1000 ms; a ValueError is not
+    # retried: FAILED at once
+    assert waits == [600.0, 1000.0]
+    assert result.outcome is Outcome.FAILED
+    assert row(db, msg_id).failed_count == 3
+
+
+def test_the_default_retry_policy_comes_from_the_configuration_table(
+    db: Engine, intake: Intake
+) -> None:
+    set_config(
+        db,
+        asynch__partlyFailedIntervalSec="2",
+        asynch__partlyFailedMultiplier="1.5",
+        asynch__partlyFailedMaxIntervalSec="4",
+        asynch__countPartlyFailsBeforeFailed="3",
+    )
+    reg = HandlerRegistry()
+
+    def failing(ctx: MessageContext) -> None:
+        raise RuntimeError("down")
+
+    reg.add("test", "script", failing, retry=Retry(multiplier=2.0))  # the rest from the table
+    declared, policy = processor(db, reg).retry_policy("test", "script")
+    assert (policy.delay_ms, policy.multiplier, policy.attempts, policy.max_delay_ms) == (
+        2_000,
+        2.0,
+        3,
+        4_000,
+    )
+    assert [policy.delay(n) for n in (1, 2, 3)] == [4_000, 4_000, 4_000]
+    assert declared.retries(RuntimeError())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"delay_s": -1}, "delay"),
+        ({"multiplier": 0.5}, "multiplier"),
+        ({"attempts": 1000}, "attempts"),
+        ({"retry_on": ()}, "retry_on"),
+        ({"retry_on": ("ValueError",)}, "retry_on"),
+    ],
+)
+def test_a_bad_retry_policy_is_refused_at_registration(
+    kwargs: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        Retry(**kwargs)
+
+
+def test_a_message_postponed_by_a_busy_key_waits_on_its_row(db: Engine, intake: Intake) -> None:
+    set_config(db, asynch__postponedIntervalSec="7")
+    first = intake.submit(message(1, operation="extcall", payload=json.dumps({"key": "k"})))
+    second = intake.submit(message(2, operation="extcall", payload=json.dumps({"key": "k"})))
+    from orderly.worker import extcall
+    from orderly.worker.extcall import CallKey
+    from tests.helpers import BASE_TS
+
+    with prepared_connection(db) as conn:
+        extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
+    assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
+    stored = row(db, second.msg_id)
+    assert stored.due_at is not None and stored.last_process_timestamp is not None
+    assert (stored.due_at - stored.last_process_timestamp) == timedelta(seconds=7)
