@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orderly.worker import confirmations, nodes, pool, pubsub, rebuild, schedules, timeouts
+from orderly.worker import nodes, pubsub, rebuild
 from orderly.worker.celery import (
     app,
     enqueue_drain,
@@ -20,6 +20,7 @@ from orderly.worker.celery import (
     enqueue_processing_many,
     wake_processing,
 )
+from orderly.worker.messages import confirmations, schedules, timeouts, watchdogs
 from orderly.worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.agents")
@@ -40,10 +41,10 @@ def redis_watch() -> rebuild.RebuildReport | None:
 def pool_checks() -> int:
     """Guaranteed order held back too long, response deadlines: what they failed."""
     runtime = get_runtime()
-    failed = pool.fail_postponed(runtime.engine, runtime.config, enqueue_processing)
+    failed = watchdogs.fail_postponed(runtime.engine, runtime.config, enqueue_processing)
     if failed:
         log.warning("pool failed %d messages postponed behind a FAILED one", failed)
-    expired = pool.expire_waits(runtime.engine, runtime.config, enqueue_processing)
+    expired = watchdogs.expire_waits(runtime.engine, runtime.config, enqueue_processing)
     if expired:
         log.warning("pool failed %d messages whose response did not come", expired)
     return failed + expired
@@ -53,25 +54,25 @@ def wake_due() -> bool:
     """Messages NEW for over a second (their wake-up was lost, their funnel was busy when a
     worker looked, or a node ran again): wake a worker. One indexed look when there are
     none."""
-    if not pool.due_waiting(get_runtime().engine, WAKE_AFTER_S):
+    if not watchdogs.due_waiting(get_runtime().engine, WAKE_AFTER_S):
         return False
     return wake_processing()
 
 
-def repair() -> pool.RepairReport:
+def repair() -> watchdogs.RepairReport:
     runtime = get_runtime()
-    report = pool.repair(runtime.engine, runtime.config, enqueue_processing)
+    report = watchdogs.repair(runtime.engine, runtime.config, enqueue_processing)
     if report.messages or report.external_calls or report.parents:
         log.warning("repair: %s", report)
     return report
 
 
-def release_orphans() -> pool.OrphanReport:
+def release_orphans() -> watchdogs.OrphanReport:
     """Work whose worker died: the store's messages and confirmation tries are released at
     once (quarantined at the limit), and so are conversation drains."""
     runtime = get_runtime()
     limit = runtime.settings.worker_lost_limit
-    report = pool.release_orphans(runtime.engine, runtime.config, limit, enqueue_processing)
+    report = watchdogs.release_orphans(runtime.engine, runtime.config, limit, enqueue_processing)
     if report.released or report.quarantined:
         log.warning(
             "%d messages of dead workers released, %d quarantined (E_WORKER_LOST)",

@@ -15,7 +15,7 @@ from typing import Any
 from celery.schedules import crontab
 
 from orderly.beat import agents
-from orderly.worker import confirmations, pubsub
+from orderly.worker import pubsub
 from orderly.worker.celery import (
     enqueue_confirmations,
     enqueue_drain,
@@ -25,6 +25,7 @@ from orderly.worker.celery import (
 )
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.due import DueSource, Job, Ticker
+from orderly.worker.messages import confirmations
 from orderly.worker.messages.due import due_messages
 from orderly.worker.runtime import Runtime
 from orderly.worker.settings import Settings
@@ -52,7 +53,7 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
         ),
         Job("timeout-monitor", settings.track_monitor_interval_ms / 1000, agents.timeout_monitor),
         Job("pubsub-upkeep", 1.0, agents.pubsub_upkeep),
-        # Periodic schedules: each due instant's message, once (worker/schedules.py).
+        # Periodic schedules: each due instant's message, once (worker/messages/schedules.py).
         Job("schedules", 1.0, agents.produce_schedules),
         # The awaited agent starts at a random second (within the first minute, or the first
         # interval when that is shorter) so that two beats started together do not ask for

@@ -56,8 +56,8 @@ def prepare() -> tuple[redis.Redis, ProcessGroup]:
     """Create and migrate the bench database; a Redis client and a process group for the run."""
     import redis
 
+    from orderly.worker.db import schema
     from orderly.worker.runtime import get_runtime
-    from orderly.worker.store import schema
     from tooling.processes import ProcessGroup
 
     runtime = get_runtime()

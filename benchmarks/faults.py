@@ -475,7 +475,7 @@ class System:
         from sqlalchemy import create_engine
 
         from orderly.worker import configuration
-        from orderly.worker.store import schema
+        from orderly.worker.db import schema
         from tooling.processes import ProcessGroup, free_port, wait_for_log
 
         url = os.environ["ORDERLY_DATABASE_URL"]

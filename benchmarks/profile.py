@@ -4,7 +4,7 @@
 
 Submits N no-op messages (``bench.noop``) one call each (``Intake.submit``) and then B a call
 (``submit_many``), and processes each set with the worker's own batches
-(``orderly.worker.batches.process_batch``, ``ORDERLY_CLAIM_BATCH`` a claim), all under
+(``orderly.worker.messages.batches.process_batch``, ``ORDERLY_CLAIM_BATCH`` a claim), all under
 cProfile, with no broker and no other process: what is left is orderly's own work and its two
 servers'. For each phase it prints the profile's top functions by own time, and PostgreSQL's
 and Redis's own counters per message: commits (``pg_stat_database.xact_commit``), rows
@@ -32,7 +32,7 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from benchmarks.peers import body  # noqa: E402
-from orderly.worker.batches import process_batch  # noqa: E402
+from orderly.worker.messages.batches import process_batch  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 
 

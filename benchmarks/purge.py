@@ -88,8 +88,8 @@ def main() -> None:
     args = parser.parse_args()
     messages = args.messages or (100_000 if args.quick else 1_000_000)
 
+    from orderly.worker.db import schema
     from orderly.worker.purge import Archive
-    from orderly.worker.store import schema
     from tooling.generate import generate
 
     _admin(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')

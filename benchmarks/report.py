@@ -44,7 +44,7 @@ def prepare(messages: int, regenerate: bool) -> tuple[str, Any]:
     """The database of ``messages`` generated messages (one database per size, kept)."""
     from sqlalchemy import create_engine, text
 
-    from orderly.worker.store import schema
+    from orderly.worker.db import schema
     from tooling.generate import generate
 
     name = f"{BENCH_DB}_{messages}"

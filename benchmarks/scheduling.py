@@ -51,12 +51,12 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from benchmarks.scheduling_handlers import ABORTED, RETRY, SERVICE, TRIES  # noqa: E402
-from orderly.worker import operations  # noqa: E402
 from orderly.worker.celery import (  # noqa: E402
     PROCESS_QUEUE,
     enqueue_processing,
     wake_processing,
 )
+from orderly.worker.messages import operations  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import Managed, ProcessGroup  # noqa: E402
 

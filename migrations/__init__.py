@@ -1,2 +1,2 @@
 """orderly's Alembic migrations (installed as ``orderly.migrations``;
-``orderly.worker.store.schema`` runs them)."""
+``orderly.worker.db.schema`` runs them)."""

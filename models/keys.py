@@ -182,11 +182,11 @@ class RateKeys:
         return f"{self.prefix}:login:key:{prefix}"
 
 
-# Whether a worker is woken, or looking, for due messages (worker/wake.py): intake wakes one
-# only when none is, or when the one looking is busy running handlers.
+# Whether a worker is woken, or looking, for due messages (worker/messages/wake.py): intake
+# wakes one only when none is, or when the one looking is busy running handlers.
 PROCESS_WAKE_KEY = "orderly:process:wake"
 
-# Cancelled messages whose handlers may be running (worker/abort.py): a stream of entries
+# Cancelled messages whose handlers may be running (worker/messages/abort.py): a stream of entries
 # {msg: <msg_id>}, trimmed by age, that every worker process reads on from its last entry.
 PROCESS_ABORTS_KEY = "orderly:process:aborts"
 

@@ -149,7 +149,7 @@ class Message(Base):
     response_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wait_res_id: Mapped[int | None] = mapped_column(BigInteger)
     # Not in the seed: how often the timeout monitor took this message back from a worker that
-    # did not finish it within messageTimeout (worker.timeouts).
+    # did not finish it within messageTimeout (worker.messages.timeouts).
     timeout_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Not in the seed: a conversation response handed to its client after its request had
     # expired (MESSAGE_TTL): by how many ms it came after the request's timestamp +
@@ -157,7 +157,7 @@ class Message(Base):
     late_ms: Mapped[int | None] = mapped_column(BigInteger)
     # Not in the seed: how often a worker died while it held this message's claim (SIGKILL, OOM,
     # a crash in native code). At ORDERLY_WORKER_LOST_LIMIT the message is quarantined: FAILED
-    # with E_WORKER_LOST (worker.pool.release_orphans).
+    # with E_WORKER_LOST (worker.messages.watchdogs.release_orphans).
     lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Not in the seed: a conversation response's ``last`` flag (its request's final response);
     # NULL for every other message. Redis's rebuild from the rows needs it (worker.rebuild).

@@ -267,7 +267,7 @@ def run_report(
     jdbc.check()
     own_engine = engine is None and (options.incremental or options.to_postgres)
     if engine is None and (options.incremental or options.to_postgres):
-        from orderly.worker.store.db import engine_for
+        from orderly.worker.db.db import engine_for
 
         engine = engine_for(settings.database_url)
     try:

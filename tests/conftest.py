@@ -74,10 +74,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from orderly.worker import configuration  # noqa: E402
-from orderly.worker.intake import Intake  # noqa: E402
+from orderly.worker.db import schema  # noqa: E402
+from orderly.worker.messages.intake import Intake  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 from orderly.worker.settings import get_settings  # noqa: E402
-from orderly.worker.store import schema  # noqa: E402
 from tests import kinds  # noqa: E402
 from tests.helpers import OrderlyCli, api_key  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402

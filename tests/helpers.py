@@ -21,7 +21,7 @@ from orderly.worker import keys
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.handlers import HandlerRegistry
-from orderly.worker.processing import Processor
+from orderly.worker.messages.processing import Processor
 from tooling.processes import BIN
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)

@@ -24,13 +24,13 @@ from sqlalchemy import Engine
 
 import tests.abort_handlers  # noqa: F401  (the abort.* handlers, known to intake here)
 from orderly.models.keys import PROCESS_ABORTS_KEY
-from orderly.worker import abort, batches, operations
-from orderly.worker.abort import AbortBook, AbortListener, AbortWatch
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.limits import Abort, Aborted, TimeLimitExceeded, TimeLimits, Watchdog
 from orderly.worker.handlers import MessageContext, registry
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Outcome, Processor
+from orderly.worker.messages import abort, batches, operations
+from orderly.worker.messages.abort import AbortBook, AbortListener, AbortWatch
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Outcome, Processor
 from orderly.worker.runtime import get_runtime
 from orderly.worker.settings import Settings
 from tests.abort_handlers import EVENTS
@@ -349,7 +349,7 @@ def test_a_failed_check_aborts_nothing_and_is_logged(caplog: pytest.LogCaptureFi
         raise OSError("database unreachable")
 
     book = AbortBook(broken, 0.3, clock=ManualClock())
-    with book.running(7) as stop, caplog.at_level(logging.ERROR, "orderly.worker.abort"):
+    with book.running(7) as stop, caplog.at_level(logging.ERROR, "orderly.worker.messages.abort"):
         book.heard(7)
         assert not stop.is_set()
     assert "could not check whether message 7 was cancelled" in caplog.text
@@ -455,7 +455,7 @@ def test_a_cancel_is_not_announced_without_redis_and_the_caller_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     gone = redis.Redis(port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
-    with caplog.at_level(logging.WARNING, "orderly.worker.abort"):
+    with caplog.at_level(logging.WARNING, "orderly.worker.messages.abort"):
         assert not abort.announce(gone, [7])
     assert "the cancel of messages [7] was not announced" in caplog.text
 

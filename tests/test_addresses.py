@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orderly.worker import channels, confirmations, pubsub
+from orderly.worker import channels, pubsub
 from orderly.worker.core.addresses import STRICT, AddressPolicy
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.core.http import HttpOptions, OutboundHttp
+from orderly.worker.messages import confirmations
 from orderly.worker.settings import Settings
 
 INTERNAL = [

@@ -13,19 +13,20 @@ from sqlalchemy import Engine, text
 
 from orderly.models import MessageState, NodeState
 from orderly.models.keys import TrackKeys
-from orderly.worker import nodes, pool, timeouts
-from orderly.worker.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
+from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.clock import now_ms
 from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting, ServiceUnavailable
 from orderly.worker.core.limits import TimeLimits
 from orderly.worker.core.scripts import as_text
 from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
-from orderly.worker.intake import MAX_BATCH, Intake
-from orderly.worker.processing import Outcome, Processor
+from orderly.worker.messages import timeouts, watchdogs
+from orderly.worker.messages.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
+from orderly.worker.messages.intake import MAX_BATCH, Intake
+from orderly.worker.messages.processing import Outcome, Processor
+from orderly.worker.messages.wake import Wake
 from orderly.worker.runtime import get_runtime
 from orderly.worker.tracking import Tracker, TrackingPolicy, snapshot
-from orderly.worker.wake import Wake
 from tests.conftest import make_intake
 from tests.helpers import count_messages, message, row, states
 
@@ -405,9 +406,9 @@ def test_the_batch_tracking_names_its_claim(
 
 
 def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake: Intake) -> None:
-    assert not pool.due_waiting(db, 1.0)
+    assert not watchdogs.due_waiting(db, 1.0)
     msg_id = plain_intake.submit(message(1)).msg_id
-    assert not pool.due_waiting(db, 1.0)
+    assert not watchdogs.due_waiting(db, 1.0)
     with db.begin() as conn:
         conn.execute(
             text(
@@ -416,7 +417,7 @@ def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake
             ),
             {"i": msg_id},
         )
-    assert pool.due_waiting(db, 1.0)
+    assert watchdogs.due_waiting(db, 1.0)
 
 
 def test_a_wake_up_that_cannot_be_sent_leaves_no_mark_and_postpones(

@@ -1,6 +1,6 @@
 """Cancelling a parent cancels its HARD descendants not yet final, in one transaction, each
 with an audit entry; SOFT children go on. Against the real PostgreSQL, through
-worker.operations and the faces that call it (HTTP, CLI)."""
+worker.messages.operations and the faces that call it (HTTP, CLI)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from orderly.worker import operations
 from orderly.worker.core.errors import OperationRefused
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Outcome
+from orderly.worker.messages import operations
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Outcome
 from tests.helpers import OrderlyCli, api_key, message, processor, row, wait_until
 
 

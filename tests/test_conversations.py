@@ -614,9 +614,10 @@ def test_a_live_drain_is_not_released(h: Harness) -> None:
 
 
 def test_a_drain_whose_worker_died_is_released_at_once_and_its_head_quarantined_at_the_limit(
-    redis_client: redis.Redis,
+    db: Engine, redis_client: redis.Redis
 ) -> None:
-    # Every drain's connection closes when the drain ends, as its process's would on a kill.
+    # Every drain's connection closes when the drain ends, as its process's would on a kill
+    # (its own engine, on the database the ``db`` fixture created and emptied).
     engine = create_engine(TEST_DB_URL, poolclass=NullPool)
     h = make(engine, redis_client)
     limit = h.conv.ctx.settings.worker_lost_limit

@@ -9,10 +9,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from orderly.worker import confirmations, pubsub
+from orderly.worker import pubsub
 from orderly.worker.core.due import Job, RedisDueSet, Ticker, drain
 from orderly.worker.core.lease import RedisLease, new_token
 from orderly.worker.core.scripts import Scripts
+from orderly.worker.messages import confirmations
 from tests.helpers import ManualClock
 
 SET, LEASED = "t:due", "t:due:leased"

@@ -11,7 +11,7 @@ from orderly.models import MessageState, NodeState
 from orderly.worker import nodes
 from orderly.worker.core.errors import ConflictingMessage, InvalidMessage, NodeNotAccepting
 from orderly.worker.handlers import registry
-from orderly.worker.intake import Intake
+from orderly.worker.messages.intake import Intake
 from orderly.worker.runtime import get_runtime
 from tests.helpers import count_messages, message, row
 

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 from orderly.client import AsyncClient, Conflict, ConflictingMessage, Invalid
 from orderly.client.errors import error_for
 from orderly.worker.celery import PROCESS_QUEUE
-from orderly.worker.intake import MAX_DELAY_MS
+from orderly.worker.messages.intake import MAX_DELAY_MS
 from tests.helpers import OrderlyCli, count_messages, message
 
 DAY_MS = 86_400_000
@@ -194,7 +194,7 @@ def test_a_batch_with_a_conflicting_message_stores_nothing(
     ]
     refused = client.post("/messages:batch", json={"messages": conflicting})
     assert refused.status_code == 409, refused.text
-    assert [e["field"] for e in refused.json()["errors"]] == ["correlation_id"]
+    assert [e["field"] for e in refused.json()["errors"]] == ["messages[1].correlation_id"]
     assert f"message {rows[0]['msg_id']} " in refused.json()["errors"][0]["problem"]
     # Two messages of the batch itself under the same ids, with other payloads.
     twice = [message(4), message(5, payload="five"), message(5, payload="V")]
@@ -269,9 +269,9 @@ def test_the_client_sends_the_fields_and_raises_conflicting_message(
             return sent.msg_id, one.value, many.value, await orderly.message(sent.msg_id)
 
     msg_id, one, many, shown = asyncio.run(run())
-    for refused in (one, many):
+    for refused, field in ((one, "correlation_id"), (many, "messages[1].correlation_id")):
         assert isinstance(refused, Conflict) and refused.status == 409
-        assert refused.msg_id == msg_id and refused.fields == ["correlation_id"]
+        assert refused.msg_id == msg_id and refused.fields == [field]
     assert shown["priority"] == 4
     assert at <= datetime.fromisoformat(shown["due_at"]) < at + timedelta(seconds=5)
     assert [r["correlation_id"] for r in stored(db)] == ["corr-1"]

@@ -86,12 +86,12 @@ _BUILDERS = {"select", "insert", "update", "delete", "text", "Session"}
 
 
 def test_every_sql_statement_is_a_named_query_of_the_store() -> None:
-    """Product modules hold no SQL and build none: they run named queries (worker/store/sql).
+    """Product modules hold no SQL and build none: they run named queries (worker/db/sql).
     The reports' Spark aggregates and their SQL twins are the reports' own definitions."""
     found = []
     for path in _modules("worker", "beat", "models", "api"):
         relative = path.relative_to(ROOT)
-        if relative.parts[:2] == ("worker", "store"):
+        if relative.parts[:2] == ("worker", "db"):
             continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):

@@ -21,8 +21,13 @@ from orderly.models.keys import TrackKeys
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.limits import TimeLimitExceeded, TimeLimits, Watchdog
 from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
-from orderly.worker.intake import Intake
-from orderly.worker.processing import ERROR_TIME_LIMIT, LIMIT_TRACKING_MARGIN_MS, Outcome, Processor
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import (
+    ERROR_TIME_LIMIT,
+    LIMIT_TRACKING_MARGIN_MS,
+    Outcome,
+    Processor,
+)
 from orderly.worker.runtime import get_runtime
 from orderly.worker.tracking import Tracker, TrackingPolicy
 from tests.helpers import message, row, set_config

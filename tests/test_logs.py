@@ -70,7 +70,7 @@ def test_json_logs_carry_the_ids_of_the_work(procs: ProcessGroup, db: Engine, si
     wait_until(lambda: bool(said()), 60, "the handler's record in the worker's log")
     (record,) = said()
     assert record["msg_id"] >= 1 and record["correlation_id"] == "corr-1"
-    # Processed in a batch by the worker its intake woke (worker/wake.py).
+    # Processed in a batch by the worker its intake woke (worker/messages/wake.py).
     assert record["task"] == "orderly.process.due" and record["task_id"]
     assert record["node"] == "json-worker"
     assert record["level"] == "INFO" and record["logger"] == "tooling.handlers"

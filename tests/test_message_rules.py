@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState
-from orderly.worker import confirmations, extcall, operations, pool
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.due import drain as drain_due
 from orderly.worker.core.errors import (
@@ -22,11 +21,12 @@ from orderly.worker.core.errors import (
     OperationRefused,
     ResponseNotAwaited,
 )
-from orderly.worker.extcall import CallKey, Skip
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Outcome
-from orderly.worker.store.prepared import prepared_connection
-from orderly.worker.store.queries import sql
+from orderly.worker.db.prepared import prepared_connection
+from orderly.worker.db.queries import sql
+from orderly.worker.messages import confirmations, extcall, operations, watchdogs
+from orderly.worker.messages.extcall import CallKey, Skip
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Outcome
 from tests.helpers import (
     BASE_TS,
     local_http,
@@ -136,9 +136,9 @@ def test_postponed_too_long_behind_a_failed_message_becomes_failed(
             {"a": waiting, "b": excluded},
         )
     released: list[int] = []
-    assert pool.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
+    assert watchdogs.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
     stored = row(db, waiting)
-    assert stored.state == "FAILED" and stored.failed_error_code == pool.POSTPONED_CODE
+    assert stored.state == "FAILED" and stored.failed_error_code == watchdogs.POSTPONED_CODE
     assert f"FAILED message {head}" in (stored.failed_desc or "")
     # 3 excludes FAILED messages: once 2 failed nothing held it, so it was released
     assert row(db, excluded).state == "IN_QUEUE" and released == [excluded]
@@ -392,9 +392,9 @@ def test_a_wait_that_runs_out_fails(db: Engine, intake: Intake) -> None:
     processor(db).process(waiting.msg_id)
     with db.begin() as conn:
         conn.execute(text("UPDATE message SET response_deadline = now() - interval '1 s'"))
-    assert pool.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda _: None) == 1
+    assert watchdogs.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda _: None) == 1
     stored = row(db, waiting.msg_id)
-    assert stored.state == "FAILED" and stored.failed_error_code == pool.TIMEOUT_CODE
+    assert stored.state == "FAILED" and stored.failed_error_code == watchdogs.TIMEOUT_CODE
     assert "r-2" in (stored.failed_desc or "")
 
 

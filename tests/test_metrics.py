@@ -27,7 +27,7 @@ from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
 from orderly.worker.channels import Channel, put_channel
 from orderly.worker.conversations import Delivery, Head, SendResult
 from orderly.worker.core.clock import now_ms
-from orderly.worker.intake import Intake
+from orderly.worker.messages.intake import Intake
 from orderly.worker.observe import (
     BROKER_PRIORITY_SEP,
     BlockReason,
@@ -612,7 +612,7 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
         )
         assert value(samples, "orderly_queue_depth", queue=queue) == depth
     # The four submitted while the node was stopped woke one worker: one task waits for them
-    # (worker/wake.py), however many messages.
+    # (worker/messages/wake.py), however many messages.
     assert value(samples, "orderly_queue_depth", queue=PROCESS_QUEUE) == 1
     for source in Source:
         assert value(samples, "orderly_source_up", source=source.value) == 1

@@ -16,8 +16,8 @@ from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, inspect, text
 
 from orderly.models import Base
-from orderly.worker.store import schema
-from orderly.worker.store.queries import FUNCTIONS_FILE
+from orderly.worker.db import schema
+from orderly.worker.db.queries import FUNCTIONS_FILE
 from tests.conftest import PG_ADMIN_URL, TABLES
 from tooling.freeze_functions import FreezeError, freeze
 

@@ -20,11 +20,11 @@ from sqlalchemy.exc import OperationalError
 
 from orderly.worker import configuration
 from orderly.worker.core.errors import ServiceUnavailable
-from orderly.worker.intake import Intake
+from orderly.worker.db import schema
+from orderly.worker.db.db import engine_for
+from orderly.worker.messages.intake import Intake
 from orderly.worker.runtime import Runtime, get_runtime
 from orderly.worker.settings import Settings
-from orderly.worker.store import schema
-from orderly.worker.store.db import engine_for
 from tests.helpers import api_key, message, set_config, take_due, wait_until
 from tests.stack import Stack
 from tooling.processes import BIN, free_port, wait_http

@@ -9,12 +9,13 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from orderly.models import MessageState, NodeState
-from orderly.worker import nodes, pool
+from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.handlers import HandlerRegistry, MessageContext
-from orderly.worker.intake import Intake
-from orderly.worker.processing import ERROR_NO_HANDLER, Outcome
+from orderly.worker.messages import watchdogs
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import ERROR_NO_HANDLER, Outcome
 from orderly.worker.runtime import get_runtime
 from tests.conftest import TEST_DB_URL
 from tests.helpers import (
@@ -182,12 +183,12 @@ def test_an_orphan_at_the_lost_limit_is_not_claimed_but_quarantined(
     assert result.outcome is Outcome.NOT_CLAIMABLE
     assert row(db, msg_id).lost_count == 2
     enqueued: list[int] = []
-    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
     assert (report.released, report.quarantined, enqueued) == (0, 1, [])
     stored = row(db, msg_id)
     assert stored.state is MessageState.FAILED
     assert (stored.lost_count, stored.failed_count) == (3, 1)
-    assert stored.failed_error_code == pool.WORKER_LOST_CODE
+    assert stored.failed_error_code == watchdogs.WORKER_LOST_CODE
     assert stored.failed_desc == "quarantined: its worker died 3 times while processing it"
     assert stored.processing_pid is None
 
@@ -202,7 +203,7 @@ def test_a_quarantined_funnel_message_lets_the_next_one_go(db: Engine, intake: I
     assert row(db, second).state is MessageState.POSTPONED  # held behind the first
     wait_until(lambda: _orphaned_by_now(db, first), timeout=10, what="the backend's exit")
     enqueued: list[int] = []
-    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
     assert report.quarantined == 1
     assert row(db, first).state is MessageState.FAILED
     assert enqueued == [second]  # released by the quarantine, in the same transaction
@@ -302,10 +303,10 @@ def test_repair_releases_stuck_messages_and_fails_them_at_the_limit(
             text("UPDATE message SET processing_pid = pg_backend_pid() WHERE msg_id=:i"),
             {"i": ids[2]},
         )
-    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
+    report = watchdogs.repair(db, ConfigReader(db, ttl_seconds=0))
     assert (report.messages, report.failed) == (3, 1)
     assert row(db, ids[0]).state is MessageState.PARTLY_FAILED
-    assert row(db, ids[0]).failed_error_code == pool.REPAIR_CODE
+    assert row(db, ids[0]).failed_error_code == watchdogs.REPAIR_CODE
     assert "stuck in NEW" in (row(db, ids[0]).failed_desc or "")
     assert row(db, ids[1]).state is MessageState.PARTLY_FAILED
     assert row(db, ids[2]).state is MessageState.FAILED
@@ -319,16 +320,16 @@ def test_an_orphan_is_released_at_once_and_repair_leaves_it_alone(
     msg_id = intake.submit(message(1)).msg_id
     _orphan(db, msg_id)
     wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the orphan's grace")
-    assert pool.repair(db, ConfigReader(db, ttl_seconds=0)).messages == 0
+    assert watchdogs.repair(db, ConfigReader(db, ttl_seconds=0)).messages == 0
     enqueued: list[int] = []
-    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
     assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
     stored = row(db, msg_id)
     assert stored.state is MessageState.IN_QUEUE
     assert (stored.lost_count, stored.failed_count, stored.processing_pid) == (1, 0, None)
     # released once: a second turn finds nothing
-    assert pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append) == (
-        pool.OrphanReport(released=0, quarantined=0)
+    assert watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append) == (
+        watchdogs.OrphanReport(released=0, quarantined=0)
     )
     assert processor(db).process(msg_id).outcome is Outcome.OK
 
@@ -346,7 +347,7 @@ def test_repair_fails_external_calls_stuck_in_processing(db: Engine, intake: Int
                 ),
                 {"m": msg_id, "op": op, "a": age},
             )
-    report = pool.repair(db, ConfigReader(db, ttl_seconds=0))
+    report = watchdogs.repair(db, ConfigReader(db, ttl_seconds=0))
     assert report.external_calls == 1
     with db.connect() as conn:
         got: dict[str, str] = dict(
@@ -360,10 +361,10 @@ def test_two_concurrent_repairs_never_take_the_same_row(db: Engine, intake: Inta
     ids = [intake.submit(message(n)).msg_id for n in range(400)]
     with db.begin() as conn:
         conn.execute(text("UPDATE message SET last_process_timestamp = now() - interval '1 hour'"))
-    reports: list[pool.RepairReport] = []
+    reports: list[watchdogs.RepairReport] = []
     threads = [
         threading.Thread(
-            target=lambda: reports.append(pool.repair(db, ConfigReader(db, ttl_seconds=0)))
+            target=lambda: reports.append(watchdogs.repair(db, ConfigReader(db, ttl_seconds=0)))
         )
         for _ in range(2)
     ]
@@ -393,7 +394,7 @@ def test_a_claim_older_than_the_server_is_released_but_not_counted(
             {"i": msg_id},
         )
     enqueued: list[int] = []
-    report = pool.release_orphans(db, ConfigReader(db, ttl_seconds=0), 1, enqueued.append)
+    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 1, enqueued.append)
     assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
     stored = row(db, msg_id)
     assert (stored.state, stored.lost_count) == (MessageState.IN_QUEUE, 0)

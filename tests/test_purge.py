@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Engine, text
 
 from orderly.worker import purge as mechanism
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.db.queries import sql
 from orderly.worker.purge import Archive, purge, read_archive
-from orderly.worker.store.queries import sql
 from tests.helpers import OrderlyCli, message, wait_until
 from tests.stack import Stack
 

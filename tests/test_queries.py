@@ -1,4 +1,4 @@
-"""The named queries of worker/store/sql: every one used, every use defined, the prepared ones
+"""The named queries of worker/db/sql: every one used, every use defined, the prepared ones
 valid on the real database."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import Engine
 
 from orderly.worker.core.scripts import SCRIPT_NAMES
-from orderly.worker.store import queries
-from orderly.worker.store.prepared import prepared_connection
+from orderly.worker.db import queries
+from orderly.worker.db.prepared import prepared_connection
+from orderly.worker.messages import watchdogs
 
 ROOT = Path(__file__).resolve().parent.parent
 # sql("name"), conn.run("name", ...), before=("name", ...), take/release
@@ -74,13 +75,14 @@ def test_the_codes_python_names_are_the_ones_the_queries_write() -> None:
     """Error codes, sources and operations are literals in the SQL and constants in Python
     (for the tooling and the tests): the two must agree."""
     from orderly.models import CONFIRMATION_OPERATION
-    from orderly.worker import conversations, pool, timeouts
-    from orderly.worker.store.queries import functions_sql
+    from orderly.worker import conversations
+    from orderly.worker.db.queries import functions_sql
+    from orderly.worker.messages import timeouts
 
     expected = {
-        pool.REPAIR_CODE: ["repair_messages"],
-        pool.POSTPONED_CODE: ["fail_postponed"],
-        pool.TIMEOUT_CODE: ["expire_waits"],
+        watchdogs.REPAIR_CODE: ["repair_messages"],
+        watchdogs.POSTPONED_CODE: ["fail_postponed"],
+        watchdogs.TIMEOUT_CODE: ["expire_waits"],
         timeouts.TIMEOUT_CODE: ["timeout_take_back"],
         conversations.SERVICE: ["conv_insert_request", "conv_expire_responses"],
         conversations.REQUEST_SOURCE: ["conv_insert_request", "conv_insert_response"],

@@ -26,7 +26,7 @@ from orderly.models import NodeState
 from orderly.worker.celery import PROCESS_QUEUE, app, enqueue_processing
 from orderly.worker.core.due import Ticker
 from orderly.worker.core.scripts import as_text
-from orderly.worker.intake import Intake
+from orderly.worker.messages.intake import Intake
 from orderly.worker.settings import Settings
 from tests.helpers import ManualClock, message, row, wait_until
 from tests.stack import START_TIMEOUT_S

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from orderly.models.keys import BridgeKeys
 from orderly.worker import rebuild
 from orderly.worker.conversations import Delivery, SendResult
-from orderly.worker.intake import Intake
+from orderly.worker.messages.intake import Intake
 from tests.test_conversations import Harness, Recorder, make
 
 RETRY = SendResult(Delivery.RECOVERABLE, 500, reason="500")

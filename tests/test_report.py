@@ -28,8 +28,8 @@ from orderly.reports.job import (
 )
 from orderly.reports.source import Jdbc, ReportError, read, spark_session
 from orderly.reports.tables import PCT_ACCURACY, PCTS
+from orderly.worker.db import schema
 from orderly.worker.settings import Settings
-from orderly.worker.store import schema
 from tests.conftest import PG_ADMIN_URL, _unavailable
 from tooling.generate import generate
 from tooling.processes import BIN, free_port

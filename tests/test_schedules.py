@@ -1,4 +1,5 @@
-"""Periodic schedules (worker/schedules.py, worker/core/cron.py): cron expressions read in a
+"""Periodic schedules (worker/messages/schedules.py, worker/core/cron.py): cron expressions read
+in a
 time zone (daylight saving time included), validation that writes nothing, one message per due
 instant with an injected clock, catch-up of one, disabled schedules, producers that race or die
 between their commits, and beat's job."""
@@ -12,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orderly.worker import schedules
 from orderly.worker.core import cron
 from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting
-from orderly.worker.intake import Intake, SubmitResult
+from orderly.worker.messages import schedules
+from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.runtime import get_runtime
 from tests.helpers import ManualClock
 

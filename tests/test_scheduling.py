@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState
-from orderly.worker.batches import claim_due, process_batch
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.handlers import HandlerRegistry, MessageContext, Retry
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Outcome
+from orderly.worker.messages.batches import claim_due, process_batch
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Outcome
 from orderly.worker.runtime import get_runtime
-from orderly.worker.store.prepared import prepared_connection
 from tests.helpers import make_due, message, processor, row, set_config, take_due
 
 
@@ -300,8 +300,8 @@ def test_a_message_postponed_by_a_busy_key_waits_on_its_row(db: Engine, intake: 
     set_config(db, asynch__postponedIntervalSec="7")
     first = intake.submit(message(1, operation="extcall", payload=json.dumps({"key": "k"})))
     second = intake.submit(message(2, operation="extcall", payload=json.dumps({"key": "k"})))
-    from orderly.worker import extcall
-    from orderly.worker.extcall import CallKey
+    from orderly.worker.messages import extcall
+    from orderly.worker.messages.extcall import CallKey
     from tests.helpers import BASE_TS
 
     with prepared_connection(db) as conn:

@@ -14,10 +14,10 @@ from redis.retry import Retry
 from sqlalchemy import Engine, text
 
 from orderly.models.keys import TrackKeys
-from orderly.worker import timeouts
 from orderly.worker.core.clock import SYSTEM, now_ms
 from orderly.worker.core.errors import TrackingError
-from orderly.worker.intake import Intake
+from orderly.worker.messages import timeouts
+from orderly.worker.messages.intake import Intake
 from orderly.worker.tracking import (
     BUCKETS_MS,
     ServiceLease,

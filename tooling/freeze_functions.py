@@ -1,5 +1,5 @@
 """Freeze ``functions.sql`` for the migration being written: ``python -m tooling.freeze_functions
-<revision>`` copies worker/store/sql/functions.sql, byte for byte, to
+<revision>`` copies worker/db/sql/functions.sql, byte for byte, to
 migrations/sql/<revision>_functions.sql and prints the lines the migration holds::
 
     FUNCTIONS_SHA256 = "<the copy's sha256>"
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from alembic.script import ScriptDirectory
 
-from orderly.worker.store.queries import FUNCTIONS_FILE
-from orderly.worker.store.schema import alembic_config, frozen_functions_file
+from orderly.worker.db.queries import FUNCTIONS_FILE
+from orderly.worker.db.schema import alembic_config, frozen_functions_file
 
 
 class FreezeError(ValueError):
@@ -59,7 +59,7 @@ def freeze(revision: str, target: Path | None = None, replace: bool = False) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tooling.freeze_functions",
-        description="Freeze worker/store/sql/functions.sql for a new migration.",
+        description="Freeze worker/db/sql/functions.sql for a new migration.",
     )
     parser.add_argument("revision", help="the migration's revision id, e.g. 0018")
     parser.add_argument(

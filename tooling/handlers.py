@@ -155,7 +155,7 @@ def ordered(ctx: MessageContext) -> None:
 def call_external(ctx: MessageContext) -> None:
     """``{"key": k, "sleep": s}``: the external call ``test.op`` on custom key ``k``; the call
     records ``correlation_id`` in ``orderly:test:calls``; custom_data says what happened."""
-    from orderly.worker.extcall import CallKey
+    from orderly.worker.messages.extcall import CallKey
 
     spec = json.loads(ctx.payload or "{}")
 

@@ -28,8 +28,8 @@ from orderly.api.metrics import runtime_figures
 from orderly.api.status import print_status
 from orderly.models import FINAL_STATES, Message
 from orderly.worker import configuration, keys
+from orderly.worker.db import schema
 from orderly.worker.runtime import get_runtime
-from orderly.worker.store import schema
 from tooling.apikeys import bearer
 from tooling.processes import ProcessGroup, wait_for_log
 from tooling.sink import Sink

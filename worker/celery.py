@@ -116,12 +116,13 @@ def send_process_due() -> None:
 
 
 def send_process_helper() -> None:
-    """A second worker for due messages, beside the one woken (worker.batches.run_woken)."""
+    """A second worker for due messages, beside the one woken
+    (worker.messages.batches.run_woken)."""
     app.send_task("orderly.process.due", kwargs={"owner": False})
 
 
 def wake_processing() -> bool:
-    """Wake a worker to claim due messages, unless one is woken already (worker/wake.py);
+    """Wake a worker to claim due messages, unless one is woken already (worker/messages/wake.py);
     whether a task was sent."""
     return get_runtime().wake.wake(send_process_due)
 

@@ -27,8 +27,8 @@ from sqlalchemy import Engine
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.errors import InvalidMessage, UnknownChannel
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_MULTIPLIER, RetryPolicy, policy_problems
+from orderly.worker.db.queries import sql
 from orderly.worker.settings import Settings
-from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from orderly.models import ConfigDataType
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.errors import ConfigurationError
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 
 @dataclass(frozen=True)

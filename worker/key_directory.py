@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 # PostgreSQL loads the directory at most this often, however many unknown tokens come: the
 # longest a key made a moment ago by another process waits (once) before it is known here.

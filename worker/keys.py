@@ -46,8 +46,8 @@ from orderly.worker.core.scopes import (
     SCOPES,
     publish_scope,
 )
+from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.routing import NAME_PATTERN, Name
-from orderly.worker.store.queries import sql
 
 __all__ = [
     "ADMIN",

@@ -11,8 +11,8 @@ from sqlalchemy import Connection, Engine
 from orderly.models import NodeState
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.errors import NodeNotAccepting, NodeNotFound
-from orderly.worker.store.prepared import PreparedConnection
-from orderly.worker.store.queries import sql
+from orderly.worker.db.prepared import PreparedConnection
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from orderly.models.keys import BridgeKeys, TrackKeys
 from orderly.models.pubsub import DeliveryState
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.scripts import as_text
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 from orderly.worker.tracking import Services, TrackingSnapshot, snapshot
 
 # kombu's Redis transport (kombu/transport/redis.py, Channel): a queue is a list under its own

@@ -15,7 +15,7 @@ parent goes while a child is open). A conversation is such families (a request a
 responses): a request goes only with its responses all ended, so the order of what is still
 open (Redis's, and the rebuild's from the rows) is untouched. A family also stays whole when
 deleting one of its messages would change what the mechanisms decide for the messages that
-remain (``purge_held`` in ``worker/store/sql/purge.sql``): a FAILED message of a
+remain (``purge_held`` in ``worker/db/sql/purge.sql``): a FAILED message of a
 guaranteed-order funnel (it holds the funnel back), an OK message an older open message of
 the same object would be made obsolete by, an external call an open message's call would be
 judged against. What stays is counted by reason.
@@ -40,7 +40,7 @@ from sqlalchemy import Connection, Engine
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.core.inputs import parse_timestamp
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 # The tables a message's rows are in, in the order they are deleted (references first).
 TABLES = ("response", "request", "external_call", "message")

@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 @pytest.fixture
 def orderly_engine() -> Iterator[Engine]:
     """The store of ORDERLY_DATABASE_URL (created and migrated if need be)."""
+    from orderly.worker.db import schema
+    from orderly.worker.db.db import engine_for
     from orderly.worker.settings import get_settings
-    from orderly.worker.store import schema
-    from orderly.worker.store.db import engine_for
 
     url = get_settings().database_url
     schema.create_database(url)

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.errors import ServiceUnavailable, first_line
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 Probe = Callable[[], None]
 

@@ -53,7 +53,7 @@ from orderly.worker.conversations.agent import wake
 from orderly.worker.core.clients import run_ids
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 

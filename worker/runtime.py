@@ -16,7 +16,7 @@ from redis import Redis
 from sqlalchemy import Engine
 
 from orderly.models.keys import TrackKeys
-from orderly.worker import abort, configuration, nodes
+from orderly.worker import configuration, nodes
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.conversations import Conversations
@@ -24,14 +24,15 @@ from orderly.worker.core.clients import OrderingRedis, ordering_client
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.core.limits import TimeLimits
+from orderly.worker.db.db import engine_for
 from orderly.worker.delivery import HttpSender
-from orderly.worker.handlers import HandlerRegistry, load_handler_modules, registry
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Processor
+from orderly.worker.messages import abort
+from orderly.worker.messages.handlers import HandlerRegistry, load_handler_modules, registry
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Processor
+from orderly.worker.messages.wake import Wake
 from orderly.worker.settings import Settings, get_settings
-from orderly.worker.store.db import engine_for
 from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
-from orderly.worker.wake import Wake
 
 
 class Runtime:

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from celery.exceptions import Reject
 
 from orderly.models import NodeState
-from orderly.worker import batches, confirmations, pubsub
+from orderly.worker import pubsub
 from orderly.worker.celery import (
     QUEUES,
     app,
@@ -19,7 +19,8 @@ from orderly.worker.celery import (
     send_process_helper,
 )
 from orderly.worker.core import logs
-from orderly.worker.processing import Outcome
+from orderly.worker.messages import batches, confirmations
+from orderly.worker.messages.processing import Outcome
 from orderly.worker.runtime import get_runtime
 
 log = logging.getLogger("orderly.tasks")
@@ -58,7 +59,7 @@ def process_message(self: Any, msg_id: int) -> str:
 
 @app.task(name="orderly.process.due", bind=True)
 def process_due(self: Any, owner: bool = True) -> int:
-    """Claim and process due messages while there are any (woken by intake, worker/wake.py;
+    """Claim and process due messages while there are any (woken by intake, worker/messages/wake.py;
     or, ``owner`` False, a helper a full claim sent)."""
     refuse_if_stopped(self)
     runtime = get_runtime()

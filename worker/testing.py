@@ -25,10 +25,10 @@ from sqlalchemy import Engine
 from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.http import OutboundHttp
-from orderly.worker.handlers import Handler, HandlerRegistry, registry
-from orderly.worker.intake import Intake
-from orderly.worker.processing import Processor
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
+from orderly.worker.messages.handlers import Handler, HandlerRegistry, registry
+from orderly.worker.messages.intake import Intake
+from orderly.worker.messages.processing import Processor
 
 # The node a test's messages are stored and processed under.
 TEST_NODE = "handler-test"

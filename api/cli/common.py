@@ -92,7 +92,7 @@ def _unreachable(exc: Exception) -> tuple[str, str] | None:
     import kombu.exceptions
     import redis.exceptions
 
-    from orderly.worker.store.db import connection_lost
+    from orderly.worker.db.db import connection_lost
 
     if connection_lost(exc):
         return "PostgreSQL", "ORDERLY_DATABASE_URL"

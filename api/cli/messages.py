@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from orderly.api.cli.common import call, console, fail, json_option, parse_payload, show_result
-from orderly.worker import operations
 from orderly.worker.core.errors import OrderlyError
+from orderly.worker.messages import operations
 from orderly.worker.runtime import get_runtime
 
 message_app = typer.Typer(

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from orderly.api.cli.common import console
+from orderly.worker.db import schema
 from orderly.worker.runtime import get_runtime
-from orderly.worker.store import schema
 
 
 def migrate(

@@ -15,8 +15,8 @@ from orderly.api.cli.common import call, console, err, fail
 from orderly.worker import purge as mechanism
 from orderly.worker.core.clock import SYSTEM
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.db.db import engine_for
 from orderly.worker.settings import get_settings
-from orderly.worker.store.db import engine_for
 
 
 def purge(

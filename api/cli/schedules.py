@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from orderly.api.cli.common import call, console, fail, json_option, parse_payload
-from orderly.worker import schedules
 from orderly.worker.core.cron import iso
+from orderly.worker.messages import schedules
 from orderly.worker.runtime import get_runtime
 
 schedule_app = typer.Typer(

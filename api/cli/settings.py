@@ -63,8 +63,8 @@ def _ping_broker(timeout_s: float) -> None:
 
 def _problems(settings: Settings) -> list[str]:
     from orderly.worker import readiness
+    from orderly.worker.db import schema
     from orderly.worker.runtime import Runtime
-    from orderly.worker.store import schema
 
     runtime = Runtime(settings)
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from orderly.api.cli.common import call, console
-from orderly.worker import confirmations
+from orderly.worker.messages import confirmations
 from orderly.worker.runtime import get_runtime
 
 source_app = typer.Typer(help="Source systems and their confirmation URL.", no_args_is_help=True)

@@ -12,10 +12,11 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import page
 from orderly.api.console.session import Refused, Signed
-from orderly.worker import observe, operations
+from orderly.worker import observe
 from orderly.worker.conversations.model import check_conversation_id
 from orderly.worker.core.clock import now_ms
 from orderly.worker.core.errors import InvalidMessage, NotFound
+from orderly.worker.messages import operations
 from orderly.worker.runtime import Runtime
 
 router = APIRouter()

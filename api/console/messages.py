@@ -15,9 +15,9 @@ from orderly.api.console.render import Viewer, page
 from orderly.api.console.session import Signed, act, attempt, form
 from orderly.api.http.common import RowId
 from orderly.models import MessageState
-from orderly.worker import operations
 from orderly.worker.core.clock import utcnow
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.messages import operations
 from orderly.worker.runtime import Runtime
 
 router = APIRouter()

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.console.render import page
 from orderly.api.console.session import Signed
-from orderly.worker import schedules
+from orderly.worker.messages import schedules
 from orderly.worker.runtime import Runtime
 
 router = APIRouter()

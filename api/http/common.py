@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http.errors import MalformedBody, PayloadTooLarge
 from orderly.worker.core.errors import InvalidMessage
-from orderly.worker.intake import Intake
+from orderly.worker.messages.intake import Intake
 from orderly.worker.runtime import Runtime
 
 

@@ -39,7 +39,7 @@ from orderly.worker.core.errors import (
     UnknownRequest,
     first_line,
 )
-from orderly.worker.store.db import connection_lost
+from orderly.worker.db.db import connection_lost
 
 log = logging.getLogger("orderly.api")
 
@@ -71,6 +71,10 @@ Field = str | Problems
 def _each_problem(exc: InvalidMessage) -> list[tuple[str, str]]:
     # All of them: a client fixes every refused field in one round trip.
     return list(exc.problems)
+
+
+def _conflict(exc: ConflictingMessage) -> list[tuple[str, str]]:
+    return [(exc.field, str(exc))]
 
 
 def _what(exc: NotFound) -> list[tuple[str, str]]:
@@ -125,7 +129,7 @@ ERRORS: dict[type[Exception], tuple[int, Field]] = {
     UnknownAck: (404, "async_response_id"),
     ResponseNotAwaited: (404, "correlation_id"),
     OperationRefused: (409, "msg_id"),
-    ConflictingMessage: (409, "correlation_id"),
+    ConflictingMessage: (409, _conflict),
     RateLimited: (429, _rate),
     NodeNotAccepting: (503, "node"),
     # The API runs without a setting the request needs: the operator's to fix, not the caller's.

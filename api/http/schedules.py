@@ -7,8 +7,7 @@ messages does. A key bound to source systems acts on their schedules only (worke
 from __future__ import annotations
 
 import functools
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -20,40 +19,11 @@ from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, Producer
 from orderly.api.http.common import AppRuntime, json_body
 from orderly.api.http.contract import body
-from orderly.worker import schedules
+from orderly.worker.messages import schedules
+from orderly.worker.messages.schedules import ScheduleIn, SchedulePatchIn, ScheduleView
 from orderly.worker.runtime import Runtime
-from orderly.worker.schedules import ScheduleIn, SchedulePatchIn, ScheduleView
 
 router = APIRouter()
-
-
-class Schedule(BaseModel):
-    """A schedule, its message template, and its next and last due instants (UTC)."""
-
-    name: str
-    cron: str
-    time_zone: str
-    service: str
-    operation: str
-    source_system: str
-    payload: Any
-    object_id: str | None
-    entity_type: str | None
-    process_id: str | None
-    funnel_value: str | None
-    funnel_component_id: str | None
-    guaranteed_order: bool
-    exclude_failed_state: bool
-    priority: int | None
-    enabled: bool
-    # None while disabled
-    next_at: datetime | None
-    # the last instant taken up, its message (None: refused) and why it was refused
-    last_at: datetime | None
-    last_msg_id: int | None
-    last_error: str | None
-    created_at: datetime
-    updated_at: datetime
 
 
 class ScheduleRemoved(BaseModel):
@@ -71,7 +41,7 @@ def _check(runtime: Runtime) -> schedules.MessageCheck:
 
 @router.post(
     "/schedules",
-    responses=answers(Schedule, created=True),
+    responses=answers(ScheduleView, created=True),
     status_code=201,
     openapi_extra=body("ScheduleIn", ScheduleIn),
 )
@@ -85,7 +55,7 @@ async def create_schedule(runtime: AppRuntime, request: Request, key: Producer) 
     return _answer(made, 201)
 
 
-@router.get("/schedules", responses=answers(list[Schedule]))
+@router.get("/schedules", responses=answers(list[ScheduleView]))
 async def list_schedules(
     runtime: AppRuntime,
     key: Operator,
@@ -101,7 +71,7 @@ async def list_schedules(
     return JSONResponse(jsonable_encoder([s.as_dict() for s in found]))
 
 
-@router.get("/schedules/{name}", responses=answers(Schedule))
+@router.get("/schedules/{name}", responses=answers(ScheduleView))
 async def show_schedule(runtime: AppRuntime, name: str, key: Operator) -> JSONResponse:
     found = await run_in_threadpool(schedules.show_schedule, runtime.engine, name, key.owns)
     return _answer(found)
@@ -109,7 +79,7 @@ async def show_schedule(runtime: AppRuntime, name: str, key: Operator) -> JSONRe
 
 @router.patch(
     "/schedules/{name}",
-    responses=answers(Schedule),
+    responses=answers(ScheduleView),
     openapi_extra=body("SchedulePatchIn", SchedulePatchIn),
 )
 async def update_schedule(

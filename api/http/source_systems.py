@@ -11,8 +11,9 @@ from orderly.api.http.answers import answers
 from orderly.api.http.auth import requires
 from orderly.api.http.common import AppRuntime, json_body
 from orderly.api.http.contract import body
-from orderly.worker import confirmations, keys
-from orderly.worker.confirmations import SourceSystemIn
+from orderly.worker import keys
+from orderly.worker.messages import confirmations
+from orderly.worker.messages.confirmations import SourceSystemIn
 
 router = APIRouter()
 

@@ -1,10 +1,10 @@
-"""functions from worker/store/sql/functions.sql; delivery delays logged; confirmation claims
+"""functions from worker/db/sql/functions.sql; delivery delays logged; confirmation claims
 
 Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-24 09:00:00
 
-The store's functions and triggers now live in one canonical file, worker/store/sql/functions.sql;
+The store's functions and triggers now live in one canonical file, worker/db/sql/functions.sql;
 this migration applies the file as it stood then, frozen in migrations/sql/0006_functions.sql
 (``orderly_orphaned`` is new there: the dead-worker check the claim and repair share).
 ``published_messages.next_delay_ms`` logs each failed attempt's retry wait (the seed's
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from orderly.worker.store.schema import apply_frozen
+from orderly.worker.db.schema import apply_frozen
 
 revision: str = "0006"
 down_revision: str | None = "0005"

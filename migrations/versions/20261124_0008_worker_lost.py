@@ -6,7 +6,7 @@ Create Date: 2026-11-24 12:00:00
 
 A message whose worker dies while it holds the claim is released at once and counted here;
 at ORDERLY_WORKER_LOST_LIMIT it is quarantined (FAILED, E_WORKER_LOST) instead of being
-claimed again (worker.pool.release_orphans).
+claimed again (worker.messages.watchdogs.release_orphans).
 """
 
 from collections.abc import Sequence

@@ -5,16 +5,16 @@ Revises: 0014
 Create Date: 2026-11-28 09:00:00
 
 A worker claims due messages several at a time and writes their OK outcomes together
-(worker.processing ``process_due``); both take the funnel locks of all their messages first,
-in key order, through the new ``orderly_lock_funnels_of``: worker/store/sql/functions.sql as it
-stood then, frozen in migrations/sql/0015_functions.sql.
+(worker.messages.processing ``process_due``); both take the funnel locks of all their
+messages first, in key order, through the new ``orderly_lock_funnels_of``:
+worker/db/sql/functions.sql as it stood then, frozen in migrations/sql/0015_functions.sql.
 """
 
 from collections.abc import Sequence
 
 from alembic import op
 
-from orderly.worker.store.schema import apply_frozen
+from orderly.worker.db.schema import apply_frozen
 
 revision: str = "0015"
 down_revision: str | None = "0014"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from orderly.worker.store.schema import apply_frozen
+from orderly.worker.db.schema import apply_frozen
 
 revision: str = "0018"
 down_revision: str | None = "0017"
@@ -26,7 +26,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "eca67ff19e6cd074bbed86234cd223b585cc7baac29308fc6148cadd1080381d"
+FUNCTIONS_SHA256 = "4a5ad1c11d05230c6c9554562a75667afc69b9e25457f8d81f9bd1d391e8f83d"
 
 
 def upgrade() -> None:
@@ -84,6 +84,7 @@ def downgrade() -> None:
         "orderly_funnel_limit(text)",
         "orderly_funnel_free(text, text)",
         "orderly_fair_at(text, text, bigint)",
+        "orderly_due_at(bigint, timestamptz)",
     ):
         op.execute(f"DROP FUNCTION IF EXISTS {dropped}")
     op.drop_index("ix_message_due", table_name="message")

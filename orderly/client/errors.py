@@ -106,7 +106,7 @@ _STORED = re.compile(r"\bmessage (\d+)\b")
 
 def _stored_msg_id(problems: list[Problem]) -> int | None:
     for p in problems:
-        found = _STORED.search(p.problem) if p.field == "correlation_id" else None
+        found = _STORED.search(p.problem) if p.field.endswith("correlation_id") else None
         if found:
             return int(found.group(1))
     return None
@@ -120,7 +120,7 @@ def error_for(status: int, body: Any, retry_after_s: float | None = None) -> Ord
             if isinstance(item, dict):
                 problems.append(Problem(str(item.get("field", "")), str(item.get("problem", ""))))
     cls = BY_STATUS.get(status, ServerError if status >= 500 else OrderlyError)
-    if status == 409 and any(p.field == "correlation_id" for p in problems):
+    if status == 409 and any(p.field.endswith("correlation_id") for p in problems):
         # A conflict over a message's ids, not over a message's state (field msg_id).
         cls = ConflictingMessage
     return cls(status, problems, retry_after_s)

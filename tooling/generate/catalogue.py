@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from statistics import NormalDist
 from typing import Any, Generic, TypeVar, cast
 
-from orderly.worker.processing import ERROR_HANDLER
-from orderly.worker.timeouts import TIMEOUT_CODE
+from orderly.worker.messages.processing import ERROR_HANDLER
+from orderly.worker.messages.timeouts import TIMEOUT_CODE
 from tooling.generate.columns import HOUR, SECOND
 
 T = TypeVar("T")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from orderly.models import CONFIRMATION_OPERATION, FINAL_STATES
-from orderly.worker.pool import POSTPONED_CODE, REPAIR_CODE
-from orderly.worker.processing import ERROR_NO_HANDLER
+from orderly.worker.messages.processing import ERROR_NO_HANDLER
+from orderly.worker.messages.timeouts import TIMEOUT_CODE
+from orderly.worker.messages.watchdogs import POSTPONED_CODE, REPAIR_CODE
 from orderly.worker.pubsub import QUEUED_LEASE_S
-from orderly.worker.timeouts import TIMEOUT_CODE
 from tooling.generate.base import Batch, _batch, _chunked, _Outcome
 from tooling.generate.catalogue import (
     _CHILDREN,

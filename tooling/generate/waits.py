@@ -3,8 +3,8 @@ out), or for an operator who cancelled them."""
 
 from __future__ import annotations
 
-from orderly.worker.pool import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
-from orderly.worker.processing import ERROR_HANDLER
+from orderly.worker.messages.processing import ERROR_HANDLER
+from orderly.worker.messages.watchdogs import TIMEOUT_CODE as RESPONSE_TIMEOUT_CODE
 from tooling.generate.base import _Outcome, _Rows
 from tooling.generate.catalogue import _CANCEL_NOTES, _OPERATORS, _iso
 from tooling.generate.columns import DAY, MINUTE, RESPONSE_TIMEOUT, SECOND

@@ -23,7 +23,7 @@ from orderly.worker.core.errors import NotFound
 from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
 from orderly.worker.core.owners import Owns
 from orderly.worker.core.scripts import as_text
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from orderly.worker.channels import ChannelDirectory
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.clock import Clock, now_ms
 from orderly.worker.core.scripts import Scripts
+from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.settings import Settings
-from orderly.worker.store.prepared import PreparedConnection, prepared_connection
 
 
 @dataclass

@@ -33,7 +33,7 @@ from orderly.worker.conversations.model import (
 from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
-from orderly.worker.store.prepared import PreparedConnection
+from orderly.worker.db.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
 

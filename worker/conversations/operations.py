@@ -127,7 +127,7 @@ class AwaitedSet:
 
 def _who(command: OperatorIn, key: str | None) -> str:
     """The audit entry's ``by``: the API key's name through the API (with the ``by`` it gave),
-    else the ``by`` given, else "operator" (as worker.operations does)."""
+    else the ``by`` given, else "operator" (as worker.messages.operations does)."""
     if key is None:
         return command.by or "operator"
     if command.by is None or command.by == key:

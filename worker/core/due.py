@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import Scripts, as_text
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -144,12 +144,25 @@ class ConflictingMessage(OrderlyError):
     """A message submitted again under a stored (correlation_id, source_system) with other
     content: the stored one stands, the new one is refused."""
 
-    def __init__(self, msg_id: int, correlation_id: str, source_system: str, fields: str) -> None:
+    def __init__(
+        self,
+        msg_id: int,
+        correlation_id: str,
+        source_system: str,
+        fields: str,
+        field: str = "correlation_id",
+    ) -> None:
         self.msg_id = msg_id
+        self.field = field  # where the refused input names the ids (a batch's item)
+        self._args = (msg_id, correlation_id, source_system, fields)
         super().__init__(
             f"message {msg_id} holds correlation_id {correlation_id!r} of {source_system!r} "
             f"with another {fields}; submit the same message again, or use a new correlation_id"
         )
+
+    def at(self, field: str) -> ConflictingMessage:
+        """The same refusal, naming the field where the input holds the ids."""
+        return ConflictingMessage(*self._args, field=field)
 
 
 class ResponseNotAwaited(OrderlyError):

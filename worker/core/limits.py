@@ -13,8 +13,8 @@ A handler runs under :meth:`TimeLimits.run`:
   process was doing is then a dead worker's: its claim is released by the orphan job, counted
   in the message's ``lost_count``.
 
-An **abort** (:class:`Abort`, set from any thread: worker.abort's listener, when the message
-is cancelled) stops a run the same way: the run sees it at once (``Abort.is_set``, a
+An **abort** (:class:`Abort`, set from any thread: worker.messages.abort's listener, when the
+message is cancelled) stops a run the same way: the run sees it at once (``Abort.is_set``, a
 cooperative handler returns), and ``Abort.grace_s`` later, if it still runs, the SIGALRM
 timer raises :class:`Aborted` inside it, with the kill grace of the hard limit after that
 (the watchdog). A run whose abort was set ends with :class:`Aborted` however it ended (its

@@ -44,7 +44,7 @@ SCRIPT_NAMES = (
     "due_release",
     "lease_take",
     "lease_give_up",
-    # the wake-up of workers for due messages (worker/wake.py)
+    # the wake-up of workers for due messages (worker/messages/wake.py)
     "wake",
     "wake_swap",
     # message tracking and service lifecycle

@@ -2,11 +2,11 @@
 
 One route back for every message that waits: a NEW message scheduled for later
 (``delay_ms``, ``not_before``), a PARTLY_FAILED one until its retry (``delay *
-multiplier^attempt``, the handler's :class:`~orderly.worker.handlers.Retry` or the
+multiplier^attempt``, the handler's :class:`~orderly.worker.messages.handlers.Retry` or the
 configuration table's), a POSTPONED one until it is looked at again, a timed-out one until
-its retry (worker.timeouts). Each holds its due time on its row (``message.due_at``); when it
-comes, the take makes the message claimable (IN_QUEUE or NEW without a due time) and the
-hand-off wakes a worker, whose batch claim takes it up (worker.batches). Nothing waits in
+its retry (worker.messages.timeouts). Each holds its due time on its row (``message.due_at``);
+when it comes, the take makes the message claimable (IN_QUEUE or NEW without a due time) and the
+hand-off wakes a worker, whose batch claim takes it up (worker.messages.batches). Nothing waits in
 worker memory, in the broker or in Redis. A wake-up that fails makes them due again at once
 (the ticker tries again); one that is lost afterwards is covered by beat's wake-up of
 messages due for over a second.

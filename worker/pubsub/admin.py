@@ -21,9 +21,9 @@ from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.errors import InvalidMessage, NotFound
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
+from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import schemas
 from orderly.worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
-from orderly.worker.store.queries import sql
 
 # A room's deliveryDelay is at most a day (a retry's wait can grow to MAX_DELAY_MS).
 MAX_DELIVERY_DELAY_MS = 86_400_000

@@ -26,9 +26,9 @@ from orderly.worker.core.due import PgDueIndex
 from orderly.worker.core.errors import Unauthorized
 from orderly.worker.core.lease import ORPHAN_GRACE_S, new_token
 from orderly.worker.core.retry import RetryPolicy
+from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.measure import Measure, tracing
 from orderly.worker.pubsub.publish import BATCH, QUEUED_LEASE_S
-from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from orderly.worker.core import owners
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 # At most this many rows per page.
 MAX_LOG_ROWS = 1000

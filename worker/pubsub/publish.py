@@ -25,9 +25,9 @@ from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.retry import MAX_DELAY_MS
 from orderly.worker.core.scopes import IMPERSONATE
+from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import schemas
 from orderly.worker.pubsub.routing import ROUTING_KEY, Name, Route, order_value, routes
-from orderly.worker.store.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.owners import Owns
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 # At most this many messages per pull.
 MAX_PULL = 1000

@@ -2,7 +2,7 @@
 -- rows they guard. This file is the canonical text, as of the newest migration: every definition
 -- is CREATE OR REPLACE, and a function taken out is dropped here (DROP ... IF EXISTS). No
 -- migration reads it: each applies its own frozen copy, migrations/sql/<revision>_functions.sql,
--- the text of its time (worker.store.schema.apply_frozen). Change it only together with a new
+-- the text of its time (worker.db.schema.apply_frozen). Change it only together with a new
 -- migration and a copy frozen from it (python -m tooling.freeze_functions <revision>); tests hold
 -- the newest copy and what `alembic upgrade head` installs to this file.
 --
@@ -65,6 +65,16 @@ LANGUAGE sql STABLE AS $$
            END
 $$;
 
+-- When a new message is due: p_delay_ms after now, or at p_not_before; NULL (due now) when
+-- neither is given, or the time has passed.
+CREATE OR REPLACE FUNCTION orderly_due_at(p_delay_ms bigint, p_not_before timestamptz)
+    RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_not_before > now() THEN p_not_before
+                WHEN p_delay_ms > 0 THEN now() + make_interval(secs => p_delay_ms / 1000.0)
+           END
+$$;
+
 -- How many messages of one funnel value may run at once: its component's funnel_limit, or one
 -- (the seed's funnel). '' stands for funnels without a component.
 CREATE OR REPLACE FUNCTION orderly_funnel_limit(p_component text) RETURNS integer
@@ -112,7 +122,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- How many more messages of a funnel may start now (0 or more): its limit less those active.
--- A claim takes that many of a funnel's due messages at most (worker.batches); guaranteed
+-- A claim takes that many of a funnel's due messages at most (worker.messages.batches); guaranteed
 -- order takes one, the claim's orderly_funnel_blocked deciding.
 CREATE OR REPLACE FUNCTION orderly_funnel_free(p_value text, p_component text) RETURNS integer
 LANGUAGE sql STABLE AS $$

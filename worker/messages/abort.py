@@ -46,7 +46,7 @@ from orderly.models.keys import PROCESS_ABORTS_KEY
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.limits import Abort
 from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from orderly.worker import extcall
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.errors import HandlerError, InvalidMessage
 from orderly.worker.core.http import OutboundHttp
-from orderly.worker.extcall import CallKey, CallResult
-from orderly.worker.handlers import MessageContext
-from orderly.worker.store.prepared import PreparedConnection
+from orderly.worker.db.prepared import PreparedConnection
+from orderly.worker.messages import extcall, store
+from orderly.worker.messages.extcall import CallKey, CallResult
+from orderly.worker.messages.handlers import MessageContext
 
 T = TypeVar("T")
 
@@ -36,13 +36,13 @@ class HandlerBackend:
             raise InvalidMessage("correlation_id", "must be 1 to 255 characters")
         timeout = timeout_s if timeout_s > 0 else self._config.get_int("asynch.responseTimeoutSec")
         try:
-            held = self._conn.run("orderly_register_wait", ctx.msg_id, correlation_id, timeout)
+            held = store.register_wait(self._conn, ctx.msg_id, correlation_id, timeout)
         except self._integrity:
             raise HandlerError(
                 ERROR_WAIT_CONFLICT,
                 f"another message already waits for a response to {correlation_id!r}",
             ) from None
-        if held is None:
+        if not held:
             raise HandlerError("E_LOST_CLAIM", "the message was taken over while its handler ran")
 
     def external_call(

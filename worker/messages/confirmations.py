@@ -21,7 +21,6 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from sqlalchemy import Engine
 
-from orderly.worker import extcall
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.due import PgDueIndex
@@ -30,8 +29,9 @@ from orderly.worker.core.http import OutboundHttp
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
-from orderly.worker.store.prepared import prepared_connection
-from orderly.worker.store.queries import sql
+from orderly.worker.db.prepared import prepared_connection
+from orderly.worker.db.queries import sql
+from orderly.worker.messages import extcall
 
 log = logging.getLogger(__name__)
 

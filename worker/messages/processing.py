@@ -6,7 +6,7 @@ claiming connection's backend pid; the same connection records the outcome, and 
 still holds the claim. A PROCESSING message whose backend pid is gone belongs to a dead
 worker: a redelivered task may claim it again at once (the death counted in lost_count), and
 beat's orphan job releases it within a second; one that has killed its worker
-``worker_lost_limit`` times is quarantined there (worker.pool.release_orphans).
+``worker_lost_limit`` times is quarantined there (worker.messages.watchdogs.release_orphans).
 
 Funnels: the claim of a funnel message runs under its funnel's advisory lock and makes it
 POSTPONED instead of PROCESSING when the funnel holds it back (``orderly_funnel_blocked``).
@@ -16,7 +16,7 @@ on with it at once on the same connection (up to CHAIN_LIMIT in a row), with no 
 and no poll in between.
 
 Batches: due messages are claimed several at a time, tracked as one claim, and their OK
-outcomes written together (worker.batches, on ``run_claimed``).
+outcomes written together (worker.messages.batches, on ``run_claimed``).
 """
 
 from __future__ import annotations
@@ -26,29 +26,30 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
 
 from orderly.models import BindingType, MessageState
-from orderly.worker.abort import AbortWatch
-from orderly.worker.backend import HandlerBackend
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core import logs
 from orderly.worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from orderly.worker.core.http import OutboundHttp
 from orderly.worker.core.limits import Aborted, TimeLimitExceeded, TimeLimits
 from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
-from orderly.worker.handlers import (
+from orderly.worker.db.prepared import PreparedConnection, prepared_connection
+from orderly.worker.messages import store
+from orderly.worker.messages.abort import AbortWatch
+from orderly.worker.messages.backend import HandlerBackend
+from orderly.worker.messages.handlers import (
     ExternalResponse,
     Handler,
     HandlerRegistry,
     MessageContext,
     Retry,
 )
-from orderly.worker.intake import insert_message, insert_values, parse_message
-from orderly.worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.worker.messages.intake import new_message, parse_message
+from orderly.worker.messages.store import Claimed, parse_ids
 from orderly.worker.tracking import Tracker, claim_of
 
 log = logging.getLogger(__name__)
@@ -56,65 +57,6 @@ log = logging.getLogger(__name__)
 # Released funnel messages one worker goes on with in a row before handing the next to the
 # broker (fair to the messages waiting there).
 CHAIN_LIMIT = 100
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A claimed message as ``orderly_claim_ids`` returns it (built by column name): its state
-    (PROCESSING, or POSTPONED when its funnel held it back), what its handler reads, the
-    claim's identity (for the timeout monitor) and the newer processed message of the same
-    object, if any (then it is obsolete)."""
-
-    state: str
-    msg_id: int
-    service_name: str
-    operation_name: str
-    correlation_id: str
-    source_system: str
-    msg_timestamp: datetime
-    payload: str
-    object_id: str | None
-    entity_type: str | None
-    process_id: str | None
-    funnel_value: str | None
-    failed_count: int
-    custom_data: str | None
-    wait_res_id: int | None
-    processing_pid: int | None
-    last_process_timestamp: datetime
-    newer: int | None
-
-    @property
-    def running(self) -> bool:
-        return self.state == MessageState.PROCESSING
-
-
-@dataclass(frozen=True)
-class Finished:
-    """``orderly_finish``'s answer: the new state (None: the claim was lost) and the funnel
-    messages the outcome released (comma-separated ids)."""
-
-    new_state: str | None
-    released: str | None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """An external response a parked message's handler reads."""
-
-    res_id: int
-    res_envelope: str | None
-    failed: bool
-    failed_reason: str | None
-    res_timestamp: datetime
-
-
-@dataclass(frozen=True)
-class WhyNot:
-    """Why a message was not claimed: its state, and the node's (None: missing)."""
-
-    msg_state: str | None
-    node_state: str | None
 
 
 class Outcome(enum.StrEnum):
@@ -154,11 +96,6 @@ class ProcessResult:
     ready: tuple[int, ...] = ()
     # NEW children it stored: they go to the broker (processed in parallel).
     spawned: tuple[int, ...] = ()
-
-
-def parse_ids(text: str | None) -> list[int]:
-    """The comma-separated ids a transaction collected in 'orderly.released'."""
-    return [int(part) for part in (text or "").split(",") if part]
 
 
 class Processor:
@@ -236,7 +173,8 @@ class Processor:
         return self._tracker
 
     def all_limited(self) -> bool:
-        """Whether every handler runs under a time limit in this process (worker.batches)."""
+        """Whether every handler runs under a time limit in this process
+        (worker.messages.batches)."""
         if self._limits is None:
             return False
         return self._default_time_limit_s is not None or self._registry.all_limited()
@@ -250,14 +188,10 @@ class Processor:
         return round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
 
     def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        claimed = conn.one(
-            Claimed,
-            "orderly_claim_ids",
-            [msg_id],
-            self._node_id,
-            self._worker_lost_limit,
-            self.postponed_s(),
+        found = store.claim(
+            conn, [msg_id], self._node_id, self._worker_lost_limit, self.postponed_s()
         )
+        claimed = found[0] if found else None
         if claimed is None:
             return self._not_claimed(conn, msg_id)
         if not claimed.running:
@@ -278,7 +212,7 @@ class Processor:
 
     def _call_handler(self, handler: Handler, ctx: MessageContext) -> None:
         """The handler under its time limit, if it has one (worker.core.limits), ended with
-        Aborted if its message is cancelled meanwhile (worker.abort)."""
+        Aborted if its message is cancelled meanwhile (worker.messages.abort)."""
         limit_s = self._time_limit_s(ctx.service, ctx.operation)
         if self._limits is None:
             handler(ctx)
@@ -298,7 +232,7 @@ class Processor:
         held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
         """Run a claimed message's handler and record its outcome (a plain OK goes to ``held``
-        instead, when given: worker.batches writes a batch's OK outcomes together)."""
+        instead, when given: worker.messages.batches writes a batch's OK outcomes together)."""
         ctx = MessageContext(
             msg_id=claimed.msg_id,
             service=claimed.service_name,
@@ -326,7 +260,7 @@ class Processor:
         held: list[tuple[int, Any]] | None = None,
     ) -> ProcessResult:
         """Run the handler and record the outcome; a plain OK goes to ``held`` instead, when
-        given (a batch writes its OK outcomes together: worker.batches)."""
+        given (a batch writes its OK outcomes together: worker.messages.batches)."""
         newer = claimed.newer
         if newer is not None:
             return self._finish(
@@ -426,19 +360,17 @@ class Processor:
         limit: int = 0,
         due_ms: int = 0,
     ) -> ProcessResult:
-        done = conn.one(
-            Finished,
-            "orderly_finish",
+        done = store.finish(
+            conn,
             ctx.msg_id,
             kind,
-            limit,
-            None if code is None else code[:64],
-            desc,
-            ctx.custom_data,
-            obsolete_by,
-            due_ms,
+            limit=limit,
+            code=None if code is None else code[:64],
+            desc=desc,
+            custom_data=ctx.custom_data,
+            obsolete_by=obsolete_by,
+            due_ms=due_ms,
         )
-        assert done is not None
         new_state, released = done.new_state, done.released
         if new_state is None:
             return ProcessResult(ctx.msg_id, self.lost(conn, ctx.msg_id))
@@ -492,13 +424,11 @@ class Processor:
         try:
             new: list[int] = []
             for binding, child in children:
-                stored = insert_message(
-                    conn,
-                    insert_values(child, self._node_id, binding.value),
-                    require_run=False,
+                stored = store.insert_one(
+                    conn, new_message(child, self._node_id, binding.value), require_run=False
                 )
-                if stored is not None and stored[1] is MessageState.NEW:
-                    new.append(stored[0])
+                if stored is not None and stored.state == MessageState.NEW:
+                    new.append(stored.msg_id)
             result = self._finish(
                 conn, ctx, "WAITING" if hard else "OK", detail=f"{len(children)} children"
             )
@@ -512,7 +442,7 @@ class Processor:
         return ProcessResult(result.msg_id, result.outcome, result.detail, result.ready, tuple(new))
 
     def _response(self, conn: PreparedConnection, res_id: int) -> ExternalResponse | None:
-        found = conn.one(Loaded, "orderly_load_response", res_id)
+        found = store.load_response(conn, res_id)
         if found is None:
             return None
         return ExternalResponse(
@@ -526,16 +456,16 @@ class Processor:
     def lost(self, conn: PreparedConnection, msg_id: int) -> Outcome:
         """A message whose outcome this worker could not record: cancelled meanwhile (the
         cancel is its outcome), or taken over (by repair, the timeout monitor, an operator)."""
-        why = conn.one(WhyNot, "orderly_why_not_claimed", msg_id, self._node_id)
-        if why is not None and why.msg_state == MessageState.CANCEL:
+        why = store.why_not_claimed(conn, msg_id, self._node_id)
+        if why.msg_state == MessageState.CANCEL:
             log.info("message %s aborted by cancel", msg_id)
             return Outcome.ABORTED
         log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
         return Outcome.LOST_CLAIM
 
     def _not_claimed(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        why = conn.one(WhyNot, "orderly_why_not_claimed", msg_id, self._node_id)
-        msg_state, node_state = (why.msg_state, why.node_state) if why else (None, None)
+        why = store.why_not_claimed(conn, msg_id, self._node_id)
+        msg_state, node_state = why.msg_state, why.node_state
         if msg_state is None:
             return ProcessResult(msg_id, Outcome.MISSING)
         if node_state == "STOPPED" and msg_state in ("NEW", "IN_QUEUE"):

@@ -1,7 +1,7 @@
 """Due messages in batches: what a woken worker does (``run_woken``, ``process_batch``).
 
-Intake stores a message NEW and wakes a worker (worker.wake) instead of sending it a task of
-its own. The worker claims up to ``limit`` due messages at once, higher priority first, then
+Intake stores a message NEW and wakes a worker (worker.messages.wake) instead of sending it a
+task of its own. The worker claims up to ``limit`` due messages at once, higher priority first, then
 by place in line (funnels take turns), one per funnel or as many as its funnel_limit allows (a
 funnel's message only when its funnel lets it go, as the single claim decides), runs their
 handlers one after another on the claiming connection, and writes their OK outcomes together in one
@@ -13,7 +13,7 @@ A batch starts no handler after its budget: what it claimed and did not start go
 where it was in line, and what was released and not taken up gets a task of its own. Each
 round is tracked as one claim (kind ``batch``): a handler starts within the budget and runs
 within its time limit, so a round is done within its longest deadline plus the budget; when one
-times out, worker.timeouts takes back every message it still holds. A batch needs every
+times out, worker.messages.timeouts takes back every message it still holds. A batch needs every
 handler under a time limit, so that no OK outcome held for the round's write can be taken back
 from a live worker: while some handler may run unlimited, a claim takes one message.
 """
@@ -25,14 +25,15 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from orderly.worker.core.clock import SYSTEM, Clock
-from orderly.worker.processing import Claimed, Processor, ProcessResult, parse_ids
-from orderly.worker.store.prepared import PreparedConnection, prepared_connection
+from orderly.worker.db.prepared import PreparedConnection, prepared_connection
+from orderly.worker.messages import store
+from orderly.worker.messages.processing import Processor, ProcessResult
+from orderly.worker.messages.store import Candidate, Claimed
+from orderly.worker.messages.wake import Holder, Wake
 from orderly.worker.tracking import claim_of
-from orderly.worker.wake import Holder, Wake
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +41,8 @@ log = logging.getLogger(__name__)
 # to other work, and the bound of a batch's tracked deadline).
 BATCH_BUDGET_S = 1.0
 
-# What a batch claim is tracked as (worker.timeouts takes a timed-out one back).
+# What a batch claim is tracked as (worker.messages.timeouts takes a timed-out one back).
 BATCH_KIND = "batch"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A due message a claim may take (``orderly_due_candidates``, by column name): its
-    funnel's lock key (None without a funnel) and how many more of its funnel may start."""
-
-    msg_id: int
-    funnel_key: int | None
-    msg_timestamp: datetime
-    free: int
-
-
-@dataclass(frozen=True)
-class Done:
-    msg_id: int
 
 
 def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
@@ -95,11 +80,11 @@ def claim_due(
     and how many were due."""
     conn.execute("BEGIN")
     try:
-        found = conn.all(Candidate, "orderly_due_candidates", node_id, size)
+        found = store.due_candidates(conn, node_id, size)
         chosen, behind = per_funnel(found)
         rows = claim_ids(conn, node_id, chosen, postponed_s) if chosen else []
         if behind:
-            conn.run_all("orderly_postpone_ids", behind, postponed_s)
+            store.postpone(conn, behind, postponed_s)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -112,7 +97,7 @@ def claim_ids(
 ) -> list[Claimed]:
     """Claim the messages chosen from the due ones, or released to this worker (one
     statement; a dead worker's message is left to the orphan job here: a limit of 1)."""
-    return conn.all(Claimed, "orderly_claim_ids", msg_ids, node_id, 1, postponed_s)
+    return store.claim(conn, msg_ids, node_id, 1, postponed_s)
 
 
 def finish_held(
@@ -126,8 +111,8 @@ def finish_held(
     conn.execute("BEGIN")
     try:
         customs = [custom for _, custom in held]
-        done = {row.msg_id for row in conn.all(Done, "orderly_finish_ok", ids, customs)}
-        released = parse_ids(conn.value("released_in_transaction"))
+        done = store.finish_ok(conn, ids, customs)
+        released = store.released(conn)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -137,7 +122,7 @@ def finish_held(
 
 def give_back(conn: PreparedConnection, msg_ids: list[int]) -> None:
     """Claimed messages whose handlers did not start: NEW again, where they were in line."""
-    conn.run_all("orderly_unclaim", msg_ids)
+    store.unclaim(conn, msg_ids)
 
 
 def wake_quietly(wake: Callable[[], object]) -> None:

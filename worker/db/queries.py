@@ -1,6 +1,6 @@
 """Named SQL queries, loaded once from the ``.sql`` files beside this module.
 
-Every statement orderly runs lives in ``worker/store/sql/*.sql`` under a name::
+Every statement orderly runs lives in ``worker/db/sql/*.sql`` under a name::
 
     -- name: claim_deliveries
     -- What it does and why (comment lines up to the SQL are its documentation).
@@ -9,7 +9,7 @@ Every statement orderly runs lives in ``worker/store/sql/*.sql`` under a name::
     UPDATE delivery ...
 
 A query with ``prepare`` takes ``$1, $2, ...`` and runs through a
-:func:`~worker.store.prepared.prepared_connection` (the hot path: one round trip, planned once per
+:func:`~worker.db.prepared.prepared_connection` (the hot path: one round trip, planned once per
 connection); any other takes ``:name`` parameters and runs through SQLAlchemy (:func:`sql`).
 Names are unique across files; a duplicate or an unknown name is an error at once.
 """

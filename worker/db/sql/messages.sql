@@ -1,15 +1,16 @@
 -- The message store's hot path: intake, the claim and the outcome of processing.
--- Prepared statements ($1, $2, ...): see worker/store/queries.py.
+-- Prepared statements ($1, $2, ...): see worker/db/queries.py.
 
 -- name: orderly_insert_message
 -- One message, NEW (or POSTPONED when its funnel holds it back). The node check and the
 -- insert are one statement: a node that stops accepting input cannot race an insert; a
 -- duplicate (correlation_id, source_system) inserts nothing. A funnel message is sent after
--- its funnel's advisory lock (worker.intake.FUNNEL_LOCK), so a release cannot miss it.
--- $18: due in so many ms (NULL: now); a scheduled message is NEW until then, whatever its
--- funnel (the claim decides when it is due). $19: its priority. $20: new input needs the node
--- in RUN (a child of existing work does not). Its place in line: orderly_fair_at.
--- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, bigint, integer, boolean
+-- its funnel's advisory lock (worker.messages.intake.FUNNEL_LOCK), so a release cannot miss it.
+-- $18, $19: due so many ms after intake, or not before a time (NULL, 0 or a time passed: due
+-- now); a scheduled message is NEW until then, whatever its funnel (the claim decides when it
+-- is due). $20: its priority. $21: new input needs the node in RUN (a child of existing work
+-- does not). Its place in line: orderly_fair_at.
+-- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, bigint, timestamptz, integer, boolean
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
@@ -18,27 +19,29 @@ INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, ent
                      due_at, priority, fair_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
        now(), now(),
-       CASE WHEN $13 IS NOT NULL AND $18 IS NULL
+       CASE WHEN $13 IS NOT NULL AND orderly_due_at($18, $19) IS NULL
                  AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
             THEN 'POSTPONED' ELSE 'NEW' END,
        0,
-       now() + make_interval(secs => $18 / 1000.0),
-       $19,
+       orderly_due_at($18, $19),
+       $20,
        orderly_fair_at($13, $14, 1)
- WHERE NOT $20 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
+ WHERE NOT $21 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, state;
+RETURNING msg_id, state, due_at IS NOT NULL AS scheduled;
 
 -- name: orderly_insert_messages
 -- Messages without a parent NEW in one statement, in the order given (their msg_ids ascend in
 -- it); the node must be in RUN, checked in the same statement. A funnel's messages are stored
 -- NEW too, without its lock: the claim decides under the lock which one goes first and holds
--- the others back (POSTPONED), as the insert of one message would have (worker.batches). One
+-- the others back (POSTPONED), as the insert of one message would have (worker.messages.batches). One
 -- already stored under its (correlation_id, source_system), or twice in the arrays, is
--- inserted once. $15/$16: each one's due delay in ms (NULL: now) and priority. The k-th of a
+-- inserted once. $15/$16/$17: each one's due delay in ms or time (orderly_due_at) and its
+-- priority. The k-th of a
 -- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
--- Returns msg_id, correlation_id, source_system of each inserted.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint[], integer[], bigint
+-- Returns msg_id, correlation_id, source_system of each inserted, and whether it waits for
+-- its due time.
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      funnel_value, funnel_component_id, guaranteed_order, exclude_failed_state,
@@ -46,23 +49,23 @@ INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, ent
                      due_at, priority, fair_at)
 SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
        i.process_id, i.payload, i.envelope, i.source_system, i.funnel, i.component,
-       i.guaranteed, i.exclude_failed, $17, now(), now(), 'NEW', 0,
-       now() + make_interval(secs => i.due_ms / 1000.0), i.priority,
+       i.guaranteed, i.exclude_failed, $18, now(), now(), 'NEW', 0,
+       orderly_due_at(i.delay_ms, i.not_before), i.priority,
        orderly_fair_at(i.funnel, i.component,
                        row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n))
-  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
        WITH ORDINALITY
        AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
             payload, envelope, source_system, funnel, component, guaranteed, exclude_failed,
-            due_ms, priority, n)
- WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
+            delay_ms, not_before, priority, n)
+ WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $18 AND state = 'RUN')
  ORDER BY i.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, correlation_id, source_system;
+RETURNING msg_id, correlation_id, source_system, due_at IS NOT NULL AS scheduled;
 
 -- name: orderly_find_message
 -- The message stored under (correlation_id, source_system), with what a submission under the
--- same ids must repeat (worker.intake: the same message again, or a conflict).
+-- same ids must repeat (worker.messages.intake: the same message again, or a conflict).
 -- prepare: text, text
 SELECT msg_id, state, service_name, operation_name, payload
   FROM message WHERE correlation_id = $1 AND source_system = $2;
@@ -106,14 +109,14 @@ SELECT x.msg_id,
 -- Messages NEW or IN_QUEUE whose due time, if any, has come (due, or released by their funnel;
 -- or PROCESSING by a dead worker:
 -- its backend pid is gone; that death is counted in lost_count, and a message whose next
--- death would reach $3 is left to worker.pool.release_orphans, which quarantines it) ->
+-- death would reach $3 is left to worker.messages.watchdogs.release_orphans, which quarantines it) ->
 -- PROCESSING in one statement, or POSTPONED when their funnel holds them back; never on a
--- STOPPED node. One message's claim, or a batch's (worker.batches): at most one message of a
+-- STOPPED node. One message's claim, or a batch's (worker.messages.batches): at most one message of a
 -- funnel among them. Their funnels' locks come first, in key order (whoever takes more than
 -- one takes them so: no deadlock), so that the funnel checks see every transition committed
 -- before. The claim records the claiming connection's backend pid and time (now(): the same
 -- for every row of a batch): only that connection may finish it. Returns each claim
--- (worker.processing.Claimed) and the newer processed message of the same object, if
+-- (worker.messages.processing.Claimed) and the newer processed message of the same object, if
 -- any (the message is then obsolete). A message held back is due again after $4 seconds
 -- (postponedIntervalSec: the safety net, its funnel's release normally comes first); a claimed
 -- one has no due time. The claim's commit need not wait for the disk: a server crash that

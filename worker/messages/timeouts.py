@@ -3,12 +3,12 @@ timed-out message in the message store.
 
 A message is tracked from its claim (PROCESSING) to its outcome. One that is not done within
 its deadline (messageTimeout, or longer: its handler's time limit, the kill grace and a margin,
-so that a handler still within its limit is never taken back; see worker.processing) is taken
-back from its worker (``processing_pid`` cleared, so a late outcome is
+so that a handler still within its limit is never taken back; see worker.messages.processing)
+is taken back from its worker (``processing_pid`` cleared, so a late outcome is
 dropped as LOST_CLAIM) and retried after ``delay * multiplier^n`` (the retry policy), up to
 the retry attempts; after the last it becomes FAILED with ``E_TIMEOUT``. The count of
 timeouts lives on the row (``timeout_count``) and the retry-or-fail decision is part of the
-take-back statement. A batch of due messages is tracked as one claim (worker.batches); when
+take-back statement. A batch of due messages is tracked as one claim (worker.messages.batches); when
 it times out, each message that claim still holds is taken back.
 The store is the authority: only the claim that timed out is taken back, so a message that
 reached its outcome meanwhile, or was claimed again since, is left alone.
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Engine
 
-from orderly.worker.batches import BATCH_KIND
 from orderly.worker.core.clock import now_ms
-from orderly.worker.pool import released_in
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
+from orderly.worker.messages.batches import BATCH_KIND
+from orderly.worker.messages.watchdogs import released_in
 from orderly.worker.tracking import TimedOut, Tracker
 
 log = logging.getLogger(__name__)

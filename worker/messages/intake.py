@@ -1,9 +1,10 @@
 """Intake: the one synchronous path by which a message enters orderly.
 
 Validate, insert NEW (or POSTPONED behind its funnel; idempotent on correlation_id +
-source_system), commit, then wake a worker that claims due messages in batches (worker.wake,
-worker.batches); a POSTPONED message waits for its funnel to release it. Bad input raises
-InvalidMessage before anything is written. ``submit_many`` takes up to MAX_BATCH messages at
+source_system), commit, then wake a worker that claims due messages in batches
+(worker.messages.wake, worker.messages.batches); a POSTPONED message waits for its funnel to
+release it; one scheduled for later waits for its due time (worker.messages.due). Bad input
+raises InvalidMessage before anything is written. ``submit_many`` takes up to MAX_BATCH messages at
 once: all validated first (one bad item refuses them all), stored in one transaction, those
 without a parent in one statement (a funnel's stored NEW: the claim holds back, under its
 lock, those that may not go yet). The HTTP API, the CLI and the Python API are thin faces over
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -42,9 +42,11 @@ from orderly.worker.core.errors import (
 )
 from orderly.worker.core.inputs import parse_input, parse_timestamp
 from orderly.worker.core.owners import Owns
-from orderly.worker.handlers import HandlerRegistry
-from orderly.worker.store.prepared import PreparedConnection, prepared_connection
-from orderly.worker.store.queries import sql
+from orderly.worker.db.prepared import PreparedConnection, prepared_connection
+from orderly.worker.db.queries import sql
+from orderly.worker.messages import store
+from orderly.worker.messages.handlers import HandlerRegistry
+from orderly.worker.messages.store import InsertedOf, NewMessage
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +63,19 @@ Name = Annotated[
 LongName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)]
 
 
-class MessageIn(BaseModel):
-    """A message as a producer submits it."""
+Payload = str | dict[str, Any] | list[Any]
+
+
+class MessageFields(BaseModel):
+    """What a message says of its work, as a producer gives it: submitted (MessageIn), or as
+    a schedule's template (worker.messages.schedules)."""
 
     model_config = ConfigDict(extra="forbid")
 
     service: Name
     operation: Name
-    correlation_id: Name
     source_system: Name
-    msg_timestamp: datetime
-    payload: str | dict[str, Any] | list[Any]
+    payload: Payload
     object_id: Name | None = None
     entity_type: Name | None = None
     process_id: Name | None = None
@@ -79,6 +83,13 @@ class MessageIn(BaseModel):
     funnel_component_id: LongName | None = None
     guaranteed_order: StrictBool = False
     exclude_failed_state: StrictBool = False
+
+
+class MessageIn(MessageFields):
+    """A message as a producer submits it."""
+
+    correlation_id: Name
+    msg_timestamp: datetime
     parent_msg_id: Annotated[StrictInt, Field(gt=0)] | None = None
     envelope: str | None = None
     # Scheduling: processed no earlier than ``delay_ms`` after intake, or than ``not_before``
@@ -92,16 +103,6 @@ class MessageIn(BaseModel):
     @classmethod
     def _timestamp(cls, value: Any) -> datetime | None:
         return None if value is None else parse_timestamp(value)
-
-    @property
-    def due_in_ms(self) -> int | None:
-        """How long after intake the message is due (None: at once)."""
-        if self.delay_ms:
-            return self.delay_ms
-        if self.not_before is None:
-            return None
-        wait = (self.not_before - datetime.now(UTC)).total_seconds() * 1000
-        return math.ceil(wait) if wait > 0 else None
 
     @property
     def payload_text(self) -> str:
@@ -131,17 +132,6 @@ def batch_items(data: Any) -> list[Any]:
     if not isinstance(items, list):
         raise InvalidMessage("messages", f"must be a list, got {type(items).__name__}")
     return items
-
-
-@dataclass(frozen=True)
-class StoredIds:
-    """The message stored under a (correlation_id, source_system), as a resubmission meets it."""
-
-    msg_id: int
-    state: str
-    service_name: str
-    operation_name: str
-    payload: str
 
 
 @dataclass(frozen=True)
@@ -175,84 +165,72 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
-def insert_values(message: MessageIn, node_id: int, binding: str | None = None) -> tuple[Any, ...]:
-    """The arguments of ``orderly_insert_message`` but the last (whether RUN is needed)."""
-    return (
-        message.msg_timestamp,
-        message.service,
-        message.operation,
-        message.object_id,
-        message.entity_type,
-        message.correlation_id,
-        message.process_id,
-        message.payload_text,
-        message.envelope,
-        message.source_system,
-        message.parent_msg_id,
-        binding or ("HARD" if message.parent_msg_id is not None else None),
-        message.funnel_value,
-        message.funnel_component_id,
-        message.guaranteed_order,
-        message.exclude_failed_state,
-        node_id,
-        message.due_in_ms,
-        message.priority,
+def new_message(message: MessageIn, node_id: int, binding: str | None = None) -> NewMessage:
+    """What the store keeps of a message (a child's binding to its parent: ``binding``)."""
+    return NewMessage(
+        msg_timestamp=message.msg_timestamp,
+        service=message.service,
+        operation=message.operation,
+        object_id=message.object_id,
+        entity_type=message.entity_type,
+        correlation_id=message.correlation_id,
+        process_id=message.process_id,
+        payload=message.payload_text,
+        envelope=message.envelope,
+        source_system=message.source_system,
+        parent_msg_id=message.parent_msg_id,
+        binding=binding or ("HARD" if message.parent_msg_id is not None else None),
+        funnel_value=message.funnel_value,
+        funnel_component_id=message.funnel_component_id,
+        guaranteed_order=message.guaranteed_order,
+        exclude_failed_state=message.exclude_failed_state,
+        node_id=node_id,
+        delay_ms=message.delay_ms,
+        not_before=message.not_before,
+        priority=message.priority,
     )
 
 
 def batchable(message: MessageIn) -> bool:
     """Whether a message is stored with others in one statement: one without a parent (whose
     existence its own insert checks). A funnel's messages are stored NEW that way; the claim
-    holds back under the funnel's lock those that may not go yet (worker.batches)."""
+    holds back under the funnel's lock those that may not go yet (worker.messages.batches)."""
     return message.parent_msg_id is None
 
 
 def insert_many(
     conn: PreparedConnection, messages: Sequence[MessageIn], node_id: int
-) -> dict[tuple[str, str], int]:
-    """Insert messages NEW in one statement, in order; the msg_id of each one inserted, by
+) -> dict[tuple[str, str], InsertedOf]:
+    """Insert messages NEW in one statement, in order; each one inserted, by
     (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
-    columns: list[list[Any]] = [[] for _ in range(16)]
-    for m in messages:
-        row = (
-            m.msg_timestamp,
-            m.service,
-            m.operation,
-            m.object_id,
-            m.entity_type,
-            m.correlation_id,
-            m.process_id,
-            m.payload_text,
-            m.envelope,
-            m.source_system,
-            m.funnel_value,
-            m.funnel_component_id,
-            m.guaranteed_order,
-            m.exclude_failed_state,
-            m.due_in_ms,
-            m.priority,
+    rows = [new_message(m, node_id) for m in messages]
+    # The batch statement's arrays: each column of NewMessage but those a batch has not (a
+    # parent and its binding) or has once (the node).
+    columns = [
+        [getattr(row, name) for row in rows]
+        for name in (
+            "msg_timestamp",
+            "service",
+            "operation",
+            "object_id",
+            "entity_type",
+            "correlation_id",
+            "process_id",
+            "payload",
+            "envelope",
+            "source_system",
+            "funnel_value",
+            "funnel_component_id",
+            "guaranteed_order",
+            "exclude_failed_state",
+            "delay_ms",
+            "not_before",
+            "priority",
         )
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-    rows = conn.run_all("orderly_insert_messages", *columns, node_id)
-    return {(str(r[1]), str(r[2])): int(r[0]) for r in rows}
-
-
-def insert_message(
-    conn: PreparedConnection, values: tuple[Any, ...], *, require_run: bool
-) -> tuple[int, MessageState] | None:
-    """Insert one message (NEW, or POSTPONED behind its funnel); None if it already exists or
-    the node refuses input."""
-    funnel, component = values[12], values[13]
-    row = conn.run(
-        "orderly_insert_message",
-        *values,
-        require_run,
-        # A funnel message is stored under its funnel's lock, taken in the same query, so a
-        # release cannot miss it.
-        before=("lock_funnel", (funnel, component)) if funnel is not None else None,
-    )
-    return None if row is None else (int(row[0]), MessageState(row[1]))
+    ]
+    return {
+        (r.correlation_id, r.source_system): r for r in store.insert_many(conn, columns, node_id)
+    }
 
 
 def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]) -> None:
@@ -425,25 +403,26 @@ class Intake:
         if owns is not None and message.parent_msg_id is not None:
             # Another tenant's message is no parent of the caller's: as if it did not exist.
             owned = owners.source_systems(owns)
-            if conn.run("orderly_parent_owned", message.parent_msg_id, owned) is None:
+            if not store.parent_owned(conn, message.parent_msg_id, owned):
                 raise unknown_parent
         try:
-            inserted = insert_message(conn, insert_values(message, self._node_id), require_run=True)
+            inserted = store.insert_one(conn, new_message(message, self._node_id), require_run=True)
         except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
             if "parent_msg_id" in str(exc):
                 raise unknown_parent from None
             raise
         if inserted is not None:
             return SubmitResult(
-                inserted[0], inserted[1], created=True, scheduled=message.due_in_ms is not None
+                inserted.msg_id,
+                MessageState(inserted.state),
+                created=True,
+                scheduled=inserted.scheduled,
             )
         return self._existing(conn, message)
 
     def _existing(self, conn: PreparedConnection, message: MessageIn) -> SubmitResult:
         """The message stored before under the same ids; or why the node refused it."""
-        found = conn.one(
-            StoredIds, "orderly_find_message", message.correlation_id, message.source_system
-        )
+        found = store.find(conn, message.correlation_id, message.source_system)
         if found is None:
             raise nodes.refusal(conn, self._node_id)
         differs = _differs(message, found.service_name, found.operation_name, found.payload)
@@ -465,13 +444,10 @@ class Intake:
                     inserted = insert_many(conn, [messages[i] for i in plain], self._node_id)
                     for i in plain:
                         m = messages[i]
-                        msg_id = inserted.pop((m.correlation_id, m.source_system), None)
-                        if msg_id is not None:
+                        row = inserted.pop((m.correlation_id, m.source_system), None)
+                        if row is not None:
                             results[i] = SubmitResult(
-                                msg_id,
-                                MessageState.NEW,
-                                created=True,
-                                scheduled=m.due_in_ms is not None,
+                                row.msg_id, MessageState.NEW, created=True, scheduled=row.scheduled
                             )
                 for i, m in enumerate(messages):
                     if results[i] is None and not batchable(m):
@@ -483,7 +459,10 @@ class Intake:
                 for i, m in enumerate(messages):
                     if results[i] is None:
                         # Stored before, or an earlier item of this batch with the same ids.
-                        results[i] = self._existing(conn, m)
+                        try:
+                            results[i] = self._existing(conn, m)
+                        except ConflictingMessage as exc:
+                            raise exc.at(f"messages[{i}].correlation_id") from None
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from orderly.worker.core.errors import CallInProgress, ExchangeFailed
 from orderly.worker.core.http import OutboundHttp
-from orderly.worker.store.prepared import PreparedConnection
+from orderly.worker.db.prepared import PreparedConnection
 
 T = TypeVar("T")
 

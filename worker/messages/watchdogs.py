@@ -24,9 +24,9 @@ from sqlalchemy import Connection, Engine
 
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.lease import ORPHAN_GRACE_S
-from orderly.worker.intake import hand_over
-from orderly.worker.processing import parse_ids
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
+from orderly.worker.messages.intake import hand_over
+from orderly.worker.messages.store import parse_ids
 
 REPAIR_CODE = "E_REPAIR"
 
@@ -47,7 +47,7 @@ MAX_BATCHES = 100
 
 def due_waiting(engine: Engine, after_s: float) -> bool:
     """Whether a message has waited NEW longer than ``after_s`` (no worker was woken for it:
-    worker/wake.py)."""
+    worker/messages/wake.py)."""
     with engine.connect() as conn:
         return bool(conn.execute(sql("due_waiting"), {"after_s": after_s}).scalar())
 

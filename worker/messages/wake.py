@@ -1,7 +1,7 @@
 """Waking a worker to claim due messages: one mark in Redis says whether one is looking.
 
 Intake stores a message NEW and wakes a worker instead of sending a task per message; the
-woken worker claims due messages from PostgreSQL in batches (worker.batches). The mark
+woken worker claims due messages from PostgreSQL in batches (worker.messages.batches). The mark
 (``wake.lua``) is absent (nobody looks), ``woken`` (a task was sent and has not begun),
 ``looking:<token>`` (the woken worker, between claims, claims again soon) or
 ``busy:<token>`` (it claims or runs handlers now). :meth:`Wake.wake` sends a task only when

@@ -1,4 +1,4 @@
--- The message store's periodic work (worker.pool, worker.timeouts): the re-processing pool,
+-- The message store's periodic work (worker.messages.watchdogs, worker.messages.timeouts): the re-processing pool,
 -- repair, guaranteed order held back by a FAILED message, response deadlines, timeouts.
 -- Rows are taken with SKIP LOCKED, so two runners never act on the same row. A batched
 -- transition locks rows first and the state trigger then takes funnel locks, while a funnel's

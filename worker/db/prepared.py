@@ -2,7 +2,7 @@
 
 psycopg2 does not prepare statements, and planning plus SQLAlchemy's per-execute work cost
 about as much as the statements themselves. A :class:`PreparedConnection` prepares a named
-query (``-- prepare:`` in ``worker/store/sql``) the first time it runs on a physical
+query (``-- prepare:`` in ``worker/db/sql``) the first time it runs on a physical
 connection (remembered in the pool's ``connection.info``) and runs it with
 ``EXECUTE name(...)`` in autocommit: one round trip per statement.
 """
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
-from orderly.worker.store.queries import Query, query
+from orderly.worker.db.queries import Query, query
 
 # A typed row: a dataclass whose fields are a statement's column names.
 R = TypeVar("R")
@@ -46,6 +46,15 @@ class PreparedConnection:
         Statements sent in one query run in one transaction (unless one is already open), each
         with its own snapshot: a lock taken by the first is held when the second reads.
         """
+        self._send_after(name, args, before)
+        if self._cursor.description is None:
+            return None
+        row = self._cursor.fetchone()
+        return None if row is None else tuple(row)
+
+    def _send_after(
+        self, name: str, args: Sequence[Any], before: tuple[str, Sequence[Any]] | None
+    ) -> None:
         first = ""
         first_args: Sequence[Any] = ()
         if before is not None:
@@ -53,10 +62,6 @@ class PreparedConnection:
             first_args = before[1]
             first = f"EXECUTE {before[0]}({', '.join(['%s'] * len(first_args))}); "
         self._send(name, args, first, first_args)
-        if self._cursor.description is None:
-            return None
-        row = self._cursor.fetchone()
-        return None if row is None else tuple(row)
 
     def _send(
         self, name: str, args: Sequence[Any], before: str, before_args: Sequence[Any]
@@ -73,10 +78,16 @@ class PreparedConnection:
             return []
         return [tuple(row) for row in self._cursor.fetchall()]
 
-    def one(self, row_type: type[R], name: str, *args: Any) -> R | None:
-        """Execute a prepared statement; its first row as ``row_type`` (a dataclass whose
-        fields are the statement's column names), or None."""
-        self._send(name, args, "", ())
+    def one(
+        self,
+        row_type: type[R],
+        name: str,
+        *args: Any,
+        before: tuple[str, Sequence[Any]] | None = None,
+    ) -> R | None:
+        """Execute a prepared statement (after ``before``, as :meth:`run`); its first row as
+        ``row_type`` (a dataclass whose fields are the statement's column names), or None."""
+        self._send_after(name, args, before)
         found = self._cursor.fetchone() if self._cursor.description is not None else None
         return None if found is None else self._typed(row_type, found)
 

@@ -38,8 +38,8 @@ from orderly.worker.core.errors import (
 )
 from orderly.worker.core.inputs import parse_input, parse_timestamp
 from orderly.worker.core.owners import Owns
-from orderly.worker.pool import released_in
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
+from orderly.worker.messages.watchdogs import released_in
 
 MAX_LIST = 1000
 MAX_OFFSET = 1_000_000
@@ -275,7 +275,7 @@ def cancel(
     on down (each with an audit entry naming its parent); SOFT children go on. One
     transaction: the funnel locks of the whole tree first (in key order), then the rows.
     After the commit ``announce`` gets every message cancelled: a worker running one of them
-    stops its handler (worker.abort; ``Runtime.announce_aborts``)."""
+    stops its handler (worker.messages.abort; ``Runtime.announce_aborts``)."""
     command, by = _command(data, key)
     params = {"by": by, "note": command.note, "owned": owners.source_systems(owns)}
     cancelled: list[int] = []

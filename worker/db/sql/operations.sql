@@ -1,4 +1,4 @@
--- Operator commands on the message store (worker.operations): list and inspect messages,
+-- Operator commands on the message store (worker.messages.operations): list and inspect messages,
 -- cancel and re-drive with an audit note, and external responses that resume a waiting one.
 -- :owned in these queries: the source systems of the caller's key (NULL: every one); another
 -- tenant's message is not found, in the statement that reads or writes it.

@@ -68,9 +68,16 @@ from orderly.worker.core.errors import (
 )
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
-from orderly.worker.handlers import HandlerRegistry
-from orderly.worker.intake import LongName, Name, SubmitResult, parse_message
-from orderly.worker.store.queries import sql
+from orderly.worker.db.queries import sql
+from orderly.worker.messages.handlers import HandlerRegistry
+from orderly.worker.messages.intake import (
+    LongName,
+    MessageFields,
+    Name,
+    Payload,
+    SubmitResult,
+    parse_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +98,6 @@ ScheduleName = Annotated[
 ]
 CronText = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=100)]
 ZoneName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64)]
-Payload = str | dict[str, Any] | list[Any]
 
 # The fields of a schedule's message template, as MessageIn names them.
 TEMPLATE = (
@@ -113,32 +119,19 @@ SETTABLE = ("cron", "time_zone", *TEMPLATE, "enabled")
 
 _PLACEHOLDER = re.compile(r"\{\{(instant|name)\}\}")
 
-# Validates a message as the intake would (worker.intake.parse_message); raises
+# Validates a message as the intake would (worker.messages.intake.parse_message); raises
 # InvalidMessage naming the bad fields.
 MessageCheck = Callable[[dict[str, Any]], object]
 Submit = Callable[[dict[str, Any]], SubmitResult]
 
 
-class ScheduleIn(BaseModel):
-    """A new schedule: its cron expression and time zone, and its messages' template."""
-
-    model_config = ConfigDict(extra="forbid")
+class ScheduleIn(MessageFields):
+    """A new schedule: its cron expression and time zone, and its messages' template (the
+    message fields; {{instant}} and {{name}} in the payload's strings are replaced)."""
 
     name: ScheduleName
     cron: CronText
     time_zone: ZoneName = "UTC"
-    service: Name
-    operation: Name
-    source_system: Name
-    # A JSON object, array or string; {{instant}} and {{name}} in its strings are replaced.
-    payload: Payload
-    object_id: Name | None = None
-    entity_type: Name | None = None
-    process_id: Name | None = None
-    funnel_value: LongName | None = None
-    funnel_component_id: LongName | None = None
-    guaranteed_order: StrictBool = False
-    exclude_failed_state: StrictBool = False
     # Given to each message as its priority (None: the intake's default).
     priority: StrictInt | None = None
     enabled: StrictBool = True

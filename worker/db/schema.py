@@ -20,7 +20,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, make_url, text
 
-from orderly.worker.store.queries import FUNCTIONS_FILE
+from orderly.worker.db.queries import FUNCTIONS_FILE
 
 
 def migrations_dir() -> Path:

@@ -56,7 +56,7 @@ def _check_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
 def engine_for(url: str, connect_timeout_s: int | None = None) -> Engine:
     # Instead of pre-ping (a round trip per checkout on the hot path), every checkout looks at
     # the socket (_check_out). A connection that dies while checked out raises once and is
-    # dropped (worker.store.prepared; SQLAlchemy for its own statements). A server that does
+    # dropped (worker.db.prepared; SQLAlchemy for its own statements). A server that does
     # not answer makes a new connection fail after connect_timeout_s (libpq: at least 2 s).
     args = {} if connect_timeout_s is None else {"connect_timeout": connect_timeout_s}
     engine = create_engine(url, pool_size=10, max_overflow=20, pool_recycle=3600, connect_args=args)

@@ -1,0 +1,256 @@
+"""The message store's gateway to its hot-path named queries (worker/db/sql/messages.sql): one
+function per statement, its arguments named, its rows returned as small dataclasses built by
+column name. Intake, claims and outcomes (worker.messages.intake, .processing, .batches) call
+these instead of running queries themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
+from datetime import datetime
+
+from orderly.models import MessageState
+from orderly.worker.db.prepared import PreparedConnection
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """What ``orderly_insert_message`` stores of one message."""
+
+    msg_timestamp: datetime
+    service: str
+    operation: str
+    object_id: str | None
+    entity_type: str | None
+    correlation_id: str
+    process_id: str | None
+    payload: str
+    envelope: str | None
+    source_system: str
+    parent_msg_id: int | None
+    binding: str | None
+    funnel_value: str | None
+    funnel_component_id: str | None
+    guaranteed_order: bool
+    exclude_failed_state: bool
+    node_id: int
+    delay_ms: int | None
+    not_before: datetime | None
+    priority: int
+
+
+@dataclass(frozen=True)
+class Inserted:
+    msg_id: int
+    state: str
+    scheduled: bool  # it waits for its due time
+
+
+@dataclass(frozen=True)
+class InsertedOf:
+    """One message of a batch insert, by its ids."""
+
+    msg_id: int
+    correlation_id: str
+    source_system: str
+    scheduled: bool
+
+
+@dataclass(frozen=True)
+class StoredIds:
+    """The message stored under a (correlation_id, source_system), as a resubmission meets it."""
+
+    msg_id: int
+    state: str
+    service_name: str
+    operation_name: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class Owned:
+    owned: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A due message a claim may take: its funnel's lock key (None without a funnel) and how
+    many more of its funnel may start now."""
+
+    msg_id: int
+    funnel_key: int | None
+    msg_timestamp: datetime
+    free: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed message: its state (PROCESSING, or POSTPONED when its funnel held it back),
+    what its handler reads, the claim's identity (for the timeout monitor) and the newer
+    processed message of the same object, if any (then it is obsolete)."""
+
+    state: str
+    msg_id: int
+    service_name: str
+    operation_name: str
+    correlation_id: str
+    source_system: str
+    msg_timestamp: datetime
+    payload: str
+    object_id: str | None
+    entity_type: str | None
+    process_id: str | None
+    funnel_value: str | None
+    failed_count: int
+    custom_data: str | None
+    wait_res_id: int | None
+    processing_pid: int | None
+    last_process_timestamp: datetime
+    newer: int | None
+
+    @property
+    def running(self) -> bool:
+        return self.state == MessageState.PROCESSING
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An outcome: the new state (None: the claim was lost) and the funnel messages it
+    released (comma-separated ids)."""
+
+    new_state: str | None
+    released: str | None
+
+
+@dataclass(frozen=True)
+class MsgId:
+    msg_id: int
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """An external response a parked message's handler reads."""
+
+    res_id: int
+    res_envelope: str | None
+    failed: bool
+    failed_reason: str | None
+    res_timestamp: datetime
+
+
+@dataclass(frozen=True)
+class WhyNot:
+    """Why a message was not claimed: its state (None: missing), and its node's."""
+
+    msg_state: str | None
+    node_state: str | None
+
+
+def parse_ids(text: str | None) -> list[int]:
+    """The comma-separated ids a transaction collected in 'orderly.released'."""
+    return [int(part) for part in (text or "").split(",") if part]
+
+
+def insert_one(conn: PreparedConnection, new: NewMessage, *, require_run: bool) -> Inserted | None:
+    """Insert one message (NEW, or POSTPONED behind its funnel); None if it exists already or
+    the node refuses input. A funnel message is stored under its funnel's lock, taken in the
+    same query, so that a release cannot miss it."""
+    lock = ("lock_funnel", (new.funnel_value, new.funnel_component_id))
+    return conn.one(
+        Inserted,
+        "orderly_insert_message",
+        *astuple(new),
+        require_run,
+        before=lock if new.funnel_value is not None else None,
+    )
+
+
+def insert_many(
+    conn: PreparedConnection, columns: Sequence[Sequence[object]], node_id: int
+) -> list[InsertedOf]:
+    """Insert messages without a parent NEW in one statement (``columns``: the arrays of
+    ``orderly_insert_messages``, in its order); the node must be in RUN."""
+    return conn.all(InsertedOf, "orderly_insert_messages", *columns, node_id)
+
+
+def find(conn: PreparedConnection, correlation_id: str, source_system: str) -> StoredIds | None:
+    return conn.one(StoredIds, "orderly_find_message", correlation_id, source_system)
+
+
+def parent_owned(conn: PreparedConnection, parent_msg_id: int, owned: list[str] | None) -> bool:
+    """Whether a message exists and is of one of the source systems ``owned``."""
+    return conn.one(Owned, "orderly_parent_owned", parent_msg_id, owned) is not None
+
+
+def due_candidates(conn: PreparedConnection, node_id: int, size: int) -> list[Candidate]:
+    return conn.all(Candidate, "orderly_due_candidates", node_id, size)
+
+
+def claim(
+    conn: PreparedConnection, msg_ids: list[int], node_id: int, lost_limit: int, postponed_s: int
+) -> list[Claimed]:
+    return conn.all(Claimed, "orderly_claim_ids", msg_ids, node_id, lost_limit, postponed_s)
+
+
+def postpone(conn: PreparedConnection, msg_ids: list[int], postponed_s: int) -> None:
+    conn.run_all("orderly_postpone_ids", msg_ids, postponed_s)
+
+
+def unclaim(conn: PreparedConnection, msg_ids: list[int]) -> None:
+    conn.run_all("orderly_unclaim", msg_ids)
+
+
+def finish(
+    conn: PreparedConnection,
+    msg_id: int,
+    kind: str,
+    *,
+    limit: int,
+    code: str | None,
+    desc: str | None,
+    custom_data: str | None,
+    obsolete_by: int | None,
+    due_ms: int,
+) -> Finished:
+    done = conn.one(
+        Finished,
+        "orderly_finish",
+        msg_id,
+        kind,
+        limit,
+        code,
+        desc,
+        custom_data,
+        obsolete_by,
+        due_ms,
+    )
+    assert done is not None  # a function call always answers one row
+    return done
+
+
+def finish_ok(conn: PreparedConnection, msg_ids: list[int], customs: list[str | None]) -> set[int]:
+    """The held OK outcomes; the ids it recorded (one missing was taken over meanwhile)."""
+    return {row.msg_id for row in conn.all(MsgId, "orderly_finish_ok", msg_ids, customs)}
+
+
+def released(conn: PreparedConnection) -> list[int]:
+    """The funnel messages the current transaction released."""
+    return parse_ids(conn.value("released_in_transaction"))
+
+
+def load_response(conn: PreparedConnection, res_id: int) -> Loaded | None:
+    return conn.one(Loaded, "orderly_load_response", res_id)
+
+
+def why_not_claimed(conn: PreparedConnection, msg_id: int, node_id: int) -> WhyNot:
+    found = conn.one(WhyNot, "orderly_why_not_claimed", msg_id, node_id)
+    return found if found is not None else WhyNot(None, None)
+
+
+def register_wait(
+    conn: PreparedConnection, msg_id: int, correlation_id: str, timeout_s: int
+) -> bool:
+    """Park a running message until a response names ``correlation_id``; False when this
+    connection no longer holds its claim."""
+    return conn.one(MsgId, "orderly_register_wait", msg_id, correlation_id, timeout_s) is not None
