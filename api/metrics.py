@@ -25,13 +25,6 @@ def _broker_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
-def broker_queues() -> tuple[str, ...]:
-    """The Celery queues orderly routes tasks to."""
-    from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
-
-    return (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
-
-
 def runtime_figures(runtime: Runtime | None = None) -> Figures:
     """Gather every figure from the process's own PostgreSQL, Redis and broker."""
     rt = runtime or get_runtime()
@@ -45,7 +38,7 @@ def runtime_figures(runtime: Runtime | None = None) -> Figures:
         rt.tracking_redis,
         rt.track_keys,
         broker,
-        broker_queues(),
+        rt.broker.queues,
     )
 
 
@@ -90,6 +83,21 @@ def families(figures: Figures) -> Iterable[Metric]:
             "orderly_deliveries_dead_lettered",
             "Deliveries dead-lettered (DEAD): attempts spent or refused",
             value=store.deliveries.get(DeliveryState.DEAD, 0),
+        )
+        due = GaugeMetricFamily(
+            "orderly_messages_due_waiting",
+            "Messages waiting for their due time, by state: NEW scheduled, PARTLY_FAILED retry"
+            " waits, POSTPONED, IN_QUEUE retries after a timeout",
+            labels=["state"],
+        )
+        for state, count in store.due_waiting.items():
+            due.add_metric([state.value], count)
+        yield due
+        yield GaugeMetricFamily(
+            "orderly_messages_due_lag_seconds",
+            "How long the earliest due time of a waiting message is past (0: none is): the"
+            " due work's ticker is behind",
+            value=store.due_lag_s,
         )
         yield CounterMetricFamily(
             "orderly_late_responses",
@@ -181,11 +189,6 @@ def families(figures: Figures) -> Iterable[Metric]:
             "orderly_tracked_done_waiting",
             "Done ids the timeout monitor has not counted yet",
             value=t.done_waiting,
-        )
-        yield GaugeMetricFamily(
-            "orderly_timeout_retries_waiting",
-            "Timed-out messages waiting for their retry",
-            value=t.retries_waiting,
         )
 
     if figures.workers_alive is not None:

@@ -20,6 +20,11 @@ def print_status(figures: Figures, console: Console) -> None:
             table.add_row(dstate.value, str(count))
         table.add_row("delayed (due later)", str(store.deliveries_delayed))
         console.print(table)
+        table = Table("message state", "waiting", title="Messages waiting for their due time")
+        for state, count in store.due_waiting.items():
+            table.add_row(f"due: {state.value}", str(count))
+        table.add_row("earliest due time past (s)", f"{store.due_lag_s:.1f}")
+        console.print(table)
         table = Table("conversation responses", "count", title="Late responses (PostgreSQL)")
         table.add_row("delivered late (request expired)", str(store.late_responses))
         console.print(table)
@@ -53,7 +58,6 @@ def print_status(figures: Figures, console: Console) -> None:
             ("timeout retries", t.retried),
             ("failed for timeouts", t.gave_up),
             ("tracked now", t.listed),
-            ("retries waiting", t.retries_waiting),
         ):
             table.add_row(name, str(count), "", "")
         console.print(table)

@@ -13,13 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orderly.worker import nodes, pubsub, rebuild
-from orderly.worker.celery import (
-    app,
-    enqueue_drain,
-    enqueue_processing,
-    enqueue_processing_many,
-    wake_processing,
-)
+from orderly.worker.celery import app
 from orderly.worker.messages import confirmations, schedules, timeouts, watchdogs
 from orderly.worker.runtime import get_runtime
 
@@ -34,17 +28,21 @@ def redis_watch() -> rebuild.RebuildReport | None:
     PostgreSQL (worker/rebuild.py); otherwise one round trip."""
     runtime = get_runtime()
     return rebuild.rebuild_if_lost(
-        runtime.engine, runtime.conversations, enqueue_drain, enqueue_processing_many
+        runtime.engine,
+        runtime.conversations,
+        runtime.broker.enqueue_drain,
+        runtime.broker.enqueue_processing_many,
     )
 
 
 def pool_checks() -> int:
     """Guaranteed order held back too long, response deadlines: what they failed."""
     runtime = get_runtime()
-    failed = watchdogs.fail_postponed(runtime.engine, runtime.config, enqueue_processing)
+    enqueue = runtime.broker.enqueue_processing
+    failed = watchdogs.fail_postponed(runtime.engine, runtime.config, enqueue)
     if failed:
         log.warning("pool failed %d messages postponed behind a FAILED one", failed)
-    expired = watchdogs.expire_waits(runtime.engine, runtime.config, enqueue_processing)
+    expired = watchdogs.expire_waits(runtime.engine, runtime.config, enqueue)
     if expired:
         log.warning("pool failed %d messages whose response did not come", expired)
     return failed + expired
@@ -54,14 +52,15 @@ def wake_due() -> bool:
     """Messages NEW for over a second (their wake-up was lost, their funnel was busy when a
     worker looked, or a node ran again): wake a worker. One indexed look when there are
     none."""
-    if not watchdogs.due_waiting(get_runtime().engine, WAKE_AFTER_S):
+    runtime = get_runtime()
+    if not watchdogs.due_waiting(runtime.engine, WAKE_AFTER_S):
         return False
-    return wake_processing()
+    return runtime.wake_processing()
 
 
 def repair() -> watchdogs.RepairReport:
     runtime = get_runtime()
-    report = watchdogs.repair(runtime.engine, runtime.config, enqueue_processing)
+    report = watchdogs.repair(runtime.engine, runtime.config, runtime.broker.enqueue_processing)
     if report.messages or report.external_calls or report.parents:
         log.warning("repair: %s", report)
     return report
@@ -72,7 +71,9 @@ def release_orphans() -> watchdogs.OrphanReport:
     once (quarantined at the limit), and so are conversation drains."""
     runtime = get_runtime()
     limit = runtime.settings.worker_lost_limit
-    report = watchdogs.release_orphans(runtime.engine, runtime.config, limit, enqueue_processing)
+    report = watchdogs.release_orphans(
+        runtime.engine, runtime.config, limit, runtime.broker.enqueue_processing
+    )
     if report.released or report.quarantined:
         log.warning(
             "%d messages of dead workers released, %d quarantined (E_WORKER_LOST)",
@@ -108,7 +109,8 @@ def node_watch() -> list[str]:
 
 def awaited() -> None:
     """The awaited agent: re-queues due AWAITED and stuck responses, expires old ones."""
-    report = get_runtime().conversations.awaited_turn(enqueue_drain)
+    runtime = get_runtime()
+    report = runtime.conversations.awaited_turn(runtime.broker.enqueue_drain)
     if report.woken or report.expired or report.vanished:
         log.info("awaited agent: %s", report)
 
@@ -116,7 +118,7 @@ def awaited() -> None:
 def timeout_monitor() -> timeouts.TimeoutReport:
     """The timeout monitor: done and timeout metrics, retries of timed-out messages."""
     runtime = get_runtime()
-    report = timeouts.monitor(runtime.engine, runtime.tracker, enqueue_processing)
+    report = timeouts.monitor(runtime.engine, runtime.tracker, runtime.broker.enqueue_processing)
     if report.timeouts or report.expired:
         log.warning(
             "timeout monitor: %d timeouts (retried %s, failed %s), %d expired",
@@ -136,7 +138,7 @@ def pubsub_upkeep() -> None:
 def produce_schedules() -> schedules.ProduceReport:
     """The message of every due schedule, through the intake (which wakes a worker)."""
     runtime = get_runtime()
-    intake = runtime.intake(enqueue_processing, wake_processing)
+    intake = runtime.intake(runtime.broker.enqueue_processing, runtime.wake_processing)
     report = schedules.produce_due(runtime.engine, intake.submit, runtime.clock)
     if report.produced or report.repeated:
         log.info("schedules produced %s (stored before: %s)", report.produced, report.repeated)

@@ -16,13 +16,6 @@ from celery.schedules import crontab
 
 from orderly.beat import agents
 from orderly.worker import pubsub
-from orderly.worker.celery import (
-    enqueue_confirmations,
-    enqueue_drain,
-    enqueue_event_deliveries,
-    enqueue_processing_many,
-    wake_processing,
-)
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.due import DueSource, Job, Ticker
 from orderly.worker.messages import confirmations
@@ -81,14 +74,14 @@ def build_tickers(
 ) -> tuple[Ticker, Ticker]:
     """The due work, and the agents: two tickers, so that a long agent turn (a repair of
     many rows) never holds back what is due."""
+    broker = runtime.broker
     sources: list[DueSource] = [
         due_messages(
-            runtime.engine, wake_processing, config.get_int("asynch.postponedIntervalSec")
+            runtime.engine, runtime.wake_processing, config.get_int("asynch.postponedIntervalSec")
         ),
-        pubsub.due_deliveries(runtime.engine, enqueue_event_deliveries),
-        confirmations.due_confirmations(runtime.engine, enqueue_confirmations),
-        runtime.conversations.wakes(enqueue_drain),
-        runtime.tracker.retries(enqueue_processing_many),
+        pubsub.due_deliveries(runtime.engine, broker.enqueue_event_deliveries),
+        confirmations.due_confirmations(runtime.engine, broker.enqueue_confirmations),
+        runtime.conversations.wakes(broker.enqueue_drain),
     ]
     return (
         Ticker(sources, clock=runtime.clock),

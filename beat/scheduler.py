@@ -25,7 +25,7 @@ class ConfiguredScheduler(Scheduler):
     is doing meanwhile. The interval is INTERVAL after a turn that handed something over and
     CHECK_QUEUE_INTERVAL, the seed's idle check, after one that found nothing due (see
     :func:`next_wait`), cut short to when the earliest waiting item is due
-    (:func:`idle_wait`).
+    (:func:`until_due`).
 
     Beat follows its node (ORDERLY_NODE_CODE) every heartbeat: while it is STOPPED the
     ticker hands out no due work and neither the agents nor the beat schedule run (the beats
@@ -78,8 +78,10 @@ class ConfiguredScheduler(Scheduler):
         moved = self.due.tick()
         wait: float = super().tick(*args, **kwargs)
         after = next_wait(moved, len(self.due.sources), self.interval_s, self.idle_s)
-        if after > self.interval_s:  # idle: no longer than until the next item is due
-            after = idle_wait(self.due.due_in_s(), self.interval_s, self.idle_s)
+        # No longer than until the next item is due (a retry wait, a delay, an ACK deadline),
+        # busy or idle: due work starts on time, not up to a turn late.
+        failed = len(moved) < len(self.due.sources)
+        after = until_due(self.due.due_in_s(), after, self.interval_s, failed)
         return min(wait, after)
 
     def close(self) -> None:
@@ -97,10 +99,19 @@ def next_wait(moved: dict[str, int], sources: int, busy_s: float, idle_s: float)
     return idle_s if idle else busy_s
 
 
-def idle_wait(due_in_s: float | None, busy_s: float, idle_s: float) -> float:
-    """An idle beat's wait: ``idle_s``, but no longer than until the earliest waiting item is
-    due (a retry wait, a delay, an ACK deadline: the queue is not empty, only not due), and
-    never shorter than ``busy_s``."""
+# The shortest wait of the ticker: an item due in a moment is waited for, not spun on.
+MIN_WAIT_S = 0.005
+# An item that fell due while the turn ran (after its take looked): taken this soon after.
+AGAIN_S = 0.02
+
+
+def until_due(due_in_s: float | None, wait_s: float, busy_s: float, failed: bool = False) -> float:
+    """Beat's wait ``wait_s`` (busy or idle), cut short to when the earliest waiting item is
+    due. An item already due that the turn did not take fell due while it ran: it is taken
+    :data:`AGAIN_S` later; while a source fails, ``busy_s`` (no spin on a broker that is
+    down)."""
     if due_in_s is None:
-        return idle_s
-    return min(idle_s, max(busy_s, due_in_s))
+        return wait_s
+    if due_in_s <= 0:
+        return min(wait_s, busy_s if failed else AGAIN_S)
+    return min(wait_s, max(MIN_WAIT_S, due_in_s))

@@ -1,7 +1,7 @@
 """Scheduling in the message store: lateness and memory of many scheduled messages, funnels
 taking turns, per-funnel limits, retry gaps against their formula, aborts.
 
-    python -m benchmarks.scheduling [--quick] [--messages N] [--window-s S]
+    python -m benchmarks.scheduling [--quick] [--messages N] [--window-s S] [--only PHASES]
 
 1. Scheduled: N messages (100,000; --quick 5,000) due at random instants over a window (600 s;
    --quick 40 s) are submitted in batches of 1,000 with ``not_before``; two workers and beat
@@ -208,7 +208,13 @@ def fairness(r: redis.Redis, group: ProcessGroup, per_key: int) -> dict[str, Any
         previous = key
         longest = max(longest, run)
         left[key] -= 1
-    print(f"fairness: first 12 {''.join(order[:12])}; longest run {longest}", flush=True)
+    seq = "".join(order)
+    at = next((i for i in range(len(seq) - longest + 1) if len(set(seq[i : i + longest])) == 1), 0)
+    print(
+        f"fairness: first 12 {seq[:12]}; longest run {longest} at {at}: "
+        f"{seq[max(0, at - 9) : at + longest + 9]}",
+        flush=True,
+    )
     return {"longest_run": longest, "fair_messages": len(order)}
 
 
@@ -265,13 +271,17 @@ def retry_gaps(r: redis.Redis, group: ProcessGroup, count: int) -> dict[str, Any
     for t in tries(r):
         by_msg.setdefault(t["msg"], []).append(t)
     errors: list[float] = []
+    by_attempt: dict[int, list[float]] = {}
     for runs in by_msg.values():
         runs.sort(key=lambda t: t["try"])
         for before, after in itertools.pairwise(runs):
             attempt = after["try"]  # failed tries so far: this is retry number ``attempt``
             formula = 500 * 2.0**attempt
             errors.append(after["start"] - before["end"] - formula)
+            by_attempt.setdefault(attempt, []).append(errors[-1])
     late = max(errors)
+    worst = {n: round(max(e)) for n, e in sorted(by_attempt.items())}
+    print(f"retry gaps: the most late by retry number (ms): {worst}", flush=True)
     print(
         f"retry gaps: {len(errors)} gaps of {len(ids)} messages; gap - formula: min "
         f"{min(errors):.0f} ms, p50 {pct(errors, 0.5):.0f} ms, max {late:.0f} ms",
@@ -328,6 +338,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a run of a few minutes")
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--window-s", type=float, default=None)
+    parser.add_argument(
+        "--only", default="", help="comma-separated phases: scheduled,fairness,limits,retries,abort"
+    )
     args = parser.parse_args()
     n = args.messages or (5_000 if args.quick else 100_000)
     window_s = args.window_s or (40.0 if args.quick else 600.0)
@@ -341,7 +354,10 @@ def main() -> None:
             ("retries", lambda: retry_gaps(r, group, 10 if args.quick else 20)),
             ("abort", lambda: aborts(r, group, 10 if args.quick else 20)),
         ]
-        for _, phase in phases:
+        wanted = set(args.only.split(",")) if args.only else {name for name, _ in phases}
+        for name, phase in phases:
+            if name not in wanted:
+                continue
             reset_messages(r)
             figures.update(phase())
     finally:

@@ -181,6 +181,11 @@ class RateKeys:
         """The console's sign-ins with a token naming that key (its prefix)."""
         return f"{self.prefix}:login:key:{prefix}"
 
+    def funnel(self, funnel_key: int) -> str:
+        """The starts of one funnel value's messages whose component has a rate (funnel_limit;
+        the funnel's advisory-lock key names it)."""
+        return f"{self.prefix}:funnel:{funnel_key}"
+
 
 # Whether a worker is woken, or looking, for due messages (worker/messages/wake.py): intake
 # wakes one only when none is, or when the one looking is busy running handlers.
@@ -259,16 +264,6 @@ class TrackKeys:
     def attempts(self, xid: str) -> str:
         """Timeouts counted against one xid so far (the retry's attempt number)."""
         return f"{self.namespace}:message:attempts:{xid}"
-
-    @property
-    def retry(self) -> str:
-        """Timed-out messages scored by when their retry is due (ms)."""
-        return f"{self.namespace}:message:retry"
-
-    @property
-    def retry_leased(self) -> str:
-        """Retries taken by a scheduler, scored by when its lease ends (then due again)."""
-        return f"{self.namespace}:message:retry:leased"
 
     @property
     def services(self) -> str:

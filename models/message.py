@@ -77,6 +77,7 @@ class Message(Base):
             "ix_message_ready",
             text("priority DESC"),
             "fair_at",
+            "msg_id",
             postgresql_where=text(
                 "state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL AND service_name <> 'conversation'"
             ),

@@ -29,6 +29,7 @@ from orderly.worker.core.limits import Abort, Aborted, TimeLimitExceeded, TimeLi
 from orderly.worker.handlers import MessageContext, registry
 from orderly.worker.messages import abort, batches, operations
 from orderly.worker.messages.abort import AbortBook, AbortListener, AbortWatch
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome, Processor
 from orderly.worker.runtime import get_runtime
@@ -540,7 +541,7 @@ def test_a_cancelled_message_s_handler_stops_within_a_second_and_the_cancel_is_i
     msg_id = intake.submit(message(1, service="abort", operation=operation)).msg_id
     cancelled_at = _cancel_once_started(db, redis_client, [msg_id])
     with caplog.at_level(logging.INFO):
-        result = processor.process(msg_id)
+        result = process_message(processor, msg_id)
     assert result.outcome is Outcome.ABORTED
     events = _events(redis_client)
     assert [kind for kind, _ in events] == ["start", end]
@@ -553,7 +554,7 @@ def test_a_cancelled_message_s_handler_stops_within_a_second_and_the_cancel_is_i
     # The process goes on with the next message as usual.
     redis_client.delete(EVENTS)
     following = intake.submit(message(2, service="abort", operation="quick")).msg_id
-    assert processor.process(following).outcome is Outcome.OK
+    assert process_message(processor, following).outcome is Outcome.OK
     assert [kind for kind, _ in _events(redis_client)] == ["done"]
 
 
@@ -612,6 +613,6 @@ def test_a_message_re_driven_after_its_cancel_runs_to_its_end(
     book = watch.started()[0]
     wait_until(lambda: msg_id in book.remembered(), WAIT_S, "the cancel heard")
     operations.redrive(db, msg_id, {"note": "after all"}, lambda _: None)
-    assert processor.process(msg_id).outcome is Outcome.OK
+    assert process_message(processor, msg_id).outcome is Outcome.OK
     assert [kind for kind, _ in _events(redis_client)] == ["done"]
     assert [a["action"] for a in row(db, msg_id).audit] == ["CANCEL", "REDRIVE"]

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 
 from orderly.worker.core.errors import OperationRefused
 from orderly.worker.messages import operations
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome
 from tests.helpers import OrderlyCli, api_key, message, processor, row, wait_until
@@ -52,11 +53,11 @@ def build_tree(db: Engine, intake: Intake) -> dict[str, int]:
             ),
         )
     ).msg_id
-    assert proc.process(root).outcome is Outcome.WAITING
+    assert process_message(proc, root).outcome is Outcome.WAITING
     kids = children_of(db, root)
-    assert proc.process(kids["split"]).outcome is Outcome.WAITING
-    assert proc.process(kids["say"]).outcome is Outcome.OK
-    proc.process(kids["wait"])
+    assert process_message(proc, kids["split"]).outcome is Outcome.WAITING
+    assert process_message(proc, kids["say"]).outcome is Outcome.OK
+    process_message(proc, kids["wait"])
     assert row(db, kids["wait"]).state == "WAITING_FOR_RES"
     grand = children_of(db, kids["split"])
     behind = intake.submit(message(9, operation="script", funnel_value="fc")).msg_id

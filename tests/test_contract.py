@@ -51,6 +51,7 @@ BODIES = {
     ("post", "/dead-letters/redrive"): "RedriveIn",
     ("post", "/schedules"): "ScheduleIn",
     ("patch", "/schedules/{name}"): "SchedulePatchIn",
+    ("put", "/funnel-limits/{component_id}"): "FunnelLimitIn",
 }
 
 
@@ -96,7 +97,7 @@ def test_every_write_operation_has_a_body_a_tag_and_an_operation_id(
                 assert (method, path) in BODIES, (method, path)
             assert len(op["tags"]) == 1 and op["tags"][0], (method, path)
             ids.append(op["operationId"])
-    assert len(ids) == len(set(ids)) == 50
+    assert len(ids) == len(set(ids)) == 54
     assert "submit" in ids and "publish" in ids
 
 

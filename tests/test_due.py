@@ -220,7 +220,7 @@ def test_a_take_settles_and_releases_only_what_it_still_holds(redis_client: redi
 
 
 def test_a_due_set_says_when_its_earliest_item_is_due(redis_client: redis.Redis) -> None:
-    """What an idle beat waits for (beat.scheduler.idle_wait): the first due time, or the
+    """What beat waits for (beat.scheduler.until_due): the first due time, or the
     first lease end of what a taker holds, whichever is earlier."""
     clock = ManualClock(1_000.0)
     source = due_set(redis_client, clock, [])

@@ -21,6 +21,7 @@ from orderly.models.keys import TrackKeys
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.limits import TimeLimitExceeded, TimeLimits, Watchdog
 from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import (
     ERROR_TIME_LIMIT,
@@ -234,7 +235,7 @@ def test_a_handler_past_its_limit_is_stopped_and_recorded_e_time_limit(
     key = "test:limits:events"
     payload = json.dumps({"sleep": WAIT_S, "key": key})
     msg_id = intake.submit(message(1, operation="limited", payload=payload)).msg_id
-    result = _processor(db, tracker, limits, 0.3).process(msg_id)
+    result = process_message(_processor(db, tracker, limits, 0.3), msg_id)
     assert result.outcome is Outcome.PARTLY_FAILED
     stored = row(db, msg_id)
     assert stored.state is MessageState.PARTLY_FAILED
@@ -257,7 +258,7 @@ def test_a_handler_within_its_limit_ends_ok(
     tracker = Tracker(redis_client, KEYS, TrackingPolicy(timeout_ms=10_000, expire_ms=60_000))
     key = "test:limits:events"
     msg_id = intake.submit(message(1, operation="limited", payload=json.dumps({"key": key})))
-    result = _processor(db, tracker, limits, 5.0).process(msg_id.msg_id)
+    result = process_message(_processor(db, tracker, limits, 5.0), msg_id.msg_id)
     assert result.outcome is Outcome.OK
     assert _events(redis_client, key) == ["start", "end"]
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL

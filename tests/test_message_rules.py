@@ -24,6 +24,7 @@ from orderly.worker.core.errors import (
 from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.db.queries import sql
 from orderly.worker.messages import confirmations, extcall, operations, watchdogs
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.extcall import CallKey, Skip
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome
@@ -50,7 +51,7 @@ def drain(db: Engine, queue: list[int]) -> None:
     """Process what is queued (and what that enqueues) until nothing is left."""
     proc = processor(db)
     while queue:
-        proc.process(queue.pop(0), queue.append)
+        process_message(proc, queue.pop(0), queue.append)
 
 
 # --- funnels and guaranteed order ---------------------------------------------------------
@@ -64,9 +65,9 @@ def test_guaranteed_order_stores_successors_postponed_and_releases_them_in_order
     # 2 finds 1 older and not final: POSTPONED, with no task.
     assert [row(db, i).state for i in ids] == ["NEW", "NEW", "POSTPONED"]
     assert queue == [ids[0], ids[1]]
-    first = processor(db).process(ids[0])  # 3 has older ones before it
+    first = process_message(processor(db), ids[0])  # 3 has older ones before it
     assert first.outcome is Outcome.POSTPONED
-    result = processor(db).process(ids[1])  # 1 runs; its OK releases 2
+    result = process_message(processor(db), ids[1])  # 1 runs; its OK releases 2
     assert result.outcome is Outcome.OK and result.ready == (ids[2],)
     order: list[int] = []
     proc = processor(db)
@@ -74,7 +75,7 @@ def test_guaranteed_order_stores_successors_postponed_and_releases_them_in_order
     while ready:
         nxt = ready.pop(0)
         order.append(nxt)
-        ready.extend(proc.process(nxt).ready)
+        ready.extend(process_message(proc, nxt).ready)
     assert order == [ids[2], ids[0]]
     assert set(states(db).values()) == {"OK"}
 
@@ -87,7 +88,7 @@ def test_exclude_failed_state_decides_whether_a_failed_message_blocks(
     blocked = intake.submit(funnel_msg(2)).msg_id
     free = intake.submit(funnel_msg(3, funnel="f2")).msg_id
     intake.submit(funnel_msg(0, funnel="f2", correlation_id="f2-bad"))
-    assert processor(db).process(bad).outcome is Outcome.FAILED
+    assert process_message(processor(db), bad).outcome is Outcome.FAILED
     # in f1, the FAILED message still holds message 2 (exclude_failed_state false)
     assert row(db, blocked).state == "POSTPONED"
     # in f2, an older FAILED message does not hold a message with exclude_failed_state
@@ -100,7 +101,7 @@ def test_exclude_failed_state_decides_whether_a_failed_message_blocks(
             ),
             {"i": free},
         )
-    assert processor(db).process(free).outcome is Outcome.OK
+    assert process_message(processor(db), free).outcome is Outcome.OK
     # and without it, the same FAILED message holds it
     with db.begin() as conn:
         conn.execute(
@@ -110,7 +111,7 @@ def test_exclude_failed_state_decides_whether_a_failed_message_blocks(
             ),
             {"i": free},
         )
-    assert processor(db).process(free).outcome is Outcome.POSTPONED
+    assert process_message(processor(db), free).outcome is Outcome.POSTPONED
 
 
 def test_postponed_too_long_behind_a_failed_message_becomes_failed(
@@ -149,11 +150,11 @@ def test_a_plain_funnel_postpones_while_another_is_active(db: Engine, intake: In
     b = intake.submit(message(2, funnel_value="cust-1"))
     assert b.state is MessageState.NEW  # plain funnel: only an active message holds it
     results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(processor(db).process(a.msg_id)))
+    t = threading.Thread(target=lambda: results.append(process_message(processor(db), a.msg_id)))
     t.start()
     while row(db, a.msg_id).state != "PROCESSING":
         pass
-    assert processor(db).process(b.msg_id).outcome is Outcome.POSTPONED
+    assert process_message(processor(db), b.msg_id).outcome is Outcome.POSTPONED
     t.join()
     assert results[0].outcome is Outcome.OK and results[0].ready == (b.msg_id,)
 
@@ -163,8 +164,8 @@ def test_an_obsolete_message_is_skipped_with_the_newer_one_named(
 ) -> None:
     newer = intake.submit(message(5, object_id="cust-9", entity_type="customer")).msg_id
     older = intake.submit(message(1, object_id="cust-9", entity_type="customer")).msg_id
-    assert processor(db).process(newer).outcome is Outcome.OK
-    result = processor(db).process(older)
+    assert process_message(processor(db), newer).outcome is Outcome.OK
+    result = process_message(processor(db), older)
     assert result.outcome is Outcome.OBSOLETE
     stored = row(db, older)
     assert stored.state == "OK" and stored.obsolete_by == newer
@@ -223,7 +224,7 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
     second = intake.submit(message(2, operation="extcall", payload=json.dumps({"key": "k"})))
     with prepared_connection(db) as conn:
         extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
-    assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
+    assert process_message(processor(db), second.msg_id).outcome is Outcome.POSTPONED
     assert row(db, second.msg_id).failed_count == 0  # a busy key is no failure
     waiting = row(db, second.msg_id)
     assert waiting.state is MessageState.POSTPONED and waiting.due_at is not None
@@ -231,14 +232,14 @@ def test_a_busy_key_postpones_the_message_and_the_pool_takes_it_up_later(
     make_due(db, second.msg_id)
     assert take_due(db) == 1
     with prepared_connection(db) as conn:
-        still_busy = processor(db).process(second.msg_id)
+        still_busy = process_message(processor(db), second.msg_id)
         assert still_busy.outcome is Outcome.POSTPONED
         call_id = extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
         assert isinstance(call_id, int)
         extcall.finish_call(conn, call_id, first.msg_id, ok=True)
     make_due(db, second.msg_id)
     assert take_due(db) == 1
-    assert processor(db).process(second.msg_id).outcome is Outcome.OK
+    assert process_message(processor(db), second.msg_id).outcome is Outcome.OK
     assert row(db, second.msg_id).custom_data == "CALLED"  # newer than the first call
 
 
@@ -255,7 +256,7 @@ def test_a_handler_may_not_split_into_its_own_funnel_nor_split_and_wait(
         intake.submit(message(2, operation="split", payload=json.dumps(both))).msg_id,
     ]
     for msg_id in ids:
-        assert processor(db).process(msg_id).outcome is Outcome.PARTLY_FAILED
+        assert process_message(processor(db), msg_id).outcome is Outcome.PARTLY_FAILED
         assert row(db, msg_id).failed_error_code == "E_INVALID_CHILD"
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM message")).scalar() == 2  # no child
@@ -323,7 +324,7 @@ def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
     waiting = intake.submit(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "r-1"}))
     )
-    assert processor(db).process(waiting.msg_id).outcome is Outcome.WAITING_FOR_RES
+    assert process_message(processor(db), waiting.msg_id).outcome is Outcome.WAITING_FOR_RES
     with pytest.raises(ResponseNotAwaited):
         operations.receive_response(db, {"correlation_id": "nobody"}, queue.append)
     with pytest.raises(InvalidMessage) as bad:
@@ -337,7 +338,7 @@ def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
     assert got.state is MessageState.IN_QUEUE and queue == [waiting.msg_id]
     again = operations.receive_response(db, {"correlation_id": "r-1", "payload": "x"}, queue.append)
     assert not again.created and again.res_id == got.res_id
-    assert processor(db).process(queue.pop()).outcome is Outcome.OK
+    assert process_message(processor(db), queue.pop()).outcome is Outcome.OK
     assert row(db, waiting.msg_id).custom_data == '{"ok":1}'
 
 
@@ -348,7 +349,7 @@ def test_an_operator_responds_by_hand_with_a_note_all_or_nothing(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "r-9"}))
     ).msg_id
     other = intake.submit(message(2)).msg_id
-    assert processor(db).process(waiting).outcome is Outcome.WAITING_FOR_RES
+    assert process_message(processor(db), waiting).outcome is Outcome.WAITING_FOR_RES
     queue.clear()
     # Refusals name the problem and write nothing: no note, a bad response, a message that
     # waits for nothing, an unknown one.
@@ -378,7 +379,7 @@ def test_an_operator_responds_by_hand_with_a_note_all_or_nothing(
         "answered by phone",
         "WAITING_FOR_RES",
     )
-    assert processor(db).process(queue.pop()).outcome is Outcome.OK
+    assert process_message(processor(db), queue.pop()).outcome is Outcome.OK
     assert row(db, waiting).custom_data == '{"ok":2}'
     # Final now: nothing more to answer.
     with pytest.raises(OperationRefused):
@@ -389,7 +390,7 @@ def test_a_wait_that_runs_out_fails(db: Engine, intake: Intake) -> None:
     waiting = intake.submit(
         message(1, operation="wait", payload=json.dumps({"correlation_id": "r-2", "timeout_s": 1}))
     )
-    processor(db).process(waiting.msg_id)
+    process_message(processor(db), waiting.msg_id)
     with db.begin() as conn:
         conn.execute(text("UPDATE message SET response_deadline = now() - interval '1 s'"))
     assert watchdogs.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda _: None) == 1
@@ -410,7 +411,7 @@ def test_confirmations_retry_up_to_failed_end(
     confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
     recorder.fail["/confirm"] = 5
     msg_id = intake.submit(message(1)).msg_id
-    processor(db).process(msg_id)
+    process_message(processor(db), msg_id)
     seen = []
     config = ConfigReader(db, ttl_seconds=0)
     http = local_http()
@@ -439,7 +440,7 @@ def test_a_try_in_flight_does_not_settle_a_final_state_recorded_anew(
 ) -> None:
     confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
     msg_id = intake.submit(message(1)).msg_id
-    processor(db).process(msg_id)  # OK: a confirmation is recorded
+    process_message(processor(db), msg_id)  # OK: a confirmation is recorded
     taken: list[tuple[int, str]] = []
     drain_due(confirmations.due_confirmations(db, taken.extend), 100)
     [(call_id, claim)] = taken
@@ -463,7 +464,7 @@ def test_a_try_whose_worker_died_is_due_at_once_and_quarantined_at_the_limit(
 ) -> None:
     confirmations.set_source_system(db, "crm", {"confirmation_url": recorder.base + "/confirm"})
     msg_id = intake.submit(message(1)).msg_id
-    processor(db).process(msg_id)  # OK: a confirmation is recorded
+    process_message(processor(db), msg_id)  # OK: a confirmation is recorded
     config = ConfigReader(db, ttl_seconds=0)
 
     def take() -> tuple[int, str]:

@@ -111,6 +111,14 @@ def test_store_figures_count_every_state_and_the_delayed_and_dead_deliveries(
             ),
             [{"s": 120, "id": ids[1]}, {"s": 30, "id": ids[2]}],
         )
+        # Waiting for their due time: a NEW one scheduled for later and a PARTLY_FAILED one
+        # 40 s overdue. An OK row's leftover due time and a POSTPONED one without one are not.
+        conn.execute(
+            text(
+                "UPDATE message SET due_at = now() + make_interval(secs => :s) WHERE msg_id = :id"
+            ),
+            [{"s": 600, "id": ids[7]}, {"s": -40, "id": ids[5]}, {"s": -90, "id": ids[0]}],
+        )
 
     pubsub.create_room(db, ROOM)
     pubsub.create_subscription(db, "orders", {"name": "s", "kind": "PUSH", "push_url": "http://x/"})
@@ -147,18 +155,34 @@ def test_store_figures_count_every_state_and_the_delayed_and_dead_deliveries(
     assert figures.deliveries_delayed == 2  # the PENDING one due now is not delayed
     assert 120 <= figures.oldest_blocked_head_age_s < 125
     assert store_figures(db).oldest_blocked_head_age_s == 0
+    assert dict(figures.due_waiting) == {
+        MessageState.NEW: 1,
+        MessageState.PARTLY_FAILED: 1,
+        MessageState.POSTPONED: 0,
+        MessageState.IN_QUEUE: 0,
+    }
+    assert 40 <= figures.due_lag_s < 45
 
     samples = exposition(gather(db, _down(), BridgeKeys(), _down(), TrackKeys(), None, QUEUES))
     assert value(samples, "orderly_messages", state="OK") == 3
     assert value(samples, "orderly_messages", state="WAITING") == 0
     assert value(samples, "orderly_deliveries_delayed") == 2
     assert value(samples, "orderly_deliveries_dead_lettered") == 1
+    assert value(samples, "orderly_messages_due_waiting", state="PARTLY_FAILED") == 1
+    assert value(samples, "orderly_messages_due_waiting", state="IN_QUEUE") == 0
+    assert 40 <= value(samples, "orderly_messages_due_lag_seconds") < 45
     assert value(samples, "orderly_source_up", source="postgresql") == 1
     assert value(samples, "orderly_source_up", source="redis") == 0
     assert value(samples, "orderly_source_up", source="tracking") == 0
     # Parts whose source failed are left out, not shown as zeros.
     assert not any(name.startswith("orderly_conversation") for name, _ in samples)
     assert not any(name.startswith("orderly_tracked") for name, _ in samples)
+    with db.begin() as conn:  # none overdue any more: no lag, and never a negative one
+        conn.execute(
+            text("UPDATE message SET due_at = now() + interval '1 minute' WHERE msg_id = :id"),
+            {"id": ids[5]},
+        )
+    assert store_figures(db).due_lag_s == 0
 
 
 def _down() -> redis.Redis:
@@ -296,7 +320,6 @@ def test_tracking_histograms_workers_and_queues_are_exposed_exactly(
     tracker.done(second, now=t0 + 300)  # le 500 ms
     turn = tracker.monitor_turn(now=t0 + 2000)  # the third has timed out after 2 s
     assert turn.done == 2 and [t.track_id for t in turn.timed_out] == [third]
-    tracker.schedule_retry("m-2", 1, now=t0 + 2000)
     tracker.count("retry")
     tracker.count("gaveup")
 
@@ -338,7 +361,6 @@ def test_tracking_histograms_workers_and_queues_are_exposed_exactly(
     assert value(samples, "orderly_tracked_expired_total") == 0
     assert value(samples, "orderly_timeout_retries_total") == 1
     assert value(samples, "orderly_timeout_failed_total") == 1
-    assert value(samples, "orderly_timeout_retries_waiting") == 1
     assert value(samples, "orderly_workers_alive", node="n1") == 2
     assert ("orderly_workers_alive", (("node", "n3"),)) not in samples
     assert value(samples, "orderly_queue_depth", queue=PROCESS_QUEUE) == 3

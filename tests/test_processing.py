@@ -14,6 +14,7 @@ from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.handlers import HandlerRegistry, MessageContext
 from orderly.worker.messages import watchdogs
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import ERROR_NO_HANDLER, Outcome
 from orderly.worker.runtime import get_runtime
@@ -37,7 +38,7 @@ def test_success_moves_new_to_ok_and_records_node_and_custom_data(
     db: Engine, intake: Intake
 ) -> None:
     msg_id = intake.submit(message(1)).msg_id
-    result = processor(db).process(msg_id)
+    result = process_message(processor(db), msg_id)
     assert result.outcome is Outcome.OK
     stored = row(db, msg_id)
     assert stored.state is MessageState.OK
@@ -70,10 +71,12 @@ def test_failures_count_up_then_fail_at_the_limit(db: Engine, intake: Intake) ->
     proc = processor(db)
     seen = []
     for _ in range(3):
-        result = proc.process(msg_id)
+        result = process_message(proc, msg_id)
         seen.append((result.outcome, row(db, msg_id).failed_count, _retry_wait_ms(db, msg_id)))
         if result.outcome is Outcome.PARTLY_FAILED:
-            assert proc.process(msg_id).outcome is Outcome.NOT_CLAIMABLE  # not before its time
+            assert (
+                process_message(proc, msg_id).outcome is Outcome.NOT_CLAIMABLE
+            )  # not before its time
             make_due(db, msg_id)
             assert take_due(db) == 1
     # delay * multiplier ^ attempt: 3 s * 2.5 = 7.5 s, then 3 s * 2.5^2 = 18.75 s
@@ -92,7 +95,7 @@ def test_an_unexpected_exception_is_a_partial_failure_with_its_type(
     db: Engine, intake: Intake
 ) -> None:
     msg_id = intake.submit(message(1, operation="crash")).msg_id
-    assert processor(db).process(msg_id).outcome is Outcome.PARTLY_FAILED
+    assert process_message(processor(db), msg_id).outcome is Outcome.PARTLY_FAILED
     stored = row(db, msg_id)
     assert stored.failed_error_code == "E_HANDLER"
     assert stored.failed_desc is not None and stored.failed_desc.startswith("RuntimeError")
@@ -100,7 +103,7 @@ def test_an_unexpected_exception_is_a_partial_failure_with_its_type(
 
 def test_a_missing_handler_fails_the_message_at_once(db: Engine, intake: Intake) -> None:
     msg_id = intake.submit(message(1)).msg_id
-    result = processor(db, HandlerRegistry()).process(msg_id)
+    result = process_message(processor(db, HandlerRegistry()), msg_id)
     assert result.outcome is Outcome.FAILED
     stored = row(db, msg_id)
     assert stored.failed_error_code == ERROR_NO_HANDLER
@@ -112,7 +115,7 @@ def test_a_message_in_another_state_is_not_claimed(db: Engine, intake: Intake, s
     msg_id = intake.submit(message(1)).msg_id
     with db.begin() as conn:
         conn.execute(text("UPDATE message SET state=:s WHERE msg_id=:i"), {"s": state, "i": msg_id})
-    result = processor(db).process(msg_id)
+    result = process_message(processor(db), msg_id)
     assert result.outcome is Outcome.NOT_CLAIMABLE
     assert row(db, msg_id).state == state
 
@@ -122,11 +125,11 @@ def test_a_message_processing_on_a_live_connection_is_not_claimed_twice(
 ) -> None:
     msg_id = intake.submit(message(1, payload=script(sleep=1.0))).msg_id
     results = []
-    first = threading.Thread(target=lambda: results.append(processor(db).process(msg_id)))
+    first = threading.Thread(target=lambda: results.append(process_message(processor(db), msg_id)))
     first.start()
     while row(db, msg_id).state is not MessageState.PROCESSING:
         pass
-    second = processor(db).process(msg_id)
+    second = process_message(processor(db), msg_id)
     first.join()
     assert second.outcome is Outcome.NOT_CLAIMABLE
     assert [r.outcome for r in results] == [Outcome.OK]
@@ -166,7 +169,7 @@ def test_a_message_orphaned_by_a_dead_worker_is_claimed_again(db: Engine, intake
     msg_id = intake.submit(message(1)).msg_id
     _orphan(db, msg_id)
     wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
-    assert processor(db).process(msg_id).outcome is Outcome.OK
+    assert process_message(processor(db), msg_id).outcome is Outcome.OK
     stored = row(db, msg_id)
     assert (stored.lost_count, stored.failed_count) == (1, 0)  # a death, not a failure
 
@@ -179,7 +182,7 @@ def test_an_orphan_at_the_lost_limit_is_not_claimed_but_quarantined(
         conn.execute(text("UPDATE message SET lost_count = 2 WHERE msg_id = :i"), {"i": msg_id})
     _orphan(db, msg_id)
     wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
-    result = processor(db).process(msg_id)  # the limit is 3: a third death is too many
+    result = process_message(processor(db), msg_id)  # the limit is 3: a third death is too many
     assert result.outcome is Outcome.NOT_CLAIMABLE
     assert row(db, msg_id).lost_count == 2
     enqueued: list[int] = []
@@ -208,16 +211,16 @@ def test_a_quarantined_funnel_message_lets_the_next_one_go(db: Engine, intake: I
     assert row(db, first).state is MessageState.FAILED
     assert enqueued == [second]  # released by the quarantine, in the same transaction
     assert row(db, second).state is MessageState.IN_QUEUE
-    assert processor(db).process(second).outcome is Outcome.OK
+    assert process_message(processor(db), second).outcome is Outcome.OK
 
 
 def test_a_stopped_node_processes_nothing(db: Engine, intake: Intake) -> None:
     msg_id = intake.submit(message(1)).msg_id
     nodes.set_state(db, get_runtime().settings.node_code, NodeState.STOPPED)
-    assert processor(db).process(msg_id).outcome is Outcome.NODE_STOPPED
+    assert process_message(processor(db), msg_id).outcome is Outcome.NODE_STOPPED
     assert row(db, msg_id).state is MessageState.NEW
     nodes.set_state(db, get_runtime().settings.node_code, NodeState.HANDLES_EXISTING_MESSAGES)
-    assert processor(db).process(msg_id).outcome is Outcome.OK
+    assert process_message(processor(db), msg_id).outcome is Outcome.OK
 
 
 def test_handler_context_carries_the_message(db: Engine, intake: Intake) -> None:
@@ -225,7 +228,7 @@ def test_handler_context_carries_the_message(db: Engine, intake: Intake) -> None
     reg = HandlerRegistry()
     reg.add("test", "script", seen.append)
     msg_id = intake.submit(message(7, payload="<x/>", object_id="o", funnel_value="f")).msg_id
-    processor(db, reg).process(msg_id)
+    process_message(processor(db, reg), msg_id)
     ctx = seen[0]
     assert (
         ctx.msg_id,
@@ -281,7 +284,7 @@ def test_waiting_messages_become_claimable_when_their_due_time_comes(
     assert row(db, ids[2]).state is MessageState.PARTLY_FAILED
     assert row(db, ids[4]).state is MessageState.NEW and row(db, ids[4]).due_at is not None
     # the scheduled one is no candidate of a claim before its time
-    assert [r.outcome for r in [processor(db).process(ids[4])]] == [Outcome.NOT_CLAIMABLE]
+    assert [r.outcome for r in [process_message(processor(db), ids[4])]] == [Outcome.NOT_CLAIMABLE]
     assert take_due(db) == 0
     make_due(db, ids[4])
     assert take_due(db) == 1
@@ -331,7 +334,7 @@ def test_an_orphan_is_released_at_once_and_repair_leaves_it_alone(
     assert watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append) == (
         watchdogs.OrphanReport(released=0, quarantined=0)
     )
-    assert processor(db).process(msg_id).outcome is Outcome.OK
+    assert process_message(processor(db), msg_id).outcome is Outcome.OK
 
 
 def test_repair_fails_external_calls_stuck_in_processing(db: Engine, intake: Intake) -> None:

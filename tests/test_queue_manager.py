@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 
 import tests.gated_handlers  # noqa: F401  (the gate.hold handler, known to intake here)
-from orderly.beat.scheduler import ConfiguredScheduler, idle_wait, next_wait
+from orderly.beat.scheduler import ConfiguredScheduler, next_wait, until_due
 from orderly.models import NodeState
 from orderly.worker.celery import PROCESS_QUEUE, app, enqueue_processing
 from orderly.worker.core.due import Ticker
@@ -108,12 +108,12 @@ def test_an_idle_beat_looks_every_check_queue_interval_and_a_busy_one_every_inte
     assert polls_in(10, interval_ms=200, check_ms=5000, due=3).takes == 50
 
 
-@pytest.mark.parametrize(("later_s", "handed_at"), [(0.45, 0.45), (0.05, 0.2)])
+@pytest.mark.parametrize(("later_s", "handed_at"), [(0.45, 0.45), (0.05, 0.05)])
 def test_an_idle_beat_looks_again_when_a_waiting_item_is_due(
     later_s: float, handed_at: float
 ) -> None:
     """Nothing due, but a retry waits: beat looks again when it is due (not a whole
-    CHECK_QUEUE_INTERVAL later), and never sooner than INTERVAL."""
+    CHECK_QUEUE_INTERVAL, nor even an INTERVAL, later)."""
     source = polls_in(3, interval_ms=200, check_ms=1000, due=0, later_s=later_s)
     assert source.handed_at == pytest.approx([handed_at])
     # looks: at 0, when the item is due, one INTERVAL later (that turn was busy), then every
@@ -126,10 +126,14 @@ def test_a_failing_source_is_looked_at_again_after_interval() -> None:
     assert next_wait({}, 1, 0.2, 1.0) == 0.2  # the source failed: no answer
     assert next_wait({"a": 0}, 1, 0.2, 1.0) == 1.0
     assert next_wait({"a": 0, "b": 2}, 2, 0.2, 1.0) == 0.2
-    assert idle_wait(None, 0.2, 1.0) == 1.0
-    assert idle_wait(0.5, 0.2, 1.0) == 0.5
-    assert idle_wait(-3.0, 0.2, 1.0) == 0.2  # overdue (a lease that ran out): INTERVAL
-    assert idle_wait(7.0, 0.2, 1.0) == 1.0
+    assert until_due(None, 1.0, 0.2) == 1.0
+    assert until_due(0.5, 1.0, 0.2) == 0.5
+    assert until_due(0.03, 1.0, 0.2) == 0.03  # a retry due in 30 ms: no 200 ms turn late
+    assert until_due(0.03, 0.2, 0.2) == 0.03  # busy too
+    assert until_due(0.0001, 0.2, 0.2) == 0.005  # never a spin
+    assert until_due(-0.001, 0.2, 0.2) == 0.02  # fell due while the turn ran: soon
+    assert until_due(-3.0, 1.0, 0.2, failed=True) == 0.2  # a failing source: INTERVAL
+    assert until_due(7.0, 1.0, 0.2) == 1.0
 
 
 @pytest.mark.parametrize(

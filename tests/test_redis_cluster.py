@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
 from orderly.models.keys import BridgeKeys
-from orderly.worker import readiness, rebuild
+from orderly.worker import lua, readiness, rebuild
 from orderly.worker.conversations import Delivery, SendResult
 from orderly.worker.core.clients import ordering_client
 from orderly.worker.runtime import Runtime
@@ -263,12 +263,22 @@ class TestRedisCluster(Core):
         h.response("conv-0", "conv-0.r1", "conv-0.s1")
         now = h.clock.ms() + 600_000  # the member is due for the agent
         with pytest.raises(redis.ResponseError, match="non local key"):
-            h.conv.ctx.scripts.run(
-                "awaited", [home.pending_messages], [now, 10, away.response_prefix, 1000]
+            lua.awaited(
+                h.conv.ctx.scripts,
+                pending_messages=home.pending_messages,
+                now_ms=now,
+                limit=10,
+                response_prefix=away.response_prefix,
+                awaited_step_ms=1000,
             )
         # Its own shard's prefix: the same call works.
-        h.conv.ctx.scripts.run(
-            "awaited", [home.pending_messages], [now, 10, home.response_prefix, 1000]
+        lua.awaited(
+            h.conv.ctx.scripts,
+            pending_messages=home.pending_messages,
+            now_ms=now,
+            limit=10,
+            response_prefix=home.response_prefix,
+            awaited_step_ms=1000,
         )
 
     def test_the_runtime_uses_the_cluster_for_ordering_only(

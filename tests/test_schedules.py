@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import Engine, text
 
 from orderly.worker.core import cron
@@ -19,6 +20,7 @@ from orderly.worker.messages import schedules
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.runtime import get_runtime
 from tests.helpers import ManualClock
+from tests.stub_broker import StubBroker
 
 T0 = datetime(2026, 1, 5, 9, 0, 30, tzinfo=UTC)
 
@@ -441,26 +443,21 @@ def test_beat_lists_the_schedules_job(db: Engine) -> None:
 
 
 def test_beat_agent_produces_through_the_runtime_intake(
-    db: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    db: Engine, clock: ManualClock, redis_client: redis.Redis
 ) -> None:
-    """The agent's own wiring: the runtime's engine, clock and intake (the wake-up replaced,
-    as no broker is running here)."""
+    """The agent's own wiring: the runtime's engine, clock, intake and broker (a stub, as no
+    broker is running here): one worker woken for the message."""
     from orderly.beat import agents
 
     create(db, clock)
     runtime = get_runtime()
     runtime.clock = clock
-    woken: list[int] = []
-
-    def wake() -> bool:
-        woken.append(1)
-        return True
-
-    monkeypatch.setattr(agents, "wake_processing", wake)
+    broker = StubBroker()
+    runtime.use_broker(broker)
     clock.advance(60)
     report = agents.produce_schedules()
     assert report.produced == ["schedule:nightly:2026-01-05T09:01:00Z"]
-    assert woken == [1] and count(db, "message") == 1
+    assert broker.due == [True] and count(db, "message") == 1
 
 
 def test_deleting_keeps_the_messages(db: Engine, clock: ManualClock, intake: Intake) -> None:

@@ -10,17 +10,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.handlers import HandlerRegistry, MessageContext, Retry
-from orderly.worker.messages.batches import claim_due, process_batch
+from orderly.worker.messages.batches import claim_due, process_batch, process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome
+from orderly.worker.messages.rates import StartRates
 from orderly.worker.runtime import get_runtime
-from tests.helpers import make_due, message, processor, row, set_config, take_due
+from tests.helpers import ManualClock, make_due, message, processor, row, set_config, take_due
 
 
 def ignore(msg_id: int) -> None:
@@ -144,13 +146,13 @@ def test_funnels_take_turns_in_a_batch_too(db: Engine, intake: Intake) -> None:
     assert "".join(c[0] for c in recording.ran) == "AB" * 4
 
 
-def _claim(db: Engine, size: int = 50) -> list[int]:
+def _claim(db: Engine, size: int = 50, rates: StartRates | None = None) -> list[int]:
     """One worker's claim (committed; the claim stays with its connection's backend, which
     the test keeps open as a running worker would): the ids it took."""
     conn_cm = prepared_connection(db)
     conn = conn_cm.__enter__()
     _OPEN.append(conn_cm)
-    rows, _ = claim_due(conn, get_runtime().node_id, size, 5)
+    rows, _ = claim_due(conn, get_runtime().node_id, size, 5, rates)
     return sorted(r.msg_id for r in rows if r.running)
 
 
@@ -162,6 +164,24 @@ def workers() -> Any:
     yield
     while _OPEN:
         _OPEN.pop().__exit__(None, None, None)
+
+
+def test_funnels_take_turns_across_batches_and_their_budget(db: Engine, intake: Intake) -> None:
+    """Batches of many, cut short by their budget: every round still takes each funnel's
+    next in turn (equal places in line are taken oldest msg_id first)."""
+    items = [
+        message(n, funnel_value=key, correlation_id=f"{key}{n}")
+        for key in "ABC"
+        for n in range(1, 41)
+    ]
+    intake.submit_many(items)  # one statement: the k-th of each funnel has the same place
+    recording = Recording()
+    proc = processor(db, recording.registry)
+    for _ in range(200):
+        _, due = process_batch(proc, 50, ignore, budget_s=0.02)
+        if not due:
+            break
+    assert "".join(c[0] for c in recording.ran) == "ABC" * 40
 
 
 def test_a_funnel_limit_lets_that_many_run_at_once(
@@ -210,6 +230,37 @@ def test_a_funnel_limit_releases_as_many_as_it_frees(
     ] * 2
 
 
+def test_a_funnel_start_rate_defers_what_its_bucket_cannot_start(
+    db: Engine, intake: Intake, redis_client: redis.Redis, workers: None
+) -> None:
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO funnel_limit (component_id, max_in_flight, rate_per_s, burst)"
+                " VALUES ('c', 10, 0.5, 2)"
+            )
+        )
+    clock = ManualClock(1_000.0)
+    rates = StartRates(redis_client, clock)
+    ids = [
+        intake.submit(message(n, funnel_value="f", funnel_component_id="c")).msg_id
+        for n in range(1, 5)
+    ]
+    other = intake.submit(message(9, funnel_value="g")).msg_id  # no rate: never deferred
+    assert _claim(db, rates=rates) == [ids[0], other]
+    assert _claim(db, rates=rates) == [ids[1]]  # the burst of two
+    assert _claim(db, rates=rates) == []  # spent: due again when its token is there
+    waiting = row(db, ids[2])
+    assert waiting.state is MessageState.NEW and waiting.due_at is not None
+    assert waiting.last_process_timestamp is not None
+    wait = (waiting.due_at - datetime.now(UTC)).total_seconds()
+    assert 1.0 < wait <= 2.0  # 0.5 a second: the next token in 2 s
+    clock.now += 2.0
+    make_due(db, ids[2])
+    assert take_due(db) == 1
+    assert _claim(db, rates=rates) == [ids[2]]
+
+
 def test_a_funnel_limit_is_refused_outside_its_bounds(db: Engine) -> None:
     from sqlalchemy.exc import IntegrityError
 
@@ -236,7 +287,7 @@ def test_a_handler_retry_policy_sets_the_waits_and_which_errors_retry(
     proc = processor(db, reg)
     waits = []
     for _ in range(3):
-        result = proc.process(msg_id)
+        result = process_message(proc, msg_id)
         stored = row(db, msg_id)
         if stored.due_at is not None:
             assert stored.last_process_timestamp is not None
@@ -306,7 +357,7 @@ def test_a_message_postponed_by_a_busy_key_waits_on_its_row(db: Engine, intake: 
 
     with prepared_connection(db) as conn:
         extcall.take_call(conn, first.msg_id, BASE_TS, "test.op", CallKey.custom("k"))
-    assert processor(db).process(second.msg_id).outcome is Outcome.POSTPONED
+    assert process_message(processor(db), second.msg_id).outcome is Outcome.POSTPONED
     stored = row(db, second.msg_id)
     assert stored.due_at is not None and stored.last_process_timestamp is not None
     assert (stored.due_at - stored.last_process_timestamp) == timedelta(seconds=7)

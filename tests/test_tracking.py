@@ -13,11 +13,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import Engine, text
 
+from orderly.models import MessageState
 from orderly.models.keys import TrackKeys
 from orderly.worker.core.clock import SYSTEM, now_ms
 from orderly.worker.core.errors import TrackingError
 from orderly.worker.messages import timeouts
 from orderly.worker.messages.intake import Intake
+from orderly.worker.observe import store_figures
 from orderly.worker.tracking import (
     BUCKETS_MS,
     ServiceLease,
@@ -252,6 +254,7 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
         # The retry waits on the row for its backoff: the messages' due source takes it then.
         assert got.due_at is not None and got.last_process_timestamp is not None
         assert (got.due_at - got.last_process_timestamp).total_seconds() * 1000 == delay
+        assert store_figures(db).due_waiting[MessageState.IN_QUEUE] == 1
         assert take_due(db) == 0
         make_due(db, msg_id)
         assert take_due(db) == 1
@@ -267,7 +270,8 @@ def test_timed_out_message_is_retried_with_backoff_then_failed(
     # how long it really ran (a message's deadline may be longer than messageTimeout)
     assert "within 1001 ms (timeout 3 of 3); no retries left" in (got.failed_desc or "")
     snap = snapshot(redis_client, KEYS)
-    assert (snap.timeout.count, snap.retried, snap.gave_up, snap.retries_waiting) == (3, 2, 1, 0)
+    assert (snap.timeout.count, snap.retried, snap.gave_up) == (3, 2, 1)
+    assert store_figures(db).due_waiting[MessageState.IN_QUEUE] == 0
     assert row(db, other).state == "NEW"  # nothing else touched
 
 
@@ -323,7 +327,7 @@ def test_a_message_finished_meanwhile_is_not_retried(
     assert report.timeouts == 1 and report.settled == [msg_id] and report.retried == []
     assert row(db, msg_id).state == "OK"
     assert row(db, msg_id).failed_count == 0
-    assert snapshot(redis_client, KEYS).retries_waiting == 0
+    assert store_figures(db).due_waiting[MessageState.IN_QUEUE] == 0
 
 
 def test_only_message_processing_is_retried(db: Engine, redis_client: redis.Redis) -> None:

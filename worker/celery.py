@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, bootsteps, signals
@@ -107,51 +108,71 @@ def _flower_options() -> None:
 _flower_options()
 
 
-def enqueue_processing(msg_id: int) -> None:
-    app.send_task("orderly.process.message", args=(msg_id,))
+class CeleryBroker:
+    """orderly's broker (``orderly.worker.broker.Broker``) over this Celery app: each send is
+    a task by name, routed to its queue by ``task_routes``."""
+
+    def __init__(self, celery: Celery) -> None:
+        self.app = celery
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return QUEUES
+
+    def enqueue_processing(self, msg_id: int) -> None:
+        self.app.send_task("orderly.process.message", args=(msg_id,))
+
+    def enqueue_processing_many(self, msg_ids: Sequence[int]) -> None:
+        """One task per message, sent over one producer connection."""
+        with self.app.producer_or_acquire() as producer:
+            for msg_id in msg_ids:
+                self.app.send_task("orderly.process.message", args=(msg_id,), producer=producer)
+
+    def send_process_due(self) -> None:
+        self.app.send_task("orderly.process.due")
+
+    def send_process_helper(self) -> None:
+        self.app.send_task("orderly.process.due", kwargs={"owner": False})
+
+    def enqueue_drain(self, conversation_id: str, token: str) -> None:
+        self.app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
+
+    def enqueue_event_deliveries(self, delivery_ids: list[int]) -> None:
+        self.app.send_task("orderly.deliver.events", args=(delivery_ids,))
+
+    def enqueue_confirmations(self, calls: list[tuple[int, str]]) -> None:
+        self.app.send_task("orderly.deliver.confirmations", args=(calls,))
+
+    def ping(self, timeout_s: float) -> None:
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(
+                max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s
+            )
+
+    def run_command(self, argv: Sequence[str]) -> int | None:
+        code = self.app.start(argv=list(argv))
+        return code if isinstance(code, int) else None
 
 
-def send_process_due() -> None:
-    app.send_task("orderly.process.due")
+# The one instance: every process's runtime sends through it (``Runtime.broker`` builds it on
+# first use, worker/runtime.py), workers and beat as well as the API and the CLI.
+broker = CeleryBroker(app)
 
-
-def send_process_helper() -> None:
-    """A second worker for due messages, beside the one woken
-    (worker.messages.batches.run_woken)."""
-    app.send_task("orderly.process.due", kwargs={"owner": False})
+# The sends by name, for the tasks (worker/tasks.py) and for tests that send directly.
+enqueue_processing = broker.enqueue_processing
+enqueue_processing_many = broker.enqueue_processing_many
+send_process_due = broker.send_process_due
+send_process_helper = broker.send_process_helper
+enqueue_drain = broker.enqueue_drain
+enqueue_event_deliveries = broker.enqueue_event_deliveries
+enqueue_confirmations = broker.enqueue_confirmations
+ping_broker = broker.ping
 
 
 def wake_processing() -> bool:
     """Wake a worker to claim due messages, unless one is woken already (worker/messages/wake.py);
     whether a task was sent."""
-    return get_runtime().wake.wake(send_process_due)
-
-
-def enqueue_processing_many(msg_ids: list[int]) -> None:
-    """One task per message, sent over one producer connection."""
-    with app.producer_or_acquire() as producer:
-        for msg_id in msg_ids:
-            app.send_task("orderly.process.message", args=(msg_id,), producer=producer)
-
-
-def enqueue_drain(conversation_id: str, token: str) -> None:
-    """Start delivering a conversation; the caller holds its lease under ``token``."""
-    app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
-
-
-def enqueue_event_deliveries(delivery_ids: list[int]) -> None:
-    app.send_task("orderly.deliver.events", args=(delivery_ids,))
-
-
-def enqueue_confirmations(calls: list[tuple[int, str]]) -> None:
-    """Confirmation tries: (call id, the claim token it was taken under)."""
-    app.send_task("orderly.deliver.confirmations", args=(calls,))
-
-
-def ping_broker(timeout_s: float) -> None:
-    """Connect to the broker once (GET /ready); raises when it cannot be reached."""
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+    return get_runtime().wake_processing()
 
 
 class NodeLifecycle(bootsteps.StartStopStep):

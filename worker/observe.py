@@ -45,6 +45,17 @@ class Source(enum.StrEnum):
     BROKER = "broker"  # the Celery broker's queues
 
 
+# Messages that wait for their due time (``message.due_at``, served by the messages' due
+# source): NEW ones scheduled for later, PARTLY_FAILED retry waits, POSTPONED rests, IN_QUEUE
+# retries after a timeout.
+DUE_STATES = (
+    MessageState.NEW,
+    MessageState.PARTLY_FAILED,
+    MessageState.POSTPONED,
+    MessageState.IN_QUEUE,
+)
+
+
 class BlockReason(enum.StrEnum):
     REQUEST = "request"  # an earlier request still waits for its first response
     RETRY = "retry"  # a recoverable failure's backoff wait
@@ -63,6 +74,13 @@ class StoreFigures:
     # Conversation responses handed to their client after their request had expired
     # (MESSAGE_TTL): rows with ``late_ms`` set. Rows are never deleted: it only grows.
     late_responses: int = 0
+    # Messages waiting for their due time, by state (every one of DUE_STATES, 0 when none).
+    due_waiting: Mapping[MessageState, int] = field(
+        default_factory=lambda: dict.fromkeys(DUE_STATES, 0)
+    )
+    # Seconds the earliest due time of those is past (0 when none is): the due work's ticker
+    # should take a message within a tick of its time, so a growing lag says it is behind.
+    due_lag_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,12 +142,13 @@ class Figures:
 
 
 def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigures:
-    """Messages and deliveries by state, delayed deliveries, late conversation responses, and
-    the age (seconds) of the oldest of ``head_msg_ids`` (the blocked conversation heads), in
-    one round trip."""
+    """Messages and deliveries by state, delayed deliveries, late conversation responses, the
+    age (seconds) of the oldest of ``head_msg_ids`` (the blocked conversation heads), and the
+    messages waiting for their due time with the earliest one's lag, in one round trip."""
     messages = dict.fromkeys(MessageState, 0)
     deliveries = dict.fromkeys(DeliveryState, 0)
-    delayed, late, age = 0, 0, 0.0
+    due = dict.fromkeys(DUE_STATES, 0)
+    delayed, late, age, lag = 0, 0, 0.0, 0.0
     with engine.connect() as conn:
         rows = conn.execute(sql("store_figures"), {"ids": list(head_msg_ids)}).all()
     for part, key, value in rows:
@@ -141,9 +160,13 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
             delayed = int(value)
         elif part == "late":
             late = int(value)
+        elif part == "due":
+            due[MessageState(key)] = int(value)
+        elif part == "due_lag":
+            lag = float(value)
         else:
             age = max(0.0, float(value))
-    return StoreFigures(messages, deliveries, delayed, age, late)
+    return StoreFigures(messages, deliveries, delayed, age, late, due, lag)
 
 
 # --- conversations ----------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from orderly.models.keys import SHARD_TAG
+from orderly.worker import lua
 from orderly.worker.conversations import Conversations
 from orderly.worker.conversations import rebuild as conversations_rebuild
 from orderly.worker.conversations.agent import wake
@@ -205,7 +206,7 @@ def _rebuild(
         report.deliveries_due = len(conn.execute(sql("rebuild_deliveries_due")).all())
     report.marked_ready = all(
         [
-            bool(ctx.scripts.run("epoch_ready", [key], [report.generation, run_id]))
+            lua.epoch_ready(ctx.scripts, marker=key, generation=report.generation, run_id=run_id)
             for key, run_id in zip(markers, runs, strict=True)
         ]
     )

@@ -1,4 +1,5 @@
-"""Per-process wiring of the mechanisms from settings: engine, node, configuration, handlers.
+"""Per-process wiring of the mechanisms from settings: engine, node, configuration, handlers,
+the broker.
 
 Faces (Celery tasks, beat agents, the HTTP API, the CLI) take what they need from here; the
 mechanisms themselves receive everything as arguments.
@@ -17,6 +18,7 @@ from sqlalchemy import Engine
 
 from orderly.models.keys import TrackKeys
 from orderly.worker import configuration, nodes
+from orderly.worker.broker import Broker
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.conversations import Conversations
@@ -30,6 +32,7 @@ from orderly.worker.messages import abort
 from orderly.worker.messages.handlers import HandlerRegistry, load_handler_modules, registry
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
+from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.wake import Wake
 from orderly.worker.settings import Settings, get_settings
 from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
@@ -44,6 +47,7 @@ class Runtime:
         # This worker's id in the service lifecycle keys, and its lease (set by a worker).
         self.service_id: int | None = None
         self.service_lease: ServiceLease | None = None
+        self._broker: Broker | None = None
 
     @cached_property
     def engine(self) -> Engine:
@@ -101,6 +105,7 @@ class Runtime:
             limits=self.time_limits,
             default_time_limit_s=(self.settings.handler_time_limit_ms / 1000) or None,
             aborts=self.aborts,
+            rates=StartRates(self.redis, self.clock),
         )
 
     @cached_property
@@ -213,15 +218,42 @@ class Runtime:
             wake=wake,
         )
 
+    @property
+    def broker(self) -> Broker:
+        """What this process sends tasks through: the one given to :meth:`use_broker`, else
+        the Celery app's (built on first use)."""
+        if self._broker is None:
+            self._broker = _celery_broker()
+        return self._broker
+
+    def use_broker(self, broker: Broker) -> None:
+        """Send through ``broker`` from now on (a test's stub; ``create_app(broker=...)``)."""
+        self._broker = broker
+
     @cached_property
     def wake(self) -> Wake:
         """The wake-up of workers for due messages (one pending at a time)."""
         return Wake(self.redis)
 
+    def wake_processing(self) -> bool:
+        """Wake a worker to claim due messages, unless one is woken already; whether a task
+        was sent."""
+        return self.wake.wake(self.broker.send_process_due)
+
     def after_fork(self) -> None:
         """A forked child must not share its parent's database connections."""
         if "engine" in self.__dict__:
             self.engine.dispose(close=False)
+
+
+def _celery_broker() -> Broker:
+    """The Celery app's broker. The one import of the Celery app module outside the Celery
+    faces, made here and on first use: importing Celery and building its app costs about half
+    a second, which a command that sends nothing (``orderly --help``) must not pay
+    (tests/test_layout.py allows this one place)."""
+    from orderly.worker.celery import broker
+
+    return broker
 
 
 @lru_cache(maxsize=1)

@@ -49,7 +49,9 @@ def refuse_if_stopped(task: Any) -> None:
 def process_message(self: Any, msg_id: int) -> str:
     # The claim itself refuses a STOPPED node (in its WHERE): no extra query here.
     with logs.bound(msg_id=msg_id):
-        result = get_runtime().processor.process(msg_id, enqueue_processing)
+        runtime = get_runtime()
+        size = batches.claim_size(runtime.processor, runtime.settings.claim_batch)
+        result = batches.process_message(runtime.processor, msg_id, enqueue_processing, size)
     if result.outcome is Outcome.NODE_STOPPED:
         _give_back(self)
     if result.outcome in (Outcome.NOT_CLAIMABLE, Outcome.MISSING, Outcome.LOST_CLAIM):

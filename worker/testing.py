@@ -26,6 +26,7 @@ from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.http import OutboundHttp
 from orderly.worker.db.queries import sql
+from orderly.worker.messages.batches import process_message
 from orderly.worker.messages.handlers import Handler, HandlerRegistry, registry
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
@@ -79,7 +80,7 @@ def run_handler(
         config=ConfigReader(engine, ttl_seconds=0),
         http=OutboundHttp(),
     )
-    result = processor.process(msg_id)
+    result = process_message(processor, msg_id)
     with engine.connect() as conn:
         row = conn.execute(sql("message_outcome"), {"id": msg_id}).one()
     return HandlerRun(

@@ -2,7 +2,8 @@
 list, the timeout monitor's turn and the metrics hashes; and the service (worker) lifecycle
 keys of the same namespace.
 
-Every check-and-act is one Lua script (worker/lua/track_*.lua, service_*.lua). Times are
+Every check-and-act is one Lua script (worker/lua/track_*.lua, service_*.lua, run through
+orderly.worker.lua). Times are
 milliseconds since the epoch, given by the caller, so that a test can state them exactly.
 """
 
@@ -12,7 +13,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,11 +22,13 @@ from typing import Any
 import redis
 
 from orderly.models.keys import TrackKeys
+from orderly.worker import lua
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
-from orderly.worker.core.due import RedisDueSet
 from orderly.worker.core.errors import TrackingError
 from orderly.worker.core.retry import RetryPolicy
 from orderly.worker.core.scripts import Scripts, as_text
+from orderly.worker.lua import MonitorTurn
+from orderly.worker.lua import TimedOut as TimedOut  # a monitor turn's item, named here too
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +110,6 @@ class TrackingPolicy:
 
 
 @dataclass(frozen=True)
-class TimedOut:
-    track_id: int
-    xid: str
-    kind: str
-    claim: str  # which claim of the message timed out ('' for other kinds)
-    elapsed_ms: int
-
-
-@dataclass(frozen=True)
-class MonitorTurn:
-    done: int
-    expired: int
-    timed_out: list[TimedOut]
-
-
-@dataclass(frozen=True)
 class Histogram:
     """One ``:metrics:$name`` hash: count, sum and max (ms), buckets cumulative by bound."""
 
@@ -158,7 +145,6 @@ class TrackingSnapshot:
     gave_up: int
     listed: int  # ids tracked now (:message:ids)
     done_waiting: int  # ids in :message:done the monitor has not taken yet
-    retries_waiting: int  # timed-out messages waiting for their retry
 
 
 def _count(raw: Mapping[Any, Any]) -> int:
@@ -172,9 +158,7 @@ def snapshot(client: redis.Redis, keys: TrackKeys) -> TrackingSnapshot:
         pipe.hgetall(keys.metrics(name))
     pipe.llen(keys.message_ids)
     pipe.llen(keys.done)
-    pipe.zcard(keys.retry)
-    pipe.zcard(keys.retry_leased)
-    done, timeout, overflow, expired, retried, gave_up, listed, waiting, due, taken = pipe.execute()
+    done, timeout, overflow, expired, retried, gave_up, listed, waiting = pipe.execute()
     return TrackingSnapshot(
         done=Histogram.from_hash(done),
         timeout=Histogram.from_hash(timeout),
@@ -184,7 +168,6 @@ def snapshot(client: redis.Redis, keys: TrackKeys) -> TrackingSnapshot:
         gave_up=_count(gave_up),
         listed=int(listed),
         done_waiting=int(waiting),
-        retries_waiting=int(due) + int(taken),
     )
 
 
@@ -223,38 +206,36 @@ class Tracker:
         k = self.keys
         timeout = max(self.policy.timeout_ms, timeout_ms or 0)
         expire = self.policy.expire_ms + (timeout - self.policy.timeout_ms)
-        track_id = int(
-            self._scripts.run(
-                "track_register",
-                [k.message_id, k.message_ids, k.metrics("overflow")],
-                [
-                    k.message_prefix,
-                    k.xid_prefix,
-                    self.policy.capacity,
-                    now_ms(self.clock) if now is None else now,
-                    timeout,
-                    expire,
-                    xid,
-                    xid_type,
-                    self.service,
-                    kind,
-                    claim,
-                ],
-            )
+        return lua.track_register(
+            self._scripts,
+            id_counter=k.message_id,
+            ids=k.message_ids,
+            overflow_metrics=k.metrics("overflow"),
+            message_prefix=k.message_prefix,
+            xid_prefix=k.xid_prefix,
+            capacity=self.policy.capacity,
+            now_ms=now_ms(self.clock) if now is None else now,
+            timeout_ms=timeout,
+            expire_ms=expire,
+            xid=xid,
+            xid_type=xid_type,
+            service=self.service,
+            kind=kind,
+            claim=claim,
         )
-        return track_id
 
     def done(self, track_id: int, now: int | None = None) -> bool:
         """Report a tracked message finished (pushes its id to ``:message:done``)."""
         if track_id <= 0:
             return False
         k = self.keys
-        pushed = self._scripts.run(
-            "track_done",
-            [k.message(track_id), k.done],
-            [track_id, now_ms(self.clock) if now is None else now],
+        return lua.track_done(
+            self._scripts,
+            message=k.message(track_id),
+            done=k.done,
+            track_id=track_id,
+            now_ms=now_ms(self.clock) if now is None else now,
         )
-        return bool(pushed)
 
     @contextmanager
     def tracking(
@@ -284,53 +265,23 @@ class Tracker:
     def monitor_turn(self, now: int | None = None) -> MonitorTurn:
         """Count done ids, delist expired ones, count and return the timeouts."""
         k = self.keys
-        done, expired, raw = self._scripts.run(
-            "track_monitor",
-            [k.done, k.message_ids, k.metrics("done"), k.metrics("timeout"), k.metrics("expired")],
-            [
-                k.message_prefix,
-                now_ms(self.clock) if now is None else now,
-                max(self.policy.batch, self.policy.capacity),
-                *BUCKETS_MS,
-            ],
+        return lua.track_monitor(
+            self._scripts,
+            done=k.done,
+            ids=k.message_ids,
+            done_metrics=k.metrics("done"),
+            timeout_metrics=k.metrics("timeout"),
+            expired_metrics=k.metrics("expired"),
+            message_prefix=k.message_prefix,
+            now_ms=now_ms(self.clock) if now is None else now,
+            batch=max(self.policy.batch, self.policy.capacity),
+            bucket_bounds_ms=BUCKETS_MS,
         )
-        timed_out = [
-            TimedOut(
-                track_id=int(item[0]),
-                xid=as_text(item[1]),
-                kind=as_text(item[2]),
-                claim=as_text(item[3]),
-                elapsed_ms=int(item[4]),
-            )
-            for item in raw
-        ]
-        return MonitorTurn(done=int(done), expired=int(expired), timed_out=timed_out)
-
-    def schedule_retry(self, xid: str, attempt: int, now: int | None = None) -> int:
-        """Schedule the retry after timeout number ``attempt``; returns when it is due (ms)."""
-        due = (now_ms(self.clock) if now is None else now) + self.policy.retry.delay(attempt)
-        self.client.zadd(self.keys.retry, {xid: due})
-        return due
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to the ``count`` of ``:metrics:$name`` (retry, gaveup)."""
         if n:
             self.client.hincrby(self.keys.metrics(name), "count", n)
-
-    def retries(self, hand_off: Callable[[list[int]], None]) -> RedisDueSet:
-        """The scheduled retries as due work: each due msg_id goes to ``hand_off``."""
-
-        def enqueue(xids: list[str]) -> None:
-            hand_off([int(x) for x in xids if x.isdigit()])
-
-        return RedisDueSet(
-            "tracking-retries",
-            self._scripts,
-            self.keys.retry,
-            self.keys.retry_leased,
-            enqueue,
-            clock=self.clock,
-        )
 
 
 # A service key's mark lives this many expiries (renewed with the key): long enough to outlast
@@ -413,16 +364,14 @@ class Services:
     def register(self, fields: Mapping[str, str | int], expire_ms: int) -> int:
         if not fields:
             raise ValueError("a service needs at least one field")
-        pairs: list[str | int] = []
-        for name, value in fields.items():
-            pairs += [name, value]
         k = self.keys
-        service_id = int(
-            self._scripts.run(
-                "service_register",
-                [k.service_id, k.services],
-                [k.service(""), expire_ms, *pairs],
-            )
+        service_id = lua.service_register(
+            self._scripts,
+            id_counter=k.service_id,
+            ids=k.services,
+            service_prefix=k.service(""),
+            expire_ms=expire_ms,
+            fields=fields,
         )
         self.client.set(k.service_mark(service_id), "1", px=MARK_LIFE * expire_ms)
         return service_id
@@ -431,27 +380,28 @@ class Services:
         """Renew the key and its mark: ``renewed``; ``removed`` when the key is gone but its
         mark is there (an operator removed it: the service must stop); ``lost`` when both are
         gone (Redis lost its data: the service puts its key back)."""
-        renewed = int(
-            self._scripts.run(
-                "service_renew",
-                [self.keys.service(service_id), self.keys.service_mark(service_id)],
-                [expire_ms, now_ms() if now is None else now, MARK_LIFE * expire_ms],
-            )
+        return lua.service_renew(
+            self._scripts,
+            service=self.keys.service(service_id),
+            mark=self.keys.service_mark(service_id),
+            expire_ms=expire_ms,
+            now_ms=now_ms() if now is None else now,
+            mark_life_ms=MARK_LIFE * expire_ms,
         )
-        return {1: "renewed", 0: "removed"}.get(renewed, "lost")
 
     def restore(self, service_id: int, fields: Mapping[str, str | int], expire_ms: int) -> bool:
-        pairs: list[str | int] = []
-        for name, value in fields.items():
-            pairs += [name, value]
         k = self.keys
-        restored = self._scripts.run(
-            "service_restore",
-            [k.service(service_id), k.services, k.service_id],
-            [service_id, expire_ms, *pairs],
+        restored = lua.service_restore(
+            self._scripts,
+            service=k.service(service_id),
+            ids=k.services,
+            id_counter=k.service_id,
+            service_id=service_id,
+            expire_ms=expire_ms,
+            fields=fields,
         )
         self.client.set(k.service_mark(service_id), "1", px=MARK_LIFE * expire_ms)
-        return bool(restored)
+        return restored
 
     def server_id(self) -> str:
         """The Redis server's run id: it changes when Redis restarts."""

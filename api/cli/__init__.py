@@ -12,6 +12,7 @@ from orderly.api.cli import (
     config,
     conversations,
     dead_letters,
+    funnel_limits,
     keys,
     messages,
     migrate,
@@ -84,6 +85,7 @@ app.add_typer(config.config_app, name="config")
 app.add_typer(nodes.node_app, name="node")
 app.add_typer(keys.key_app, name="key")
 app.add_typer(schedules.schedule_app, name="schedule")
+app.add_typer(funnel_limits.funnel_limit_app, name="funnel-limit")
 
 
 def main() -> None:

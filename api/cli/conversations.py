@@ -51,8 +51,6 @@ def conversation_respond(
     corr: Annotated[str | None, typer.Option(help="The response's correlator")] = None,
 ) -> None:
     """Add a response to deliver in order (POST /conversations/{id}/responses)."""
-    from orderly.worker.celery import enqueue_drain
-
     data: dict[str, Any] = {
         "request_id": request_id,
         "response_id": response_id,
@@ -63,7 +61,10 @@ def conversation_respond(
         data["corr"] = corr
     if timestamp is not None:
         data["timestamp"] = timestamp
-    result = call(get_runtime().conversations.add_response, conversation_id, data, enqueue_drain)
+    runtime = get_runtime()
+    result = call(
+        runtime.conversations.add_response, conversation_id, data, runtime.broker.enqueue_drain
+    )
     show_result(
         result.msg_id, result.state.value, "accepted" if result.created else "already known"
     )
@@ -72,9 +73,8 @@ def conversation_respond(
 @conversation_app.command("ack")
 def conversation_ack(async_response_id: str) -> None:
     """ACK a response the client answered with 202 (POST /acks/{id})."""
-    from orderly.worker.celery import enqueue_drain
-
-    msg_id = call(get_runtime().conversations.ack, async_response_id, enqueue_drain)
+    runtime = get_runtime()
+    msg_id = call(runtime.conversations.ack, async_response_id, runtime.broker.enqueue_drain)
     console.print_json(json.dumps({"msg_id": msg_id, "state": "OK"}))
 
 
@@ -116,16 +116,15 @@ def conversation_delete(
     by: Annotated[str, typer.Option(help="Who")] = "operator",
 ) -> None:
     """Delete a request's messages (DELETE /conversations/{id}/requests/{request_id})."""
-    from orderly.worker.celery import enqueue_drain
-
     given = {"status": status, "all_origin_except": all_origin_except, "note": note, "by": by}
     data = {name: value for name, value in given.items() if value is not None}
+    runtime = get_runtime()
     done = call(
-        get_runtime().conversations.delete_register,
+        runtime.conversations.delete_register,
         conversation_id,
         request_id,
         data,
-        enqueue_drain,
+        runtime.broker.enqueue_drain,
     )
     console.print_json(json.dumps(asdict(done)))
 

@@ -45,8 +45,6 @@ def submit(
 ) -> None:
     """Submit one message (the same path as POST /messages). Exit 2 when it is refused, 3
     when another message is stored under its correlation id and source system."""
-    from orderly.worker.celery import enqueue_processing, wake_processing
-
     options = {
         "service": service,
         "operation": operation,
@@ -71,8 +69,9 @@ def submit(
     else:
         data = json_option(as_json, "body")
     runtime = get_runtime()
+    enqueue = runtime.broker.enqueue_processing
     try:
-        result = runtime.intake(enqueue_processing, wake_processing).submit(data)
+        result = runtime.intake(enqueue, runtime.wake_processing).submit(data)
     except OrderlyError as exc:
         raise fail(exc) from None
     show_result(
@@ -136,13 +135,13 @@ def message_show(msg_id: int) -> None:
 
 
 def _operator_command(verb: str, msg_id: int, note: str, by: str) -> None:
-    from orderly.worker.celery import enqueue_processing
-
     runtime = get_runtime()
     extra_args = {"announce": runtime.announce_aborts} if verb == "cancel" else {}
     command = operations.cancel if verb == "cancel" else operations.redrive
     body = {"note": note, "by": by}
-    done = call(command, runtime.engine, msg_id, body, enqueue_processing, **extra_args)
+    done = call(
+        command, runtime.engine, msg_id, body, runtime.broker.enqueue_processing, **extra_args
+    )
     extra = {"cancelled": list(done.cancelled)} if verb == "cancel" else {}
     show_result(done.msg_id, done.state.value, verb, **extra)
 
@@ -175,14 +174,15 @@ def message_respond(
     reason: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Deliver an external response to the message waiting for it (POST /messages/responses)."""
-    from orderly.worker.celery import enqueue_processing
-
     data: dict[str, Any] = {"correlation_id": correlation_id, "failed": failed}
     if payload is not None:
         data["payload"] = parse_payload(payload)
     if reason is not None:
         data["reason"] = reason
-    result = call(operations.receive_response, get_runtime().engine, data, enqueue_processing)
+    runtime = get_runtime()
+    result = call(
+        operations.receive_response, runtime.engine, data, runtime.broker.enqueue_processing
+    )
     show_result(
         result.msg_id, result.state.value, "resumed" if result.created else "already answered"
     )

@@ -28,8 +28,6 @@ def rebuild(
 ) -> None:
     """Rebuild Redis's conversation order, queued tasks and push hand-offs from PostgreSQL
     after Redis lost them (beat does it by itself within a tick)."""
-    from orderly.worker.celery import enqueue_drain, enqueue_processing_many
-
     runtime = get_runtime()
     if check_only:
         reason = mechanism.check(runtime.conversations)
@@ -38,8 +36,8 @@ def rebuild(
     report = mechanism.rebuild(
         runtime.engine,
         runtime.conversations,
-        enqueue_drain,
-        enqueue_processing_many,
+        runtime.broker.enqueue_drain,
+        runtime.broker.enqueue_processing_many,
         force=force,
     )
     if report.busy:

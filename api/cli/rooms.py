@@ -115,8 +115,6 @@ def publish(
     publisher: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Publish a message to a room (POST /rooms/{room}/events)."""
-    from orderly.worker.celery import enqueue_event_deliveries
-
     runtime = get_runtime()
     body = {
         "payload": parse_payload(message),
@@ -135,7 +133,7 @@ def publish(
         token_ttl_ms=runtime.settings.token_ttl_ms,
         node_id=runtime.node_id,
     )
-    pubsub.hand_off(due, enqueue_event_deliveries)
+    pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
     console.print_json(
         json.dumps(
             {

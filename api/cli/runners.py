@@ -23,6 +23,7 @@ from typing import IO, Annotated
 import typer
 
 from orderly.api.cli.common import require_extra
+from orderly.worker.runtime import get_runtime
 from orderly.worker.settings import get_settings
 from orderly.worker.supervisor import Spawned, Supervisor, follow_parent, restart_policy
 
@@ -54,13 +55,11 @@ def api(
 
 
 def _celery(*argv: str) -> None:
-    from orderly.worker.celery import app
-
     # In the JSON log format nothing but log records on the streams: no banner.
     quiet = ["--quiet"] if get_settings().log_format == "json" else []
     # Celery's exit code (a worker that failed to start, a cold shutdown) is this command's:
     # a supervisor (docker-compose's on-failure, orderly up) must see it.
-    code = app.start(argv=[*quiet, *argv])
+    code = get_runtime().broker.run_command([*quiet, *argv])
     if isinstance(code, int) and code:
         raise typer.Exit(code=code)
 

@@ -55,12 +55,6 @@ def _shown(settings: Settings) -> dict[str, Any]:
     return found
 
 
-def _ping_broker(timeout_s: float) -> None:
-    from orderly.worker.celery import ping_broker
-
-    ping_broker(timeout_s)
-
-
 def _problems(settings: Settings) -> list[str]:
     from orderly.worker import readiness
     from orderly.worker.db import schema
@@ -75,7 +69,7 @@ def _problems(settings: Settings) -> list[str]:
             "ORDERLY_DATABASE_URL",
         ),
         "redis": (functools.partial(readiness.ping_redis, runtime.redis), "ORDERLY_REDIS_URL"),
-        "broker": (functools.partial(_ping_broker, 5.0), "ORDERLY_BROKER_URL"),
+        "broker": (functools.partial(runtime.broker.ping, 5.0), "ORDERLY_BROKER_URL"),
     }
     for service, (check, setting) in checks.items():
         down = readiness.probe(service, check)

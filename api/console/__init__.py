@@ -18,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from orderly.api.console import (
     conversations,
     figures,
+    funnel_limits,
     keys,
     messages,
     nodes,
@@ -33,6 +34,16 @@ __all__ = ["install"]
 def install(app: FastAPI) -> None:
     """Mount the console's pages and its static files on ``app`` (not in /openapi.json)."""
     session.install(app)
-    for module in (session, messages, conversations, rooms, schedules, nodes, keys, figures):
+    for module in (
+        session,
+        messages,
+        conversations,
+        rooms,
+        schedules,
+        funnel_limits,
+        nodes,
+        keys,
+        figures,
+    ):
         app.include_router(module.router, prefix="/console", include_in_schema=False)
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")

@@ -98,11 +98,15 @@ def _back(msg_id: int) -> str:
 async def _command(
     request: Request, viewer: Viewer, msg_id: int, command: Command, done: str
 ) -> Response:
-    from orderly.worker.celery import enqueue_processing
-
     note = {"note": (await form(request, viewer)).get("note")}
+    runtime = _runtime(request)
     call = functools.partial(
-        command, _runtime(request).engine, msg_id, note, enqueue_processing, key=viewer.key.name
+        command,
+        runtime.engine,
+        msg_id,
+        note,
+        runtime.broker.enqueue_processing,
+        key=viewer.key.name,
     )
 
     def said(result: operations.CommandResult) -> str:
@@ -126,20 +130,19 @@ async def redrive(request: Request, viewer: Signed, msg_id: RowId) -> Response:
 @router.post("/messages/{msg_id}/respond")
 async def respond(request: Request, viewer: Signed, msg_id: RowId) -> Response:
     """The response the message waits for, given by hand, with a note."""
-    from orderly.worker.celery import enqueue_processing
-
     fields = await form(request, viewer)
     response = {
         "payload": fields.get("payload") or None,
         "failed": fields.get("failed") == "on",
         "reason": fields.text("reason"),
     }
+    runtime = _runtime(request)
     call = functools.partial(
         operations.respond,
-        _runtime(request).engine,
+        runtime.engine,
         msg_id,
         response,
-        enqueue_processing,
+        runtime.broker.enqueue_processing,
         note=fields.get("note"),
         key=viewer.key.name,
     )

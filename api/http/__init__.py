@@ -23,6 +23,7 @@ from orderly.api.http import (
     conversations,
     dead_letters,
     errors,
+    funnel_limits,
     health,
     keys,
     messages,
@@ -34,6 +35,7 @@ from orderly.api.http import (
     source_systems,
 )
 from orderly.worker import nodes
+from orderly.worker.broker import Broker
 from orderly.worker.core import logs
 from orderly.worker.runtime import Runtime, get_runtime
 
@@ -53,6 +55,7 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (pubsub_logs.router, "logs", _ERRORS),
     (messages.router, "messages", _ERRORS),
     (schedules.router, "schedules", _ERRORS),
+    (funnel_limits.router, "funnel limits", _ERRORS),
     (source_systems.router, "source systems", _ERRORS),
     (keys.router, "API keys", _ERRORS),
     (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),
@@ -76,11 +79,9 @@ async def _heartbeat(runtime: Runtime) -> None:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    from orderly.worker.celery import enqueue_processing, wake_processing
-
     runtime: Runtime = app.state.runtime
     runtime.startup_check()
-    app.state.intake = runtime.intake(enqueue_processing, wake_processing)
+    app.state.intake = runtime.intake(runtime.broker.enqueue_processing, runtime.wake_processing)
     app.state.heartbeat = asyncio.create_task(_heartbeat(runtime))
     # What start-up made lives as long as the process: kept out of the collector's reach, so
     # that a full collection (which refusals' garbage brings on) no longer walks it, a pause
@@ -91,9 +92,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.heartbeat.cancel()
 
 
-def create_app() -> FastAPI:
-    """A fresh app bound to the process's runtime (uvicorn ``--factory``; one per test)."""
+def create_app(broker: Broker | None = None) -> FastAPI:
+    """A fresh app bound to the process's runtime (uvicorn ``--factory``; one per test), which
+    sends through ``broker`` when one is given (a test's stub), else through the runtime's."""
     runtime = get_runtime()
+    if broker is not None:
+        runtime.use_broker(broker)
     settings = runtime.settings
     logs.configure(settings.log_level, settings.log_format, node=settings.node_code)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

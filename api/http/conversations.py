@@ -56,11 +56,13 @@ async def register_request(
 async def add_response(
     runtime: AppRuntime, conversation_id: str, request: Request, key: Producer
 ) -> JSONResponse:
-    from orderly.worker.celery import enqueue_drain
-
     data = await json_body(request)
     result = await run_in_threadpool(
-        runtime.conversations.add_response, conversation_id, data, enqueue_drain, key.owns
+        runtime.conversations.add_response,
+        conversation_id,
+        data,
+        runtime.broker.enqueue_drain,
+        key.owns,
     )
     return JSONResponse(
         status_code=201 if result.created else 200,
@@ -119,8 +121,6 @@ async def delete_register(
     """deleteConversationRegister: the request's responses (only those in ``status``, if
     given; with no status the request too) CANCEL, unless its origin is
     ``all_origin_except``."""
-    from orderly.worker.celery import enqueue_drain
-
     given = {"status": status, "all_origin_except": all_origin_except, "note": note}
     data = {name: value for name, value in given.items() if value is not None}
     return await _answer(
@@ -128,7 +128,7 @@ async def delete_register(
         conversation_id,
         request_id,
         data,
-        enqueue_drain,
+        runtime.broker.enqueue_drain,
         key=key.name,
         owns=key.owns,
     )
@@ -230,13 +230,11 @@ async def ack(
     """A client's ACK of a response it answered 202: no API key, but the response's ACK token
     (``X-Orderly-Ack-Token``, sent with the response) brought back. A refused ACK whose token
     has the right form (a guess) counts against the client address's refused limit."""
-    from orderly.worker.celery import enqueue_drain
-
     limits, address = limits_of(request)
     limits.refuse_if_blocked(address)
     try:
         msg_id = await run_in_threadpool(
-            runtime.conversations.ack, async_response_id, enqueue_drain, token
+            runtime.conversations.ack, async_response_id, runtime.broker.enqueue_drain, token
         )
     except (UnknownAck, Unauthenticated):
         if ACK_TOKEN_FORM.fullmatch(token):

@@ -90,13 +90,11 @@ async def _probe(
 
 
 async def _check(runtime: Runtime) -> Response:
-    from orderly.worker.celery import ping_broker
-
     timeout_s = runtime.settings.ready_timeout_ms / 1000
     checks: dict[str, readiness.Probe] = {
         "postgresql": functools.partial(readiness.ping_postgresql, runtime.engine),
         "redis": functools.partial(readiness.ping_redis, runtime.redis),
-        "broker": functools.partial(ping_broker, timeout_s),
+        "broker": functools.partial(runtime.broker.ping, timeout_s),
     }
     if runtime.settings.redis_cluster:
         # The conversations' ordering structures (docs/redis-cluster.md).

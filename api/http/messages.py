@@ -84,15 +84,13 @@ async def submit_batch(
     openapi_extra=body("ExternalResponseIn", ResponseIn),
 )
 async def receive_response(runtime: AppRuntime, request: Request, key: Producer) -> JSONResponse:
-    from orderly.worker.celery import enqueue_processing
-
     data = await json_body(request)
     result = await run_in_threadpool(
         functools.partial(
             operations.receive_response,
             runtime.engine,
             data,
-            enqueue_processing,
+            runtime.broker.enqueue_processing,
             owns=key.owns,
         )
     )
@@ -155,8 +153,6 @@ async def show(runtime: AppRuntime, msg_id: RowId, key: Operator) -> JSONRespons
 async def cancel(
     runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
 ) -> JSONResponse:
-    from orderly.worker.celery import enqueue_processing
-
     data = await json_body(request)
     done = await run_in_threadpool(
         functools.partial(
@@ -164,7 +160,7 @@ async def cancel(
             runtime.engine,
             msg_id,
             data,
-            enqueue_processing,
+            runtime.broker.enqueue_processing,
             key=key.name,
             owns=key.owns,
             announce=runtime.announce_aborts,
@@ -183,8 +179,6 @@ async def cancel(
 async def redrive_message(
     runtime: AppRuntime, msg_id: RowId, request: Request, key: Operator
 ) -> JSONResponse:
-    from orderly.worker.celery import enqueue_processing
-
     data = await json_body(request)
     done = await run_in_threadpool(
         functools.partial(
@@ -192,7 +186,7 @@ async def redrive_message(
             runtime.engine,
             msg_id,
             data,
-            enqueue_processing,
+            runtime.broker.enqueue_processing,
             key=key.name,
             owns=key.owns,
         )

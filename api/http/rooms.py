@@ -151,8 +151,6 @@ async def publish(
     request: Request,
     key: Annotated[Principal, caller(keys.publish_scope("{room}"))],
 ) -> JSONResponse:
-    from orderly.worker.celery import enqueue_event_deliveries
-
     data = await json_body(request)
     result, due = await run_in_threadpool(
         functools.partial(
@@ -171,7 +169,7 @@ async def publish(
         )
     )
     try:
-        pubsub.hand_off(due, enqueue_event_deliveries)
+        pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
     except Exception:
         # Stored: the ticker sends them once their lease runs out.
         log.exception("event %s stored but not enqueued", result.event_id)

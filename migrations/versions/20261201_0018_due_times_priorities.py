@@ -44,6 +44,8 @@ def upgrade() -> None:
         "funnel_limit",
         sa.Column("component_id", sa.String(255), primary_key=True),
         sa.Column("max_in_flight", sa.Integer(), nullable=False),
+        sa.Column("rate_per_s", sa.Double(), nullable=True),
+        sa.Column("burst", sa.Integer(), nullable=True),
         sa.Column(
             "updated_at",
             sa.DateTime(timezone=True),
@@ -53,11 +55,20 @@ def upgrade() -> None:
         sa.CheckConstraint(
             "max_in_flight BETWEEN 1 AND 10000", name="ck_funnel_limit_max_in_flight"
         ),
+        sa.CheckConstraint(
+            "rate_per_s IS NULL OR (rate_per_s > 0 AND rate_per_s <= 100000)",
+            name="ck_funnel_limit_rate",
+        ),
+        sa.CheckConstraint(
+            "(rate_per_s IS NULL) = (burst IS NULL)"
+            " AND (burst IS NULL OR burst BETWEEN 1 AND 10000)",
+            name="ck_funnel_limit_burst",
+        ),
     )
     op.create_index(
         "ix_message_ready",
         "message",
-        [sa.text("priority DESC"), "fair_at"],
+        [sa.text("priority DESC"), "fair_at", "msg_id"],
         postgresql_where=sa.text(
             "state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL AND service_name <> 'conversation'"
         ),

@@ -272,3 +272,41 @@ def update_schedule(name: str, changes: Any) -> Call[dict[str, Any]]:
 
 def delete_schedule(name: str) -> Call[dict[str, Any]]:
     return Call("DELETE", f"/schedules/{segment(name)}")
+
+
+def _limit_path(component_id: str) -> str:
+    """A funnel limit's path: ``""`` (funnels without a component) is ``-``, and a component
+    of dashes only gets one more (``-`` is ``--``)."""
+    word = f"-{component_id}" if component_id.strip("-") == "" else component_id
+    return f"/funnel-limits/{segment(word)}"
+
+
+def _limit_set(status: int, body: Any) -> dict[str, Any]:
+    return {**body, "created": status == 201}
+
+
+def funnel_limits() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/funnel-limits")
+
+
+def funnel_limit(component_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", _limit_path(component_id))
+
+
+def set_funnel_limit(
+    component_id: str,
+    max_in_flight: int,
+    rate_per_s: float | None = None,
+    burst: int | None = None,
+) -> Call[dict[str, Any]]:
+    """The limit made or replaced; ``created`` tells which (201 or 200)."""
+    body: dict[str, Any] = {"max_in_flight": max_in_flight}
+    if rate_per_s is not None:
+        body["rate_per_s"] = rate_per_s
+    if burst is not None:
+        body["burst"] = burst
+    return Call("PUT", _limit_path(component_id), body, read=_limit_set)
+
+
+def delete_funnel_limit(component_id: str) -> Call[dict[str, Any]]:
+    return Call("DELETE", _limit_path(component_id))

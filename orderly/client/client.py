@@ -276,6 +276,30 @@ class Client:
     def delete_schedule(self, name: str) -> dict[str, Any]:
         return self.call(calls.delete_schedule(name))
 
+    # --- funnel limits (an admin key; component "" is funnels without a component) -------
+
+    def funnel_limits(self) -> list[dict[str, Any]]:
+        return self.call(calls.funnel_limits())
+
+    def funnel_limit(self, component_id: str) -> dict[str, Any]:
+        """A component's limit; :class:`NotFound` when it has none (one at a time)."""
+        return self.call(calls.funnel_limit(component_id))
+
+    def set_funnel_limit(
+        self,
+        component_id: str,
+        max_in_flight: int,
+        rate_per_s: float | None = None,
+        burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Up to ``max_in_flight`` messages of one funnel value at once, and with
+        ``rate_per_s`` that many starts a second (``created``: new)."""
+        return self.call(calls.set_funnel_limit(component_id, max_in_flight, rate_per_s, burst))
+
+    def delete_funnel_limit(self, component_id: str) -> dict[str, Any]:
+        """Back to one message at a time."""
+        return self.call(calls.delete_funnel_limit(component_id))
+
 
 class AsyncClient:
     """The same as :class:`Client`, for asyncio (``async with``; or ``await aclose()``)."""
@@ -459,6 +483,25 @@ class AsyncClient:
 
     async def delete_schedule(self, name: str) -> dict[str, Any]:
         return await self.call(calls.delete_schedule(name))
+
+    async def funnel_limits(self) -> list[dict[str, Any]]:
+        return await self.call(calls.funnel_limits())
+
+    async def funnel_limit(self, component_id: str) -> dict[str, Any]:
+        return await self.call(calls.funnel_limit(component_id))
+
+    async def set_funnel_limit(
+        self,
+        component_id: str,
+        max_in_flight: int,
+        rate_per_s: float | None = None,
+        burst: int | None = None,
+    ) -> dict[str, Any]:
+        call = calls.set_funnel_limit(component_id, max_in_flight, rate_per_s, burst)
+        return await self.call(call)
+
+    async def delete_funnel_limit(self, component_id: str) -> dict[str, Any]:
+        return await self.call(calls.delete_funnel_limit(component_id))
 
 
 __all__ = ["AsyncClient", "Client", "OrderlyError"]

@@ -335,7 +335,6 @@ def _every_figure() -> Any:
             gave_up=0,
             listed=0,
             done_waiting=0,
-            retries_waiting=0,
         ),
         workers_alive={"node": 1},
         broker=BrokerFigures(queues={"orderly.process": 0}, unacked=0),

@@ -15,9 +15,10 @@ import logging
 from typing import Any
 
 from orderly.models.keys import ShardKeys
+from orderly.worker import lua
 from orderly.worker.conversations import removal
 from orderly.worker.conversations.context import Context
-from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue, json_list
+from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue
 from orderly.worker.core.due import RedisDueSet, ShardedDueSets
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
@@ -106,12 +107,18 @@ def release_dead_drains(ctx: Context) -> int:
         else:
             continue
         shard = k.shard(cid)
-        released += int(
-            ctx.scripts.run(
-                "drain_release",
-                [shard.drains, k.drain_lease(cid), shard.scheduled, k.response_list(cid)],
-                [cid, running[cid], now, died, shard.response_prefix, ctx.settings.message_ttl],
-            )
+        released += lua.drain_release(
+            ctx.scripts,
+            drains=shard.drains,
+            drain_lease=k.drain_lease(cid),
+            scheduled=shard.scheduled,
+            response_order=k.response_list(cid),
+            conversation_id=cid,
+            entry=running[cid],
+            now_ms=now,
+            died=died,
+            response_prefix=shard.response_prefix,
+            message_ttl_ms=ctx.settings.message_ttl,
         )
     return released
 
@@ -189,15 +196,17 @@ def _awaited_shard(
 ) -> None:
     """One shard's part of the awaited agent's turn (awaited.lua on its pendingMessages)."""
     k = ctx.keys
-    raw = ctx.scripts.run(
-        "awaited",
-        [shard.pending_messages],
-        [ctx.now_ms(), budget, shard.response_prefix, ctx.awaited_step_ms],
+    taken = lua.awaited(
+        ctx.scripts,
+        pending_messages=shard.pending_messages,
+        now_ms=ctx.now_ms(),
+        limit=budget,
+        response_prefix=shard.response_prefix,
+        awaited_step_ms=ctx.awaited_step_ms,
     )
-    taken = json.loads(raw)
-    report.taken += int(taken.get("taken", 0))
-    vanished = json_list(taken.get("vanished"))
-    expired = json_list(taken.get("expired"))
+    report.taken += taken.taken
+    vanished = taken.vanished
+    expired = taken.expired
     if vanished:
         with ctx.pg() as conn:
             conn.run(
@@ -209,18 +218,18 @@ def _awaited_shard(
         report.vanished += len(vanished)
     for member, cid, status in expired:
         rid = json.loads(member)["rsId"]
-        done = ctx.scripts.run(
-            "expire",
-            [
-                shard.response(rid),
-                k.response_list(cid),
-                shard.pending_messages,
-                k.request_list(cid),
-                k.request_seq(cid),
-            ],
-            [member, shard.request_prefix, shard.async_prefix],
+        done = lua.expire(
+            ctx.scripts,
+            response=shard.response(rid),
+            response_order=k.response_list(cid),
+            pending_messages=shard.pending_messages,
+            request_list=k.request_list(cid),
+            request_seq=k.request_seq(cid),
+            member=member,
+            request_prefix=shard.request_prefix,
+            async_prefix=shard.async_prefix,
         )
-        ids = [int(i) for i in done if i]
+        ids = done.msg_ids if done is not None else []
         if ids and status == "SENT":
             # The client took it (202); only its ACK never came.
             with ctx.pg() as conn:
@@ -231,6 +240,6 @@ def _awaited_shard(
                     "conv_failed", ids, ERROR_EXPIRED, "AWAITED_MESSAGE_TTL spent before delivery"
                 )
         report.expired += 1
-    for cid in json_list(taken.get("wake")):
+    for cid in taken.wake:
         if wake(ctx, cid, enqueue):
             report.woken.append(cid)

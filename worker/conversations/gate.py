@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orderly.models.keys import ShardKeys
+from orderly.worker import lua
 from orderly.worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
@@ -28,7 +29,6 @@ from orderly.worker.conversations.model import (
     Head,
     Sender,
     SendResult,
-    json_list,
 )
 from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
 from orderly.worker.core.lease import new_token
@@ -50,48 +50,44 @@ def _advance(
     outcome: tuple[str, str, str],
     check_response: str = "",
     holder_pid: int | None = None,
-) -> dict[str, Any]:
+) -> lua.Advanced:
     k = ctx.keys
     shard = k.shard(conversation_id)
-    raw = ctx.scripts.run(
-        "advance",
-        [
-            k.request_list(conversation_id),
-            k.response_list(conversation_id),
-            shard.pending_messages,
-            k.drain_lease(conversation_id),
-            shard.scheduled,
-            k.request_seq(conversation_id),
-            shard.drains,
-            shard.epoch,
-        ],
-        [
-            mode,
-            token,
-            ctx.now_ms(),
-            ctx.lease_ms,
-            ctx.inflight_ms,
-            ctx.settings.sent_message_ttl,
-            shard.request_prefix,
-            shard.response_prefix,
-            shard.async_prefix,
-            check_response,
-            *outcome,
-            ctx.settings.message_ttl,
-            ctx.settings.awaited_time_when_retries_end,
-            ctx.awaited_step_ms,
-            conversation_id,
-            "" if holder_pid is None else holder_pid,
-        ],
+    return lua.advance(
+        ctx.scripts,
+        request_list=k.request_list(conversation_id),
+        response_order=k.response_list(conversation_id),
+        pending_messages=shard.pending_messages,
+        drain_lease=k.drain_lease(conversation_id),
+        scheduled=shard.scheduled,
+        request_seq=k.request_seq(conversation_id),
+        drains=shard.drains,
+        epoch=shard.epoch,
+        mode=mode,
+        lease_token=token,
+        now_ms=ctx.now_ms(),
+        lease_ms=ctx.lease_ms,
+        inflight_ms=ctx.inflight_ms,
+        sent_message_ttl_ms=ctx.settings.sent_message_ttl,
+        request_prefix=shard.request_prefix,
+        response_prefix=shard.response_prefix,
+        async_prefix=shard.async_prefix,
+        check_response_id=check_response,
+        outcome=outcome[0],
+        outcome_response_id=outcome[1],
+        outcome_detail=outcome[2],
+        message_ttl_ms=ctx.settings.message_ttl,
+        awaited_time_when_retries_end_ms=ctx.settings.awaited_time_when_retries_end,
+        awaited_step_ms=ctx.awaited_step_ms,
+        conversation_id=conversation_id,
+        holder_pid=holder_pid,
     )
-    result: dict[str, Any] = json.loads(raw)
-    return result
 
 
 def can_send(ctx: Context, conversation_id: str, response_id: str) -> Gate:
     """canSendConversationMessage: may this response go out now, by the order alone?"""
     result = _advance(ctx, "check", conversation_id, "", ("", "", ""), response_id)
-    return Gate(result["code"], result.get("first"))
+    return Gate(result.code, result.first)
 
 
 def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> DrainReport:
@@ -112,16 +108,17 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
             if after is not None:
                 after()
                 after = None
-            if step.get("ack_clash"):
+            if step.ack_clash:
                 log.warning(
                     "ACK id %r is already in use: the response waits out SENT_MESSAGE_TTL",
-                    step["ack_clash"],
+                    step.ack_clash,
                 )
             _settled_by_timeout(conn, step, report)
-            if step["code"] != "SEND":
-                report.end = step["code"]
+            if step.code is not lua.AdvanceCode.SEND:
+                report.end = step.code
                 return report
-            h = step["head"]
+            h = step.head
+            assert h is not None  # SEND always brings its head
             head = Head(
                 conversation_id=h["conversationId"],
                 origin=h["origin"],
@@ -229,13 +226,11 @@ def _apply(
     return ("cancel", rid, ""), cancel_group
 
 
-def _settled_by_timeout(
-    conn: PreparedConnection, step: dict[str, Any], report: DrainReport
-) -> None:
-    settled = json_list(step.get("settled"))
+def _settled_by_timeout(conn: PreparedConnection, step: lua.Advanced, report: DrainReport) -> None:
+    settled = step.settled
     if not settled:
         return
-    ids = [int(i) for pair in settled for i in pair if i]
+    ids = [i for done in settled for i in done.msg_ids]
     conn.run("conv_ok", ids, "delivered: no ACK within SENT_MESSAGE_TTL")
     report.ack_timeouts += len(settled)
 
@@ -279,33 +274,27 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     token = new_token()
     # The member read above names the conversation, so its shard; the script checks again,
     # atomically in that shard's slot, that the ACK key still holds it.
-    result = ctx.scripts.run(
-        "ack",
-        [
-            shard.async_request(async_response_id),
-            shard.response(info["rsId"]),
-            k.response_list(cid),
-            shard.pending_messages,
-            k.request_list(cid),
-            k.request_seq(cid),
-            k.drain_lease(cid),
-        ],
-        [
-            member,
-            shard.request_prefix,
-            shard.async_prefix,
-            token,
-            ctx.lease_ms,
-            async_response_id,
-        ],
+    acked = lua.ack(
+        ctx.scripts,
+        async_request=shard.async_request(async_response_id),
+        response=shard.response(info["rsId"]),
+        response_order=k.response_list(cid),
+        pending_messages=shard.pending_messages,
+        request_list=k.request_list(cid),
+        request_seq=k.request_seq(cid),
+        drain_lease=k.drain_lease(cid),
+        member=member,
+        request_prefix=shard.request_prefix,
+        async_prefix=shard.async_prefix,
+        lease_token=token,
+        lease_ms=ctx.lease_ms,
+        async_response_id=async_response_id,
     )
-    msg_id, completed, taken = int(result[1]), result[2], int(result[3])
-    ids = [msg_id, int(completed)] if completed else [msg_id]
     with ctx.pg() as conn:
-        conn.run("conv_ok", ids, f"ACK {async_response_id}")
-    if taken:
+        conn.run("conv_ok", acked.msg_ids, f"ACK {async_response_id}")
+    if acked.lease_taken:
         enqueue(cid, token)
-    return msg_id
+    return acked.msg_id
 
 
 def _early_ack(ctx: Context, async_response_id: str, token: str | None) -> tuple[ShardKeys, str]:
@@ -314,22 +303,23 @@ def _early_ack(ctx: Context, async_response_id: str, token: str | None) -> tuple
     response being sent now waits: any other (an id guessed or long gone) is refused after
     one more look, without a sleep, in about the time a wrong token for a known id takes."""
     if token is not None:
-        heads = ctx.scripts.run_each(
-            "ack_inflight",
+        heads = lua.ack_inflight_each(
+            ctx.scripts,
             [
-                (
-                    [shard.async_request(async_response_id), shard.drains],
-                    [shard.conversation_prefix, shard.response_prefix],
+                lua.ack_inflight_call(
+                    async_request=shard.async_request(async_response_id),
+                    drains=shard.drains,
+                    conversation_prefix=shard.conversation_prefix,
+                    response_prefix=shard.response_prefix,
                 )
                 for shard in ctx.keys.every_shard
             ],
         )
-        if any(reply[0] for reply in heads):  # recorded meanwhile
+        if any(look.member for look in heads):  # recorded meanwhile
             found = find_ack(ctx, async_response_id)
             if found is not None:
                 return found
-        sent = [as_text(v) for reply in heads for v in reply[1:]]
-        in_flight = zip(sent[0::3], sent[1::3], sent[2::3], strict=True)
+        in_flight = [claimed for look in heads for claimed in look.claimed]
         if not any(_signed(ctx, cid, rid, origin, token) for cid, rid, origin in in_flight):
             raise UnknownAck(async_response_id)
     for pause in ACK_GRACE_S:

@@ -9,7 +9,7 @@ from typing import Any
 
 from orderly.models import MessageState
 from orderly.models.keys import min_message_info
-from orderly.worker import nodes
+from orderly.worker import lua, nodes
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
@@ -27,7 +27,6 @@ from orderly.worker.core.errors import InvalidMessage, NotFound, UnknownRequest
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.owners import Owns
-from orderly.worker.core.scripts import as_text
 
 log = logging.getLogger(__name__)
 
@@ -107,24 +106,20 @@ def _register_in_redis(
     corr: str | None,
 ) -> None:
     k = ctx.keys
-    ctx.scripts.run(
-        "register_request",
-        [
-            k.request(conversation_id, request_id),
-            k.request_list(conversation_id),
-            k.request_seq(conversation_id),
-        ],
-        [
-            conversation_id,
-            origin,
-            request_id,
-            timestamp_ms,
-            msg_id,
-            ctx.now_ms(),
-            ctx.settings.message_ttl,
-            ctx.settings.awaited_message_ttl,
-            corr or "",
-        ],
+    lua.register_request(
+        ctx.scripts,
+        request=k.request(conversation_id, request_id),
+        request_list=k.request_list(conversation_id),
+        request_seq=k.request_seq(conversation_id),
+        conversation_id=conversation_id,
+        origin=origin,
+        request_id=request_id,
+        request_timestamp_ms=timestamp_ms,
+        msg_id=msg_id,
+        now_ms=ctx.now_ms(),
+        message_ttl_ms=ctx.settings.message_ttl,
+        awaited_message_ttl_ms=ctx.settings.awaited_message_ttl,
+        corr=corr,
     )
 
 
@@ -175,41 +170,36 @@ def add_response(
     token = new_token()
     k = ctx.keys
     shard = k.shard(conversation_id)
-    code, taken, late_ms = ctx.scripts.run(
-        "add_response",
-        [
-            shard.request(res.request_id),
-            shard.response(res.response_id),
-            k.response_list(conversation_id),
-            shard.pending_messages,
-            k.request_list(conversation_id),
-            k.request_seq(conversation_id),
-            k.drain_lease(conversation_id),
-        ],
-        [
-            conversation_id,
-            origin,
-            res.request_id,
-            res.response_id,
-            min_message_info(res.request_id, res.response_id, conversation_id),
-            timestamp_ms,
-            payload,
-            msg_id,
-            request_msg_id,
-            1 if res.last else 0,
-            now_ms,
-            ctx.settings.message_ttl,
-            ctx.settings.awaited_message_ttl,
-            ctx.blocked_ms,
-            int(request_ts.timestamp() * 1000),
-            token,
-            ctx.lease_ms,
-            1 if request_done else 0,
-            res.corr or "",
-        ],
+    added = lua.add_response(
+        ctx.scripts,
+        request=shard.request(res.request_id),
+        response=shard.response(res.response_id),
+        response_order=k.response_list(conversation_id),
+        pending_messages=shard.pending_messages,
+        request_list=k.request_list(conversation_id),
+        request_seq=k.request_seq(conversation_id),
+        drain_lease=k.drain_lease(conversation_id),
+        conversation_id=conversation_id,
+        origin=origin,
+        request_id=res.request_id,
+        response_id=res.response_id,
+        member=min_message_info(res.request_id, res.response_id, conversation_id),
+        response_timestamp_ms=timestamp_ms,
+        task_item=payload,
+        msg_id=msg_id,
+        request_msg_id=request_msg_id,
+        last=bool(res.last),
+        now_ms=now_ms,
+        message_ttl_ms=ctx.settings.message_ttl,
+        awaited_message_ttl_ms=ctx.settings.awaited_message_ttl,
+        blocked_limit_ms=ctx.blocked_ms,
+        request_timestamp_ms=int(request_ts.timestamp() * 1000),
+        lease_token=token,
+        lease_ms=ctx.lease_ms,
+        request_completed=bool(request_done),
+        corr=res.corr,
     )
-    code = as_text(code)
-    if code == "CANCELLED":
+    if added.code is lua.AddCode.CANCELLED:
         # The group was cancelled between the insert and now.
         with ctx.pg() as conn:
             conn.run(
@@ -219,13 +209,13 @@ def add_response(
                 "its request was cancelled",
             )
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
-    if as_text(late_ms) != "":
+    if added.late_ms is not None:
         log.warning(
             "response %s is late: request %s expired (MESSAGE_TTL) before it; it goes after"
             " the conversation's later requests (%s ms past the request's timestamp + TTL)",
             res.response_id,
             res.request_id,
-            as_text(late_ms),
+            added.late_ms,
         )
     elif request_state != MessageState.WAITING_FOR_RES:
         log.info(
@@ -234,6 +224,6 @@ def add_response(
             res.request_id,
             request_state,
         )
-    if int(taken):
+    if added.lease_taken:
         enqueue(conversation_id, token)
     return Registered(int(msg_id), MessageState.IN_QUEUE, created=created)

@@ -175,8 +175,3 @@ class AgentReport:
     expired: int = 0  # found in pendingMessages past AWAITED_MESSAGE_TTL
     vanished: int = 0  # in pendingMessages, but the hash had already expired
     swept: int = 0  # rows PostgreSQL still had open after their Redis lifetime
-
-
-def json_list(value: Any) -> list[Any]:
-    # cjson encodes an empty Lua table as {}.
-    return value if isinstance(value, list) else []

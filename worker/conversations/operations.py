@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, StringConstraints, field_validator
 
+from orderly.worker import lua
 from orderly.worker.conversations.agent import wake
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.gate import find_ack
@@ -32,7 +33,6 @@ from orderly.worker.conversations.model import (
     Id,
     _Input,
     check_conversation_id,
-    json_list,
 )
 from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound, OperationRefused
@@ -240,30 +240,25 @@ def delete(
     )
     k = ctx.keys
     shard = k.shard(conversation_id)
-    raw = ctx.scripts.run(
-        "conv_delete",
-        [
-            shard.request(request_id),
-            k.response_list(conversation_id),
-            shard.pending_messages,
-            k.request_list(conversation_id),
-            k.request_seq(conversation_id),
-        ],
-        [
-            request_id,
-            command.status or "",
-            command.all_origin_except or "",
-            origin,
-            shard.response_prefix,
-            shard.async_prefix,
-            ctx.settings.message_ttl,
-        ],
+    result = lua.conv_delete(
+        ctx.scripts,
+        request=shard.request(request_id),
+        response_order=k.response_list(conversation_id),
+        pending_messages=shard.pending_messages,
+        request_list=k.request_list(conversation_id),
+        request_seq=k.request_seq(conversation_id),
+        request_id=request_id,
+        status=command.status,
+        all_origin_except=command.all_origin_except,
+        origin=origin,
+        response_prefix=shard.response_prefix,
+        async_prefix=shard.async_prefix,
+        message_ttl_ms=ctx.settings.message_ttl,
     )
-    result = json.loads(raw)
-    done = Deleted(conversation_id, request_id, bool(result["excepted"]), bool(result["request"]))
+    done = Deleted(conversation_id, request_id, result.excepted, result.request)
     if done.excepted:
         return done
-    pairs = json_list(result.get("deleted"))
+    pairs = result.deleted
     done.deleted = [str(rid) for _, rid in pairs]
     ids = [int(i) for i, _ in pairs if i]
     note = command.note or (
@@ -311,38 +306,36 @@ def set_awaited(
         _row(ctx, conversation_id, str(response_id), RESPONSE_SOURCE, "conversation response", owns)
     k = ctx.keys
     shard = k.shard(conversation_id)
-    raw = ctx.scripts.run(
-        "conv_set_awaited",
-        [k.response_list(conversation_id), shard.pending_messages],
-        [
-            shard.response_prefix,
-            ctx.now_ms(),
-            ctx.settings.awaited_time_when_retries_end,
-            ctx.awaited_step_ms,
-            request_id or "",
-            response_id or "",
-        ],
+    result = lua.conv_set_awaited(
+        ctx.scripts,
+        response_order=k.response_list(conversation_id),
+        pending_messages=shard.pending_messages,
+        response_prefix=shard.response_prefix,
+        now_ms=ctx.now_ms(),
+        awaited_time_when_retries_end_ms=ctx.settings.awaited_time_when_retries_end,
+        awaited_step_ms=ctx.awaited_step_ms,
+        request_id=request_id,
+        response_id=response_id,
     )
-    result = json.loads(raw)
     done = AwaitedSet(conversation_id)
-    rows = json_list(result.get("set"))
+    rows = result.set
     done.awaited = [
         {
-            "response_id": rid,
-            "msg_id": int(mid),
-            "awaited_to_date_ms": int(at),
-            "awaited_retries": n,
+            "response_id": r.response_id,
+            "msg_id": r.msg_id,
+            "awaited_to_date_ms": r.awaited_to_date_ms,
+            "awaited_retries": r.awaited_retries,
         }
-        for mid, rid, at, n in rows
+        for r in rows
     ]
-    done.skipped = [{"response_id": r, "status": s} for r, s in json_list(result.get("skipped"))]
+    done.skipped = [{"response_id": r, "status": s} for r, s in result.skipped]
     if rows:
         with ctx.pg() as conn:
             conn.run(
                 "conv_op_awaited",
-                [int(r[0]) for r in rows],
-                [int(r[2]) for r in rows],
-                [int(r[3]) for r in rows],
+                [r.msg_id for r in rows],
+                [r.awaited_to_date_ms for r in rows],
+                [int(r.awaited_retries) for r in rows],
                 "AWAITED",
                 _who(command, key),
                 command.note or "set AWAITED by an operator",
@@ -372,20 +365,23 @@ def set_awaited_date(
     )[0]
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
-    code, *rest = ctx.scripts.run(
-        "conv_awaited_date", [shard.response(response_id), shard.pending_messages], [at, now]
+    found = lua.conv_awaited_date(
+        ctx.scripts,
+        response=shard.response(response_id),
+        pending_messages=shard.pending_messages,
+        date_ms=at,
+        now_ms=now,
     )
-    code = as_text(code)
-    if code == "UNKNOWN":
+    if found.code is lua.AwaitedDateCode.UNKNOWN:
         raise OperationRefused(int(msg_id), "it is no longer in its conversation's order")
-    if code == "NOT_AWAITED":
-        raise OperationRefused(int(msg_id), f"it is {as_text(rest[0])}, not AWAITED")
-    if code == "PAST_EXPIRY":
+    if found.code is lua.AwaitedDateCode.NOT_AWAITED:
+        raise OperationRefused(int(msg_id), f"it is {found.detail}, not AWAITED")
+    if found.code is lua.AwaitedDateCode.PAST_EXPIRY:
         raise InvalidMessage(
             "awaited_to_date",
-            f"after the response expires (AWAITED_MESSAGE_TTL) at {as_text(rest[0])} ms",
+            f"after the response expires (AWAITED_MESSAGE_TTL) at {found.detail} ms",
         )
-    _, date, retries = (int(as_text(v)) for v in rest)
+    date, retries = found.date_ms, found.retries
     with ctx.pg() as conn:
         conn.run(
             "conv_op_awaited",
@@ -420,12 +416,15 @@ def remove_at(
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
     at = now + command.delay_s * 1000
-    code, *_ = ctx.scripts.run(
-        "conv_remove_at",
-        [shard.response(response_id), shard.scheduled],
-        [at, now, ctx.settings.message_ttl],
+    code = lua.conv_remove_at(
+        ctx.scripts,
+        response=shard.response(response_id),
+        scheduled=shard.scheduled,
+        at_ms=at,
+        now_ms=now,
+        message_ttl_ms=ctx.settings.message_ttl,
     )
-    if as_text(code) == "UNKNOWN":
+    if code is lua.RemoveAtCode.UNKNOWN:
         raise OperationRefused(int(msg_id), "it is no longer in its conversation's order")
     with ctx.pg() as conn:
         conn.run(

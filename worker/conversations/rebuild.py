@@ -18,7 +18,6 @@ by PostgreSQL.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 from orderly.models import MessageState
 from orderly.models.keys import min_message_info
+from orderly.worker import lua
 from orderly.worker.conversations.context import Context
 
 _RETRY = re.compile(r"^retry=(\d+);at=(\d+);round=(\d+)$")
@@ -197,25 +197,21 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
             ]
         }
         shard = k.shard(cid)
-        created, queued = ctx.scripts.run(
-            "rebuild_conversation",
-            [
-                k.request_list(cid),
-                k.response_list(cid),
-                shard.pending_messages,
-                k.request_seq(cid),
-                shard.scheduled,
-            ],
-            [
-                json.dumps(data),
-                shard.request_prefix,
-                shard.response_prefix,
-                shard.async_prefix,
-                keep_ms,
-            ],
+        rebuilt = lua.rebuild_conversation(
+            ctx.scripts,
+            request_list=k.request_list(cid),
+            response_order=k.response_list(cid),
+            pending_messages=shard.pending_messages,
+            request_seq=k.request_seq(cid),
+            scheduled=shard.scheduled,
+            groups=data,
+            request_prefix=shard.request_prefix,
+            response_prefix=shard.response_prefix,
+            async_prefix=shard.async_prefix,
+            keep_ms=keep_ms,
         )
         report.conversations += 1
-        report.keys_created += int(created)
-        if int(queued):
+        report.keys_created += rebuilt.created
+        if rebuilt.queued:
             report.to_deliver.append(cid)
     return report

@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from orderly.worker import lua
 from orderly.worker.conversations.context import Context
 
 log = logging.getLogger(__name__)
@@ -39,32 +40,28 @@ def remove_due(ctx: Context, member: str) -> bool:
     cid, rid = info["cnId"], info["rsId"]
     k = ctx.keys
     shard = k.shard(cid)
-    done = ctx.scripts.run(
-        "conv_remove_due",
-        [
-            shard.response(rid),
-            k.response_list(cid),
-            shard.pending_messages,
-            k.request_list(cid),
-            k.request_seq(cid),
-        ],
-        [member, shard.request_prefix, shard.async_prefix, ctx.now_ms()],
+    done = lua.conv_remove_due(
+        ctx.scripts,
+        response=shard.response(rid),
+        response_order=k.response_list(cid),
+        pending_messages=shard.pending_messages,
+        request_list=k.request_list(cid),
+        request_seq=k.request_seq(cid),
+        member=member,
+        request_prefix=shard.request_prefix,
+        async_prefix=shard.async_prefix,
+        now_ms=ctx.now_ms(),
     )
-    if len(done) != 3:
+    if done is None:
         return False
-    msg_id, completed, status = (v.decode() if isinstance(v, bytes) else str(v) for v in done)
+    msg_id, completed, status = done.msg_id, done.completed_request_msg_id, done.status
     with ctx.pg() as conn:
         if status == "SENT":
             # The client took it (202); its ACK is no longer waited for.
-            ids = [int(msg_id), int(completed)] if completed else [int(msg_id)]
-            conn.run("conv_ok", ids, f"delivered: {REMOVED_NOTE}")
+            conn.run("conv_ok", done.msg_ids, f"delivered: {REMOVED_NOTE}")
         else:
-            conn.run(
-                "conv_op_cancel", [int(msg_id)], None, "scheduled removal", REMOVED_NOTE, "REMOVE"
-            )
-            if completed:
-                conn.run(
-                    "conv_ok", [int(completed)], f"completed: its final response {REMOVED_NOTE}"
-                )
+            conn.run("conv_op_cancel", [msg_id], None, "scheduled removal", REMOVED_NOTE, "REMOVE")
+            if completed is not None:
+                conn.run("conv_ok", [completed], f"completed: its final response {REMOVED_NOTE}")
     log.info("response %s of conversation %s: references removed (%s)", rid, cid, status)
     return True

@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
+from orderly.worker import lua
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.lease import new_token
-from orderly.worker.core.scripts import Scripts, as_text
+from orderly.worker.core.scripts import Scripts
 from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
@@ -121,19 +122,34 @@ class RedisDueSet:
         # The lease end is this take's fencing token: unique, as a take that ends at the same
         # millisecond as an earlier one of this set moves it on by one.
         self._until = max(now + self.lease_ms, self._until + 1)
-        taken = self.scripts.run("due_take", [self.key, self.leased_key], [now, limit, self._until])
-        return [as_text(m) for m in taken]
+        return lua.due_take(
+            self.scripts,
+            due_set=self.key,
+            leased_set=self.leased_key,
+            now_ms=now,
+            limit=limit,
+            lease_end_ms=self._until,
+        )
 
     def settle(self, items: list[Any]) -> None:
         if items:
-            self.scripts.run("due_settle", [self.key, self.leased_key], [self._until, *items])
+            lua.due_settle(
+                self.scripts,
+                due_set=self.key,
+                leased_set=self.leased_key,
+                lease_end_ms=self._until,
+                members=items,
+            )
 
     def release(self, items: list[Any]) -> None:
         if items:
-            self.scripts.run(
-                "due_release",
-                [self.key, self.leased_key],
-                [now_ms(self.clock), self._until, *items],
+            lua.due_release(
+                self.scripts,
+                due_set=self.key,
+                leased_set=self.leased_key,
+                now_ms=now_ms(self.clock),
+                lease_end_ms=self._until,
+                members=items,
             )
 
     def due_in_ms(self) -> float | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from orderly.worker import lua
 from orderly.worker.core.scripts import Scripts
 
 # A claim records the backend pid of the connection its worker holds (a message, a delivery
@@ -38,8 +39,8 @@ class RedisLease:
 
     def take(self, token: str, ttl_ms: int) -> bool:
         """Hold the lease for ``ttl_ms`` if nobody does."""
-        return bool(self.scripts.run("lease_take", [self.key], [token, ttl_ms]))
+        return lua.lease_take(self.scripts, lease=self.key, token=token, ttl_ms=ttl_ms)
 
     def give_up(self, token: str) -> bool:
         """Release the lease if ``token`` holds it."""
-        return bool(self.scripts.run("lease_give_up", [self.key], [token]))
+        return lua.lease_give_up(self.scripts, lease=self.key, token=token)

@@ -17,12 +17,12 @@ import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript
 
+from orderly.worker import lua
 from orderly.worker.core.clock import Clock, now_ms
-from orderly.worker.core.scripts import source
+from orderly.worker.core.scripts import Call, source
 
 log = logging.getLogger(__name__)
 
-SCRIPT = "rate_take"
 # Redis unreachable: requests pass unlimited (fail open) and Redis is not asked again for this
 # long, so that an outage adds no timeout to every request; a warning at most this often.
 FAIL_OPEN_PAUSE_S = 1.0
@@ -63,29 +63,32 @@ class Verdict:
 UNLIMITED = Verdict(True, 0.0, 0)
 
 
-def _args(limit: Limit, cost: int, at_ms: int) -> list[Any]:
+def _call(bucket_key: str, limit: Limit, cost: int, at_ms: int) -> Call:
     if not 1 <= cost <= limit.burst:
         raise ValueError(f"a cost of {cost} can never be taken from a bucket of {limit.burst}")
-    return [repr(float(limit.per_s)), limit.burst, cost, at_ms]
+    return lua.rate_take_call(
+        bucket=bucket_key, rate_per_s=limit.per_s, burst=limit.burst, cost=cost, now_ms=at_ms
+    )
 
 
 def _verdict(reply: Any) -> Verdict:
-    allowed, retry_ms, remaining = (int(v) for v in reply)
-    return Verdict(allowed == 1, retry_ms / 1000, remaining)
+    taken = lua.rate_taken(reply)
+    return Verdict(taken.allowed, taken.retry_after_ms / 1000, taken.remaining)
 
 
 class Buckets:
     """The buckets of one plain Redis client."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._script = client.register_script(source(SCRIPT))
+        self._script = client.register_script(source(lua.RATE_TAKE))
 
     def take(self, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:
         """Take ``cost`` tokens from the bucket at ``at_ms`` (the caller's clock), if it holds
         them."""
         if limit.unlimited:
             return UNLIMITED
-        return _verdict(self._script(keys=[bucket_key], args=_args(limit, cost, at_ms)))
+        call = _call(bucket_key, limit, cost, at_ms)
+        return _verdict(self._script(keys=call.keys, args=call.args))
 
 
 def take(client: redis.Redis, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:
@@ -119,17 +122,17 @@ class Limiter:
                 socket_timeout=self._timeout_s,
             )
             client = redis.asyncio.Redis(connection_pool=pool)
-            self._bound = (loop, client.register_script(source(SCRIPT)))
+            self._bound = (loop, client.register_script(source(lua.RATE_TAKE)))
         return self._bound[1]
 
     async def take(self, bucket_key: str, limit: Limit, cost: int = 1) -> Verdict:
         if limit.unlimited:
             return UNLIMITED
-        args = _args(limit, cost, now_ms(self._clock))
+        call = _call(bucket_key, limit, cost, now_ms(self._clock))
         if self._clock.monotonic() < self._paused_until:
             return UNLIMITED
         try:
-            reply = await self._script_on_this_loop()(keys=[bucket_key], args=args)
+            reply = await self._script_on_this_loop()(keys=call.keys, args=call.args)
         except (redis.RedisError, OSError) as exc:
             self._fail_open(exc)
             return UNLIMITED

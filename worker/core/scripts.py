@@ -1,14 +1,20 @@
-"""orderly's Lua scripts (``worker/lua``), registered once per Redis client and run by name.
+"""orderly's Lua scripts (``worker/lua``), registered once per Redis client and run as a
+:class:`Call`.
 
 Each script is one atomic check-and-act; the shared library (``_lib.lua``) is prepended to
-every one. A script refuses with an error reply whose first word is a code; :meth:`run`
-turns it into the exception ``orderly.worker.core.errors`` maps it to.
+every one. A :class:`Call` is built by the typed function of its script (``orderly.worker.lua``,
+the one place that names a script's KEYS and ARGV and reads its reply) and holds as many keys
+as the script's header names. A script refuses with an error reply whose first word is a code;
+:meth:`Scripts.run` turns it into the exception ``orderly.worker.core.errors`` maps it to.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +65,39 @@ SCRIPT_NAMES = (
 )
 
 
+# A value a script takes in ARGV (Redis receives its text).
+Arg = str | int | float
+_HEADER_KEY = re.compile(r"\bKEYS\[(\d+)\]")
+
+
+@cache
+def key_count(name: str) -> int:
+    """How many KEYS the script takes: the highest ``KEYS[i]`` its header (the comment lines it
+    starts with) names."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(f"no Lua script named {name!r}")
+    lines = (LUA_DIR / f"{name}.lua").read_text().splitlines()
+    header = takewhile(lambda line: line.startswith("--"), lines)
+    return max((int(n) for line in header for n in _HEADER_KEY.findall(line)), default=0)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One run of a script: its KEYS and ARGV in the script's order. A key count other than the
+    header's is refused here, before Redis sees it."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+
+    def __post_init__(self) -> None:
+        expected = key_count(self.script)
+        if len(self.keys) != expected:
+            raise ValueError(
+                f"{self.script}.lua takes {expected} keys (its header), given {len(self.keys)}"
+            )
+
+
 @cache
 def source(name: str) -> str:
     if name not in SCRIPT_NAMES:
@@ -73,41 +112,42 @@ def as_text(value: Any) -> str:
 
 
 class Scripts:
-    """Registered scripts of one Redis client: ``scripts.run("advance", keys, args)``."""
+    """Registered scripts of one Redis client: ``scripts.run(call)``, a call built by
+    ``orderly.worker.lua``."""
 
     def __init__(self, client: OrderingRedis) -> None:
         self.client = client
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
-    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def run(self, call: Call) -> Any:
         try:
-            return self._scripts[name](keys=keys, args=args)
+            return self._scripts[call.script](keys=call.keys, args=call.args)
         except redis.ResponseError as exc:
             mapped = from_script_error(str(exc))
             if mapped is None:
                 raise
             raise mapped from None
 
-    def run_each(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
-        """The script once per (keys, args), in one pipelined round trip per server (a Redis
-        Cluster's client pipelines no scripts: each node's calls go in a pipeline of that
-        node's own). A call its server could not run there (the script not loaded yet, its
-        slot moved) runs again on its own, through the client."""
-        script = self._scripts[name]
+    def run_each(self, calls: Sequence[Call]) -> list[Any]:
+        """Every call, in one pipelined round trip per server (a Redis Cluster's client
+        pipelines no scripts: each node's calls go in a pipeline of that node's own). A call
+        its server could not run there (the script not loaded yet, its slot moved) runs again
+        on its own, through the client."""
         replies: list[Any] = [None] * len(calls)
-        for indexes, client in self._by_server([keys[0] for keys, _ in calls]):
+        for indexes, client in self._by_server([call.keys[0] for call in calls]):
             pipe = client.pipeline(transaction=False)
             for i in indexes:
-                keys, args = calls[i]
+                call = calls[i]
                 # By its SHA alone: a pipeline that registers scripts asks SCRIPT EXISTS
                 # first, a round trip more; a server without it answers NOSCRIPT (below).
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                sha = self._scripts[call.script].sha
+                pipe.evalsha(sha, len(call.keys), *call.keys, *call.args)
             for i, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
         done = []
-        for (keys, args), reply in zip(calls, replies, strict=True):
+        for call, reply in zip(calls, replies, strict=True):
             if isinstance(reply, _AGAIN):
-                reply = self.run(name, keys, args)
+                reply = self.run(call)
             elif isinstance(reply, Exception):
                 raise reply
             done.append(reply)

@@ -1,21 +1,25 @@
-"""Due messages in batches: what a woken worker does (``run_woken``, ``process_batch``).
+"""Due messages in batches: what a woken worker does (``run_woken``, ``process_batch``), and a
+single message, a batch of one (``process_message``).
 
 Intake stores a message NEW and wakes a worker (worker.messages.wake) instead of sending it a
-task of its own. The worker claims up to ``limit`` due messages at once, higher priority first, then
-by place in line (funnels take turns), one per funnel or as many as its funnel_limit allows (a
-funnel's message only when its funnel lets it go, as the single claim decides), runs their
-handlers one after another on the claiming connection, and writes their OK outcomes together in one
-statement; any other outcome is written as it comes. The funnel messages those outcomes
-release are claimed together next, on the same connection, and so on: many funnels advance
-side by side, each in its order, with one commit per round instead of one per message.
+task of its own. The worker claims up to ``limit`` due messages at once, higher priority
+first, then by place in line (funnels take turns), one per funnel (a funnel's message only
+when its funnel lets it go, as the claim decides; one whose funnel allows more at once leaves
+the next ones due for other workers), runs their handlers one after another on the claiming
+connection, and writes their OK outcomes together in one statement; any other outcome is
+written as it comes. While those outcomes release funnel messages, the worker claims again on
+the same connection (the released ones take their turn among everything due), round after
+round: many funnels advance side by side, each in its order, with one commit per round
+instead of one per message.
 
 A batch starts no handler after its budget: what it claimed and did not start goes back to NEW
 where it was in line, and what was released and not taken up gets a task of its own. Each
-round is tracked as one claim (kind ``batch``): a handler starts within the budget and runs
-within its time limit, so a round is done within its longest deadline plus the budget; when one
-times out, worker.messages.timeouts takes back every message it still holds. A batch needs every
-handler under a time limit, so that no OK outcome held for the round's write can be taken back
-from a live worker: while some handler may run unlimited, a claim takes one message.
+round is tracked as one claim (kind ``batch``; one message as itself): a handler starts within
+the budget and runs within its time limit, so a round is done within its longest deadline
+plus the budget; when one times out, worker.messages.timeouts takes back every message it
+still holds. A batch needs every handler under a time limit, so that no OK outcome held for
+the round's write can be taken back from a live worker: while some handler may run unlimited,
+a claim takes one message.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
-from orderly.worker.messages.processing import Processor, ProcessResult
+from orderly.worker.messages.processing import Outcome, Processor, ProcessResult
+from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.store import Candidate, Claimed
 from orderly.worker.messages.wake import Holder, Wake
 from orderly.worker.tracking import claim_of
@@ -73,16 +78,29 @@ def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
 
 
 def claim_due(
-    conn: PreparedConnection, node_id: int, size: int, postponed_s: int
+    conn: PreparedConnection,
+    node_id: int,
+    size: int,
+    postponed_s: int,
+    rates: StartRates | None = None,
 ) -> tuple[list[Claimed], int]:
     """Claim up to ``size`` due messages in one transaction: the claimed rows (PROCESSING, or
     POSTPONED for a funnel message its funnel holds back: due again after ``postponed_s``),
-    and how many were due."""
+    and how many were due. A funnel message whose funnel's start rate is spent (``rates``)
+    is due again when its next token is there."""
     conn.execute("BEGIN")
     try:
         found = store.due_candidates(conn, node_id, size)
         chosen, behind = per_funnel(found)
+        if rates is not None and chosen:
+            waits = rates.refused([c for c in found if c.msg_id in set(chosen)])
+            if waits:
+                store.defer(conn, waits)
+                chosen = [msg_id for msg_id in chosen if msg_id not in waits]
         rows = claim_ids(conn, node_id, chosen, postponed_s) if chosen else []
+        # run in line (the claim's UPDATE returns its rows in no particular order)
+        place = {msg_id: n for n, msg_id in enumerate(chosen)}
+        rows.sort(key=lambda row: place[row.msg_id])
         if behind:
             store.postpone(conn, behind, postponed_s)
         conn.execute("COMMIT")
@@ -135,12 +153,20 @@ def wake_quietly(wake: Callable[[], object]) -> None:
 
 @contextlib.contextmanager
 def tracked(processor: Processor, claimed: list[Claimed], budget_s: float) -> Iterator[None]:
-    """Track a claim as one unit (kind ``batch``; its xid names the claim)."""
+    """Track a claim as one unit (kind ``batch``; its xid names the claim), a claim of one
+    message as that message (kind ``message``, its xid the msg_id). Never before its handlers'
+    time limits and kill grace have passed: the limits stop a hung handler; taking its message
+    back while it may still run would run it twice."""
     tracker = processor.tracker
     if tracker is None:
         yield
         return
     claim = claim_of(claimed[0].processing_pid, claimed[0].last_process_timestamp)
+    if len(claimed) == 1:
+        deadline = processor.limited_deadline_ms(claimed[0])
+        with tracker.tracking(claimed[0].msg_id, "message", claim=claim, timeout_ms=deadline):
+            yield
+        return
     deadlines = (processor.limited_deadline_ms(row) or 0 for row in claimed)
     timeout_ms = max(tracker.policy.timeout_ms, *deadlines)
     if len(claimed) > 1:
@@ -166,6 +192,12 @@ class Pace:
     active_s: float = 5.0
 
 
+def claim_size(processor: Processor, limit: int) -> int:
+    """How many messages one claim takes: ``limit``, or one while some handler may run
+    unlimited (see the module's note)."""
+    return limit if processor.all_limited() else 1
+
+
 def process_batch(
     processor: Processor,
     size: int,
@@ -176,32 +208,84 @@ def process_batch(
     outcomes released, round after round until none is left or ``budget_s`` is spent: the
     results, and how many messages were due at the claim. Children go to ``enqueue``, and so
     do released messages not taken up here."""
+    with prepared_connection(processor.engine) as conn:
+        claimed, due = claim_due(
+            conn, processor.node_id, size, processor.postponed_s(), processor.rates
+        )
+        # What its outcomes released and it did not take up waits IN_QUEUE for the woken
+        # worker's next claim, in line (beat's wake-up covers a worker that stops looking).
+        results = _rounds(processor, conn, claimed, size, enqueue, budget_s, hand_over=False)
+        return results, due
+
+
+def process_message(
+    processor: Processor,
+    msg_id: int,
+    enqueue: Callable[[int], None] | None = None,
+    size: int = 1,
+    budget_s: float = BATCH_BUDGET_S,
+) -> ProcessResult:
+    """A single message is a batch of one: claimed by its id (a dead worker's claim is taken
+    over at once, its death counted, up to ``worker_lost_limit``), run, then what its outcome
+    released, round after round as a batch goes on (up to ``size`` at a time). Without
+    ``enqueue`` nothing else runs: its result's ``ready`` lists what it released, its
+    ``spawned`` the children it stored."""
+    with prepared_connection(processor.engine) as conn:
+        claimed = store.claim(
+            conn,
+            [msg_id],
+            processor.node_id,
+            processor.worker_lost_limit,
+            processor.postponed_s(),
+        )
+        if not claimed:
+            return processor.not_claimed(conn, msg_id)
+        if not claimed[0].running:
+            return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
+        return _rounds(processor, conn, claimed, size, enqueue, budget_s)[0]
+
+
+def _rounds(
+    processor: Processor,
+    conn: PreparedConnection,
+    claimed: list[Claimed],
+    size: int,
+    enqueue: Callable[[int], None] | None,
+    budget_s: float,
+    hand_over: bool = True,
+) -> list[ProcessResult]:
+    """The claimed messages, then, while their outcomes released funnel messages, the next
+    claim of what is due (``size`` at a time, in line: a released message takes its turn
+    among every due one, so that one busy funnel cannot starve the others), round after round
+    on one connection until nothing was released or ``budget_s`` is spent; released messages
+    not taken up go to ``enqueue`` (``hand_over``) or wait for the next claim. Without
+    ``enqueue``, one round: the results tell what was released and spawned."""
     deadline = time.monotonic() + budget_s
     results: list[ProcessResult] = []
     ready: list[int] = []
-    node_id = processor.node_id
-    postponed_s = processor.postponed_s()
-    with prepared_connection(processor.engine) as conn:
-        claimed, due = claim_due(conn, node_id, size, postponed_s)
-        try:
-            while claimed:
-                runnable = [row for row in claimed if row.running]
-                if runnable:
-                    with tracked(processor, runnable, budget_s):
-                        done, left, released = _run(processor, conn, runnable, enqueue, deadline)
-                    results += done
-                    ready += released
-                    if left:
-                        break
-                if not ready or time.monotonic() > deadline:
+    try:
+        while claimed:
+            runnable = [row for row in claimed if row.running]
+            if runnable:
+                with tracked(processor, runnable, budget_s):
+                    done, left, released = _run(processor, conn, runnable, enqueue, deadline)
+                results += done
+                ready += released
+                if left or enqueue is None:
                     break
-                claimed = claim_ids(conn, node_id, ready[:size], postponed_s)
-                ready = ready[size:]
-        finally:
-            # Released messages have no task of their own: never leave one behind.
+            if not ready or time.monotonic() > deadline:
+                break
+            claimed, _ = claim_due(
+                conn, processor.node_id, size, processor.postponed_s(), processor.rates
+            )
+            taken = {row.msg_id for row in claimed}
+            ready = [msg_id for msg_id in ready if msg_id not in taken]
+    finally:
+        # Released messages have no task of their own: never leave one behind.
+        if enqueue is not None and hand_over:
             for msg_id in ready:
                 enqueue(msg_id)
-    return results, due
+    return results
 
 
 @dataclass
@@ -240,7 +324,7 @@ def run_woken(
     unlimited (see the module's note)."""
     woken = _Woken(
         processor,
-        limit if processor.all_limited() else 1,
+        claim_size(processor, limit),
         enqueue,
         waker,
         send_owner,
@@ -332,13 +416,14 @@ def _run(
     processor: Processor,
     conn: PreparedConnection,
     claimed: list[Claimed],
-    enqueue: Callable[[int], None],
+    enqueue: Callable[[int], None] | None,
     deadline: float,
 ) -> tuple[list[ProcessResult], list[int], list[int]]:
     """Run claimed messages in order: their results, the ids given back unstarted, and the
-    messages their outcomes released."""
+    messages their outcomes released. A batch writes its plain OK outcomes together after the
+    round; a message alone writes its own (its result then tells what it released)."""
     results: list[ProcessResult] = []
-    held: list[tuple[int, Any]] = []
+    held: list[tuple[int, Any]] | None = [] if len(claimed) > 1 else None
     released: list[int] = []
     pending = list(claimed)
     lost: set[int] = set()
@@ -349,8 +434,9 @@ def _run(
             result = processor.run_claimed(conn, pending.pop(0), held)
             results.append(result)
             released += result.ready
-            for child in result.spawned:
-                enqueue(child)
+            if enqueue is not None:
+                for child in result.spawned:
+                    enqueue(child)
     finally:
         # Even when something failed on the way: what ran keeps its outcome, and what did not
         # start is not left claimed.

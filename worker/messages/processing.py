@@ -1,22 +1,23 @@
-"""Processing: claim a message under a row lock, run its handler, record the outcome.
+"""Processing: run a claimed message's handler and record its outcome.
 
-Every transition is one statement whose WHERE holds the state check, so a transition from the
-wrong state changes nothing and is reported, never silently applied. The claim records the
-claiming connection's backend pid; the same connection records the outcome, and only if it
-still holds the claim. A PROCESSING message whose backend pid is gone belongs to a dead
-worker: a redelivered task may claim it again at once (the death counted in lost_count), and
-beat's orphan job releases it within a second; one that has killed its worker
-``worker_lost_limit`` times is quarantined there (worker.messages.watchdogs.release_orphans).
+Claims come from worker.messages.batches (a single message is a batch of one). Every
+transition is one statement whose WHERE holds the state check, so a transition from the wrong
+state changes nothing and is reported, never silently applied. The claim records the claiming
+connection's backend pid; the same connection records the outcome, and only if it still holds
+the claim. A PROCESSING message whose backend pid is gone belongs to a dead worker: a
+redelivered task may claim it again at once (the death counted in lost_count), and beat's
+orphan job releases it within a second; one that has killed its worker ``worker_lost_limit``
+times is quarantined there (worker.messages.watchdogs.release_orphans).
 
-Funnels: the claim of a funnel message runs under its funnel's advisory lock and makes it
-POSTPONED instead of PROCESSING when the funnel holds it back (``orderly_funnel_blocked``).
-The outcome (``orderly_finish``) takes the same lock; the trigger on ``message.state`` then
-releases the funnel's next POSTPONED message in the same transaction, and this worker goes
-on with it at once on the same connection (up to CHAIN_LIMIT in a row), with no broker trip
+Funnels: the outcome (``orderly_finish``) takes the funnel's advisory lock; the trigger on
+``message.state`` then releases the funnel's next POSTPONED message in the same transaction,
+and the worker goes on with it in its next round on the same connection, with no broker trip
 and no poll in between.
 
-Batches: due messages are claimed several at a time, tracked as one claim, and their OK
-outcomes written together (worker.messages.batches, on ``run_claimed``).
+Outcomes: a failed try is retried after ``delay * multiplier^attempt`` (the handler's
+:class:`~orderly.worker.messages.handlers.Retry`, or the configuration table's), waiting on
+its row for its due time (worker.messages.due); a cancel aborts a running handler
+(worker.messages.abort).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import enum
 import logging
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from orderly.worker.core.errors import CallInProgress, HandlerError, InvalidMess
 from orderly.worker.core.http import OutboundHttp
 from orderly.worker.core.limits import Aborted, TimeLimitExceeded, TimeLimits
 from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
-from orderly.worker.db.prepared import PreparedConnection, prepared_connection
+from orderly.worker.db.prepared import PreparedConnection
 from orderly.worker.messages import store
 from orderly.worker.messages.abort import AbortWatch
 from orderly.worker.messages.backend import HandlerBackend
@@ -49,14 +49,11 @@ from orderly.worker.messages.handlers import (
     Retry,
 )
 from orderly.worker.messages.intake import new_message, parse_message
+from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.store import Claimed, parse_ids
-from orderly.worker.tracking import Tracker, claim_of
+from orderly.worker.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-# Released funnel messages one worker goes on with in a row before handing the next to the
-# broker (fair to the messages waiting there).
-CHAIN_LIMIT = 100
 
 
 class Outcome(enum.StrEnum):
@@ -113,7 +110,9 @@ class Processor:
         limits: TimeLimits | None = None,
         default_time_limit_s: float | None = None,
         aborts: AbortWatch | None = None,
+        rates: StartRates | None = None,
     ) -> None:
+        self._rates = rates
         # Handlers stopped when their message is cancelled meanwhile (needs ``limits``).
         self._aborts = aborts
         self._tracker = tracker
@@ -130,36 +129,6 @@ class Processor:
         self._config = config
         self._max_payload_bytes = max_payload_bytes
 
-    def process(self, msg_id: int, enqueue: Callable[[int], None] | None = None) -> ProcessResult:
-        """Process one message, then the funnel messages its outcome released (in a row, up to
-        CHAIN_LIMIT); what is left, and children, go to ``enqueue``. Without ``enqueue`` the
-        first result's ``ready`` lists them and nothing else runs."""
-        # One connection for claim and outcome: the claim is tied to its backend pid.
-        with prepared_connection(self._engine) as conn:
-            first = self._process_one(conn, msg_id)
-            if enqueue is None:
-                return first
-            chain, result, ready = 0, first, list(first.ready)
-            try:
-                while True:
-                    for child in result.spawned:
-                        enqueue(child)
-                    if not ready:
-                        return first
-                    next_id = ready.pop(0)
-                    if chain >= CHAIN_LIMIT:
-                        enqueue(next_id)
-                        continue
-                    chain += 1
-                    result = self._process_one(conn, next_id)
-                    ready.extend(result.ready)
-                    if result.outcome is Outcome.NODE_STOPPED:
-                        enqueue(next_id)  # back to the broker for another node
-            finally:
-                # Released messages have no task of their own: never leave one behind.
-                for left in ready:
-                    enqueue(left)
-
     @property
     def engine(self) -> Engine:
         return self._engine
@@ -171,6 +140,16 @@ class Processor:
     @property
     def tracker(self) -> Tracker | None:
         return self._tracker
+
+    @property
+    def rates(self) -> StartRates | None:
+        """The funnels' start rates its claims take tokens from (None: not applied)."""
+        return self._rates
+
+    @property
+    def worker_lost_limit(self) -> int:
+        """Deaths of its workers after which a message is quarantined."""
+        return self._worker_lost_limit
 
     def all_limited(self) -> bool:
         """Whether every handler runs under a time limit in this process
@@ -186,25 +165,6 @@ class Processor:
         if limit_s is None or self._limits is None:
             return None
         return round((limit_s + self._limits.grace_s) * 1000) + LIMIT_TRACKING_MARGIN_MS
-
-    def _process_one(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
-        found = store.claim(
-            conn, [msg_id], self._node_id, self._worker_lost_limit, self.postponed_s()
-        )
-        claimed = found[0] if found else None
-        if claimed is None:
-            return self._not_claimed(conn, msg_id)
-        if not claimed.running:
-            return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
-        if self._tracker is None:
-            return self.run_claimed(conn, claimed)
-        # Tracked from the claim to the outcome: a worker that never gets there is a timeout.
-        # Never before its handler's time limit and kill grace have passed: the limits stop a
-        # hung handler; taking its message back while it may still run would run it twice.
-        claim = claim_of(claimed.processing_pid, claimed.last_process_timestamp)
-        timeout_ms = self.limited_deadline_ms(claimed)
-        with self._tracker.tracking(msg_id, "message", claim=claim, timeout_ms=timeout_ms):
-            return self.run_claimed(conn, claimed)
 
     def _time_limit_s(self, service: str, operation: str) -> float | None:
         declared = self._registry.time_limit_s(service, operation)
@@ -463,7 +423,8 @@ class Processor:
         log.warning("message %s was taken over while its handler ran; outcome dropped", msg_id)
         return Outcome.LOST_CLAIM
 
-    def _not_claimed(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
+    def not_claimed(self, conn: PreparedConnection, msg_id: int) -> ProcessResult:
+        """Why a message's claim took nothing: missing, its node STOPPED, or its state."""
         why = store.why_not_claimed(conn, msg_id, self._node_id)
         msg_state, node_state = why.msg_state, why.node_state
         if msg_state is None:

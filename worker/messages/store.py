@@ -82,6 +82,8 @@ class Candidate:
     funnel_key: int | None
     msg_timestamp: datetime
     free: int
+    rate_per_s: float | None  # its funnel component's start rate, if it has one
+    burst: int | None
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,12 @@ def claim(
 
 def postpone(conn: PreparedConnection, msg_ids: list[int], postponed_s: int) -> None:
     conn.run_all("orderly_postpone_ids", msg_ids, postponed_s)
+
+
+def defer(conn: PreparedConnection, waits: dict[int, int]) -> None:
+    """Make due messages wait so many ms each (msg_id -> ms)."""
+    ids = list(waits)
+    conn.run_all("orderly_defer_ids", ids, [waits[i] for i in ids])
 
 
 def unclaim(conn: PreparedConnection, msg_ids: list[int]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import redis
 
 from orderly.models.keys import PROCESS_WAKE_KEY
+from orderly.worker import lua
 from orderly.worker.core.lease import RedisLease, new_token
 from orderly.worker.core.scripts import Scripts, as_text
 
@@ -50,7 +51,7 @@ class Wake:
     def wake(self, send: Callable[[], object]) -> bool:
         """Send a task (``send``) unless a worker is looking or one was woken already; whether
         one was sent. Raises what Redis or ``send`` raised (a mark it set is taken back)."""
-        if not int(self._scripts.run("wake", [self._key], [self._ttl_ms])):
+        if not lua.wake(self._scripts, mark=self._key, ttl_ms=self._ttl_ms):
             return False
         try:
             send()
@@ -74,7 +75,9 @@ class Wake:
         self._client.set(self._key, value, px=self._ttl_ms)
 
     def _swap(self, old: str, new: str) -> bool:
-        return bool(int(self._scripts.run("wake_swap", [self._key], [old, new, self._ttl_ms])))
+        return lua.wake_swap(
+            self._scripts, mark=self._key, expected=old, new=new, ttl_ms=self._ttl_ms
+        )
 
     def _give_up(self, value: str) -> bool:
         return RedisLease(self._scripts, self._key).give_up(value)

@@ -87,23 +87,28 @@ SELECT code, state FROM node WHERE node_id = $1;
 -- a funnel message only when its funnel's lock is free now (tried, never waited for: no row
 -- lock is held while waiting for a funnel). A STOPPED node finds none. Returns msg_id, the
 -- funnel's lock key (NULL without a funnel), msg_timestamp and how many more of its funnel
--- may start now (orderly_funnel_free; 1 for guaranteed order, where the claim decides).
+-- may start now (orderly_funnel_free; 1 for guaranteed order, where the claim decides), and
+-- the start rate of its funnel component, if it has one (funnel_limit: per second, burst).
 -- prepare: bigint, integer
 SELECT x.msg_id,
        CASE WHEN x.funnel_value IS NOT NULL
             THEN orderly_funnel_key(x.funnel_value, x.funnel_component_id) END AS funnel_key,
        x.msg_timestamp,
        CASE WHEN x.funnel_value IS NULL OR x.guaranteed_order THEN 1
-            ELSE orderly_funnel_free(x.funnel_value, x.funnel_component_id) END AS free
+            ELSE orderly_funnel_free(x.funnel_value, x.funnel_component_id) END AS free,
+       r.rate_per_s, r.burst
   FROM message x
+  LEFT JOIN funnel_limit r
+         ON x.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
+        AND r.component_id = coalesce(x.funnel_component_id, '')
  WHERE x.state IN ('NEW', 'IN_QUEUE') AND x.due_at IS NULL
    AND x.service_name <> 'conversation'
    AND (x.funnel_value IS NULL
         OR pg_try_advisory_xact_lock(orderly_funnel_key(x.funnel_value, x.funnel_component_id)))
    AND NOT EXISTS (SELECT 1 FROM node n WHERE n.node_id = $1 AND n.state = 'STOPPED')
- ORDER BY x.priority DESC, x.fair_at
+ ORDER BY x.priority DESC, x.fair_at, x.msg_id
  LIMIT $2
-   FOR UPDATE SKIP LOCKED;
+   FOR UPDATE OF x SKIP LOCKED;
 
 -- name: orderly_claim_ids
 -- Messages NEW or IN_QUEUE whose due time, if any, has come (due, or released by their funnel;
@@ -180,6 +185,15 @@ UPDATE message m
        processing_pid = NULL
   FROM unnest($1, $2) AS o(msg_id, custom_data)
  WHERE m.msg_id = o.msg_id AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()
+RETURNING m.msg_id;
+
+-- name: orderly_defer_ids
+-- Due messages a claim passed over because their funnel's start rate is spent (a token bucket
+-- in Redis, worker.messages.batches): due again after $2 ms each, as if scheduled.
+-- prepare: bigint[], bigint[]
+UPDATE message m SET due_at = now() + make_interval(secs => w.wait_ms / 1000.0)
+  FROM unnest($1, $2) AS w(msg_id, wait_ms)
+ WHERE m.msg_id = w.msg_id AND m.state IN ('NEW', 'IN_QUEUE')
 RETURNING m.msg_id;
 
 -- name: orderly_unclaim

@@ -194,8 +194,10 @@ RETURNING state;
 
 -- name: store_figures
 -- The figures behind GET /metrics, in one round trip: states of messages and deliveries, the
--- delayed deliveries, the late conversation responses and the age of the given messages'
--- oldest receive_timestamp.
+-- delayed deliveries, the late conversation responses, the age of the given messages'
+-- oldest receive_timestamp, and the messages waiting for their due time (the messages' due
+-- source, worker.messages.due: ix_message_due) by state, with how far the earliest due time
+-- is past (seconds; 0 when none is: beat's ticker keeps up).
 SELECT 'message' AS part, state AS key, count(*)::float8 AS value
   FROM message GROUP BY state
 UNION ALL
@@ -207,7 +209,16 @@ UNION ALL
 SELECT 'late', '', count(*)::float8 FROM message WHERE late_ms IS NOT NULL
 UNION ALL
 SELECT 'head_age', '', COALESCE(extract(epoch FROM now() - min(receive_timestamp)), 0)::float8
-  FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]));
+  FROM message WHERE msg_id = ANY(CAST(:ids AS bigint[]))
+UNION ALL
+SELECT 'due', state, count(*)::float8
+  FROM message
+ WHERE due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED')
+ GROUP BY state
+UNION ALL
+SELECT 'due_lag', '', GREATEST(COALESCE(extract(epoch FROM now() - min(due_at)), 0), 0)::float8
+  FROM message
+ WHERE due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED');
 
 -- name: message_outcome
 -- What processing left on a message (worker.testing.run_handler reports it).

@@ -1,0 +1,100 @@
+"""The calls of the shared mechanisms' scripts: due sets (due_*.lua), leases (lease_*.lua), the
+wake-up mark of the message workers (wake*.lua) and the API's token buckets (rate_take.lua)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orderly.worker.core.scripts import Call, Scripts, as_text
+
+# --- due sets (worker.core.due.RedisDueSet) ---------------------------------------------------
+
+
+def due_take(
+    scripts: Scripts, *, due_set: str, leased_set: str, now_ms: int, limit: int, lease_end_ms: int
+) -> list[str]:
+    """The due members taken (earliest due first), leased until ``lease_end_ms``: the take's
+    fencing token."""
+    taken = scripts.run(
+        Call("due_take", keys=(due_set, leased_set), args=(now_ms, limit, lease_end_ms))
+    )
+    return [as_text(m) for m in taken]
+
+
+def due_settle(
+    scripts: Scripts, *, due_set: str, leased_set: str, lease_end_ms: int, members: list[str]
+) -> int:
+    """Forget ``members`` still leased by the take ``lease_end_ms``; how many were."""
+    return int(
+        scripts.run(Call("due_settle", keys=(due_set, leased_set), args=(lease_end_ms, *members)))
+    )
+
+
+def due_release(
+    scripts: Scripts,
+    *,
+    due_set: str,
+    leased_set: str,
+    now_ms: int,
+    lease_end_ms: int,
+    members: list[str],
+) -> int:
+    """Make ``members`` still leased by the take ``lease_end_ms`` due at once; how many were."""
+    return int(
+        scripts.run(
+            Call(
+                "due_release",
+                keys=(due_set, leased_set),
+                args=(now_ms, lease_end_ms, *members),
+            )
+        )
+    )
+
+
+# --- leases (worker.core.lease.RedisLease) and the wake-up mark (worker.messages.wake) --------
+
+
+def lease_take(scripts: Scripts, *, lease: str, token: str, ttl_ms: int) -> bool:
+    """Whether ``token`` now holds the lease (nobody held it)."""
+    return bool(scripts.run(Call("lease_take", keys=(lease,), args=(token, ttl_ms))))
+
+
+def lease_give_up(scripts: Scripts, *, lease: str, token: str) -> bool:
+    """Whether the lease was released (``token`` held it)."""
+    return bool(scripts.run(Call("lease_give_up", keys=(lease,), args=(token,))))
+
+
+def wake(scripts: Scripts, *, mark: str, ttl_ms: int) -> bool:
+    """Whether the caller must send a task: the mark was absent or its holder busy, and is
+    now 'woken'."""
+    return bool(int(scripts.run(Call("wake", keys=(mark,), args=(ttl_ms,)))))
+
+
+def wake_swap(scripts: Scripts, *, mark: str, expected: str, new: str, ttl_ms: int) -> bool:
+    """Whether the mark moved from ``expected`` to ``new`` (False: it is another's, or gone)."""
+    return bool(int(scripts.run(Call("wake_swap", keys=(mark,), args=(expected, new, ttl_ms)))))
+
+
+# --- the API's token buckets (worker.core.ratelimit) -------------------------------------------
+
+# The buckets' script, registered on the rate limiter's own clients (an asyncio one included).
+RATE_TAKE = "rate_take"
+
+
+@dataclass(frozen=True)
+class RateTaken:
+    allowed: bool
+    retry_after_ms: int  # 0 when allowed, else until the cost would be there again
+    remaining: int  # tokens left, rounded down
+
+
+def rate_take_call(*, bucket: str, rate_per_s: float, burst: int, cost: int, now_ms: int) -> Call:
+    """One take from a bucket, for the caller's client to run (the API's is an asyncio one)."""
+    return Call("rate_take", keys=(bucket,), args=(repr(float(rate_per_s)), burst, cost, now_ms))
+
+
+def rate_taken(reply: Any) -> RateTaken:
+    """rate_take.lua's reply: {allowed, retry after (ms), tokens left}."""
+    allowed, retry_ms, remaining = (int(v) for v in reply)
+    return RateTaken(allowed == 1, retry_ms, remaining)

@@ -1,0 +1,56 @@
+"""Funnel components' start rates: how many messages of one funnel value may start a second
+(``funnel_limit.rate_per_s``, a bucket of ``burst``). One token bucket per funnel value in
+Redis, taken by the claim (worker.messages.batches) through the one limiter
+(worker.core.ratelimit, the API's too; outbound endpoints use it the same way).
+
+A claim takes a token for each funnel message it chose whose component has a rate; one that
+gets none is left due again when its token will be there (its row's due time), never claimed
+before. The take is atomic in Redis and comes before the claim: a claim that then takes
+nothing wastes the token, so a funnel may start fewer than its rate, never more. Should Redis
+not answer, claims go on unlimited (fail open, logged): a rate protects what the handlers
+call, it must not stop the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import redis
+
+from orderly.models.keys import RateKeys
+from orderly.worker.core.clock import SYSTEM, Clock, now_ms
+from orderly.worker.core.ratelimit import Buckets, Limit
+from orderly.worker.messages.store import Candidate
+
+log = logging.getLogger(__name__)
+
+
+class StartRates:
+    """The start buckets of the funnels, on one Redis client."""
+
+    def __init__(
+        self, client: redis.Redis, clock: Clock = SYSTEM, keys: RateKeys | None = None
+    ) -> None:
+        self._buckets = Buckets(client)
+        self._clock = clock
+        self._keys = keys or RateKeys()
+
+    def refused(self, chosen: Sequence[Candidate]) -> dict[int, int]:
+        """Take a start token for each chosen message whose funnel has a rate: the ones that got
+        none, with the ms until their token is there."""
+        waits: dict[int, int] = {}
+        at = now_ms(self._clock)
+        for c in chosen:
+            if c.funnel_key is None or c.rate_per_s is None or c.burst is None:
+                continue
+            try:
+                verdict = self._buckets.take(
+                    self._keys.funnel(c.funnel_key), Limit(c.rate_per_s, c.burst), at
+                )
+            except redis.RedisError as exc:
+                log.warning("funnel start rates not applied (Redis: %s)", exc)
+                return {}
+            if not verdict.allowed:
+                waits[c.msg_id] = max(1, round(verdict.retry_after_s * 1000))
+        return waits
