@@ -14,12 +14,14 @@ import redis
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState
+from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.handlers import HandlerRegistry, MessageContext, Retry
+from orderly.worker.messages import operations, watchdogs
 from orderly.worker.messages.batches import claim_due, process_batch, process_message
 from orderly.worker.messages.intake import Intake
-from orderly.worker.messages.processing import Outcome
+from orderly.worker.messages.processing import Outcome, Processor
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.runtime import get_runtime
 from tests.helpers import ManualClock, make_due, message, processor, row, set_config, take_due
@@ -361,3 +363,89 @@ def test_a_message_postponed_by_a_busy_key_waits_on_its_row(db: Engine, intake: 
     stored = row(db, second.msg_id)
     assert stored.due_at is not None and stored.last_process_timestamp is not None
     assert (stored.due_at - stored.last_process_timestamp) == timedelta(seconds=7)
+
+
+def test_a_message_held_back_behind_a_failed_one_still_fails_when_it_stood_too_long(
+    db: Engine, intake: Intake
+) -> None:
+    """The due source looks at a POSTPONED message every postponedIntervalSec; one its
+    funnel still holds back keeps its time, so that fail_postponed sees how long it stood."""
+    set_config(db, asynch__postponedIntervalWhenFailedSec="1")
+    fields = {"funnel_value": "g", "guaranteed_order": True}
+    head = intake.submit(message(1, **fields)).msg_id
+    waiting = intake.submit(message(2, **fields)).msg_id
+    held = row(db, waiting)
+    assert held.state is MessageState.POSTPONED and held.due_at is not None  # looked at again
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET state = 'FAILED', due_at = NULL,"
+                " last_process_timestamp = now() - interval '5 s' WHERE msg_id = :h;"
+                "UPDATE message SET last_process_timestamp = now() - interval '5 s',"
+                " due_at = now() - interval '1 ms' WHERE msg_id = :w"
+            ),
+            {"h": head, "w": waiting},
+        )
+    assert take_due(db) == 0  # still held back: due again later, its time kept
+    still = row(db, waiting)
+    assert still.state is MessageState.POSTPONED and still.due_at is not None
+    assert still.due_at > datetime.now(UTC)
+    released: list[int] = []
+    assert watchdogs.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
+    failed = row(db, waiting)
+    assert failed.state is MessageState.FAILED and failed.due_at is None
+
+
+def test_a_funnel_place_in_line_ignores_its_failed_and_running_messages(
+    db: Engine, intake: Intake
+) -> None:
+    first = intake.submit(message(1, funnel_value="f")).msg_id
+    with db.begin() as conn:  # a FAILED message far ahead in line (an old backlog's)
+        conn.execute(
+            text(
+                "UPDATE message SET state = 'FAILED', fair_at = now() + interval '3 hours'"
+                " WHERE msg_id = :i"
+            ),
+            {"i": first},
+        )
+    later = intake.submit(message(2, funnel_value="f")).msg_id
+    place = row(db, later).fair_at
+    assert place is not None and place - datetime.now(UTC) < timedelta(seconds=5)
+
+
+def test_redrive_and_cancel_clear_a_due_time(db: Engine, intake: Intake) -> None:
+    scheduled = intake.submit(message(1, delay_ms=3_600_000)).msg_id
+    cancelled = operations.cancel(db, scheduled, {"note": "not needed"}, ignore)
+    assert cancelled.state is MessageState.CANCEL and row(db, scheduled).due_at is None
+    operations.redrive(db, scheduled, {"note": "needed after all"}, ignore)
+    again = row(db, scheduled)
+    assert again.state is MessageState.IN_QUEUE and again.due_at is None  # due now
+    assert [r.outcome for r in [process_message(processor(db), scheduled)]] == [Outcome.OK]
+
+
+def test_a_single_message_takes_its_funnels_start_token_too(
+    db: Engine, intake: Intake, redis_client: redis.Redis
+) -> None:
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO funnel_limit (component_id, max_in_flight, rate_per_s, burst)"
+                " VALUES ('c', 10, 0.5, 1)"
+            )
+        )
+    ids = [
+        intake.submit(message(n, funnel_value="f", funnel_component_id="c")).msg_id for n in (1, 2)
+    ]
+    proc = Processor(
+        db,
+        node_id=get_runtime().node_id,
+        registry=get_runtime().registry,
+        config=ConfigReader(db, ttl_seconds=0),
+        rates=StartRates(redis_client, ManualClock(5_000.0)),
+    )
+    assert process_message(proc, ids[0]).outcome is Outcome.OK
+    refused = process_message(proc, ids[1])
+    assert refused.outcome is Outcome.POSTPONED and "start rate" in refused.detail
+    waiting = row(db, ids[1])
+    assert waiting.state is MessageState.NEW and waiting.due_at is not None
+    assert waiting.processing_pid is None  # not left claimed

@@ -47,8 +47,8 @@ END
 $$;
 
 -- The place in line (message.fair_at) of a new message: now, or for the p_rank-th new message
--- of a funnel (1 for one inserted alone), p_rank seconds after the newest waiting message of
--- that funnel, when that is later: a virtual clock, so that funnels with many waiting
+-- of a funnel (1 for one inserted alone), p_rank seconds after the newest message of that
+-- funnel still waiting to start (NEW, IN_QUEUE, POSTPONED), when that is later: a virtual clock, so that funnels with many waiting
 -- messages take turns with each other and with what comes meanwhile, instead of running one
 -- funnel's backlog first.
 CREATE OR REPLACE FUNCTION orderly_fair_at(p_value text, p_component text, p_rank bigint)
@@ -59,6 +59,7 @@ LANGUAGE sql STABLE AS $$
                          (SELECT o.fair_at FROM message o
                            WHERE o.funnel_value = p_value
                              AND o.state NOT IN ('OK', 'CANCEL')
+                             AND o.state IN ('NEW', 'IN_QUEUE', 'POSTPONED')
                              AND o.funnel_component_id IS NOT DISTINCT FROM p_component
                            ORDER BY o.msg_timestamp DESC, o.msg_id DESC
                            LIMIT 1) + make_interval(secs => p_rank))
@@ -73,6 +74,15 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_not_before > now() THEN p_not_before
                 WHEN p_delay_ms > 0 THEN now() + make_interval(secs => p_delay_ms / 1000.0)
            END
+$$;
+
+-- When a message a funnel holds back is looked at again: after postponedIntervalSec (its
+-- release normally comes first, when the message ahead of it ends).
+CREATE OR REPLACE FUNCTION orderly_postponed_due() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT now() + make_interval(secs => coalesce(
+        (SELECT coalesce(current_value, default_value)::int FROM configuration
+          WHERE code = 'asynch.postponedIntervalSec'), 5))
 $$;
 
 -- How many messages of one funnel value may run at once: its component's funnel_limit, or one

@@ -26,7 +26,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "4a5ad1c11d05230c6c9554562a75667afc69b9e25457f8d81f9bd1d391e8f83d"
+FUNCTIONS_SHA256 = "c38cb760c9f2770ab43d4c339a9598c44d06a60be8a8c293fb767beb5cb9b4a2"
 
 
 def upgrade() -> None:
@@ -96,6 +96,7 @@ def downgrade() -> None:
         "orderly_funnel_free(text, text)",
         "orderly_fair_at(text, text, bigint)",
         "orderly_due_at(bigint, timestamptz)",
+        "orderly_postponed_due()",
     ):
         op.execute(f"DROP FUNCTION IF EXISTS {dropped}")
     op.drop_index("ix_message_due", table_name="message")

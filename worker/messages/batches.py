@@ -52,7 +52,7 @@ BATCH_KIND = "batch"
 
 def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
     """Of due candidates: those to claim, every one without a funnel and the oldest of each
-    funnel with a free slot, in the candidates' order; and those that wait behind a funnel's
+    funnel, in the candidates' order; and those that wait behind a funnel's
     free slots (POSTPONED: an outcome releases the next). A funnel whose limit allows more than
     one at a time leaves its next ones (up to its free slots) due, for other workers' claims:
     one worker runs its batch one message after another, so claiming them here would not run
@@ -66,7 +66,9 @@ def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
     for waiting in by_funnel.values():
         ordered = [c.msg_id for c in sorted(waiting, key=lambda c: (c.msg_timestamp, c.msg_id))]
         free = waiting[0].free
-        first.update(ordered[: min(1, free)])
+        # the oldest, whatever its free slots read (a count from this statement's start: an
+        # outcome may have freed one since; the claim decides under the lock)
+        first.update(ordered[:1])
         left.update(ordered[1:free])
     chosen = [c.msg_id for c in candidates if c.funnel_key is None or c.msg_id in first]
     behind = [
@@ -242,6 +244,12 @@ def process_message(
             return processor.not_claimed(conn, msg_id)
         if not claimed[0].running:
             return ProcessResult(msg_id, Outcome.POSTPONED, "held back by its funnel")
+        waits = processor.rates.refused(claimed) if processor.rates is not None else {}
+        if waits:
+            # its funnel's start rate is spent: due again when its token is there
+            give_back(conn, [msg_id])
+            store.defer(conn, waits)
+            return ProcessResult(msg_id, Outcome.POSTPONED, "its funnel's start rate is spent")
         return _rounds(processor, conn, claimed, size, enqueue, budget_s)[0]
 
 

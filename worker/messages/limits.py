@@ -67,7 +67,9 @@ class FunnelLimitIn(BaseModel):
     def bucket(self) -> int | None:
         if self.rate_per_s is None:
             return None
-        return self.burst if self.burst is not None else max(1, math.ceil(self.rate_per_s))
+        if self.burst is not None:
+            return self.burst
+        return min(MAX_BURST, max(1, math.ceil(self.rate_per_s)))
 
 
 class _Component(BaseModel):

@@ -15,13 +15,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import redis
 
 from orderly.models.keys import RateKeys
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.ratelimit import Buckets, Limit
-from orderly.worker.messages.store import Candidate
+
+
+class Startable(Protocol):
+    """A message a claim chose or took, with its funnel's start rate (None: none)."""
+
+    @property
+    def msg_id(self) -> int: ...
+
+    @property
+    def funnel_key(self) -> int | None: ...
+
+    @property
+    def rate_per_s(self) -> float | None: ...
+
+    @property
+    def burst(self) -> int | None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +53,7 @@ class StartRates:
         self._clock = clock
         self._keys = keys or RateKeys()
 
-    def refused(self, chosen: Sequence[Candidate]) -> dict[int, int]:
+    def refused(self, chosen: Sequence[Startable]) -> dict[int, int]:
         """Take a start token for each chosen message whose funnel has a rate: the ones that got
         none, with the ms until their token is there."""
         waits: dict[int, int] = {}

@@ -110,6 +110,9 @@ class Claimed:
     processing_pid: int | None
     last_process_timestamp: datetime
     newer: int | None
+    funnel_key: int | None
+    rate_per_s: float | None  # its funnel component's start rate, if it has one
+    burst: int | None
 
     @property
     def running(self) -> bool:

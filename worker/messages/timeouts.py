@@ -54,12 +54,9 @@ class TimeoutReport:
 def _take_back(
     engine: Engine, tracker: Tracker, t: TimedOut, now: int
 ) -> tuple[str | None, int, list[int]]:
-    """Take a timed-out claim back: (new state or None, timeout number, released ids).
-
-    The retry is scheduled in Redis before the transaction commits: if the commit is lost,
-    the retry finds the message still claimed and does nothing; the reverse order could
-    leave the message IN_QUEUE with no task.
-    """
+    """Take a timed-out claim back: (new state or None, timeout number, released ids). The
+    retry waits on the row (its due time, set in the same statement): nothing to lose
+    between the take-back and the retry."""
     msg_id = int(t.xid)
     pid, _, claimed_at = t.claim.partition(" ")
     policy = tracker.policy

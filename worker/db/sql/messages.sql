@@ -19,16 +19,18 @@ INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, ent
                      due_at, priority, fair_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
        now(), now(),
-       CASE WHEN $13 IS NOT NULL AND orderly_due_at($18, $19) IS NULL
-                 AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16)
-            THEN 'POSTPONED' ELSE 'NEW' END,
+       CASE WHEN f.held THEN 'POSTPONED' ELSE 'NEW' END,
        0,
-       orderly_due_at($18, $19),
+       -- one held back is looked at again after postponedIntervalSec (its release normally
+       -- comes first)
+       CASE WHEN f.held THEN orderly_postponed_due() ELSE orderly_due_at($18, $19) END,
        $20,
        orderly_fair_at($13, $14, 1)
+  FROM (SELECT $13 IS NOT NULL AND orderly_due_at($18, $19) IS NULL
+               AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16) AS held) f
  WHERE NOT $21 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, state, due_at IS NOT NULL AS scheduled;
+RETURNING msg_id, state, due_at IS NOT NULL AND state = 'NEW' AS scheduled;
 
 -- name: orderly_insert_messages
 -- Messages without a parent NEW in one statement, in the order given (their msg_ids ascend in
@@ -137,12 +139,15 @@ UPDATE message m
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END,
        due_at = CASE WHEN b.blocked THEN now() + make_interval(secs => $4) END
-  FROM (SELECT x.msg_id,
+  FROM (SELECT x.msg_id, x.funnel_value, x.funnel_component_id,
                x.funnel_value IS NOT NULL
                AND orderly_funnel_blocked(x.msg_id, x.funnel_value, x.funnel_component_id,
                                           x.msg_timestamp, x.guaranteed_order,
                                           x.exclude_failed_state) AS blocked
           FROM message x WHERE x.msg_id = ANY($1)) b
+  LEFT JOIN funnel_limit r
+         ON b.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
+        AND r.component_id = coalesce(b.funnel_component_id, '')
  WHERE m.msg_id = b.msg_id
    AND ((m.state IN ('NEW', 'IN_QUEUE') AND (m.due_at IS NULL OR m.due_at <= now()))
         OR (m.state = 'PROCESSING' AND m.lost_count + 1 < $3
@@ -160,7 +165,11 @@ RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
               AND (m.entity_type IS NOT NULL OR o.operation_name = m.operation_name)
               AND o.state = 'OK' AND o.msg_timestamp > m.msg_timestamp
             ORDER BY o.msg_timestamp DESC, o.msg_id DESC
-            LIMIT 1) AS newer;
+            LIMIT 1) AS newer,
+          -- its funnel's lock key and start rate, if its component has one
+          CASE WHEN m.funnel_value IS NOT NULL
+               THEN orderly_funnel_key(m.funnel_value, m.funnel_component_id) END AS funnel_key,
+          r.rate_per_s, r.burst;
 
 -- name: orderly_postpone_ids
 -- Due messages a claim passed over because an older one of their funnel goes first: POSTPONED,
@@ -198,10 +207,9 @@ RETURNING m.msg_id;
 
 -- name: orderly_unclaim
 -- Claimed messages whose handlers did not start (the batch ran out of time) go back to NEW
--- where they were in the queue (last_process_timestamp: when they came), for the next claim.
+-- where they were in line (fair_at, which a claim orders by, is kept), for the next claim.
 -- prepare: bigint[]
-UPDATE message SET state = 'NEW', processing_pid = NULL,
-                   last_process_timestamp = receive_timestamp
+UPDATE message SET state = 'NEW', processing_pid = NULL, last_process_timestamp = now()
  WHERE msg_id = ANY($1) AND state = 'PROCESSING' AND processing_pid = pg_backend_pid()
 RETURNING msg_id;
 

@@ -97,6 +97,7 @@ SELECT state, service_name FROM message WHERE msg_id = :id AND (CAST(:owned AS t
 -- CANCEL a message not final yet, with the operator's audit entry. Conversation rows are
 -- settled by their ordering gate, never by an operator.
 UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timestamp = now(),
+                   due_at = NULL,
        audit = audit || jsonb_build_array(jsonb_build_object(
            'at', now(), 'action', 'CANCEL', 'by', CAST(:by AS text),
            'note', CAST(:note AS text), 'from', state, 'error', failed_error_code))
@@ -135,6 +136,7 @@ SELECT orderly_lock_funnels_of(ARRAY(
 -- CANCEL the HARD children not final yet of messages just cancelled (:ids), each with an
 -- audit entry naming its parent and the operator's note; SOFT children go on.
 UPDATE message SET state = 'CANCEL', processing_pid = NULL, last_process_timestamp = now(),
+                   due_at = NULL,
        audit = audit || jsonb_build_array(jsonb_build_object(
            'at', now(), 'action', 'CANCEL', 'by', CAST(:by AS text),
            'note', format('parent message %s cancelled: %s', parent_msg_id, CAST(:note AS text)),
@@ -147,6 +149,7 @@ RETURNING msg_id;
 -- A FAILED or CANCEL message IN_QUEUE again: failures counted anew, an earlier wait for a
 -- response forgotten, the operator's audit entry.
 UPDATE message SET state = 'IN_QUEUE', failed_count = 0, start_in_queue_timestamp = now(),
+       due_at = NULL, fair_at = coalesce(fair_at, now()),
        last_process_timestamp = now(), wait_correlation_id = NULL, wait_res_id = NULL,
        response_deadline = NULL,
        audit = audit || jsonb_build_array(jsonb_build_object(

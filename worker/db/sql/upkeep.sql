@@ -30,7 +30,9 @@ moved AS (
            start_in_queue_timestamp = CASE WHEN d.blocked OR m.state IN ('NEW', 'IN_QUEUE')
                                            THEN m.start_in_queue_timestamp ELSE now() END,
            due_at = CASE WHEN d.blocked THEN now() + make_interval(secs => :lease_s) END,
-           last_process_timestamp = now()
+           -- one still held back keeps its time: fail_postponed counts how long it stood
+           last_process_timestamp = CASE WHEN d.blocked THEN m.last_process_timestamp
+                                         ELSE now() END
       FROM due d
      WHERE m.msg_id = d.msg_id
     RETURNING m.msg_id, d.blocked)
@@ -123,7 +125,7 @@ RETURNING call_id;
 -- Guaranteed order halts behind a FAILED message (unless exclude_failed_state): the messages
 -- it holds back fail once both have stood still for :failed_s.
 UPDATE message m
-   SET state = 'FAILED', failed_count = m.failed_count + 1,
+   SET state = 'FAILED', failed_count = m.failed_count + 1, due_at = NULL,
        failed_error_code = 'E_POSTPONED_TOO_LONG',
        failed_desc = format('postponed for over %s s behind FAILED message %s of funnel %s',
                             :failed_s, b.blocker, m.funnel_value),
