@@ -368,14 +368,15 @@ def test_a_message_postponed_by_a_busy_key_waits_on_its_row(db: Engine, intake: 
 def test_a_message_held_back_behind_a_failed_one_still_fails_when_it_stood_too_long(
     db: Engine, intake: Intake
 ) -> None:
-    """The due source looks at a POSTPONED message every postponedIntervalSec; one its
-    funnel still holds back keeps its time, so that fail_postponed sees how long it stood."""
+    """A POSTPONED message the due source looks at and finds still held back keeps its
+    time, so that fail_postponed sees how long it stood."""
     set_config(db, asynch__postponedIntervalWhenFailedSec="1")
     fields = {"funnel_value": "g", "guaranteed_order": True}
     head = intake.submit(message(1, **fields)).msg_id
     waiting = intake.submit(message(2, **fields)).msg_id
     held = row(db, waiting)
-    assert held.state is MessageState.POSTPONED and held.due_at is not None  # looked at again
+    # guaranteed order: only its funnel's release (or fail_postponed) moves it
+    assert held.state is MessageState.POSTPONED and held.due_at is None
     with db.begin() as conn:
         conn.execute(
             text(
@@ -386,10 +387,9 @@ def test_a_message_held_back_behind_a_failed_one_still_fails_when_it_stood_too_l
             ),
             {"h": head, "w": waiting},
         )
-    assert take_due(db) == 0  # still held back: due again later, its time kept
+    assert take_due(db) == 0  # still held back: no due time any more, its time kept
     still = row(db, waiting)
-    assert still.state is MessageState.POSTPONED and still.due_at is not None
-    assert still.due_at > datetime.now(UTC)
+    assert still.state is MessageState.POSTPONED and still.due_at is None
     released: list[int] = []
     assert watchdogs.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
     failed = row(db, waiting)
@@ -449,3 +449,19 @@ def test_a_single_message_takes_its_funnels_start_token_too(
     waiting = row(db, ids[1])
     assert waiting.state is MessageState.NEW and waiting.due_at is not None
     assert waiting.processing_pid is None  # not left claimed
+
+
+def test_a_plain_funnel_looks_at_a_held_back_message_again_after_its_interval(
+    db: Engine, intake: Intake
+) -> None:
+    set_config(db, asynch__postponedIntervalSec="7")
+    head = intake.submit(message(1, funnel_value="p")).msg_id
+    assert process_message(processor(db), head).outcome is Outcome.OK
+    with db.begin() as conn:  # the head runs (a long handler): the next one is held back
+        conn.execute(
+            text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": head}
+        )
+    held = intake.submit(message(2, funnel_value="p")).msg_id
+    waiting = row(db, held)
+    assert waiting.state is MessageState.POSTPONED and waiting.due_at is not None
+    assert (waiting.due_at - waiting.receive_timestamp) == timedelta(seconds=7)

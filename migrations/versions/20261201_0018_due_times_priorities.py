@@ -26,7 +26,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "c38cb760c9f2770ab43d4c339a9598c44d06a60be8a8c293fb767beb5cb9b4a2"
+FUNCTIONS_SHA256 = "89e4fc97b136d29990fd82275954f31414281690ac7308e1cef374032915f068"
 
 
 def upgrade() -> None:
@@ -95,7 +95,6 @@ def downgrade() -> None:
         "orderly_funnel_limit(text)",
         "orderly_funnel_free(text, text)",
         "orderly_fair_at(text, text, bigint)",
-        "orderly_due_at(bigint, timestamptz)",
         "orderly_postponed_due()",
     ):
         op.execute(f"DROP FUNCTION IF EXISTS {dropped}")

@@ -10,6 +10,8 @@ connection (remembered in the pool's ``connection.info``) and runs it with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -89,18 +91,18 @@ class PreparedConnection:
         ``row_type`` (a dataclass whose fields are the statement's column names), or None."""
         self._send_after(name, args, before)
         found = self._cursor.fetchone() if self._cursor.description is not None else None
-        return None if found is None else self._typed(row_type, found)
+        return None if found is None else row_type(*_picked(row_type, self._columns(), found))
 
     def all(self, row_type: type[R], name: str, *args: Any) -> list[R]:
         """Execute a prepared statement; every row as ``row_type`` (built by column name)."""
         self._send(name, args, "", ())
         if self._cursor.description is None:
             return []
-        return [self._typed(row_type, found) for found in self._cursor.fetchall()]
+        columns = self._columns()
+        return [row_type(*_picked(row_type, columns, found)) for found in self._cursor.fetchall()]
 
-    def _typed(self, row_type: type[R], found: Sequence[Any]) -> R:
-        names = [column[0] for column in self._cursor.description]
-        return row_type(**dict(zip(names, found, strict=True)))
+    def _columns(self) -> tuple[str, ...]:
+        return tuple(column[0] for column in self._cursor.description)
 
     def value(self, name: str) -> Any:
         """The one value a named query without parameters returns (not prepared: for the
@@ -121,6 +123,21 @@ class PreparedConnection:
     def rowcount(self) -> int:
         """Rows the last statement changed."""
         return int(self._cursor.rowcount)
+
+
+@functools.cache
+def _order(row_type: type, columns: tuple[str, ...]) -> tuple[int, ...]:
+    """Where each field of a row type is among a statement's columns (by name, once per pair):
+    a statement whose columns are not exactly the type's fields is an error at once."""
+    names = [f.name for f in dataclasses.fields(row_type)]
+    if sorted(names) != sorted(columns):
+        raise ValueError(f"{row_type.__name__} has fields {names}, the statement columns {columns}")
+    return tuple(columns.index(name) for name in names)
+
+
+def _picked(row_type: Any, columns: tuple[str, ...], found: Sequence[Any]) -> list[Any]:
+    """A row's values in the order of the row type's fields."""
+    return [found[i] for i in _order(row_type, columns)]
 
 
 @contextlib.contextmanager

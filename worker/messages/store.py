@@ -7,7 +7,7 @@ these instead of running queries themselves.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from orderly.models import MessageState
@@ -165,7 +165,7 @@ def insert_one(conn: PreparedConnection, new: NewMessage, *, require_run: bool) 
     return conn.one(
         Inserted,
         "orderly_insert_message",
-        *astuple(new),
+        *(getattr(new, f.name) for f in fields(new)),  # not astuple: that deep-copies
         require_run,
         before=lock if new.funnel_value is not None else None,
     )

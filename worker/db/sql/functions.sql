@@ -66,16 +66,6 @@ LANGUAGE sql STABLE AS $$
            END
 $$;
 
--- When a new message is due: p_delay_ms after now, or at p_not_before; NULL (due now) when
--- neither is given, or the time has passed.
-CREATE OR REPLACE FUNCTION orderly_due_at(p_delay_ms bigint, p_not_before timestamptz)
-    RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_not_before > now() THEN p_not_before
-                WHEN p_delay_ms > 0 THEN now() + make_interval(secs => p_delay_ms / 1000.0)
-           END
-$$;
-
 -- When a message a funnel holds back is looked at again: after postponedIntervalSec (its
 -- release normally comes first, when the message ahead of it ends).
 CREATE OR REPLACE FUNCTION orderly_postponed_due() RETURNS timestamptz
@@ -94,41 +84,49 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- May this message (p_msg_id NULL: one not yet stored, newer than all) not go on now?
---   funnel: as many other messages of the funnel as its limit (orderly_funnel_limit) are
---           active (PROCESSING, WAITING, WAITING_FOR_RES) and were started within
---           asynch.funnelIdleIntervalSec;
+--   funnel: as many other messages of the funnel as its limit (orderly_funnel_limit, one
+--           unless its component has a funnel_limit) are active (PROCESSING, WAITING,
+--           WAITING_FOR_RES) and were started within asynch.funnelIdleIntervalSec;
 --   guaranteed order: another message of the funnel is active, or an older guaranteed-order
 --           message of the funnel is not final (FAILED counts unless p_exclude_failed).
 CREATE OR REPLACE FUNCTION orderly_funnel_blocked(
     p_msg_id bigint, p_value text, p_component text, p_ts timestamptz,
     p_guaranteed boolean, p_exclude_failed boolean) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_guaranteed THEN EXISTS (
+    -- the seed's rule first (one active message blocks; cheap, and all most funnels need),
+    -- then, for a plain funnel whose component allows more, the count of its active ones
+    SELECT EXISTS (
         SELECT 1 FROM message o
          WHERE o.funnel_value = p_value
            AND o.state NOT IN ('OK', 'CANCEL')
            AND o.funnel_component_id IS NOT DISTINCT FROM p_component
            AND o.msg_id IS DISTINCT FROM p_msg_id
-           AND (o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                OR (o.guaranteed_order
-                    AND (o.msg_timestamp < p_ts
-                         OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL
-                             AND o.msg_id < p_msg_id))
-                    AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
-    ELSE (SELECT count(*) FROM (
-              SELECT 1 FROM message o
-               WHERE o.funnel_value = p_value
-                 AND o.state NOT IN ('OK', 'CANCEL')
-                 AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                 AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-                 AND o.msg_id IS DISTINCT FROM p_msg_id
-                 AND o.last_process_timestamp >= now() - make_interval(secs =>
-                     coalesce((SELECT coalesce(current_value, default_value)::int
-                                 FROM configuration
-                                WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
-               LIMIT orderly_funnel_limit(p_component)) active)
-         >= orderly_funnel_limit(p_component)
-    END
+           AND ((o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                 AND (p_guaranteed OR o.last_process_timestamp >= now() - make_interval(secs =>
+                      coalesce((SELECT coalesce(current_value, default_value)::int
+                                  FROM configuration
+                                 WHERE code = 'asynch.funnelIdleIntervalSec'), 600))))
+             OR (p_guaranteed AND o.guaranteed_order
+                 AND (o.msg_timestamp < p_ts
+                      OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL AND o.msg_id < p_msg_id))
+                 AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
+       AND (p_guaranteed
+            OR NOT EXISTS (SELECT 1 FROM funnel_limit l
+                            WHERE l.component_id = coalesce(p_component, '')
+                              AND l.max_in_flight > 1)
+            OR (SELECT count(*) FROM (
+                    SELECT 1 FROM message o
+                     WHERE o.funnel_value = p_value
+                       AND o.state NOT IN ('OK', 'CANCEL')
+                       AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                       AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                       AND o.msg_id IS DISTINCT FROM p_msg_id
+                       AND o.last_process_timestamp >= now() - make_interval(secs =>
+                           coalesce((SELECT coalesce(current_value, default_value)::int
+                                       FROM configuration
+                                      WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
+                     LIMIT orderly_funnel_limit(p_component)) active)
+               >= orderly_funnel_limit(p_component))
 $$;
 
 -- How many more messages of a funnel may start now (0 or more): its limit less those active.

@@ -7,7 +7,7 @@
 -- duplicate (correlation_id, source_system) inserts nothing. A funnel message is sent after
 -- its funnel's advisory lock (worker.messages.intake.FUNNEL_LOCK), so a release cannot miss it.
 -- $18, $19: due so many ms after intake, or not before a time (NULL, 0 or a time passed: due
--- now); a scheduled message is NEW until then, whatever its funnel (the claim decides when it
+-- now; written out here, not a function call: this is the hot path); a scheduled message is NEW until then, whatever its funnel (the claim decides when it
 -- is due). $20: its priority. $21: new input needs the node in RUN (a child of existing work
 -- does not). Its place in line: orderly_fair_at.
 -- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, bigint, timestamptz, integer, boolean
@@ -23,11 +23,17 @@ SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $1
        0,
        -- one held back is looked at again after postponedIntervalSec (its release normally
        -- comes first)
-       CASE WHEN f.held THEN orderly_postponed_due() ELSE orderly_due_at($18, $19) END,
+       CASE WHEN f.held AND NOT $15 THEN orderly_postponed_due()
+            WHEN f.held THEN NULL
+            ELSE f.due_at END,
        $20,
-       orderly_fair_at($13, $14, 1)
-  FROM (SELECT $13 IS NOT NULL AND orderly_due_at($18, $19) IS NULL
-               AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16) AS held) f
+       CASE WHEN $13 IS NULL THEN now() ELSE orderly_fair_at($13, $14, 1) END
+  FROM (SELECT d.due_at, $13 IS NOT NULL AND d.due_at IS NULL
+               AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16) AS held
+          FROM (SELECT CASE WHEN $19 > now() THEN $19
+                            WHEN $18 > 0 THEN now() + make_interval(secs => $18 / 1000.0)
+                       END AS due_at) d
+        OFFSET 0) f  -- evaluated once: not pulled up into each use of held
  WHERE NOT $21 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
 ON CONFLICT (correlation_id, source_system) DO NOTHING
 RETURNING msg_id, state, due_at IS NOT NULL AND state = 'NEW' AS scheduled;
@@ -38,7 +44,7 @@ RETURNING msg_id, state, due_at IS NOT NULL AND state = 'NEW' AS scheduled;
 -- NEW too, without its lock: the claim decides under the lock which one goes first and holds
 -- the others back (POSTPONED), as the insert of one message would have (worker.messages.batches). One
 -- already stored under its (correlation_id, source_system), or twice in the arrays, is
--- inserted once. $15/$16/$17: each one's due delay in ms or time (orderly_due_at) and its
+-- inserted once. $15/$16/$17: each one's due delay in ms or time (as for one message) and its
 -- priority. The k-th of a
 -- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
 -- Returns msg_id, correlation_id, source_system of each inserted, and whether it waits for
@@ -52,9 +58,14 @@ INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, ent
 SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
        i.process_id, i.payload, i.envelope, i.source_system, i.funnel, i.component,
        i.guaranteed, i.exclude_failed, $18, now(), now(), 'NEW', 0,
-       orderly_due_at(i.delay_ms, i.not_before), i.priority,
-       orderly_fair_at(i.funnel, i.component,
-                       row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n))
+       CASE WHEN i.not_before > now() THEN i.not_before
+            WHEN i.delay_ms > 0 THEN now() + make_interval(secs => i.delay_ms / 1000.0)
+       END,
+       i.priority,
+       CASE WHEN i.funnel IS NULL THEN now()
+            ELSE orderly_fair_at(i.funnel, i.component,
+                                 row_number() OVER (PARTITION BY i.funnel, i.component
+                                                    ORDER BY i.n)) END
   FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
        WITH ORDINALITY
        AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
@@ -138,17 +149,18 @@ UPDATE message m
                                         THEN 1 ELSE 0 END,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END,
-       due_at = CASE WHEN b.blocked THEN now() + make_interval(secs => $4) END
-  FROM (SELECT x.msg_id, x.funnel_value, x.funnel_component_id,
+       -- held back: looked at again after $4 s in a plain funnel (its block may simply
+       -- expire: funnelIdleIntervalSec); in guaranteed order only a transition of the funnel
+       -- (the trigger's release) or fail_postponed moves it, so it has no due time
+       due_at = CASE WHEN b.blocked AND NOT m.guaranteed_order
+                     THEN now() + make_interval(secs => $4) END
+  FROM (SELECT x.msg_id,
                x.funnel_value IS NOT NULL
                AND orderly_funnel_blocked(x.msg_id, x.funnel_value, x.funnel_component_id,
                                           x.msg_timestamp, x.guaranteed_order,
                                           x.exclude_failed_state) AS blocked
           FROM message x WHERE x.msg_id = ANY($1)) b
-  LEFT JOIN funnel_limit r
-         ON b.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
-        AND r.component_id = coalesce(b.funnel_component_id, '')
- WHERE m.msg_id = b.msg_id
+ WHERE m.msg_id = b.msg_id AND m.msg_id = ANY($1)
    AND ((m.state IN ('NEW', 'IN_QUEUE') AND (m.due_at IS NULL OR m.due_at <= now()))
         OR (m.state = 'PROCESSING' AND m.lost_count + 1 < $3
             AND orderly_orphaned(m.processing_pid)))
@@ -169,15 +181,21 @@ RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
           -- its funnel's lock key and start rate, if its component has one
           CASE WHEN m.funnel_value IS NOT NULL
                THEN orderly_funnel_key(m.funnel_value, m.funnel_component_id) END AS funnel_key,
-          r.rate_per_s, r.burst;
+          (SELECT r.rate_per_s FROM funnel_limit r
+            WHERE m.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
+              AND r.component_id = coalesce(m.funnel_component_id, '')) AS rate_per_s,
+          (SELECT r.burst FROM funnel_limit r
+            WHERE m.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
+              AND r.component_id = coalesce(m.funnel_component_id, '')) AS burst;
 
 -- name: orderly_postpone_ids
 -- Due messages a claim passed over because an older one of their funnel goes first: POSTPONED,
--- so that its outcome releases the next of them (a claim holds their funnel locks); due again
--- after $2 seconds (postponedIntervalSec), should no release come.
+-- so that its outcome releases the next of them (a claim holds their funnel locks); in a plain
+-- funnel due again after $2 seconds (postponedIntervalSec), should no release come.
 -- prepare: bigint[], integer
 UPDATE message SET state = 'POSTPONED', last_process_timestamp = now(),
-                   due_at = now() + make_interval(secs => $2)
+                   due_at = CASE WHEN NOT guaranteed_order
+                                 THEN now() + make_interval(secs => $2) END
  WHERE msg_id = ANY($1) AND state IN ('NEW', 'IN_QUEUE') AND funnel_value IS NOT NULL
 RETURNING msg_id;
 

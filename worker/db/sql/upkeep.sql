@@ -10,8 +10,9 @@
 -- one scheduled for now, a PARTLY_FAILED one whose retry wait ended, a POSTPONED one whose
 -- rest ended and whose funnel lets it go, a timed-out one whose retry is due: claimable now
 -- (no due time; PARTLY_FAILED and POSTPONED become IN_QUEUE), returned for a worker's wake-up.
--- A POSTPONED one its funnel still holds back is looked at again after :lease_s (its
--- release normally comes first, when the message ahead of it ends). Oldest due first.
+-- A POSTPONED one its funnel still holds back is looked at again after :lease_s in a plain
+-- funnel (its block may expire: funnelIdleIntervalSec); in guaranteed order it waits for its
+-- funnel's release, with no due time (fail_postponed covers a FAILED head). Oldest due first.
 WITH due AS (
     SELECT msg_id,
            state = 'POSTPONED' AND funnel_value IS NOT NULL
@@ -29,7 +30,8 @@ moved AS (
                         ELSE 'IN_QUEUE' END,
            start_in_queue_timestamp = CASE WHEN d.blocked OR m.state IN ('NEW', 'IN_QUEUE')
                                            THEN m.start_in_queue_timestamp ELSE now() END,
-           due_at = CASE WHEN d.blocked THEN now() + make_interval(secs => :lease_s) END,
+           due_at = CASE WHEN d.blocked AND NOT m.guaranteed_order
+                         THEN now() + make_interval(secs => :lease_s) END,
            -- one still held back keeps its time: fail_postponed counts how long it stood
            last_process_timestamp = CASE WHEN d.blocked THEN m.last_process_timestamp
                                          ELSE now() END
