@@ -458,9 +458,7 @@ def test_a_plain_funnel_looks_at_a_held_back_message_again_after_its_interval(
     head = intake.submit(message(1, funnel_value="p")).msg_id
     assert process_message(processor(db), head).outcome is Outcome.OK
     with db.begin() as conn:  # the head runs (a long handler): the next one is held back
-        conn.execute(
-            text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": head}
-        )
+        conn.execute(text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": head})
     held = intake.submit(message(2, funnel_value="p")).msg_id
     waiting = row(db, held)
     assert waiting.state is MessageState.POSTPONED and waiting.due_at is not None
