@@ -87,8 +87,8 @@ def claim_due(
     rates: StartRates | None = None,
 ) -> tuple[list[Claimed], int]:
     """Claim up to ``size`` due messages in one transaction: the claimed rows (PROCESSING, or
-    POSTPONED for a funnel message its funnel holds back: due again after ``postponed_s``),
-    and how many were due. A funnel message whose funnel's start rate is spent (``rates``)
+    POSTPONED for a funnel message its funnel holds back: in a plain funnel due again after
+    ``postponed_s``), and how many were due. A funnel message whose funnel's start rate is spent (``rates``)
     is due again when its next token is there."""
     conn.execute("BEGIN")
     try:
