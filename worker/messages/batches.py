@@ -88,8 +88,8 @@ def claim_due(
 ) -> tuple[list[Claimed], int]:
     """Claim up to ``size`` due messages in one transaction: the claimed rows (PROCESSING, or
     POSTPONED for a funnel message its funnel holds back: in a plain funnel due again after
-    ``postponed_s``), and how many were due. A funnel message whose funnel's start rate is spent (``rates``)
-    is due again when its next token is there."""
+    ``postponed_s``), and how many were due. A funnel message whose funnel's start rate is
+    spent (``rates``) is due again when its next token is there."""
     conn.execute("BEGIN")
     try:
         found = store.due_candidates(conn, node_id, size)
