@@ -1,0 +1,62 @@
+"""What both clients share about the wire: the base URL, the key, the timeouts and retries; a
+call made a request; how long a 429 or 503 asks to wait (Retry-After); an answer read into its
+call's result or its error."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import httpx
+
+from orderly.client.calls import Call
+from orderly.client.errors import error_for
+
+T = TypeVar("T")
+
+# Answers sent again after their Retry-After: a service down for a moment, a rate limit.
+RETRIED = frozenset({429, 503})
+
+
+class Settings:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_wait_s: float = 30.0,
+    ) -> None:
+        if retries < 0 or max_wait_s < 0:
+            raise ValueError("retries and max_wait_s may not be negative")
+        self.base_url = base_url.rstrip("/")
+        self.headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+
+    def request(self, call: Call[Any]) -> dict[str, Any]:
+        return {
+            "method": call.method,
+            "url": call.path,
+            "json": call.body,
+            "params": call.params,
+            "headers": dict(call.headers),
+        }
+
+    def wait_s(self, answer: httpx.Response) -> float:
+        try:
+            wanted = float(answer.headers.get("Retry-After", "1"))
+        except ValueError:  # an HTTP date: orderly sends seconds
+            wanted = 1.0
+        return min(max(wanted, 0.0), self.max_wait_s)
+
+    def read(self, call: Call[T], answer: httpx.Response) -> T:
+        try:
+            body = answer.json() if answer.content else None
+        except ValueError:
+            body = None
+        if answer.is_success:
+            return call.read(answer.status_code, body)
+        retry_after = self.wait_s(answer) if answer.status_code in RETRIED else None
+        raise error_for(answer.status_code, body, retry_after)
