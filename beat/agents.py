@@ -31,7 +31,7 @@ def redis_watch() -> rebuild.RebuildReport | None:
         runtime.engine,
         runtime.conversations,
         runtime.broker.enqueue_drain,
-        runtime.broker.enqueue_processing_many,
+        runtime.wake_processing,
     )
 
 

@@ -28,9 +28,6 @@ class StubBroker:
     def enqueue_processing(self, msg_id: int) -> None:
         self.processing.append(msg_id)
 
-    def enqueue_processing_many(self, msg_ids: Sequence[int]) -> None:
-        self.processing.extend(msg_ids)
-
     def send_process_due(self) -> None:
         self.due.append(True)
 

@@ -101,7 +101,7 @@ def _two_requests(h: Harness, cid: str = "c1") -> None:
 
 def _rebuilt(h: Harness) -> None:
     h.redis.flushdb()
-    report = rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda ids: None)
+    report = rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda: None)
     assert report.done and report.marked_ready
 
 

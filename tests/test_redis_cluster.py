@@ -196,12 +196,12 @@ class Core:
         _conversations(h)
         rec = Recorder(answers={f"{cid}.s1": [RETRY] for cid in CONVERSATIONS})
         h.run(rec)
-        assert rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda ids: None).done
+        assert rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda: None).done
         assert rebuild.check(h.conv) == ""
         self.flush(h)
         assert rebuild.check(h.conv) == "the marker is missing"
         h.started.clear()
-        report = rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda ids: None)
+        report = rebuild.rebuild(h.engine, h.conv, h.enqueue, lambda: None)
         assert report.done and report.marked_ready and rebuild.check(h.conv) == ""
         assert sorted(report.drains_started) == sorted(CONVERSATIONS)
         h.clock.advance_ms(1_000)

@@ -6,6 +6,8 @@ retry) and the one route back (every waiting message's due time, taken up by the
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -463,3 +465,48 @@ def test_a_plain_funnel_looks_at_a_held_back_message_again_after_its_interval(
     waiting = row(db, held)
     assert waiting.state is MessageState.POSTPONED and waiting.due_at is not None
     assert (waiting.due_at - waiting.receive_timestamp) == timedelta(seconds=7)
+
+
+def test_an_outcome_releases_a_held_back_message_that_the_due_take_holds_meanwhile(
+    db: Engine, intake: Intake
+) -> None:
+    """Beat's due take locks a POSTPONED message while its funnel is still busy (it pushes the
+    due time on); an outcome of that funnel at that moment waits for the row and releases it,
+    instead of skipping it and leaving the funnel with nothing to run."""
+    head = intake.submit(message(1, funnel_value="p")).msg_id
+    with db.begin() as conn:  # the head runs: the next one is held back
+        conn.execute(text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": head})
+    held = intake.submit(message(2, funnel_value="p")).msg_id
+    assert row(db, held).state is MessageState.POSTPONED
+    outcome_pid: list[int] = []
+
+    def finish_head() -> None:
+        with db.begin() as conn:
+            outcome_pid.append(int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one()))
+            conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :i"), {"i": head})
+
+    with db.connect() as taker:
+        taker.execute(text("SELECT 1 FROM message WHERE msg_id = :i FOR UPDATE"), {"i": held})
+        worker = threading.Thread(target=finish_head)
+        worker.start()
+        with db.connect() as watch:  # the outcome waits for the row, it does not skip it
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                waiting = (
+                    outcome_pid
+                    and watch.execute(
+                        text(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p"
+                        ),
+                        {"p": outcome_pid[0]},
+                    ).scalar()
+                )
+                if waiting:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("the outcome did not wait for the held row")
+        taker.commit()
+        worker.join(30)
+    assert row(db, head).state is MessageState.OK
+    assert row(db, held).state is MessageState.IN_QUEUE

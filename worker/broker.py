@@ -28,10 +28,6 @@ class Broker(Protocol):
         """Process one message (``orderly.process.message``)."""
         ...
 
-    def enqueue_processing_many(self, msg_ids: Sequence[int]) -> None:
-        """Process each of these messages: one task each, sent together."""
-        ...
-
     def send_process_due(self) -> None:
         """A worker that claims due messages while there are any (``orderly.process.due``).
         Faces wake one through ``Runtime.wake_processing``, which sends this at most once

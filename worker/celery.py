@@ -122,12 +122,6 @@ class CeleryBroker:
     def enqueue_processing(self, msg_id: int) -> None:
         self.app.send_task("orderly.process.message", args=(msg_id,))
 
-    def enqueue_processing_many(self, msg_ids: Sequence[int]) -> None:
-        """One task per message, sent over one producer connection."""
-        with self.app.producer_or_acquire() as producer:
-            for msg_id in msg_ids:
-                self.app.send_task("orderly.process.message", args=(msg_id,), producer=producer)
-
     def send_process_due(self) -> None:
         self.app.send_task("orderly.process.due")
 
@@ -160,7 +154,6 @@ broker = CeleryBroker(app)
 
 # The sends by name, for the tasks (worker/tasks.py) and for tests that send directly.
 enqueue_processing = broker.enqueue_processing
-enqueue_processing_many = broker.enqueue_processing_many
 send_process_due = broker.send_process_due
 send_process_helper = broker.send_process_helper
 enqueue_drain = broker.enqueue_drain

@@ -21,8 +21,10 @@ count's: what they held is rebuilt from the rows in this one), then:
    row: final, never rebuilt, never sent again); while the marker says "rebuilding" no drain
    claims a response, and once it says "ready" a drain is started for every conversation
    with something to deliver;
-2. the store's queued messages (NEW, IN_QUEUE): their tasks went with the broker; they are
-   sent again at once (the claim takes a row only once, so a task that survived is harmless);
+2. the store's queued messages (NEW, IN_QUEUE): the wake-up of a worker went with the broker;
+   one is woken again, and its claims take them in line (priority, then place in line: funnels
+   take turns), as any due message (worker.messages.batches). A task per message would run
+   them in msg_id order instead, one funnel's backlog before the next one's;
 3. push deliveries the broker had (due, leased): due again now;
 
 and marks each shard "ready" if its marker still holds the generation. Left to what already
@@ -31,7 +33,7 @@ released by beat's orphan job through its backend pid, a hung one after
 repairRepeatTimeSec), service keys
 (each worker restores its own on its next renewal), confirmations (due again when their 60 s
 lease ends: taking one back early could POST a try twice), and timed-out messages waiting
-for a retry (IN_QUEUE: sent again at once with the queued messages).
+for a retry (their due time is on their rows: beat's due ticker makes them claimable).
 
 A send in flight at the moment of the loss may be sent once more (with the same
 Idempotency-Key): its row is recorded after the POST, and the rebuild may read the row first.
@@ -80,7 +82,7 @@ class RebuildReport:
     keys_created: int = 0
     other_layout_keys_removed: int = 0
     drains_started: list[str] = field(default_factory=list)
-    messages_requeued: int = 0
+    messages_queued: int = 0
     deliveries_due: int = 0
     marked_ready: bool = False
 
@@ -93,7 +95,7 @@ class RebuildReport:
             f"rebuilt ({self.reason}): {self.conversations} conversations "
             f"({self.keys_created} keys), {len(self.drains_started)} drains started, "
             f"{self.other_layout_keys_removed} keys of another layout removed, "
-            f"{self.messages_requeued} queued messages sent again, "
+            f"{self.messages_queued} queued messages (a worker woken), "
             f"{self.deliveries_due} push deliveries due again"
         )
 
@@ -127,19 +129,19 @@ def rebuild_if_lost(
     engine: Engine,
     conversations: Conversations,
     enqueue_drain: Callable[[str, str], None],
-    enqueue_processing_many: Callable[[list[int]], None],
+    wake_processing: Callable[[], object],
 ) -> RebuildReport | None:
     """Beat's check every tick: one Redis round trip, a rebuild only when Redis lost state."""
     if not check(conversations):
         return None
-    return rebuild(engine, conversations, enqueue_drain, enqueue_processing_many)
+    return rebuild(engine, conversations, enqueue_drain, wake_processing)
 
 
 def rebuild(
     engine: Engine,
     conversations: Conversations,
     enqueue_drain: Callable[[str, str], None],
-    enqueue_processing_many: Callable[[list[int]], None],
+    wake_processing: Callable[[], object],
     *,
     force: bool = False,
 ) -> RebuildReport:
@@ -154,7 +156,7 @@ def rebuild(
             report.reason = check(conversations) or ("forced" if force else "")
             if not report.reason:
                 return report
-            _rebuild(engine, conversations, enqueue_drain, enqueue_processing_many, report)
+            _rebuild(engine, conversations, enqueue_drain, wake_processing, report)
         finally:
             lock.execute(sql("rebuild_unlock"))
             lock.commit()
@@ -166,7 +168,7 @@ def _rebuild(
     engine: Engine,
     conversations: Conversations,
     enqueue_drain: Callable[[str, str], None],
-    enqueue_processing_many: Callable[[list[int]], None],
+    wake_processing: Callable[[], object],
     report: RebuildReport,
 ) -> None:
     ctx = conversations.ctx
@@ -186,21 +188,11 @@ def _rebuild(
     rebuilt = conversations_rebuild.rebuild(ctx, rows)
     report.conversations = rebuilt.conversations
     report.keys_created = rebuilt.keys_created
-    # 2. The store's queued messages, page by page.
-    after = 0
-    while True:
-        with engine.connect() as conn:
-            ids = [
-                int(r[0])
-                for r in conn.execute(
-                    sql("rebuild_queued_messages"), {"after": after, "limit": PAGE}
-                )
-            ]
-        if not ids:
-            break
-        enqueue_processing_many(ids)
-        report.messages_requeued += len(ids)
-        after = ids[-1]
+    # 2. The store's queued messages: a worker's claims take them in line.
+    with engine.connect() as conn:
+        report.messages_queued = int(conn.execute(sql("rebuild_queued_messages")).scalar_one())
+    if report.messages_queued:
+        wake_processing()
     # 3. Push deliveries that were on the broker.
     with engine.begin() as conn:
         report.deliveries_due = len(conn.execute(sql("rebuild_deliveries_due")).all())

@@ -37,7 +37,7 @@ def rebuild(
         runtime.engine,
         runtime.conversations,
         runtime.broker.enqueue_drain,
-        runtime.broker.enqueue_processing_many,
+        runtime.wake_processing,
         force=force,
     )
     if report.busy:

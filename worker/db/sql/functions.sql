@@ -176,7 +176,9 @@ BEGIN
            AND c.state = 'POSTPONED'
          ORDER BY c.msg_timestamp, c.msg_id
          LIMIT greatest(v_slots, 1)
-           FOR UPDATE SKIP LOCKED
+           -- waited for, not skipped: beat's due take may hold the row for a moment (it never
+           -- waits itself); skipped, the funnel could be left with nothing released
+           FOR UPDATE
     LOOP
         EXIT WHEN v_blocked;
         UPDATE message

@@ -36,13 +36,10 @@ SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type
  ORDER BY m.process_id, m.msg_id;
 
 -- name: rebuild_queued_messages
--- Store messages waiting for a task (NEW, IN_QUEUE), a page after :after by msg_id. Their
--- tasks were on the broker; sending them again is harmless (the claim is one UPDATE that
--- takes only a NEW or IN_QUEUE row).
-SELECT msg_id FROM message
- WHERE state IN ('NEW', 'IN_QUEUE') AND service_name <> 'conversation' AND msg_id > :after
- ORDER BY msg_id
- LIMIT :limit;
+-- How many store messages wait for a worker's claim (NEW, IN_QUEUE without a due time): the
+-- rebuild wakes one for them.
+SELECT count(*) FROM message
+ WHERE state IN ('NEW', 'IN_QUEUE') AND due_at IS NULL AND service_name <> 'conversation';
 
 -- name: rebuild_deliveries_due
 -- Push deliveries handed to the broker (due by next_attempt_at, leased by scheduled_at): due
