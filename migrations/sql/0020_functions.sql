@@ -11,12 +11,20 @@
 -- message.state applies the last three in the transaction that changed the state, whichever
 -- path changed it (a worker, beat, an operator). Locks: a funnel's advisory lock is always
 -- taken before the row locks of its messages.
+--
+-- A function whose body queries tables is PL/pgSQL, not SQL: PostgreSQL inlines no SQL function
+-- that holds a subquery and plans its body again in every statement that calls it (0.15 ms
+-- for orderly_fair_at, 0.47 ms for orderly_funnel_blocked, on each insert), while PL/pgSQL
+-- keeps its plans for the session.
 
 -- A PROCESSING message whose claiming backend no longer exists was orphaned by a dead worker
 -- (pg_stat_get_activity(pid) plans far cheaper than the pg_stat_activity view).
 CREATE OR REPLACE FUNCTION orderly_orphaned(p_pid integer) RETURNS boolean
-LANGUAGE sql AS $$
-    SELECT p_pid IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(p_pid))
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (
+        SELECT p_pid IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(p_pid)));
+END
 $$;
 
 -- The advisory lock key of a funnel: (funnel_value, funnel_component_id).
@@ -53,34 +61,43 @@ $$;
 -- funnel's backlog first.
 CREATE OR REPLACE FUNCTION orderly_fair_at(p_value text, p_component text, p_rank bigint)
     RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_value IS NULL THEN now()
-           ELSE greatest(now() + make_interval(secs => p_rank - 1),
-                         (SELECT o.fair_at FROM message o
-                           WHERE o.funnel_value = p_value
-                             AND o.state NOT IN ('OK', 'CANCEL')
-                             AND o.state IN ('NEW', 'IN_QUEUE', 'POSTPONED')
-                             AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-                           ORDER BY o.msg_timestamp DESC, o.msg_id DESC
-                           LIMIT 1) + make_interval(secs => p_rank))
-           END
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        SELECT CASE WHEN p_value IS NULL THEN now()
+               ELSE greatest(now() + make_interval(secs => p_rank - 1),
+                             (SELECT o.fair_at FROM message o
+                               WHERE o.funnel_value = p_value
+                                 AND o.state NOT IN ('OK', 'CANCEL')
+                                 AND o.state IN ('NEW', 'IN_QUEUE', 'POSTPONED')
+                                 AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                               ORDER BY o.msg_timestamp DESC, o.msg_id DESC
+                               LIMIT 1) + make_interval(secs => p_rank))
+               END);
+END
 $$;
 
 -- When a message a funnel holds back is looked at again: after postponedIntervalSec (its
 -- release normally comes first, when the message ahead of it ends).
 CREATE OR REPLACE FUNCTION orderly_postponed_due() RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT now() + make_interval(secs => coalesce(
-        (SELECT coalesce(current_value, default_value)::int FROM configuration
-          WHERE code = 'asynch.postponedIntervalSec'), 5))
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        SELECT now() + make_interval(secs => coalesce(
+            (SELECT coalesce(current_value, default_value)::int FROM configuration
+              WHERE code = 'asynch.postponedIntervalSec'), 5)));
+END
 $$;
 
 -- How many messages of one funnel value may run at once: its component's funnel_limit, or one
 -- (the seed's funnel). '' stands for funnels without a component.
 CREATE OR REPLACE FUNCTION orderly_funnel_limit(p_component text) RETURNS integer
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce((SELECT max_in_flight FROM funnel_limit
-                      WHERE component_id = coalesce(p_component, '')), 1)
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN (
+        SELECT coalesce((SELECT max_in_flight FROM funnel_limit
+                          WHERE component_id = coalesce(p_component, '')), 1));
+END
 $$;
 
 -- May this message (p_msg_id NULL: one not yet stored, newer than all) not go on now?
@@ -92,58 +109,64 @@ $$;
 CREATE OR REPLACE FUNCTION orderly_funnel_blocked(
     p_msg_id bigint, p_value text, p_component text, p_ts timestamptz,
     p_guaranteed boolean, p_exclude_failed boolean) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    -- the seed's rule first (one active message blocks; cheap, and all most funnels need),
-    -- then, for a plain funnel whose component allows more, the count of its active ones
-    SELECT EXISTS (
-        SELECT 1 FROM message o
-         WHERE o.funnel_value = p_value
-           AND o.state NOT IN ('OK', 'CANCEL')
-           AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-           AND o.msg_id IS DISTINCT FROM p_msg_id
-           AND ((o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                 AND (p_guaranteed OR o.last_process_timestamp >= now() - make_interval(secs =>
-                      coalesce((SELECT coalesce(current_value, default_value)::int
-                                  FROM configuration
-                                 WHERE code = 'asynch.funnelIdleIntervalSec'), 600))))
-             OR (p_guaranteed AND o.guaranteed_order
-                 AND (o.msg_timestamp < p_ts
-                      OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL AND o.msg_id < p_msg_id))
-                 AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
-       AND (p_guaranteed
-            OR NOT EXISTS (SELECT 1 FROM funnel_limit l
-                            WHERE l.component_id = coalesce(p_component, '')
-                              AND l.max_in_flight > 1)
-            OR (SELECT count(*) FROM (
-                    SELECT 1 FROM message o
-                     WHERE o.funnel_value = p_value
-                       AND o.state NOT IN ('OK', 'CANCEL')
-                       AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                       AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-                       AND o.msg_id IS DISTINCT FROM p_msg_id
-                       AND o.last_process_timestamp >= now() - make_interval(secs =>
-                           coalesce((SELECT coalesce(current_value, default_value)::int
-                                       FROM configuration
-                                      WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
-                     LIMIT orderly_funnel_limit(p_component)) active)
-               >= orderly_funnel_limit(p_component))
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        -- the seed's rule first (one active message blocks; cheap, and all most funnels need),
+        -- then, for a plain funnel whose component allows more, the count of its active ones
+        SELECT EXISTS (
+            SELECT 1 FROM message o
+             WHERE o.funnel_value = p_value
+               AND o.state NOT IN ('OK', 'CANCEL')
+               AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+               AND o.msg_id IS DISTINCT FROM p_msg_id
+               AND ((o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                     AND (p_guaranteed OR o.last_process_timestamp >= now() - make_interval(secs =>
+                          coalesce((SELECT coalesce(current_value, default_value)::int
+                                      FROM configuration
+                                     WHERE code = 'asynch.funnelIdleIntervalSec'), 600))))
+                 OR (p_guaranteed AND o.guaranteed_order
+                     AND (o.msg_timestamp < p_ts
+                          OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL AND o.msg_id < p_msg_id))
+                     AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
+           AND (p_guaranteed
+                OR NOT EXISTS (SELECT 1 FROM funnel_limit l
+                                WHERE l.component_id = coalesce(p_component, '')
+                                  AND l.max_in_flight > 1)
+                OR (SELECT count(*) FROM (
+                        SELECT 1 FROM message o
+                         WHERE o.funnel_value = p_value
+                           AND o.state NOT IN ('OK', 'CANCEL')
+                           AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                           AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                           AND o.msg_id IS DISTINCT FROM p_msg_id
+                           AND o.last_process_timestamp >= now() - make_interval(secs =>
+                               coalesce((SELECT coalesce(current_value, default_value)::int
+                                           FROM configuration
+                                          WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
+                         LIMIT orderly_funnel_limit(p_component)) active)
+                   >= orderly_funnel_limit(p_component)));
+END
 $$;
 
 -- How many more messages of a funnel may start now (0 or more): its limit less those active.
 -- A claim takes that many of a funnel's due messages at most (worker.messages.batches); guaranteed
 -- order takes one, the claim's orderly_funnel_blocked deciding.
 CREATE OR REPLACE FUNCTION orderly_funnel_free(p_value text, p_component text) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT greatest(0, orderly_funnel_limit(p_component) - (
-        SELECT count(*) FROM message o
-         WHERE o.funnel_value = p_value
-           AND o.state NOT IN ('OK', 'CANCEL')
-           AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-           AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-           AND o.last_process_timestamp >= now() - make_interval(secs =>
-               coalesce((SELECT coalesce(current_value, default_value)::int
-                           FROM configuration
-                          WHERE code = 'asynch.funnelIdleIntervalSec'), 600)))::integer)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        SELECT greatest(0, orderly_funnel_limit(p_component) - (
+            SELECT count(*) FROM message o
+             WHERE o.funnel_value = p_value
+               AND o.state NOT IN ('OK', 'CANCEL')
+               AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+               AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+               AND o.last_process_timestamp >= now() - make_interval(secs =>
+                   coalesce((SELECT coalesce(current_value, default_value)::int
+                               FROM configuration
+                              WHERE code = 'asynch.funnelIdleIntervalSec'), 600)))::integer));
+END
 $$;
 
 -- Release the funnel's oldest POSTPONED message if it may go on now: POSTPONED -> IN_QUEUE;

@@ -1,4 +1,4 @@
-"""a funnel's release waits for the row beat's due take holds
+"""a funnel's release waits for the row beat's due take holds; funnel functions keep their plans
 
 Revision ID: 0020
 Revises: 0019
@@ -9,6 +9,11 @@ when beat's due take held them at that moment (they fell due while their funnel 
 busy), an outcome released nothing and the funnel waited ``postponedIntervalSec`` while other
 funnels ran. It now waits for the row (the due take never waits itself, so this cannot
 deadlock).
+
+The functions that query tables (``orderly_funnel_blocked``, ``orderly_funnel_free``,
+``orderly_funnel_limit``, ``orderly_fair_at``, ``orderly_postponed_due``, ``orderly_orphaned``)
+are PL/pgSQL instead of SQL: the same text, planned once per session instead of in every
+statement that calls them (PostgreSQL inlines no SQL function that holds a subquery).
 """
 
 from collections.abc import Sequence
@@ -23,7 +28,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "4c0c2e9734a0462ba15529bdec8da3ced24060a64926a8a04d9e76095e252ce4"
+FUNCTIONS_SHA256 = "bc0033120cafa8a1f6a08a4b0e88ab175e55beed3d1be8028dcc08a8a725cd6b"
 
 
 def upgrade() -> None:

@@ -46,7 +46,7 @@ from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.db.queries import sql
 from orderly.worker.messages import store
 from orderly.worker.messages.handlers import HandlerRegistry
-from orderly.worker.messages.store import InsertedOf, NewMessage
+from orderly.worker.messages.store import Inserted, NewMessage
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
-def new_message(message: MessageIn, node_id: int, binding: str | None = None) -> NewMessage:
+def new_message(message: MessageIn, binding: str | None = None) -> NewMessage:
     """What the store keeps of a message (a child's binding to its parent: ``binding``)."""
     return NewMessage(
         msg_timestamp=message.msg_timestamp,
@@ -184,7 +184,6 @@ def new_message(message: MessageIn, node_id: int, binding: str | None = None) ->
         funnel_component_id=message.funnel_component_id,
         guaranteed_order=message.guaranteed_order,
         exclude_failed_state=message.exclude_failed_state,
-        node_id=node_id,
         delay_ms=message.delay_ms,
         not_before=message.not_before,
         priority=message.priority,
@@ -200,37 +199,11 @@ def batchable(message: MessageIn) -> bool:
 
 def insert_many(
     conn: PreparedConnection, messages: Sequence[MessageIn], node_id: int
-) -> dict[tuple[str, str], InsertedOf]:
+) -> dict[tuple[str, str], Inserted]:
     """Insert messages NEW in one statement, in order; each one inserted, by
     (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
-    rows = [new_message(m, node_id) for m in messages]
-    # The batch statement's arrays: each column of NewMessage but those a batch has not (a
-    # parent and its binding) or has once (the node).
-    columns = [
-        [getattr(row, name) for row in rows]
-        for name in (
-            "msg_timestamp",
-            "service",
-            "operation",
-            "object_id",
-            "entity_type",
-            "correlation_id",
-            "process_id",
-            "payload",
-            "envelope",
-            "source_system",
-            "funnel_value",
-            "funnel_component_id",
-            "guaranteed_order",
-            "exclude_failed_state",
-            "delay_ms",
-            "not_before",
-            "priority",
-        )
-    ]
-    return {
-        (r.correlation_id, r.source_system): r for r in store.insert_many(conn, columns, node_id)
-    }
+    rows = store.insert(conn, [new_message(m) for m in messages], node_id, require_run=True)
+    return {(r.correlation_id, r.source_system): r for r in rows}
 
 
 def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]) -> None:
@@ -406,17 +379,17 @@ class Intake:
             if not store.parent_owned(conn, message.parent_msg_id, owned):
                 raise unknown_parent
         try:
-            inserted = store.insert_one(conn, new_message(message, self._node_id), require_run=True)
+            inserted = store.insert(conn, [new_message(message)], self._node_id, require_run=True)
         except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
             if "parent_msg_id" in str(exc):
                 raise unknown_parent from None
             raise
-        if inserted is not None:
+        if inserted:
             return SubmitResult(
-                inserted.msg_id,
-                MessageState(inserted.state),
+                inserted[0].msg_id,
+                MessageState(inserted[0].state),
                 created=True,
-                scheduled=inserted.scheduled,
+                scheduled=inserted[0].scheduled,
             )
         return self._existing(conn, message)
 
@@ -447,7 +420,10 @@ class Intake:
                         row = inserted.pop((m.correlation_id, m.source_system), None)
                         if row is not None:
                             results[i] = SubmitResult(
-                                row.msg_id, MessageState.NEW, created=True, scheduled=row.scheduled
+                                row.msg_id,
+                                MessageState(row.state),
+                                created=True,
+                                scheduled=row.scheduled,
                             )
                 for i, m in enumerate(messages):
                     if results[i] is None and not batchable(m):

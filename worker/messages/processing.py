@@ -382,13 +382,14 @@ class Processor:
         hard = any(binding is BindingType.HARD for binding, _ in children)
         conn.execute("BEGIN")
         try:
-            new: list[int] = []
-            for binding, child in children:
-                stored = store.insert_one(
-                    conn, new_message(child, self._node_id, binding.value), require_run=False
-                )
-                if stored is not None and stored.state == MessageState.NEW:
-                    new.append(stored.msg_id)
+            # one statement for them all (a child's funnel: the claim decides, as in a batch)
+            stored = store.insert(
+                conn,
+                [new_message(child, binding.value) for binding, child in children],
+                self._node_id,
+                require_run=False,
+            )
+            new = [r.msg_id for r in stored if r.state == MessageState.NEW and not r.scheduled]
             result = self._finish(
                 conn, ctx, "WAITING" if hard else "OK", detail=f"{len(children)} children"
             )

@@ -16,7 +16,7 @@ from orderly.worker.db.prepared import PreparedConnection
 
 @dataclass(frozen=True)
 class NewMessage:
-    """What ``orderly_insert_message`` stores of one message."""
+    """What ``orderly_insert_messages`` stores of one message, in the order of its arrays."""
 
     msg_timestamp: datetime
     service: str
@@ -34,27 +34,23 @@ class NewMessage:
     funnel_component_id: str | None
     guaranteed_order: bool
     exclude_failed_state: bool
-    node_id: int
     delay_ms: int | None
     not_before: datetime | None
     priority: int
 
 
+_COLUMNS = tuple(f.name for f in fields(NewMessage))
+
+
 @dataclass(frozen=True)
 class Inserted:
-    msg_id: int
-    state: str
-    scheduled: bool  # it waits for its due time
-
-
-@dataclass(frozen=True)
-class InsertedOf:
-    """One message of a batch insert, by its ids."""
+    """One message inserted: NEW (or POSTPONED, held back by its funnel at once)."""
 
     msg_id: int
     correlation_id: str
     source_system: str
-    scheduled: bool
+    state: str
+    scheduled: bool  # it waits for its due time
 
 
 @dataclass(frozen=True)
@@ -157,26 +153,26 @@ def parse_ids(text: str | None) -> list[int]:
     return [int(part) for part in (text or "").split(",") if part]
 
 
-def insert_one(conn: PreparedConnection, new: NewMessage, *, require_run: bool) -> Inserted | None:
-    """Insert one message (NEW, or POSTPONED behind its funnel); None if it exists already or
-    the node refuses input. A funnel message is stored under its funnel's lock, taken in the
-    same query, so that a release cannot miss it."""
-    lock = ("lock_funnel", (new.funnel_value, new.funnel_component_id))
-    return conn.one(
-        Inserted,
-        "orderly_insert_message",
-        *(getattr(new, f.name) for f in fields(new)),  # not astuple: that deep-copies
-        require_run,
-        before=lock if new.funnel_value is not None else None,
+def insert(
+    conn: PreparedConnection,
+    rows: Sequence[NewMessage],
+    node_id: int,
+    *,
+    require_run: bool,
+) -> list[Inserted]:
+    """Insert messages NEW in one statement, in order: each one inserted (one already stored
+    under its ids is not). ``require_run``: new input, refused unless the node is in RUN. One
+    message alone with a funnel is inserted under its funnel's lock and held back at once
+    (POSTPONED) when its funnel does not let it go yet, so that a release cannot miss it;
+    several are stored NEW and the claim decides."""
+    columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
+    if len(rows) != 1 or rows[0].funnel_value is None:
+        return conn.all(Inserted, "orderly_insert_messages", *columns, node_id, require_run, False)
+    lock = ("lock_funnel", (rows[0].funnel_value, rows[0].funnel_component_id))
+    found = conn.one(
+        Inserted, "orderly_insert_messages", *columns, node_id, require_run, True, before=lock
     )
-
-
-def insert_many(
-    conn: PreparedConnection, columns: Sequence[Sequence[object]], node_id: int
-) -> list[InsertedOf]:
-    """Insert messages without a parent NEW in one statement (``columns``: the arrays of
-    ``orderly_insert_messages``, in its order); the node must be in RUN."""
-    return conn.all(InsertedOf, "orderly_insert_messages", *columns, node_id)
+    return [] if found is None else [found]
 
 
 def find(conn: PreparedConnection, correlation_id: str, source_system: str) -> StoredIds | None:

@@ -17,7 +17,7 @@ SELECT 1 AS foreign_request FROM message
 
 -- name: conv_insert_request
 -- New input: only through a node in RUN, checked in the same statement (as
--- orderly_insert_message); nothing is inserted on a duplicate or a node that refuses input.
+-- orderly_insert_messages); nothing is inserted on a duplicate or a node that refuses input.
 -- $8: the origins of the caller's key (NULL: every one): such a key joins no conversation
 -- that holds a request of another origin (conv_lock, sent first, holds out a concurrent one).
 -- $7: the request's corr (NULL: none), kept as {"corr": ...} in envelope.

@@ -1,80 +1,64 @@
 -- The message store's hot path: intake, the claim and the outcome of processing.
 -- Prepared statements ($1, $2, ...): see worker/db/queries.py.
 
--- name: orderly_insert_message
--- One message, NEW (or POSTPONED when its funnel holds it back). The node check and the
--- insert are one statement: a node that stops accepting input cannot race an insert; a
--- duplicate (correlation_id, source_system) inserts nothing. A funnel message is sent after
--- its funnel's advisory lock (worker.messages.intake.FUNNEL_LOCK), so a release cannot miss it.
--- $18, $19: due so many ms after intake, or not before a time (NULL, 0 or a time passed: due
--- now; written out here, not a function call: this is the hot path); a scheduled message is NEW until then, whatever its funnel (the claim decides when it
--- is due). $20: its priority. $21: new input needs the node in RUN (a child of existing work
--- does not). Its place in line: orderly_fair_at.
--- prepare: timestamptz, text, text, text, text, text, text, text, text, text, bigint, text, text, text, boolean, boolean, bigint, bigint, timestamptz, integer, boolean
+-- name: orderly_insert_messages
+-- Messages NEW in one statement, in the order given (their msg_ids ascend in it): one message
+-- alone, a batch, a handler's children. $1..$19 are arrays, one element per message, in the
+-- order of worker.messages.store.NewMessage: its timestamp, service, operation, object,
+-- entity type, correlation id, process id, payload, envelope, source system, parent and
+-- binding, funnel value and component, guaranteed order, exclude_failed_state, due delay
+-- (ms) or time (NULL, 0 or a time passed: due now; a scheduled message is NEW until then,
+-- whatever its funnel), and priority. $20: the node; $21: new input needs the node in RUN,
+-- checked in the same statement (a node that stops accepting input cannot race an insert; a
+-- handler's children do not). $22: hold back at once a funnel message its funnel does not let
+-- go yet (POSTPONED; in a plain funnel looked at again after postponedIntervalSec, its release
+-- normally comes first): for one message inserted under its funnel's lock
+-- (worker.messages.store.insert), so that a release cannot miss it. Otherwise a funnel's
+-- messages are stored NEW without a lock: the claim decides under the lock which one goes
+-- first and holds the others back (worker.messages.batches). One already stored under its
+-- (correlation_id, source_system), or twice in the arrays, is inserted once. The k-th of a
+-- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
+-- Returns msg_id, correlation_id, source_system and state of each inserted, and whether it
+-- waits for its due time.
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint, boolean, boolean
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
                      guaranteed_order, exclude_failed_state, node_id,
                      receive_timestamp, last_process_timestamp, state, failed_count,
                      due_at, priority, fair_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-       now(), now(),
+SELECT f.ts, f.service, f.operation, f.object_id, f.entity_type, f.correlation_id,
+       f.process_id, f.payload, f.envelope, f.source_system, f.parent, f.binding, f.funnel,
+       f.component, f.guaranteed, f.exclude_failed, $20, now(), now(),
        CASE WHEN f.held THEN 'POSTPONED' ELSE 'NEW' END,
        0,
-       -- one held back is looked at again after postponedIntervalSec (its release normally
-       -- comes first)
-       CASE WHEN f.held AND NOT $15 THEN orderly_postponed_due()
+       CASE WHEN f.held AND NOT f.guaranteed THEN orderly_postponed_due()
             WHEN f.held THEN NULL
             ELSE f.due_at END,
-       $20,
-       CASE WHEN $13 IS NULL THEN now() ELSE orderly_fair_at($13, $14, 1) END
-  FROM (SELECT d.due_at, $13 IS NOT NULL AND d.due_at IS NULL
-               AND orderly_funnel_blocked(NULL, $13, $14, $1, $15, $16) AS held
-          FROM (SELECT CASE WHEN $19 > now() THEN $19
-                            WHEN $18 > 0 THEN now() + make_interval(secs => $18 / 1000.0)
-                       END AS due_at) d
-        OFFSET 0) f  -- evaluated once: not pulled up into each use of held
- WHERE NOT $21 OR EXISTS (SELECT 1 FROM node WHERE node_id = $17 AND state = 'RUN')
+       f.priority,
+       CASE WHEN f.funnel IS NULL THEN now()
+            ELSE orderly_fair_at(f.funnel, f.component, f.rank) END
+  FROM (SELECT i.*, d.due_at,
+               row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n) AS rank,
+               $22 AND i.funnel IS NOT NULL AND d.due_at IS NULL
+               AND orderly_funnel_blocked(NULL, i.funnel, i.component, i.ts, i.guaranteed,
+                                          i.exclude_failed) AS held
+          FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                      $17, $18, $19)
+               WITH ORDINALITY
+               AS i(ts, service, operation, object_id, entity_type, correlation_id,
+                    process_id, payload, envelope, source_system, parent, binding, funnel,
+                    component, guaranteed, exclude_failed, delay_ms, not_before, priority, n),
+               LATERAL (SELECT CASE WHEN i.not_before > now() THEN i.not_before
+                                    WHEN i.delay_ms > 0
+                                    THEN now() + make_interval(secs => i.delay_ms / 1000.0)
+                               END AS due_at) d
+        OFFSET 0) f  -- evaluated once per message: not pulled up into each use of held
+ WHERE NOT $21 OR EXISTS (SELECT 1 FROM node WHERE node_id = $20 AND state = 'RUN')
+ ORDER BY f.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, state, due_at IS NOT NULL AND state = 'NEW' AS scheduled;
-
--- name: orderly_insert_messages
--- Messages without a parent NEW in one statement, in the order given (their msg_ids ascend in
--- it); the node must be in RUN, checked in the same statement. A funnel's messages are stored
--- NEW too, without its lock: the claim decides under the lock which one goes first and holds
--- the others back (POSTPONED), as the insert of one message would have (worker.messages.batches). One
--- already stored under its (correlation_id, source_system), or twice in the arrays, is
--- inserted once. $15/$16/$17: each one's due delay in ms or time (as for one message) and its
--- priority. The k-th of a
--- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
--- Returns msg_id, correlation_id, source_system of each inserted, and whether it waits for
--- its due time.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint
-INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
-                     correlation_id, process_id, payload, envelope, source_system,
-                     funnel_value, funnel_component_id, guaranteed_order, exclude_failed_state,
-                     node_id, receive_timestamp, last_process_timestamp, state, failed_count,
-                     due_at, priority, fair_at)
-SELECT i.ts, i.service, i.operation, i.object_id, i.entity_type, i.correlation_id,
-       i.process_id, i.payload, i.envelope, i.source_system, i.funnel, i.component,
-       i.guaranteed, i.exclude_failed, $18, now(), now(), 'NEW', 0,
-       CASE WHEN i.not_before > now() THEN i.not_before
-            WHEN i.delay_ms > 0 THEN now() + make_interval(secs => i.delay_ms / 1000.0)
-       END,
-       i.priority,
-       CASE WHEN i.funnel IS NULL THEN now()
-            ELSE orderly_fair_at(i.funnel, i.component,
-                                 row_number() OVER (PARTITION BY i.funnel, i.component
-                                                    ORDER BY i.n)) END
-  FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
-       WITH ORDINALITY
-       AS i(ts, service, operation, object_id, entity_type, correlation_id, process_id,
-            payload, envelope, source_system, funnel, component, guaranteed, exclude_failed,
-            delay_ms, not_before, priority, n)
- WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $18 AND state = 'RUN')
- ORDER BY i.n
-ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, correlation_id, source_system, due_at IS NOT NULL AS scheduled;
+RETURNING msg_id, correlation_id, source_system, state,
+          due_at IS NOT NULL AND state = 'NEW' AS scheduled;
 
 -- name: orderly_find_message
 -- The message stored under (correlation_id, source_system), with what a submission under the
