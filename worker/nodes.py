@@ -61,17 +61,23 @@ def node_state(engine: Engine, node_id: int) -> NodeState:
     return NodeState(state)
 
 
+@dataclass(frozen=True)
+class CodeState:
+    code: str
+    state: str
+
+
 def refusal(conn: PreparedConnection | Connection, node_id: int) -> NodeNotAccepting:
     """Why an insert that needed the node in RUN inserted nothing (it checks the node in the
     same statement: this only names the state it met)."""
     if isinstance(conn, PreparedConnection):
-        row = conn.run("orderly_node_state", node_id)
+        row = conn.one(CodeState, "orderly_node_state", node_id)
     else:
         found = conn.execute(sql("node_code_state"), {"id": node_id}).first()
-        row = None if found is None else tuple(found)
+        row = None if found is None else CodeState(found.code, found.state)
     if row is None:
         raise NodeNotFound(str(node_id))
-    return NodeNotAccepting(row[0], row[1])
+    return NodeNotAccepting(row.code, row.state)
 
 
 class NodeFollower:

@@ -10,6 +10,7 @@ from typing import Any
 from orderly.models import MessageState
 from orderly.models.keys import min_message_info
 from orderly.worker import lua, nodes
+from orderly.worker.conversations import rows
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
@@ -49,7 +50,8 @@ def register_request(
     timestamp_ms = _ms(ctx, req.timestamp)
     moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
     with ctx.pg() as conn:
-        row = conn.run(
+        row = conn.one(
+            rows.Inserted,
             "conv_insert_request",
             req.request_id,
             conversation_id,
@@ -62,14 +64,15 @@ def register_request(
             before=("conv_lock", [conversation_id]),
         )
         if row is None:
-            found = conn.run("conv_find", req.request_id, REQUEST_SOURCE)
+            found = conn.one(rows.Stored, "conv_find", req.request_id, REQUEST_SOURCE)
             if found is None:
                 if owns is not None and conn.run(
                     "conv_foreign_request", conversation_id, owners.origins(owns)
                 ):
                     raise NotFound("conversation", conversation_id)
                 raise nodes.refusal(conn, ctx.node_id)
-            msg_id, state, owner, origin, moment, _, age_ms = found
+            msg_id, state, age_ms = found.msg_id, found.state, found.age_ms
+            owner, origin, moment = found.conversation_id, found.origin, found.msg_timestamp
             if owns is not None and origin not in owns.origins:
                 # Another tenant's request id: say it is taken, not where.
                 raise InvalidMessage("request_id", f"{req.request_id!r} is taken: choose another")
@@ -91,9 +94,9 @@ def register_request(
                 )
             return Registered(int(msg_id), MessageState(state), created=False)
     _register_in_redis(
-        ctx, conversation_id, req.origin, req.request_id, timestamp_ms, int(row[0]), req.corr
+        ctx, conversation_id, req.origin, req.request_id, timestamp_ms, row.msg_id, req.corr
     )
-    return Registered(int(row[0]), MessageState.WAITING_FOR_RES, created=True)
+    return Registered(row.msg_id, MessageState.WAITING_FOR_RES, created=True)
 
 
 def _register_in_redis(
@@ -135,7 +138,8 @@ def add_response(
     timestamp_ms = _ms(ctx, res.timestamp) if res.timestamp else now_ms
     moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
     with ctx.pg() as conn:
-        row = conn.run(
+        inserted = conn.one(
+            rows.ResponseInserted,
             "conv_insert_response",
             res.response_id,
             res.request_id,
@@ -147,20 +151,27 @@ def add_response(
             res.corr,
             owners.origins(owns),
         )
-        if row is None:
+        if inserted is None:
             raise UnknownRequest(res.request_id, conversation_id)
-        msg_id, state, request_msg_id, request_state, origin, request_ts, request_done = row
-        created = msg_id is not None
-        if not created:
-            found = conn.run("conv_find", res.response_id, RESPONSE_SOURCE)
+        request_msg_id, request_state = inserted.request_msg_id, inserted.request_state
+        origin, request_ts, request_done = (
+            inserted.origin,
+            inserted.request_ts,
+            inserted.request_done,
+        )
+        created = inserted.msg_id is not None
+        if inserted.msg_id is not None:
+            msg_id, state = inserted.msg_id, str(inserted.state)
+        else:
+            found = conn.one(rows.Stored, "conv_find", res.response_id, RESPONSE_SOURCE)
             if found is None:
                 raise nodes.refusal(conn, ctx.node_id)
-            if found[5] != request_msg_id:
+            if found.request_msg_id != request_msg_id:
                 raise InvalidMessage(
                     "response_id",
                     f"{res.response_id!r} already belongs to another request",
                 )
-            msg_id, state, age_ms = found[0], found[1], found[6]
+            msg_id, state, age_ms = found.msg_id, found.state, found.age_ms
             if state != MessageState.IN_QUEUE or age_ms >= ctx.settings.awaited_message_ttl:
                 return Registered(int(msg_id), MessageState(state), created=False)
             # Still queued: a repeat after a failure between the row and Redis puts it

@@ -34,6 +34,7 @@ from orderly.worker.conversations.model import (
     _Input,
     check_conversation_id,
 )
+from orderly.worker.conversations.rows import MsgId, OperatorRow
 from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound, OperationRefused
 from orderly.worker.core.inputs import parse_input, parse_timestamp
@@ -137,12 +138,12 @@ def _who(command: OperatorIn, key: str | None) -> str:
 
 def _row(
     ctx: Context, conversation_id: str, ident: str, source: str, what: str, owns: Owns | None
-) -> Any:
+) -> OperatorRow:
     """The PostgreSQL row of a request or response of this conversation, or NotFound (also
     when its origin is not one of ``owns``: worker.core.owners)."""
     with ctx.pg() as conn:
-        row = conn.run("conv_op_find", ident, source, owners.origins(owns))
-    if row is None or row[2] != conversation_id:
+        row = conn.one(OperatorRow, "conv_op_find", ident, source, owners.origins(owns))
+    if row is None or row.conversation_id != conversation_id:
         raise NotFound(what, f"{ident} in conversation {conversation_id}")
     return row
 
@@ -192,16 +193,18 @@ def get_message(
         found = find_ack(ctx, async_response_id)
         if found is None:
             raise unknown
-        response_id = str(json.loads(found[1])["rsId"])
+        _, info = found
+        response_id = str(json.loads(info)["rsId"])
     else:
         unknown = NotFound("conversation message", response_id)
     rid = _check_id("response_id", response_id)
     with ctx.pg() as conn:
-        row = conn.run("conv_op_find", rid, RESPONSE_SOURCE, owners.origins(owns))
+        row = conn.one(OperatorRow, "conv_op_find", rid, RESPONSE_SOURCE, owners.origins(owns))
     if row is None:
         # Another tenant's is answered as one that does not exist, by the id asked for.
         raise unknown
-    msg_id, state, cid, origin, request_id, _, corr = row
+    msg_id, state, cid, origin = row.msg_id, row.state, row.conversation_id, row.origin
+    request_id, corr = row.request_id, row.corr
     raw = ctx.redis.hgetall(ctx.keys.response(cid, rid))
     view: dict[str, Any] = {as_text(f): as_text(v) for f, v in raw.items()}
     if "taskItem" in view:
@@ -235,9 +238,8 @@ def delete(
     check_conversation_id(conversation_id)
     _check_id("request_id", request_id)
     command = parse_input(DeleteIn, data)
-    request_msg_id, _, _, origin, _, _, _ = _row(
-        ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request", owns
-    )
+    request = _row(ctx, conversation_id, request_id, REQUEST_SOURCE, "conversation request", owns)
+    request_msg_id, origin = request.msg_id, request.origin
     k = ctx.keys
     shard = k.shard(conversation_id)
     result = lua.conv_delete(
@@ -267,7 +269,8 @@ def delete(
         else "its request's messages deleted by an operator"
     )
     with ctx.pg() as conn:
-        rows = conn.run_all(
+        cancelled = conn.all(
+            MsgId,
             "conv_op_cancel",
             ids,
             request_msg_id if done.request_cancelled else None,
@@ -275,7 +278,7 @@ def delete(
             note,
             "DELETE",
         )
-    done.msg_ids = sorted(int(r[0]) for r in rows)
+    done.msg_ids = sorted(r.msg_id for r in cancelled)
     wake(ctx, conversation_id, enqueue)
     return done
 
@@ -362,7 +365,7 @@ def set_awaited_date(
     at = int(command.awaited_to_date.timestamp() * 1000)
     msg_id = _row(
         ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response", owns
-    )[0]
+    ).msg_id
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
     found = lua.conv_awaited_date(
@@ -412,7 +415,7 @@ def remove_at(
     command = parse_input(RemovalIn, data)
     msg_id = _row(
         ctx, conversation_id, response_id, RESPONSE_SOURCE, "conversation response", owns
-    )[0]
+    ).msg_id
     shard = ctx.keys.shard(conversation_id)
     now = ctx.now_ms()
     at = now + command.delay_s * 1000

@@ -70,17 +70,44 @@ class CallResult(Generic[T]):
     call_id: int | None = None
 
 
+@dataclass(frozen=True)
+class CallTaken:
+    call_id: int
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """The key's call: the message that holds or last made it, its state, that message's
+    timestamp."""
+
+    msg_id: int
+    state: str
+    msg_timestamp: datetime
+
+
+@dataclass(frozen=True)
+class RequestLogged:
+    req_id: int
+
+
+@dataclass(frozen=True)
+class ResponseLogged:
+    res_id: int
+
+
 def take_call(
     conn: PreparedConnection, msg_id: int, msg_timestamp: datetime, operation: str, key: CallKey
 ) -> int | Skip:
     """Take the key for a call (its call_id), or say why not to call (raises CallInProgress)."""
-    taken = conn.run("orderly_call_take", msg_id, msg_timestamp, operation, key.entity_id)
+    taken = conn.one(
+        CallTaken, "orderly_call_take", msg_id, msg_timestamp, operation, key.entity_id
+    )
     if taken is not None:
-        return int(taken[0])
-    row = conn.run("orderly_call_row", operation, key.entity_id)
+        return taken.call_id
+    row = conn.one(CallRow, "orderly_call_row", operation, key.entity_id)
     if row is None:  # deleted in between: nothing to compare with, so try again later
         raise CallInProgress(operation, key.entity_id, msg_id)
-    owner, state, last_ts = int(row[0]), str(row[1]), row[2]
+    owner, state, last_ts = row.msg_id, row.state, row.msg_timestamp
     if last_ts > msg_timestamp:
         return Skip.OBSOLETE
     if state == "OK" and last_ts == msg_timestamp:
@@ -117,9 +144,9 @@ def external_call(
 def log_request(
     conn: PreparedConnection, msg_id: int | None, uri: str, res_join_id: str | None, envelope: str
 ) -> int:
-    row = conn.run("orderly_log_request", msg_id, res_join_id, uri, envelope)
-    assert row is not None
-    return int(row[0])
+    row = conn.one(RequestLogged, "orderly_log_request", msg_id, res_join_id, uri, envelope)
+    assert row is not None  # an insert (or its upsert) returns its row
+    return row.req_id
 
 
 def log_response(
@@ -131,9 +158,9 @@ def log_response(
     failed: bool = False,
     reason: str | None = None,
 ) -> int:
-    row = conn.run("orderly_log_response", req_id, msg_id, envelope, failed, reason)
-    assert row is not None
-    return int(row[0])
+    row = conn.one(ResponseLogged, "orderly_log_response", req_id, msg_id, envelope, failed, reason)
+    assert row is not None  # an insert returns its row
+    return row.res_id
 
 
 def post_logged(

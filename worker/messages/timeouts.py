@@ -86,7 +86,7 @@ def _claim_members(engine: Engine, claim: str) -> list[int]:
     pid, _, claimed_at = claim.partition(" ")
     with engine.connect() as conn:
         rows = conn.execute(sql("claim_members"), {"pid": int(pid), "claimed_at": claimed_at})
-        return [int(row[0]) for row in rows]
+        return [int(row.msg_id) for row in rows]
 
 
 def _retry_or_fail(

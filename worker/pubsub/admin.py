@@ -308,7 +308,7 @@ def create_subscription(
     if row is None:
         raise InvalidMessage("name", f"subscription {sub_in.name!r} exists")
     return {
-        "subscription_id": int(row[0]),
+        "subscription_id": int(row.subscription_id),
         "room": room_name,
         "event_type": sub_in.event_type,
         **values,

@@ -224,7 +224,7 @@ def _record(
             "memory": [d.memory for d in plain],
         }
         with conn.begin():
-            held = {int(r[0]) for r in conn.execute(sql("deliveries_delivered"), values)}
+            held = {int(r.delivery_id) for r in conn.execute(sql("deliveries_delivered"), values)}
         for delivery_id in ids:
             states[delivery_id] = "DELIVERED" if delivery_id in held else "LOST_CLAIM"
         recorded = set(ids)

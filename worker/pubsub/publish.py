@@ -137,7 +137,7 @@ def _store(
     ).all()
     if not inserted and events and node_id is not None:
         raise nodes.refusal(conn, node_id)
-    ids = {correlation_id: int(event_id) for event_id, correlation_id in inserted}
+    ids = {row.correlation_id: int(row.event_id) for row in inserted}
     lease = now + timedelta(seconds=QUEUED_LEASE_S)
     rows: dict[str, list[Any]] = {
         k: [] for k in ("event_ids", "subscription_ids", "pulls", "order_values")
@@ -158,10 +158,13 @@ def _store(
             rows["scheduled_ats"].append(lease if now_due else event["deliver_at"])
             due[(event_id, sub.subscription_id)] = now_due
     if not due:
-        return [(int(e), c) for e, c in inserted], []
+        return [(int(r.event_id), r.correlation_id) for r in inserted], []
     made = conn.execute(sql("deliveries_insert"), rows).all()
-    deliveries = sorted((int(d), int(e), due[(int(e), int(s))]) for d, e, s in made)
-    return [(int(e), c) for e, c in inserted], deliveries
+    deliveries = sorted(
+        (int(r.delivery_id), int(r.event_id), due[(int(r.event_id), int(r.subscription_id))])
+        for r in made
+    )
+    return [(int(r.event_id), r.correlation_id) for r in inserted], deliveries
 
 
 def _payload_text(payload: Any) -> str:
@@ -321,7 +324,7 @@ def publish(
             idempotency_key=idempotency_key,
             idempotency_hash=fingerprint,
         )
-    event_id = inserted[0][0]
+    event_id, _ = inserted[0]
     if not deliveries:
         log.info("event %s in %s matched no subscription: unroutable", event_id, room_name)
     result = Published(correlation_id, event_id, [d for d, _, _ in deliveries], not deliveries)

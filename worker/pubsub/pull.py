@@ -108,7 +108,7 @@ def redrive(
                 "owned": owners.subscriptions(owns),
             },
         )
-        return [int(r[0]) for r in rows]
+        return [int(r.delivery_id) for r in rows]
 
 
 def dead_letter_counts(engine: Engine, owns: Owns | None = None) -> dict[str, int]:

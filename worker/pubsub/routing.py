@@ -89,5 +89,6 @@ class Route:
         )
 
 
-def routes(rows: Sequence[Sequence[Any]]) -> list[Route]:
-    return [Route(int(r[0]), str(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows]
+def routes(rows: Sequence[dict[str, Any]]) -> list[Route]:
+    """Routes from the subscriptions a query returns as JSON objects, by their keys."""
+    return [Route(**r) for r in rows]

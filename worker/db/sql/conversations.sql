@@ -39,8 +39,9 @@ RETURNING msg_id;
 
 -- name: conv_find
 -- prepare: text, text
-SELECT msg_id, state, process_id, entity_type, msg_timestamp, parent_msg_id,
-       extract(epoch FROM now() - receive_timestamp) * 1000
+SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin, msg_timestamp,
+       parent_msg_id AS request_msg_id,
+       extract(epoch FROM now() - receive_timestamp) * 1000 AS age_ms
   FROM message WHERE correlation_id = $1 AND source_system = $2;
 
 -- name: conv_insert_response
@@ -74,9 +75,10 @@ ins AS (
      WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
     ON CONFLICT (correlation_id, source_system) DO NOTHING
     RETURNING msg_id, state)
-SELECT ins.msg_id, ins.state, r.msg_id, r.state, r.entity_type, r.msg_timestamp,
+SELECT ins.msg_id, ins.state, r.msg_id AS request_msg_id, r.state AS request_state,
+       r.entity_type AS origin, r.msg_timestamp AS request_ts,
        r.state IN ('OK', 'FAILED')
-         AND r.custom_data IS DISTINCT FROM 'closed without a final response'
+         AND r.custom_data IS DISTINCT FROM 'closed without a final response' AS request_done
   FROM r LEFT JOIN ins ON true;
 
 -- name: conv_ok
@@ -173,7 +175,8 @@ SELECT p AS pid,
 -- found. A row's conversation and origin never change: what is done with it after is done
 -- to the caller's own.
 -- prepare: text, text, text[]
-SELECT msg_id, state, process_id, entity_type, object_id, parent_msg_id,
+SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin,
+       object_id AS request_id, parent_msg_id AS request_msg_id,
        CAST(envelope AS json) ->> 'corr' AS corr
   FROM message WHERE correlation_id = $1 AND source_system = $2
    AND ($3 IS NULL OR entity_type = ANY($3));

@@ -132,9 +132,12 @@ SELECT r.name AS room, count(*) AS n
 SELECT r.room_id, r.status, r.message_expiration_ms,
        COALESCE((SELECT json_object_agg(p.name, p.publisher_id)
                    FROM publisher p WHERE p.room_id = r.room_id), '{}') AS publishers,
-       COALESCE((SELECT json_agg(json_build_array(s.subscription_id, s.kind, s.event_type_id,
-                                                  s.routing_key_pattern, s.order_key,
-                                                  s.min_version, s.max_version)
+       COALESCE((SELECT json_agg(json_build_object(
+                                     'subscription_id', s.subscription_id, 'kind', s.kind,
+                                     'event_type_id', s.event_type_id,
+                                     'routing_key_pattern', s.routing_key_pattern,
+                                     'order_key', s.order_key, 'min_version', s.min_version,
+                                     'max_version', s.max_version)
                                  ORDER BY s.subscription_id)
                    FROM subscription s
                   WHERE s.room_id = r.room_id AND s.status = 'ACTIVE'), '[]') AS subscriptions
