@@ -38,11 +38,11 @@ def redis_watch() -> rebuild.RebuildReport | None:
 def pool_checks() -> int:
     """Guaranteed order held back too long, response deadlines: what they failed."""
     runtime = get_runtime()
-    enqueue = runtime.broker.enqueue_processing
-    failed = watchdogs.fail_postponed(runtime.engine, runtime.config, enqueue)
+    wake = runtime.wake_processing
+    failed = watchdogs.fail_postponed(runtime.engine, runtime.config, wake)
     if failed:
         log.warning("pool failed %d messages postponed behind a FAILED one", failed)
-    expired = watchdogs.expire_waits(runtime.engine, runtime.config, enqueue)
+    expired = watchdogs.expire_waits(runtime.engine, runtime.config, wake)
     if expired:
         log.warning("pool failed %d messages whose response did not come", expired)
     return failed + expired
@@ -60,7 +60,7 @@ def wake_due() -> bool:
 
 def repair() -> watchdogs.RepairReport:
     runtime = get_runtime()
-    report = watchdogs.repair(runtime.engine, runtime.config, runtime.broker.enqueue_processing)
+    report = watchdogs.repair(runtime.engine, runtime.config, runtime.wake_processing)
     if report.messages or report.external_calls or report.parents:
         log.warning("repair: %s", report)
     return report
@@ -72,7 +72,11 @@ def release_orphans() -> watchdogs.OrphanReport:
     runtime = get_runtime()
     limit = runtime.settings.worker_lost_limit
     report = watchdogs.release_orphans(
-        runtime.engine, runtime.config, limit, runtime.broker.enqueue_processing
+        runtime.engine,
+        runtime.config,
+        limit,
+        runtime.broker.enqueue_processing,
+        runtime.wake_processing,
     )
     if report.released or report.quarantined:
         log.warning(

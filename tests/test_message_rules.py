@@ -136,13 +136,16 @@ def test_postponed_too_long_behind_a_failed_message_becomes_failed(
             ),
             {"a": waiting, "b": excluded},
         )
-    released: list[int] = []
-    assert watchdogs.fail_postponed(db, ConfigReader(db, ttl_seconds=0), released.append) == 1
+    woken: list[bool] = []
+    assert (
+        watchdogs.fail_postponed(db, ConfigReader(db, ttl_seconds=0), lambda: woken.append(True))
+        == 1
+    )
     stored = row(db, waiting)
     assert stored.state == "FAILED" and stored.failed_error_code == watchdogs.POSTPONED_CODE
     assert f"FAILED message {head}" in (stored.failed_desc or "")
     # 3 excludes FAILED messages: once 2 failed nothing held it, so it was released
-    assert row(db, excluded).state == "IN_QUEUE" and released == [excluded]
+    assert row(db, excluded).state == "IN_QUEUE" and woken == [True]
 
 
 def test_a_plain_funnel_postpones_while_another_is_active(db: Engine, intake: Intake) -> None:
@@ -393,7 +396,7 @@ def test_a_wait_that_runs_out_fails(db: Engine, intake: Intake) -> None:
     process_message(processor(db), waiting.msg_id)
     with db.begin() as conn:
         conn.execute(text("UPDATE message SET response_deadline = now() - interval '1 s'"))
-    assert watchdogs.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda _: None) == 1
+    assert watchdogs.expire_waits(db, ConfigReader(db, ttl_seconds=0), lambda: None) == 1
     stored = row(db, waiting.msg_id)
     assert stored.state == "FAILED" and stored.failed_error_code == watchdogs.TIMEOUT_CODE
     assert "r-2" in (stored.failed_desc or "")

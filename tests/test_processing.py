@@ -186,8 +186,11 @@ def test_an_orphan_at_the_lost_limit_is_not_claimed_but_quarantined(
     assert result.outcome is Outcome.NOT_CLAIMABLE
     assert row(db, msg_id).lost_count == 2
     enqueued: list[int] = []
-    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
-    assert (report.released, report.quarantined, enqueued) == (0, 1, [])
+    woken: list[bool] = []
+    report = watchdogs.release_orphans(
+        db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append, lambda: woken.append(True)
+    )
+    assert (report.released, report.quarantined, enqueued, woken) == (0, 1, [], [])
     stored = row(db, msg_id)
     assert stored.state is MessageState.FAILED
     assert (stored.lost_count, stored.failed_count) == (3, 1)
@@ -206,10 +209,14 @@ def test_a_quarantined_funnel_message_lets_the_next_one_go(db: Engine, intake: I
     assert row(db, second).state is MessageState.POSTPONED  # held behind the first
     wait_until(lambda: _orphaned_by_now(db, first), timeout=10, what="the backend's exit")
     enqueued: list[int] = []
-    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
+    woken: list[bool] = []
+    report = watchdogs.release_orphans(
+        db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append, lambda: woken.append(True)
+    )
     assert report.quarantined == 1
     assert row(db, first).state is MessageState.FAILED
-    assert enqueued == [second]  # released by the quarantine, in the same transaction
+    # released by the quarantine, in the same transaction: a woken worker's claim takes it
+    assert (enqueued, woken) == ([], [True])
     assert row(db, second).state is MessageState.IN_QUEUE
     assert process_message(processor(db), second).outcome is Outcome.OK
 
@@ -325,15 +332,18 @@ def test_an_orphan_is_released_at_once_and_repair_leaves_it_alone(
     wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the orphan's grace")
     assert watchdogs.repair(db, ConfigReader(db, ttl_seconds=0)).messages == 0
     enqueued: list[int] = []
-    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append)
-    assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
+    woken: list[bool] = []
+    report = watchdogs.release_orphans(
+        db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append, lambda: woken.append(True)
+    )
+    assert (report.released, report.quarantined, enqueued, woken) == (1, 0, [msg_id], [])
     stored = row(db, msg_id)
     assert stored.state is MessageState.IN_QUEUE
     assert (stored.lost_count, stored.failed_count, stored.processing_pid) == (1, 0, None)
     # released once: a second turn finds nothing
-    assert watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append) == (
-        watchdogs.OrphanReport(released=0, quarantined=0)
-    )
+    assert watchdogs.release_orphans(
+        db, ConfigReader(db, ttl_seconds=0), 3, enqueued.append, lambda: woken.append(True)
+    ) == (watchdogs.OrphanReport(released=0, quarantined=0))
     assert process_message(processor(db), msg_id).outcome is Outcome.OK
 
 
@@ -397,7 +407,10 @@ def test_a_claim_older_than_the_server_is_released_but_not_counted(
             {"i": msg_id},
         )
     enqueued: list[int] = []
-    report = watchdogs.release_orphans(db, ConfigReader(db, ttl_seconds=0), 1, enqueued.append)
-    assert (report.released, report.quarantined, enqueued) == (1, 0, [msg_id])
+    woken: list[bool] = []
+    report = watchdogs.release_orphans(
+        db, ConfigReader(db, ttl_seconds=0), 1, enqueued.append, lambda: woken.append(True)
+    )
+    assert (report.released, report.quarantined, enqueued, woken) == (1, 0, [msg_id], [])
     stored = row(db, msg_id)
     assert (stored.state, stored.lost_count) == (MessageState.IN_QUEUE, 0)

@@ -11,9 +11,16 @@ funnels ran. It now waits for the row (the due take never waits itself, so this 
 deadlock).
 
 The functions that query tables (``orderly_funnel_blocked``, ``orderly_funnel_free``,
-``orderly_funnel_limit``, ``orderly_fair_at``, ``orderly_postponed_due``, ``orderly_orphaned``)
+``orderly_funnel_limit``, ``orderly_fair_at``, ``orderly_postponed_due``, ``orderly_orphaned``,
+``orderly_lock_funnel_of``)
 are PL/pgSQL instead of SQL: the same text, planned once per session instead of in every
-statement that calls them (PostgreSQL inlines no SQL function that holds a subquery).
+statement that calls them (PostgreSQL inlines no SQL function that holds a subquery);
+``orderly_funnel_blocked`` has one query per kind of funnel, so that one cached plan serves
+every call.
+
+``orderly_finish_many`` writes outcomes over arrays in one statement (one message's, or a
+batch's OK outcomes); ``orderly_finish_v2`` (and the older seven-argument
+``orderly_finish``) call it for one, for workers of the previous release during a deploy.
 """
 
 from collections.abc import Sequence
@@ -28,7 +35,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "bc0033120cafa8a1f6a08a4b0e88ab175e55beed3d1be8028dcc08a8a725cd6b"
+FUNCTIONS_SHA256 = "df78514c234d34e37ac5bd1080b0397bcc7ced606b96cea59b554f56ad88ed75"
 
 
 def upgrade() -> None:
@@ -37,3 +44,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     apply_frozen(op.execute, "0018")
+    op.execute(
+        "DROP FUNCTION IF EXISTS orderly_finish_many("
+        "bigint[], text[], integer[], text[], text[], text[], bigint[], bigint[])"
+    )

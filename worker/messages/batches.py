@@ -36,7 +36,7 @@ from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
 from orderly.worker.messages.processing import Outcome, Processor, ProcessResult
 from orderly.worker.messages.rates import StartRates
-from orderly.worker.messages.store import Candidate, Claimed
+from orderly.worker.messages.store import Candidate, Claimed, parse_ids
 from orderly.worker.messages.wake import Holder, Wake
 from orderly.worker.tracking import claim_of
 
@@ -127,17 +127,17 @@ def finish_held(
     connection holds its claim: the ids whose claim was lost, and the funnel messages the
     outcomes released (a funnel's next; a HARD child's OK may settle its parent, and that the
     parent's funnel)."""
-    ids = [msg_id for msg_id, _ in held]
     conn.execute("BEGIN")
     try:
-        customs = [custom for _, custom in held]
-        done = store.finish_ok(conn, ids, customs)
-        released = store.released(conn)
+        endings = [store.Ending(msg_id, "OK", custom_data=custom) for msg_id, custom in held]
+        done = store.finish(conn, endings)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return set(ids) - done, released
+    lost = {row.msg_id for row in done if row.new_state is None}
+    # every row names all the outcomes released
+    return lost, parse_ids(done[0].released) if done else []
 
 
 def give_back(conn: PreparedConnection, msg_ids: list[int]) -> None:

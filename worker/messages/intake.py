@@ -206,18 +206,6 @@ def insert_many(
     return {(r.correlation_id, r.source_system): r for r in rows}
 
 
-def hand_over(engine: Engine, msg_ids: list[int], enqueue: Callable[[int], None]) -> None:
-    """Enqueue messages one by one; should the broker refuse one, it and the rest become
-    POSTPONED (the pool hands them over again once the broker answers) and the error is
-    raised."""
-    for i, msg_id in enumerate(msg_ids):
-        try:
-            enqueue(msg_id)
-        except Exception:
-            hand_over_later(engine, msg_ids[i:])
-            raise
-
-
 # A message the broker refused is handed over again this long after (by beat's ticker,
 # worker.messages.due), and again every tick while the broker refuses.
 HAND_OVER_AGAIN_S = 1.0

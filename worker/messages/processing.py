@@ -320,17 +320,17 @@ class Processor:
         limit: int = 0,
         due_ms: int = 0,
     ) -> ProcessResult:
-        done = store.finish(
-            conn,
+        ending = store.Ending(
             ctx.msg_id,
             kind,
-            limit=limit,
+            fail_limit=limit,
             code=None if code is None else code[:64],
             desc=desc,
             custom_data=ctx.custom_data,
             obsolete_by=obsolete_by,
             due_ms=due_ms,
         )
+        (done,) = store.finish(conn, [ending])
         new_state, released = done.new_state, done.released
         if new_state is None:
             return ProcessResult(ctx.msg_id, self.lost(conn, ctx.msg_id))

@@ -116,12 +116,32 @@ class Claimed:
 
 
 @dataclass(frozen=True)
-class Finished:
-    """An outcome: the new state (None: the claim was lost) and the funnel messages it
-    released (comma-separated ids)."""
+class Ending:
+    """An outcome to write (``orderly_finish``): OK; FAIL (PARTLY_FAILED, or FAILED once
+    failed_count reached ``fail_limit``); FAILED; WAITING; WAITING_FOR_RES; POSTPONED.
+    ``due_ms``: how long a PARTLY_FAILED or POSTPONED one waits before it is due again."""
 
+    msg_id: int
+    kind: str
+    fail_limit: int = 0
+    code: str | None = None
+    desc: str | None = None
+    custom_data: str | None = None
+    obsolete_by: int | None = None
+    due_ms: int = 0
+
+
+_ENDING = tuple(f.name for f in fields(Ending))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An outcome written: the new state (None: the claim was lost) and the funnel messages
+    it released (comma-separated ids)."""
+
+    msg_id: int
     new_state: str | None
-    released: str | None
+    released: str | None  # what all the statement's outcomes released, on every row
 
 
 @dataclass(frozen=True)
@@ -208,42 +228,11 @@ def unclaim(conn: PreparedConnection, msg_ids: list[int]) -> None:
     conn.run_all("orderly_unclaim", msg_ids)
 
 
-def finish(
-    conn: PreparedConnection,
-    msg_id: int,
-    kind: str,
-    *,
-    limit: int,
-    code: str | None,
-    desc: str | None,
-    custom_data: str | None,
-    obsolete_by: int | None,
-    due_ms: int,
-) -> Finished:
-    done = conn.one(
-        Finished,
-        "orderly_finish",
-        msg_id,
-        kind,
-        limit,
-        code,
-        desc,
-        custom_data,
-        obsolete_by,
-        due_ms,
-    )
-    assert done is not None  # a function call always answers one row
-    return done
-
-
-def finish_ok(conn: PreparedConnection, msg_ids: list[int], customs: list[str | None]) -> set[int]:
-    """The held OK outcomes; the ids it recorded (one missing was taken over meanwhile)."""
-    return {row.msg_id for row in conn.all(MsgId, "orderly_finish_ok", msg_ids, customs)}
-
-
-def released(conn: PreparedConnection) -> list[int]:
-    """The funnel messages the current transaction released."""
-    return parse_ids(conn.value("released_in_transaction"))
+def finish(conn: PreparedConnection, outcomes: Sequence[Ending]) -> list[Finished]:
+    """Write outcomes in one statement, each only while this connection holds its claim: one
+    :class:`Finished` per outcome, in order."""
+    columns = [[getattr(o, name) for o in outcomes] for name in _ENDING]
+    return conn.all(Finished, "orderly_finish", *columns)
 
 
 def load_response(conn: PreparedConnection, res_id: int) -> Loaded | None:

@@ -11,11 +11,18 @@ Repair: NEW/IN_QUEUE/PROCESSING messages idle longer than repairRepeatTimeSec be
 PARTLY_FAILED (FAILED at the limit);
 external calls stuck in PROCESSING become FAILED; WAITING parents whose children all ended
 are settled. Rows are taken with SKIP LOCKED, so two beat agents (or an agent and a worker)
-never act on the same row. What a transition releases in a funnel is enqueued after commit.
+never act on the same row. What a transition makes claimable (a funnel's next message, an
+orphan) is claimable at once, without a due time. A worker is woken for a funnel's next
+message after commit, and its claims take it in line with everything due
+(worker.messages.batches), as the due ticker's messages are taken; a wake-up that fails
+leaves them to beat's wake-up of messages due for over a second. An orphan gets a task of its
+own instead (claimed alone: when one message of a batch killed its worker, it dies alone
+next time, and the others' ``lost_count`` does not climb with it to the quarantine).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +32,9 @@ from sqlalchemy import Connection, Engine
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.db.queries import sql
-from orderly.worker.messages.intake import hand_over
 from orderly.worker.messages.store import parse_ids
+
+log = logging.getLogger(__name__)
 
 REPAIR_CODE = "E_REPAIR"
 
@@ -38,8 +46,19 @@ WORKER_LOST_CODE = "E_WORKER_LOST"
 
 
 def released_in(conn: Connection) -> list[int]:
-    """The funnel messages the current transaction released (enqueue them after commit)."""
+    """The funnel messages the current transaction released (claimable after its commit)."""
     return parse_ids(conn.execute(sql("released_in_transaction")).scalar())
+
+
+def wake_for(msg_ids: list[int], wake: Callable[[], object]) -> None:
+    """Wake a worker for messages made claimable (committed already); a wake-up that fails is
+    logged, and beat's wake-up of messages due for over a second covers them."""
+    if not msg_ids:
+        return
+    try:
+        wake()
+    except Exception as exc:
+        log.warning("messages %s claimable, no worker woken (%s): beat wakes one", msg_ids, exc)
 
 
 MAX_BATCHES = 100
@@ -60,35 +79,34 @@ class RepairReport:
     parents: int = 0
 
 
-def _batches(
-    engine: Engine, query: str, params: dict[str, Any], enqueue: Callable[[int], None]
-) -> int:
-    """Run a batched transition until it changes fewer rows than a batch; enqueue releases."""
+def _batches(engine: Engine, query: str, params: dict[str, Any], wake: Callable[[], object]) -> int:
+    """Run a batched transition until it changes fewer rows than a batch; a worker is woken
+    for what it released."""
     done = 0
     for _ in range(MAX_BATCHES):
         with engine.begin() as conn:
             changed = len(conn.execute(sql(query), params).all())
             released = released_in(conn)
-        hand_over(engine, list(released), enqueue)
+        wake_for(released, wake)
         done += changed
         if changed < params["batch"]:
             break
     return done
 
 
-def fail_postponed(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> int:
+def fail_postponed(engine: Engine, config: ConfigReader, wake: Callable[[], object]) -> int:
     """Guaranteed-order messages held back by a FAILED one too long become FAILED."""
     params = {
         "failed_s": config.get_int("asynch.postponedIntervalWhenFailedSec"),
         "batch": config.get_int("asynch.pool.batchSize"),
     }
-    return _batches(engine, "fail_postponed", params, enqueue)
+    return _batches(engine, "fail_postponed", params, wake)
 
 
-def expire_waits(engine: Engine, config: ConfigReader, enqueue: Callable[[int], None]) -> int:
+def expire_waits(engine: Engine, config: ConfigReader, wake: Callable[[], object]) -> int:
     """Messages whose wait for an external response ran out become FAILED."""
     return _batches(
-        engine, "expire_waits", {"batch": config.get_int("asynch.pool.batchSize")}, enqueue
+        engine, "expire_waits", {"batch": config.get_int("asynch.pool.batchSize")}, wake
     )
 
 
@@ -110,7 +128,7 @@ def _in_batches(
 
 
 def repair(
-    engine: Engine, config: ConfigReader, enqueue: Callable[[int], None] | None = None
+    engine: Engine, config: ConfigReader, wake: Callable[[], object] | None = None
 ) -> RepairReport:
     stuck_s = config.get_int("asynch.repairRepeatTimeSec")
     batch = config.get_int("asynch.pool.batchSize")
@@ -122,8 +140,8 @@ def repair(
     with engine.begin() as conn:
         settled = conn.execute(sql("settle_parents"), {"stuck_s": stuck_s, "batch": batch}).all()
         released += released_in(conn)
-    if enqueue is not None:
-        hand_over(engine, released, enqueue)
+    if wake is not None:
+        wake_for(released, wake)
     return RepairReport(
         messages=len(rows),
         failed=sum(1 for r in rows if r.state == "FAILED"),
@@ -139,10 +157,15 @@ class OrphanReport:
 
 
 def release_orphans(
-    engine: Engine, config: ConfigReader, lost_limit: int, enqueue: Callable[[int], None]
+    engine: Engine,
+    config: ConfigReader,
+    lost_limit: int,
+    enqueue: Callable[[int], None],
+    wake: Callable[[], object],
 ) -> OrphanReport:
-    """Messages whose worker died while processing them: back to IN_QUEUE and enqueued at
-    once (with what a quarantine released in their funnels), or quarantined at the limit."""
+    """Messages whose worker died while processing them: back to IN_QUEUE at once, each with
+    a task of its own (``enqueue``), or quarantined at the limit; a worker is woken for what
+    a quarantine released in their funnels."""
     rows, released = _in_batches(
         engine,
         "release_orphans",
@@ -150,5 +173,13 @@ def release_orphans(
         config.get_int("asynch.pool.batchSize"),
     )
     back = [r.msg_id for r in rows if r.state == "IN_QUEUE"]
-    hand_over(engine, released + back, enqueue)
+    for i, msg_id in enumerate(back):
+        try:
+            enqueue(msg_id)
+        except Exception as exc:
+            # claimable all the same: a woken worker's claims, or beat's wake-up, take them
+            log.warning("orphans %s released, not handed to the broker (%s)", back[i:], exc)
+            released += back[i:]
+            break
+    wake_for(released, wake)
     return OrphanReport(released=len(back), quarantined=len(rows) - len(back))

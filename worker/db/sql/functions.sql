@@ -36,9 +36,11 @@ $$;
 -- Take the funnel lock of a message (nothing for a message without a funnel). Held until the
 -- transaction ends; taken again by the same transaction it is a no-op.
 CREATE OR REPLACE FUNCTION orderly_lock_funnel_of(p_msg_id bigint) RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_advisory_xact_lock(orderly_funnel_key(funnel_value, funnel_component_id))
-      FROM message WHERE msg_id = p_msg_id AND funnel_value IS NOT NULL
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(orderly_funnel_key(funnel_value, funnel_component_id))
+       FROM message WHERE msg_id = p_msg_id AND funnel_value IS NOT NULL;
+END
 $$;
 
 -- Take the funnel locks of several messages (those without a funnel have none), in key order:
@@ -63,17 +65,17 @@ CREATE OR REPLACE FUNCTION orderly_fair_at(p_value text, p_component text, p_ran
     RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN (
-        SELECT CASE WHEN p_value IS NULL THEN now()
-               ELSE greatest(now() + make_interval(secs => p_rank - 1),
-                             (SELECT o.fair_at FROM message o
-                               WHERE o.funnel_value = p_value
-                                 AND o.state NOT IN ('OK', 'CANCEL')
-                                 AND o.state IN ('NEW', 'IN_QUEUE', 'POSTPONED')
-                                 AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-                               ORDER BY o.msg_timestamp DESC, o.msg_id DESC
-                               LIMIT 1) + make_interval(secs => p_rank))
-               END);
+    IF p_value IS NULL THEN
+        RETURN now();
+    END IF;
+    RETURN greatest(now() + make_interval(secs => p_rank - 1),
+                    (SELECT o.fair_at FROM message o
+                      WHERE o.funnel_value = p_value
+                        AND o.state NOT IN ('OK', 'CANCEL')
+                        AND o.state IN ('NEW', 'IN_QUEUE', 'POSTPONED')
+                        AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                      ORDER BY o.msg_timestamp DESC, o.msg_id DESC
+                      LIMIT 1) + make_interval(secs => p_rank));
 END
 $$;
 
@@ -110,42 +112,41 @@ CREATE OR REPLACE FUNCTION orderly_funnel_blocked(
     p_msg_id bigint, p_value text, p_component text, p_ts timestamptz,
     p_guaranteed boolean, p_exclude_failed boolean) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+-- One query per kind of funnel, each with no condition on the kind: a plan cached for the
+-- session serves every call (a query whose conditions hinge on p_guaranteed would be planned
+-- again on each call).
+DECLARE
+    v_idle integer;
+    v_limit integer;
 BEGIN
-    RETURN (
-        -- the seed's rule first (one active message blocks; cheap, and all most funnels need),
-        -- then, for a plain funnel whose component allows more, the count of its active ones
-        SELECT EXISTS (
+    IF p_guaranteed THEN
+        RETURN EXISTS (
             SELECT 1 FROM message o
              WHERE o.funnel_value = p_value
                AND o.state NOT IN ('OK', 'CANCEL')
                AND o.funnel_component_id IS NOT DISTINCT FROM p_component
                AND o.msg_id IS DISTINCT FROM p_msg_id
-               AND ((o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                     AND (p_guaranteed OR o.last_process_timestamp >= now() - make_interval(secs =>
-                          coalesce((SELECT coalesce(current_value, default_value)::int
-                                      FROM configuration
-                                     WHERE code = 'asynch.funnelIdleIntervalSec'), 600))))
-                 OR (p_guaranteed AND o.guaranteed_order
-                     AND (o.msg_timestamp < p_ts
-                          OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL AND o.msg_id < p_msg_id))
-                     AND (o.state <> 'FAILED' OR NOT p_exclude_failed))))
-           AND (p_guaranteed
-                OR NOT EXISTS (SELECT 1 FROM funnel_limit l
-                                WHERE l.component_id = coalesce(p_component, '')
-                                  AND l.max_in_flight > 1)
-                OR (SELECT count(*) FROM (
-                        SELECT 1 FROM message o
-                         WHERE o.funnel_value = p_value
-                           AND o.state NOT IN ('OK', 'CANCEL')
-                           AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
-                           AND o.funnel_component_id IS NOT DISTINCT FROM p_component
-                           AND o.msg_id IS DISTINCT FROM p_msg_id
-                           AND o.last_process_timestamp >= now() - make_interval(secs =>
-                               coalesce((SELECT coalesce(current_value, default_value)::int
-                                           FROM configuration
-                                          WHERE code = 'asynch.funnelIdleIntervalSec'), 600))
-                         LIMIT orderly_funnel_limit(p_component)) active)
-                   >= orderly_funnel_limit(p_component)));
+               AND (o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                    OR (o.guaranteed_order
+                        AND (o.msg_timestamp < p_ts
+                             OR (o.msg_timestamp = p_ts AND p_msg_id IS NOT NULL
+                                 AND o.msg_id < p_msg_id))
+                        AND (o.state <> 'FAILED' OR NOT p_exclude_failed))));
+    END IF;
+    v_idle := coalesce((SELECT coalesce(current_value, default_value)::int
+                          FROM configuration WHERE code = 'asynch.funnelIdleIntervalSec'), 600);
+    v_limit := orderly_funnel_limit(p_component);
+    -- as many active ones (started within funnelIdleIntervalSec) as the limit: one for the
+    -- seed's funnel
+    RETURN (SELECT count(*) FROM (
+                SELECT 1 FROM message o
+                 WHERE o.funnel_value = p_value
+                   AND o.state NOT IN ('OK', 'CANCEL')
+                   AND o.state IN ('PROCESSING', 'WAITING', 'WAITING_FOR_RES')
+                   AND o.funnel_component_id IS NOT DISTINCT FROM p_component
+                   AND o.msg_id IS DISTINCT FROM p_msg_id
+                   AND o.last_process_timestamp >= now() - make_interval(secs => v_idle)
+                 LIMIT v_limit) active) >= v_limit;
 END
 $$;
 
@@ -301,53 +302,87 @@ CREATE OR REPLACE TRIGGER orderly_message_transition
           AND (NEW.funnel_value IS NOT NULL OR NEW.state IN ('OK', 'FAILED', 'CANCEL')))
     EXECUTE FUNCTION orderly_message_transition();
 
--- A worker's outcome, only while its connection holds the claim. p_kind: OK; FAIL (PARTLY_FAILED,
--- or FAILED once failed_count reached p_limit); FAILED (final at once); WAITING (a parent whose
--- children were just stored); WAITING_FOR_RES (IN_QUEUE instead if the response already came);
--- POSTPONED (taken up again when due). p_due_ms: how long a PARTLY_FAILED or POSTPONED
--- message waits before it is due again (its retry policy's delay, or postponedIntervalSec);
--- the due-work ticker takes it up then (worker.messages.due). Returns the new state (NULL: the
--- claim was lost) and the ids the funnel released, comma-separated.
+-- Workers' outcomes, each only while its connection holds the claim, in one statement: one
+-- message's, or a batch's OK outcomes held for its round. Arrays, one element per outcome:
+-- msg ids; kinds: OK; FAIL (PARTLY_FAILED, or FAILED once failed_count reached its limit);
+-- FAILED (final at once); WAITING (a parent whose children were just stored); WAITING_FOR_RES
+-- (IN_QUEUE instead if the response already came); POSTPONED (taken up again when due); the
+-- failure limits, error codes, descriptions, custom data, the newer message that made one
+-- obsolete, and how long a PARTLY_FAILED or POSTPONED one waits before it is due again (ms:
+-- its retry policy's delay, or postponedIntervalSec; the due-work ticker takes it up then,
+-- worker.messages.due). Their funnels' locks come first, in key order. Returns, in the order
+-- given, each one's new state (NULL: its claim was lost) and, on every row, the funnel
+-- messages the outcomes released (comma-separated; a HARD child's OK may settle its parent,
+-- and that the parent's funnel).
+CREATE OR REPLACE FUNCTION orderly_finish_many(
+    p_msg_ids bigint[], p_kinds text[], p_limits integer[], p_codes text[], p_descs text[],
+    p_customs text[], p_obsolete_by bigint[], p_due_ms bigint[])
+    RETURNS TABLE (msg_id bigint, new_state text, released text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_states text[];
+BEGIN
+    PERFORM orderly_lock_funnels_of(p_msg_ids);
+    PERFORM set_config('orderly.released', '', true);
+    WITH o AS (
+        SELECT * FROM unnest(p_msg_ids, p_kinds, p_limits, p_codes, p_descs, p_customs,
+                             p_obsolete_by, p_due_ms)
+                      AS o(id, kind, fail_limit, code, descr, custom, obsolete_by, due_ms)),
+    done AS (
+        UPDATE message m
+           SET state = CASE o.kind
+                           WHEN 'FAIL' THEN CASE WHEN m.failed_count >= o.fail_limit
+                                                 THEN 'FAILED' ELSE 'PARTLY_FAILED' END
+                           WHEN 'WAITING_FOR_RES' THEN CASE WHEN m.wait_res_id IS NULL
+                                                            THEN 'WAITING_FOR_RES'
+                                                            ELSE 'IN_QUEUE' END
+                           ELSE o.kind END,
+               failed_count = m.failed_count
+                              + CASE WHEN o.kind IN ('FAIL', 'FAILED') THEN 1 ELSE 0 END,
+               failed_error_code = CASE WHEN o.kind IN ('FAIL', 'FAILED') THEN o.code
+                                        ELSE m.failed_error_code END,
+               failed_desc = CASE WHEN o.kind IN ('FAIL', 'FAILED') THEN o.descr
+                                  ELSE m.failed_desc END,
+               obsolete_by = coalesce(o.obsolete_by, m.obsolete_by),
+               custom_data = o.custom,
+               last_process_timestamp = now(),
+               start_in_queue_timestamp = CASE WHEN o.kind = 'WAITING_FOR_RES'
+                                                AND m.wait_res_id IS NOT NULL
+                                               THEN now() ELSE m.start_in_queue_timestamp END,
+               due_at = CASE WHEN (o.kind = 'FAIL' AND m.failed_count < o.fail_limit)
+                                  OR o.kind = 'POSTPONED'
+                             THEN now() + make_interval(secs => coalesce(o.due_ms, 0) / 1000.0)
+                        END,
+               processing_pid = NULL
+          FROM o
+         WHERE m.msg_id = o.id AND m.state = 'PROCESSING'
+           AND m.processing_pid = pg_backend_pid()
+        RETURNING m.msg_id, m.state)
+    SELECT array_agg(done.msg_id), array_agg(done.state) INTO v_ids, v_states FROM done;
+    -- the transition trigger has run for each row by now (released, parents settled)
+    FOR i IN 1 .. coalesce(array_length(v_ids, 1), 0) LOOP
+        IF v_states[i] = 'WAITING' THEN
+            v_states[i] := orderly_parent_check(v_ids[i]);
+        END IF;
+    END LOOP;
+    RETURN QUERY
+        SELECT o.id, s.state, current_setting('orderly.released', true)
+          FROM unnest(p_msg_ids) WITH ORDINALITY AS o(id, n)
+          LEFT JOIN unnest(v_ids, v_states) AS s(id, state) ON s.id = o.id
+         ORDER BY o.n;
+END
+$$;
+
+-- One outcome, as workers of the previous release record it (orderly_finish_many for one).
 CREATE OR REPLACE FUNCTION orderly_finish_v2(
     p_msg_id bigint, p_kind text, p_limit integer, p_code text, p_desc text, p_custom text,
     p_obsolete_by bigint, p_due_ms bigint) RETURNS TABLE (new_state text, released text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_state text;
-    v_fail boolean := p_kind IN ('FAIL', 'FAILED');
-BEGIN
-    PERFORM orderly_lock_funnel_of(p_msg_id);
-    PERFORM set_config('orderly.released', '', true);
-    UPDATE message m
-       SET state = CASE p_kind
-                       WHEN 'FAIL' THEN CASE WHEN m.failed_count >= p_limit THEN 'FAILED'
-                                             ELSE 'PARTLY_FAILED' END
-                       WHEN 'WAITING_FOR_RES' THEN CASE WHEN m.wait_res_id IS NULL
-                                                        THEN 'WAITING_FOR_RES'
-                                                        ELSE 'IN_QUEUE' END
-                       ELSE p_kind END,
-           failed_count = m.failed_count + CASE WHEN v_fail THEN 1 ELSE 0 END,
-           failed_error_code = CASE WHEN v_fail THEN p_code ELSE m.failed_error_code END,
-           failed_desc = CASE WHEN v_fail THEN p_desc ELSE m.failed_desc END,
-           obsolete_by = coalesce(p_obsolete_by, m.obsolete_by),
-           custom_data = p_custom,
-           last_process_timestamp = now(),
-           start_in_queue_timestamp = CASE WHEN p_kind = 'WAITING_FOR_RES'
-                                            AND m.wait_res_id IS NOT NULL
-                                           THEN now() ELSE m.start_in_queue_timestamp END,
-           due_at = CASE WHEN (p_kind = 'FAIL' AND m.failed_count < p_limit)
-                              OR p_kind = 'POSTPONED'
-                         THEN now() + make_interval(secs => coalesce(p_due_ms, 0) / 1000.0)
-                    END,
-           processing_pid = NULL
-     WHERE m.msg_id = p_msg_id AND m.state = 'PROCESSING'
-       AND m.processing_pid = pg_backend_pid()
-    RETURNING m.state INTO v_state;
-    IF v_state = 'WAITING' THEN
-        v_state := orderly_parent_check(p_msg_id);
-    END IF;
-    RETURN QUERY SELECT v_state, current_setting('orderly.released', true);
-END
+LANGUAGE sql AS $$
+    SELECT f.new_state, f.released
+      FROM orderly_finish_many(ARRAY[p_msg_id], ARRAY[p_kind], ARRAY[p_limit], ARRAY[p_code],
+                               ARRAY[p_desc], ARRAY[p_custom], ARRAY[p_obsolete_by],
+                               ARRAY[p_due_ms]) f
 $$;
 
 -- The outcome as workers of the previous release record it (seven arguments), kept so that

@@ -183,21 +183,6 @@ UPDATE message SET state = 'POSTPONED', last_process_timestamp = now(),
  WHERE msg_id = ANY($1) AND state IN ('NEW', 'IN_QUEUE') AND funnel_value IS NOT NULL
 RETURNING msg_id;
 
--- name: orderly_finish_ok
--- The OK outcomes of a batch in one statement, each only while this connection holds its
--- claim (as orderly_finish does for one); $2 holds each one's custom_data. Their funnels'
--- locks come first, in key order; the trigger then releases each funnel's next message (into
--- the transaction's 'orderly.released'). Returns the ids it changed: one missing was taken
--- over while its handler ran.
--- prepare: bigint[], text[]
--- prefix: SELECT orderly_lock_funnels_of(CAST(%s AS bigint[]));
-UPDATE message m
-   SET state = 'OK', custom_data = o.custom_data, last_process_timestamp = now(),
-       processing_pid = NULL
-  FROM unnest($1, $2) AS o(msg_id, custom_data)
- WHERE m.msg_id = o.msg_id AND m.state = 'PROCESSING' AND m.processing_pid = pg_backend_pid()
-RETURNING m.msg_id;
-
 -- name: orderly_defer_ids
 -- Due messages a claim passed over because their funnel's start rate is spent (a token bucket
 -- in Redis, worker.messages.batches): due again after $2 ms each, as if scheduled.
@@ -221,10 +206,13 @@ SELECT (SELECT state FROM message WHERE msg_id = $1) AS msg_state,
        (SELECT state FROM node WHERE node_id = $2) AS node_state;
 
 -- name: orderly_finish
--- The outcome, only while this connection holds the claim (functions.sql: orderly_finish_v2);
--- $8: how long a PARTLY_FAILED or POSTPONED outcome waits before it is due again (ms).
--- prepare: bigint, text, integer, text, text, text, bigint, bigint
-SELECT new_state, released FROM orderly_finish_v2($1, $2, $3, $4, $5, $6, $7, $8);
+-- Outcomes, each only while this connection holds its claim: one message's, or a batch's OK
+-- outcomes held for its round, in one statement (functions.sql: orderly_finish_many; the
+-- arrays in worker.messages.store.Ending's order). Returns each one's msg_id, new state
+-- (NULL: its claim was lost, taken over while its handler ran) and the funnel messages the
+-- outcomes released.
+-- prepare: bigint[], text[], integer[], text[], text[], text[], bigint[], bigint[]
+SELECT msg_id, new_state, released FROM orderly_finish_many($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: orderly_register_wait
 -- A running handler parks its message until a response names this correlation id.
