@@ -42,6 +42,23 @@ def test_a_bucket_gives_its_burst_then_refuses_until_a_token_is_back(buckets: Bu
     assert not buckets.take(KEY, limit, T0 + 500).allowed
 
 
+def test_takes_from_several_buckets_in_one_pipeline_keep_their_order(
+    buckets: Buckets, redis_client: redis.Redis
+) -> None:
+    one, two = Limit(per_s=1, burst=1), Limit(per_s=1, burst=2)
+    other = KEY + ":other"
+    verdicts = buckets.take_each(
+        [(KEY, one), (other, two), (KEY, one), ("never", Limit(0, 0)), (other, two)], T0
+    )
+    # the first take of KEY empties it, the second is refused; "other" gives both; no limit
+    # allows without a take
+    assert [v.allowed for v in verdicts] == [True, True, False, True, True]
+    assert verdicts[2].retry_after_s == 1.0
+    assert redis_client.exists("never") == 0
+    assert not buckets.take(other, two, T0).allowed  # both of its tokens went
+    assert buckets.take_each([], T0) == []
+
+
 def test_a_bucket_refills_at_its_rate_and_never_past_its_burst(buckets: Buckets) -> None:
     limit = Limit(per_s=4, burst=10)
     for _ in range(10):

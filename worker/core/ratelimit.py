@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,7 @@ class Buckets:
     """The buckets of one plain Redis client."""
 
     def __init__(self, client: redis.Redis) -> None:
+        self._client = client
         self._script = client.register_script(source(lua.RATE_TAKE))
 
     def take(self, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:
@@ -89,6 +91,20 @@ class Buckets:
             return UNLIMITED
         call = _call(bucket_key, limit, cost, at_ms)
         return _verdict(self._script(keys=call.keys, args=call.args))
+
+    def take_each(self, takes: Sequence[tuple[str, Limit]], at_ms: int) -> list[Verdict]:
+        """One token from each bucket (key, limit), in order, in one pipelined round trip; a
+        bucket named twice gives two tokens, the first take first."""
+        verdicts: list[Verdict | None] = [
+            UNLIMITED if limit.unlimited else None for _, limit in takes
+        ]
+        pipe = self._client.pipeline(transaction=False)
+        for (key, limit), verdict in zip(takes, verdicts, strict=True):
+            if verdict is None:
+                call = _call(key, limit, 1, at_ms)
+                self._script(keys=call.keys, args=call.args, client=pipe)
+        replies = iter(pipe.execute() if len(pipe) else [])
+        return [v if v is not None else _verdict(next(replies)) for v in verdicts]
 
 
 def take(client: redis.Redis, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:

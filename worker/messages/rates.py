@@ -3,10 +3,11 @@
 Redis, taken by the claim (worker.messages.batches) through the one limiter
 (worker.core.ratelimit, the API's too; outbound endpoints use it the same way).
 
-A claim takes a token for each funnel message it chose whose component has a rate; one that
-gets none is left due again when its token will be there (its row's due time), never claimed
-before. The take is atomic in Redis and comes before the claim: a claim that then takes
-nothing wastes the token, so a funnel may start fewer than its rate, never more. Should Redis
+A claim takes a token for each funnel message it chose whose component has a rate (all in one
+pipelined round trip); one that gets none is left due again when its token will be there (its
+row's due time), never claimed before. The take is atomic in Redis and comes before the
+claim: a claim that then takes nothing wastes the token, so a funnel may start fewer than its
+rate, never more. Should Redis
 not answer, claims go on unlimited (fail open, logged): a rate protects what the handlers
 call, it must not stop the store.
 """
@@ -56,18 +57,22 @@ class StartRates:
     def refused(self, chosen: Sequence[Startable]) -> dict[int, int]:
         """Take a start token for each chosen message whose funnel has a rate: the ones that got
         none, with the ms until their token is there."""
-        waits: dict[int, int] = {}
-        at = now_ms(self._clock)
-        for c in chosen:
-            if c.funnel_key is None or c.rate_per_s is None or c.burst is None:
-                continue
-            try:
-                verdict = self._buckets.take(
-                    self._keys.funnel(c.funnel_key), Limit(c.rate_per_s, c.burst), at
-                )
-            except redis.RedisError as exc:
-                log.warning("funnel start rates not applied (Redis: %s)", exc)
-                return {}
-            if not verdict.allowed:
-                waits[c.msg_id] = max(1, round(verdict.retry_after_s * 1000))
-        return waits
+        rated = [
+            (c.msg_id, self._keys.funnel(c.funnel_key), Limit(c.rate_per_s, c.burst))
+            for c in chosen
+            if c.funnel_key is not None and c.rate_per_s is not None and c.burst is not None
+        ]
+        if not rated:
+            return {}
+        try:
+            verdicts = self._buckets.take_each(
+                [(key, limit) for _, key, limit in rated], now_ms(self._clock)
+            )
+        except redis.RedisError as exc:
+            log.warning("funnel start rates not applied (Redis: %s)", exc)
+            return {}
+        return {
+            msg_id: max(1, round(verdict.retry_after_s * 1000))
+            for (msg_id, _, _), verdict in zip(rated, verdicts, strict=True)
+            if not verdict.allowed
+        }
