@@ -43,7 +43,6 @@ from orderly.worker.core.errors import (
 from orderly.worker.core.inputs import parse_input, parse_timestamp
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
-from orderly.worker.db.queries import sql
 from orderly.worker.messages import store
 from orderly.worker.messages.handlers import HandlerRegistry
 from orderly.worker.messages.store import Inserted, NewMessage
@@ -212,8 +211,8 @@ HAND_OVER_AGAIN_S = 1.0
 
 
 def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
-    with engine.begin() as conn:
-        conn.execute(sql("hand_over_later"), {"ids": msg_ids, "after_s": HAND_OVER_AGAIN_S})
+    with prepared_connection(engine) as conn:
+        store.hand_over_later(conn, msg_ids, HAND_OVER_AGAIN_S)
 
 
 def _same_payload(stored: str, given: str) -> bool:

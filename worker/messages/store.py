@@ -224,6 +224,12 @@ def defer(conn: PreparedConnection, waits: dict[int, int]) -> None:
     conn.run_all("orderly_defer_ids", ids, [waits[i] for i in ids])
 
 
+def hand_over_later(conn: PreparedConnection, msg_ids: list[int], after_s: float) -> None:
+    """Messages no worker could be woken for: due again after ``after_s`` (the ticker wakes
+    one then)."""
+    conn.run_all("hand_over_later", msg_ids, after_s)
+
+
 def unclaim(conn: PreparedConnection, msg_ids: list[int]) -> None:
     conn.run_all("orderly_unclaim", msg_ids)
 

@@ -233,10 +233,11 @@ SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response 
 SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
 
 -- name: hand_over_later
--- NEW or IN_QUEUE messages whose tasks the broker refused: POSTPONED and due again after
--- :after_s, so the due-work ticker hands them over again instead of repair taking them up
--- as stuck. One that a task reached meanwhile has moved on and is left alone.
+-- NEW or IN_QUEUE messages no worker could be woken for (the broker refused): POSTPONED and
+-- due again after $2 seconds, so the due-work ticker wakes one for them instead of repair
+-- taking them up as stuck. One a worker took meanwhile has moved on and is left alone.
+-- prepare: bigint[], double precision
 UPDATE message SET state = 'POSTPONED', last_process_timestamp = now(),
-                   due_at = now() + make_interval(secs => :after_s)
- WHERE msg_id = ANY(CAST(:ids AS bigint[])) AND state IN ('NEW', 'IN_QUEUE')
+                   due_at = now() + make_interval(secs => $2)
+ WHERE msg_id = ANY($1) AND state IN ('NEW', 'IN_QUEUE')
 RETURNING msg_id;
