@@ -509,3 +509,23 @@ def test_an_outcome_releases_a_held_back_message_that_the_due_take_holds_meanwhi
         worker.join(30)
     assert row(db, head).state is MessageState.OK
     assert row(db, held).state is MessageState.IN_QUEUE
+
+
+def test_a_release_does_not_wait_for_a_childs_insert_or_the_purge(
+    db: Engine, intake: Intake
+) -> None:
+    """A transaction that inserts a child of a held-back message holds its foreign key's
+    share lock on that row (the purge's lock of an open family member is KEY SHARE too): the
+    release, which changes no key, goes on at once."""
+    head = intake.submit(message(1, funnel_value="p")).msg_id
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET state = 'PROCESSING' WHERE msg_id = :i"), {"i": head})
+    held = intake.submit(message(2, funnel_value="p")).msg_id
+    assert row(db, held).state is MessageState.POSTPONED
+    with db.connect() as other:
+        other.execute(text("SELECT 1 FROM message WHERE msg_id = :i FOR KEY SHARE"), {"i": held})
+        with db.begin() as conn:
+            conn.execute(text("SET LOCAL lock_timeout = '5s'"))
+            conn.execute(text("UPDATE message SET state = 'OK' WHERE msg_id = :i"), {"i": head})
+        assert row(db, held).state is MessageState.IN_QUEUE
+        other.rollback()

@@ -201,8 +201,11 @@ BEGIN
          ORDER BY c.msg_timestamp, c.msg_id
          LIMIT greatest(v_slots, 1)
            -- waited for, not skipped: beat's due take may hold the row for a moment (it never
-           -- waits itself); skipped, the funnel could be left with nothing released
-           FOR UPDATE
+           -- waits itself); skipped, the funnel could be left with nothing released. NO KEY:
+           -- the release changes no key, so a child's insert (its foreign key's share lock
+           -- on this parent row) and the purge's lock of an open member (KEY SHARE) do not
+           -- hold it up
+           FOR NO KEY UPDATE
     LOOP
         EXIT WHEN v_blocked;
         UPDATE message
@@ -228,7 +231,7 @@ DECLARE
     v_child record;
 BEGIN
     PERFORM orderly_lock_funnel_of(p_parent);
-    SELECT state INTO v_state FROM message WHERE msg_id = p_parent FOR UPDATE;
+    SELECT state INTO v_state FROM message WHERE msg_id = p_parent FOR NO KEY UPDATE;
     IF v_state IS DISTINCT FROM 'WAITING' THEN
         RETURN v_state;
     END IF;

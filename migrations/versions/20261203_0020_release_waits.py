@@ -7,8 +7,10 @@ Create Date: 2026-12-03 09:00:00
 ``orderly_funnel_release`` locked the funnel's oldest POSTPONED messages with ``SKIP LOCKED``:
 when beat's due take held them at that moment (they fell due while their funnel was still
 busy), an outcome released nothing and the funnel waited ``postponedIntervalSec`` while other
-funnels ran. It now waits for the row (the due take never waits itself, so this cannot
-deadlock).
+funnels ran. It now waits for the row, in ``FOR NO KEY UPDATE`` mode: the due take holds
+it only for its statement and waits for nothing; a child's insert (the share lock of its
+foreign key) and the purge's lock of an open family member (``KEY SHARE``) do not conflict
+with it, and ``orderly_parent_check`` locks a parent the same way.
 
 The functions that query tables (``orderly_funnel_blocked``, ``orderly_funnel_free``,
 ``orderly_funnel_limit``, ``orderly_fair_at``, ``orderly_postponed_due``, ``orderly_orphaned``,
@@ -35,7 +37,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The functions.sql this migration was written for (tests/test_migrations.py).
-FUNCTIONS_SHA256 = "df78514c234d34e37ac5bd1080b0397bcc7ced606b96cea59b554f56ad88ed75"
+FUNCTIONS_SHA256 = "455bae6dbd97346672c2012c3a91f20fa26384f51e77c0916d49d26d36aaf635"
 
 
 def upgrade() -> None:

@@ -201,7 +201,9 @@ def insert_many(
 ) -> dict[tuple[str, str], Inserted]:
     """Insert messages NEW in one statement, in order; each one inserted, by
     (correlation_id, source_system). The node must be in RUN (checked in the statement)."""
-    rows = store.insert(conn, [new_message(m) for m in messages], node_id, require_run=True)
+    rows = store.insert(
+        conn, [new_message(m) for m in messages], node_id, require_run=True, hold=False
+    )
     return {(r.correlation_id, r.source_system): r for r in rows}
 
 
@@ -366,7 +368,9 @@ class Intake:
             if not store.parent_owned(conn, message.parent_msg_id, owned):
                 raise unknown_parent
         try:
-            inserted = store.insert(conn, [new_message(message)], self._node_id, require_run=True)
+            inserted = store.insert(
+                conn, [new_message(message)], self._node_id, require_run=True, hold=True
+            )
         except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
             if "parent_msg_id" in str(exc):
                 raise unknown_parent from None
@@ -394,12 +398,19 @@ class Intake:
 
     def _store_many(self, messages: list[MessageIn], owns: Owns | None) -> list[SubmitResult]:
         """One transaction: the messages without a parent in one statement, the others one by
-        one in their order (a parent's check)."""
+        one in their order (a parent's check), under their funnels' locks taken first, in key
+        order (two batches naming the same funnels in another order cannot deadlock)."""
         results: list[SubmitResult | None] = [None] * len(messages)
         plain = [i for i, m in enumerate(messages) if batchable(m)]
+        held = [
+            (m.funnel_value, m.funnel_component_id)
+            for m in messages
+            if not batchable(m) and m.funnel_value is not None
+        ]
         with prepared_connection(self._engine) as conn:
             conn.execute("BEGIN")
             try:
+                store.lock_funnels(conn, held)
                 if plain:
                     inserted = insert_many(conn, [messages[i] for i in plain], self._node_id)
                     for i in plain:

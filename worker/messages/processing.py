@@ -388,6 +388,7 @@ class Processor:
                 [new_message(child, binding.value) for binding, child in children],
                 self._node_id,
                 require_run=False,
+                hold=False,
             )
             new = [r.msg_id for r in stored if r.state == MessageState.NEW and not r.scheduled]
             result = self._finish(

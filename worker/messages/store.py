@@ -179,20 +179,30 @@ def insert(
     node_id: int,
     *,
     require_run: bool,
+    hold: bool,
 ) -> list[Inserted]:
     """Insert messages NEW in one statement, in order: each one inserted (one already stored
-    under its ids is not). ``require_run``: new input, refused unless the node is in RUN. One
-    message alone with a funnel is inserted under its funnel's lock and held back at once
-    (POSTPONED) when its funnel does not let it go yet, so that a release cannot miss it;
-    several are stored NEW and the claim decides."""
+    under its ids is not). ``require_run``: new input, refused unless the node is in RUN.
+    ``hold``, for one message alone with a funnel: inserted under its funnel's lock and held
+    back at once (POSTPONED) when its funnel does not let it go yet, so that a release cannot
+    miss it. Otherwise they are stored NEW without a lock, and the claim decides."""
     columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
-    if len(rows) != 1 or rows[0].funnel_value is None:
+    if not hold or len(rows) != 1 or rows[0].funnel_value is None:
         return conn.all(Inserted, "orderly_insert_messages", *columns, node_id, require_run, False)
     lock = ("lock_funnel", (rows[0].funnel_value, rows[0].funnel_component_id))
     found = conn.one(
         Inserted, "orderly_insert_messages", *columns, node_id, require_run, True, before=lock
     )
     return [] if found is None else [found]
+
+
+def lock_funnels(conn: PreparedConnection, funnels: Sequence[tuple[str, str | None]]) -> None:
+    """Take the advisory locks of these funnels (value, component), in key order (whoever
+    takes several takes them so: no deadlock), held until the transaction ends."""
+    if funnels:
+        conn.run_all(
+            "lock_funnels", [value for value, _ in funnels], [component for _, component in funnels]
+        )
 
 
 def find(conn: PreparedConnection, correlation_id: str, source_system: str) -> StoredIds | None:

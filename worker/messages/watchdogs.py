@@ -16,8 +16,9 @@ orphan) is claimable at once, without a due time. A worker is woken for a funnel
 message after commit, and its claims take it in line with everything due
 (worker.messages.batches), as the due ticker's messages are taken; a wake-up that fails
 leaves them to beat's wake-up of messages due for over a second. An orphan gets a task of its
-own instead (claimed alone: when one message of a batch killed its worker, it dies alone
-next time, and the others' ``lost_count`` does not climb with it to the quarantine).
+own instead, which claims it by id, alone (a batch claim that comes first may still take it
+with others: the quarantine at ``ORDERLY_WORKER_LOST_LIMIT`` deaths is what bounds a poison
+message in the end).
 """
 
 from __future__ import annotations

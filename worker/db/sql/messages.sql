@@ -232,6 +232,16 @@ SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response 
 -- prepare: text, text
 SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
 
+-- name: lock_funnels
+-- Funnels' advisory locks (values $1, components $2), in key order, held until the
+-- transaction ends: a batch takes those of the messages it inserts one by one first.
+-- prepare: text[], text[]
+SELECT pg_advisory_xact_lock(k)
+  FROM (SELECT DISTINCT orderly_funnel_key(v, c) AS k
+          FROM unnest($1, $2) AS u(v, c)
+         WHERE v IS NOT NULL
+         ORDER BY 1) s;
+
 -- name: hand_over_later
 -- NEW or IN_QUEUE messages no worker could be woken for (the broker refused): POSTPONED and
 -- due again after $2 seconds, so the due-work ticker wakes one for them instead of repair

@@ -24,7 +24,10 @@ SELECT msg_id FROM message
 -- name: purge_family
 -- The descendants of the roots (children, their children, ...: every message that points at
 -- them through parent_msg_id), each with its root and whether this transaction could lock it
--- (false: a worker holds it now, and its family stays this time).
+-- (false: a worker holds it now, and its family stays this time). A final member is locked
+-- to be deleted; an open one (its family stays: purge_held) only against its deletion (KEY
+-- SHARE), so that a funnel's release, which waits for its row (orderly_funnel_release), never
+-- waits for the purge.
 WITH RECURSIVE family(root, msg_id) AS (
     SELECT c.parent_msg_id, c.msg_id FROM message c
      WHERE c.parent_msg_id = ANY(CAST(:roots AS bigint[]))
@@ -35,10 +38,14 @@ WITH RECURSIVE family(root, msg_id) AS (
       FROM family f,
            LATERAL (SELECT x.msg_id FROM message x WHERE x.parent_msg_id = f.msg_id OFFSET 0) c
 )
-SELECT f.root, f.msg_id, l.msg_id IS NOT NULL AS locked
+SELECT f.root, f.msg_id, coalesce(l.msg_id, o.msg_id) IS NOT NULL AS locked
   FROM family f
-  LEFT JOIN LATERAL (SELECT x.msg_id FROM message x WHERE x.msg_id = f.msg_id
-                       FOR UPDATE SKIP LOCKED) l ON true;
+  LEFT JOIN LATERAL (SELECT x.msg_id FROM message x
+                      WHERE x.msg_id = f.msg_id AND x.state IN ('OK', 'FAILED', 'CANCEL')
+                        FOR UPDATE SKIP LOCKED) l ON true
+  LEFT JOIN LATERAL (SELECT x.msg_id FROM message x
+                      WHERE x.msg_id = f.msg_id AND x.state NOT IN ('OK', 'FAILED', 'CANCEL')
+                        FOR KEY SHARE SKIP LOCKED) o ON true;
 
 -- name: purge_held
 -- Of the given (locked) messages, those that must stay, and why; a family with one of them
