@@ -36,11 +36,13 @@ from orderly.models.pubsub import (
 from orderly.models.report import ReportWatermark
 from orderly.models.request_response import Request, Response
 from orderly.models.schedule import Schedule
+from orderly.models.signing_secret import SIGNING_KINDS, SigningSecret
 from orderly.models.source_system import CONFIRMATION_OPERATION, SourceSystem
 
 __all__ = [
     "CONFIRMATION_OPERATION",
     "FINAL_STATES",
+    "SIGNING_KINDS",
     "ApiKey",
     "Base",
     "BindingType",
@@ -71,6 +73,7 @@ __all__ = [
     "Response",
     "Room",
     "Schedule",
+    "SigningSecret",
     "SourceSystem",
     "Status",
     "Subscription",

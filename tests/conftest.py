@@ -112,6 +112,7 @@ TABLES = (
     "channel_ack_secret",
     "schedule",
     "funnel_limit",
+    "signing_secret",
 )
 
 

@@ -18,6 +18,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from sqlalchemy import Engine, text
 
@@ -89,6 +90,8 @@ class Console:
         field = form.find_element(By.NAME, "note")
         field.send_keys(note)
         field.send_keys(Keys.ENTER)
+        # the answer's page replaces this one (whose own .done may be a previous command's)
+        self.wait.until(staleness_of(form))
         self.wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".done, .problems"))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from orderly.worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
 from orderly.worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
-from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.pubsub import Attempt, Claimed
 
 # Worth trying again: the client may accept the same response later.
@@ -80,6 +80,7 @@ class HttpSender:
             body,
             timeout_ms=channel.timeout_ms,
             headers=response_headers(channel, head),
+            signed_as=SignedAs("channel", channel.origin, f"res_{head.msg_id}"),
         )
         if reply.status is None:
             return SendResult(Delivery.RECOVERABLE, reason=reply.error)
@@ -102,6 +103,9 @@ class HttpSender:
             body,
             timeout_ms=claimed.timeout_ms,
             headers={"Idempotency-Key": f"{claimed.correlation_id}:{claimed.subscription_id}"},
+            signed_as=SignedAs(
+                "subscription", str(claimed.subscription_id), f"dlv_{claimed.delivery_id}"
+            ),
         )
         if reply.ok:
             return Attempt(True)

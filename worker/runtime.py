@@ -35,6 +35,7 @@ from orderly.worker.messages.processing import Processor
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.wake import Wake
 from orderly.worker.settings import Settings, get_settings
+from orderly.worker.signing import SigningSecrets
 from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
 
 
@@ -84,8 +85,14 @@ class Runtime:
                 ca_bundle=s.http_ca_bundle,
                 max_response_bytes=s.http_max_response_bytes,
                 policy=s.outbound_policy,
-            )
+            ),
+            signer=lambda kind, name: self.signing.for_send(kind, name),
         )
+
+    @cached_property
+    def signing(self) -> SigningSecrets:
+        """The secrets outbound requests are signed with (worker.signing)."""
+        return SigningSecrets(self.engine)
 
     @cached_property
     def sender(self) -> HttpSender:

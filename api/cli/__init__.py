@@ -25,6 +25,7 @@ from orderly.api.cli import (
     runners,
     schedules,
     settings,
+    signing,
     sources,
     status,
     subscriptions,
@@ -86,6 +87,7 @@ app.add_typer(nodes.node_app, name="node")
 app.add_typer(keys.key_app, name="key")
 app.add_typer(schedules.schedule_app, name="schedule")
 app.add_typer(funnel_limits.funnel_limit_app, name="funnel-limit")
+app.add_typer(signing.signing_app, name="signing-secret")
 
 
 def main() -> None:

@@ -10,6 +10,11 @@ CA bundle come from the settings (the environment's proxy variables are not read
 redirects or auth flows, and httpx's request and response models above the pool cost about
 140 us of CPU per request, as much as the rest of the send. Nothing is retried here: the
 callers' retry policies decide.
+
+Every request a caller names a destination for (``signed_as``) is signed as the Standard
+Webhooks specification defines (orderly.client.webhooks: ``webhook-id``,
+``webhook-timestamp``, ``webhook-signature`` over the exact bytes sent), with the
+destination's secrets as the client's ``signer`` finds them (worker.signing).
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ import os
 import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import httpcore
 import httpx
 
+from orderly.client import webhooks
 from orderly.worker.core.addresses import STRICT, AddressPolicy
 
 # httpx logs every request at INFO; orderly's callers log what matters (failures, retries).
@@ -172,6 +178,20 @@ class HttpOptions:
 
 
 @dataclass(frozen=True)
+class SignedAs:
+    """Whom a request goes to, for its signature: the destination's kind and name (its
+    secrets) and the request's ``webhook-id``, the same for every attempt of one delivery."""
+
+    kind: str
+    name: str
+    webhook_id: str
+
+
+# A destination's secrets by kind and name (worker.signing.SigningSecrets.for_send).
+Signer = Callable[[str, str], list[str]]
+
+
+@dataclass(frozen=True)
 class Reply:
     """An answer (``status``), or why there is none (``status`` None and ``error``)."""
 
@@ -195,8 +215,9 @@ class Reply:
 
 
 class OutboundHttp:
-    def __init__(self, options: HttpOptions | None = None) -> None:
+    def __init__(self, options: HttpOptions | None = None, signer: Signer | None = None) -> None:
         self.options = options or HttpOptions()
+        self._signer = signer
         self._lock = threading.Lock()
         self._pool: Pool | None = None
         self._pid = 0
@@ -224,10 +245,11 @@ class OutboundHttp:
         *,
         timeout_ms: int,
         headers: dict[str, str] | None = None,
+        signed_as: SignedAs | None = None,
     ) -> Reply:
         """POST ``body`` as compact JSON; the answer within ``timeout_ms`` in all, or why not."""
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-        return self.post(url, data, timeout_ms=timeout_ms, headers=headers)
+        return self.post(url, data, timeout_ms=timeout_ms, headers=headers, signed_as=signed_as)
 
     def post(
         self,
@@ -236,8 +258,19 @@ class OutboundHttp:
         *,
         timeout_ms: int,
         headers: dict[str, str] | None = None,
+        signed_as: SignedAs | None = None,
     ) -> Reply:
-        """POST ``content`` (JSON); the answer within ``timeout_ms`` in all, or why not."""
+        """POST ``content`` (JSON); the answer within ``timeout_ms`` in all, or why not. With
+        ``signed_as`` (and a signer), signed under the destination's secrets."""
+        if signed_as is not None and self._signer is not None:
+            try:
+                secrets = self._signer(signed_as.kind, signed_as.name)
+            except Exception as exc:  # the caller's retry policy decides, as for no answer
+                return Reply(None, b"", f"no signing secret ({type(exc).__name__}: {exc})")
+            headers = {
+                **(headers or {}),
+                **webhooks.headers(secrets, signed_as.webhook_id, content),
+            }
         total = timeout_ms / 1000
         connect = min(self.options.connect_timeout_s, total)
         token = _deadline.set(time.monotonic() + total)

@@ -4,12 +4,13 @@ entity, POST with the call logged."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.errors import HandlerError, InvalidMessage
-from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.db.prepared import PreparedConnection
 from orderly.worker.messages import extcall, store
 from orderly.worker.messages.extcall import CallKey, CallResult
@@ -63,4 +64,12 @@ class HandlerBackend:
             body,
             res_join_id=res_join_id,
             timeout_ms=max(1, round(timeout_s * 1000)),
+            # one id for every try of this message's call to this URI
+            signed_as=SignedAs("source_system", ctx.source_system, _call_id(ctx, uri, res_join_id)),
         )
+
+
+def _call_id(ctx: MessageContext, uri: str, res_join_id: str | None) -> str:
+    """The webhook-id of a handler's POST: its message and what it calls (no '.')."""
+    called = hashlib.sha256(f"{uri}\x1f{res_join_id or ''}".encode()).hexdigest()[:16]
+    return f"call_{ctx.msg_id}_{called}"

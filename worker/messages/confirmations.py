@@ -25,7 +25,7 @@ from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.due import PgDueIndex
 from orderly.worker.core.errors import ExchangeFailed, InvalidMessage
-from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
@@ -166,6 +166,7 @@ def _try(engine: Engine, row: Any, config: ConfigReader, http: OutboundHttp) -> 
                     res_join_id=f"confirmation:{row.msg_id}:{row.failed_count + 1}",
                     timeout_ms=row.timeout_ms,
                     headers={"Idempotency-Key": f"confirmation:{row.msg_id}"},
+                    signed_as=SignedAs("source_system", row.source_system, f"cnf_{row.msg_id}"),
                 )
             ok = True
         except ExchangeFailed:

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from orderly.worker.core.errors import CallInProgress, ExchangeFailed
-from orderly.worker.core.http import OutboundHttp
+from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.db.prepared import PreparedConnection
 
 T = TypeVar("T")
@@ -173,6 +173,7 @@ def post_logged(
     res_join_id: str | None = None,
     timeout_ms: int = 10_000,
     headers: dict[str, str] | None = None,
+    signed_as: SignedAs | None = None,
 ) -> tuple[int, str]:
     """POST JSON to ``uri``, logging the request and the response; (status, body) of a 2xx.
 
@@ -181,7 +182,9 @@ def post_logged(
     """
     envelope = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=str)
     req_id = log_request(conn, msg_id, uri, res_join_id, envelope)
-    reply = http.post(uri, envelope.encode(), timeout_ms=timeout_ms, headers=headers)
+    reply = http.post(
+        uri, envelope.encode(), timeout_ms=timeout_ms, headers=headers, signed_as=signed_as
+    )
     if reply.status is None:
         log_response(conn, req_id, msg_id, None, failed=True, reason=reply.error)
         raise ExchangeFailed(uri, reply.error)

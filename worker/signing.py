@@ -1,0 +1,101 @@
+"""The secrets orderly signs its outbound requests with, one per destination (table
+``signing_secret``): a channel (its origin), a PUSH subscription (its id), a source system
+(its confirmations, and the external calls its messages' handlers make). A destination's
+secret is made the first time a request goes there; a rotation makes a new one and keeps
+signing with the previous one too for a while, so that a receiver can switch without losing
+a request. The scheme is the Standard Webhooks one (orderly.client.webhooks), which a
+receiver checks with :func:`orderly.client.webhooks.verify`.
+
+Senders read a destination's secrets through a short cache (``CACHE_S``): a rotation shows
+within that long, and the previous secret stays valid longer than that.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine
+
+from orderly.client.webhooks import new_secret
+from orderly.models import SIGNING_KINDS
+from orderly.worker.core.clock import SYSTEM, Clock
+from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.db.queries import sql
+
+# How long a sender keeps a destination's secrets before reading them again.
+CACHE_S = 10.0
+# How long a rotated-out secret is still signed with, unless told otherwise.
+KEEP_PREVIOUS_S = 86_400
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """A destination's signing secrets: the current one, and the previous one until
+    ``previous_until`` (None: none)."""
+
+    kind: str
+    name: str
+    secret: str
+    previous: str | None
+    previous_until: datetime | None
+    rotated_at: datetime | None
+
+    def signing(self, now: datetime) -> list[str]:
+        """The secrets a request sent at ``now`` is signed with."""
+        if self.previous is not None and self.previous_until and now < self.previous_until:
+            return [self.secret, self.previous]
+        return [self.secret]
+
+
+def _checked(kind: str, name: str) -> None:
+    if kind not in SIGNING_KINDS:
+        raise InvalidMessage("kind", f"must be one of {', '.join(SIGNING_KINDS)}")
+    if not 1 <= len(name) <= 200:
+        raise InvalidMessage("name", "must be 1 to 200 characters")
+
+
+class SigningSecrets:
+    """The gateway to ``signing_secret``, with the senders' cache."""
+
+    def __init__(self, engine: Engine, clock: Clock = SYSTEM) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], tuple[float, Secrets]] = {}
+
+    def get(self, kind: str, name: str) -> Secrets:
+        """A destination's secrets, made now if it has none (read from the table)."""
+        _checked(kind, name)
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                sql("signing_secret_get"), {"kind": kind, "name": name, "secret": new_secret()}
+            ).one()
+        return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
+
+    def for_send(self, kind: str, name: str) -> list[str]:
+        """The secrets a request to the destination is signed with now (cached)."""
+        at = self._clock.monotonic()
+        with self._lock:
+            found = self._cache.get((kind, name))
+        if found is None or at - found[0] > CACHE_S:
+            found = (at, self.get(kind, name))
+            with self._lock:
+                self._cache[(kind, name)] = found
+        return found[1].signing(datetime.fromtimestamp(self._clock.time(), UTC))
+
+    def rotate(self, kind: str, name: str, keep_previous_s: int = KEEP_PREVIOUS_S) -> Secrets:
+        """A new secret for the destination; the one before is still signed with for
+        ``keep_previous_s`` seconds (0: from now on only the new one)."""
+        _checked(kind, name)
+        if not 0 <= keep_previous_s <= 30 * 86_400:
+            raise InvalidMessage("keep_previous_s", "must be 0 to 2592000 (30 days)")
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                sql("signing_secret_rotate"),
+                {"kind": kind, "name": name, "secret": new_secret(), "keep_s": keep_previous_s},
+            ).one()
+        with self._lock:
+            self._cache.pop((kind, name), None)
+        return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
