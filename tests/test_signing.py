@@ -49,11 +49,11 @@ def _head(msg_id: int) -> Head:
     )
 
 
-def _claimed(url: str, delivery_id: int, subscription_id: int) -> Claimed:
+def _claimed(url: str, delivery_id: int, subscription_id: int, attempt: int = 0) -> Claimed:
     now = datetime.now(UTC)
     return Claimed(
         delivery_id=delivery_id,
-        attempt=1,
+        attempt=attempt,
         event_id=9,
         correlation_id="evt.with.dots",
         routing_key="a.b",
@@ -166,3 +166,18 @@ def test_without_a_signer_or_a_destination_nothing_is_signed_and_a_lost_secret_i
     )
     assert reply.status is None and "no signing secret" in reply.error
     assert len(sink.seen) == 1  # nothing unsigned went out
+
+
+def test_every_delivery_says_its_attempt_and_the_wait_before_the_next(
+    db: Engine, sink: _Server
+) -> None:
+    """X-Orderly-Attempt: the send's number (1: the first); X-Orderly-Next-Delay-Ms: the wait
+    after its failure (delay * multiplier^attempt), absent when no send follows."""
+    send = HttpSender(OutboundHttp(HttpOptions(policy=LOOPBACK)))
+    channel = Channel("chat", url_of(sink), 10, 2.0, 2, 5000, ack_secret="s" * 64)
+    send(channel, _head(41))  # a first send: retry 1 follows a failure, 10 * 2^1 ms later
+    send.push(_claimed(url_of(sink), 77, 5, attempt=1))  # the second: 10 * 2^2
+    send.push(_claimed(url_of(sink), 78, 5, attempt=3))  # the fourth of 1 + 3: the last
+    seen = [{k.lower(): v for k, v in h.items()} for _, _, h, _ in sink.seen]
+    shown = [(h["x-orderly-attempt"], h.get("x-orderly-next-delay-ms")) for h in seen]
+    assert shown == [("1", "20"), ("2", "40"), ("4", None)]

@@ -9,6 +9,7 @@ from typing import Any
 from orderly.worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
 from orderly.worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
 from orderly.worker.core.http import OutboundHttp, SignedAs
+from orderly.worker.core.retry import retry_headers
 from orderly.worker.pubsub import Attempt, Claimed
 
 # Worth trying again: the client may accept the same response later.
@@ -26,6 +27,7 @@ def response_headers(channel: Channel, head: Head) -> dict[str, str]:
     headers = {
         "Idempotency-Key": head.response_id,
         ACK_TOKEN_HEADER: ack_token(channel.ack_secret, head.conversation_id, head.response_id),
+        **retry_headers(channel.policy, head.attempt + 1),
     }
     if head.late_ms is not None:
         headers[LATE_HEADER] = "true"
@@ -102,7 +104,10 @@ class HttpSender:
             str(claimed.push_url),
             body,
             timeout_ms=claimed.timeout_ms,
-            headers={"Idempotency-Key": f"{claimed.correlation_id}:{claimed.subscription_id}"},
+            headers={
+                "Idempotency-Key": f"{claimed.correlation_id}:{claimed.subscription_id}",
+                **retry_headers(claimed.policy, claimed.attempt + 1),
+            },
             signed_as=SignedAs(
                 "subscription", str(claimed.subscription_id), f"dlv_{claimed.delivery_id}"
             ),

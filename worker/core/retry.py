@@ -68,3 +68,19 @@ def policy_problems(
     elif not math.isfinite(multiplier) or not 1.0 <= multiplier <= MAX_MULTIPLIER:
         problems.append(("multiplier", f"must be 1 to {MAX_MULTIPLIER:g}, got {multiplier}"))
     return problems
+
+
+# What every delivery POST carries about its place in its retries (the backoff seed puts the
+# attempt "in the message header"): the send's number (1: the first), and how long after
+# its failure the next send comes (absent: no send follows a failure of this one).
+ATTEMPT_HEADER = "X-Orderly-Attempt"
+NEXT_DELAY_HEADER = "X-Orderly-Next-Delay-Ms"
+
+
+def retry_headers(policy: RetryPolicy, attempt: int) -> dict[str, str]:
+    """The headers of send number ``attempt`` under ``policy`` (its failure is retry number
+    ``attempt``)."""
+    headers = {ATTEMPT_HEADER: str(attempt)}
+    if policy.allows(attempt):
+        headers[NEXT_DELAY_HEADER] = str(policy.delay(attempt))
+    return headers

@@ -28,7 +28,13 @@ from orderly.worker.core.errors import ExchangeFailed, InvalidMessage
 from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import ORPHAN_GRACE_S
-from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER, RetryPolicy
+from orderly.worker.core.retry import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_MS,
+    MAX_MULTIPLIER,
+    RetryPolicy,
+    retry_headers,
+)
 from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.db.queries import sql
 from orderly.worker.messages import extcall
@@ -165,7 +171,10 @@ def _try(engine: Engine, row: Any, config: ConfigReader, http: OutboundHttp) -> 
                     body,
                     res_join_id=f"confirmation:{row.msg_id}:{row.failed_count + 1}",
                     timeout_ms=row.timeout_ms,
-                    headers={"Idempotency-Key": f"confirmation:{row.msg_id}"},
+                    headers={
+                        "Idempotency-Key": f"confirmation:{row.msg_id}",
+                        **retry_headers(policy, row.failed_count + 1),
+                    },
                     signed_as=SignedAs("source_system", row.source_system, f"cnf_{row.msg_id}"),
                 )
             ok = True
