@@ -189,7 +189,7 @@ def insert(
     columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
     if not hold or len(rows) != 1 or rows[0].funnel_value is None:
         return conn.all(Inserted, "orderly_insert_messages", *columns, node_id, require_run, False)
-    lock = ("lock_funnel", (rows[0].funnel_value, rows[0].funnel_component_id))
+    lock = ("lock_funnels", ([rows[0].funnel_value], [rows[0].funnel_component_id]))
     found = conn.one(
         Inserted, "orderly_insert_messages", *columns, node_id, require_run, True, before=lock
     )

@@ -227,14 +227,10 @@ RETURNING m.msg_id;
 -- prepare: bigint
 SELECT res_id, res_envelope, failed, failed_reason, res_timestamp FROM response WHERE res_id = $1;
 
--- name: lock_funnel
--- A funnel's advisory lock, held until the transaction ends (before any row of the funnel).
--- prepare: text, text
-SELECT pg_advisory_xact_lock(orderly_funnel_key($1, $2));
-
 -- name: lock_funnels
 -- Funnels' advisory locks (values $1, components $2), in key order, held until the
--- transaction ends: a batch takes those of the messages it inserts one by one first.
+-- transaction ends (before any row of the funnels): one message's insert takes its funnel's,
+-- a batch those of the messages it inserts one by one, first.
 -- prepare: text[], text[]
 SELECT pg_advisory_xact_lock(k)
   FROM (SELECT DISTINCT orderly_funnel_key(v, c) AS k
