@@ -84,6 +84,15 @@ def families(figures: Figures) -> Iterable[Metric]:
             "Deliveries dead-lettered (DEAD): attempts spent or refused",
             value=store.deliveries.get(DeliveryState.DEAD, 0),
         )
+        unwell = GaugeMetricFamily(
+            "orderly_endpoints_unwell",
+            "PUSH endpoints by circuit: FAILING (last send failed), OPEN (only probes go),"
+            " DISABLED (nothing goes until an operator enables them)",
+            labels=["circuit"],
+        )
+        for circuit, count in store.endpoints.items():
+            unwell.add_metric([circuit], count)
+        yield unwell
         due = GaugeMetricFamily(
             "orderly_messages_due_waiting",
             "Messages waiting for their due time, by state: NEW scheduled, PARTLY_FAILED retry"

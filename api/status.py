@@ -19,6 +19,8 @@ def print_status(figures: Figures, console: Console) -> None:
         for dstate, count in store.deliveries.items():
             table.add_row(dstate.value, str(count))
         table.add_row("delayed (due later)", str(store.deliveries_delayed))
+        for circuit, count in store.endpoints.items():
+            table.add_row(f"PUSH endpoints {circuit}", str(count))
         console.print(table)
         table = Table("message state", "waiting", title="Messages waiting for their due time")
         for state, count in store.due_waiting.items():

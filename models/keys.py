@@ -186,6 +186,11 @@ class RateKeys:
         the funnel's advisory-lock key names it)."""
         return f"{self.prefix}:funnel:{funnel_key}"
 
+    def endpoint(self, subscription_id: int) -> str:
+        """The sends to one PUSH subscription's endpoint whose pace has a rate
+        (``subscription.rate_per_s``)."""
+        return f"{self.prefix}:endpoint:{subscription_id}"
+
 
 # Whether a worker is woken, or looking, for due messages (worker/messages/wake.py): intake
 # wakes one only when none is, or when the one looking is busy running handlers.

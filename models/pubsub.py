@@ -140,6 +140,11 @@ class Subscription(Base):
             " AND COALESCE(min_version, 1) <= COALESCE(max_version, 2147483647))",
             name="versions",
         ),
+        CheckConstraint(
+            "(rate_per_s IS NULL) = (burst IS NULL) AND (rate_per_s IS NULL OR"
+            " (rate_per_s > 0 AND burst >= 1)) AND (max_in_flight IS NULL OR max_in_flight >= 1)",
+            name="pace",
+        ),
     )
 
     subscription_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -169,6 +174,18 @@ class Subscription(Base):
     status: Mapped[Status] = mapped_column(
         str_enum(Status, "subscription_status"), default=Status.ACTIVE
     )
+    # A PUSH endpoint's pace: starts a second (a token bucket of ``burst``), sends at once.
+    rate_per_s: Mapped[float | None] = mapped_column(Float)
+    burst: Mapped[int | None] = mapped_column(Integer)
+    max_in_flight: Mapped[int | None] = mapped_column(Integer)
+    # Its health: failed sends in a row since ``failing_since``; ``probe_at`` set: its circuit
+    # is open (one probe at that time); ``disabled_at`` set: failing too long, no sends until
+    # an operator enables it.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failing_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    probe_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

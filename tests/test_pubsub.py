@@ -45,7 +45,7 @@ ROOM = {
     "name": "orders",
     "delivery_delay_ms": 100,
     "delivery_delay_multiplier": 2.0,
-    "delivery_attempts": 3,
+    "delivery_attempts": 4,
 }
 SCHEMA = {
     "type": "object",
@@ -191,7 +191,7 @@ def test_push_backoff_overrides_expiry_delay_and_dead_letters(
         assert answer.status_code == 201, answer.text
         return int(answer.json()["subscription_id"])
 
-    subscribe("orders", "retry")  # room policy: 100 ms x 2^n, 3 attempts
+    subscribe("orders", "retry")  # room policy: 100 ms x 2^n, 4 sends
     fast = subscribe("orders", "fast", delivery_delay_ms=50, delivery_delay_multiplier=3.0)
     never = subscribe("orders", "never", delivery_attempts=0)
     subscribe("short", "expiring")

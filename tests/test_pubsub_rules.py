@@ -51,7 +51,7 @@ def room(db: Engine, redis_client: redis.Redis) -> Iterator[Engine]:
             "name": "r",
             "delivery_delay_ms": 50,
             "delivery_delay_multiplier": 2.0,
-            "delivery_attempts": 2,
+            "delivery_attempts": 3,
         },
     )
     yield db
@@ -126,7 +126,7 @@ def test_pulled_and_never_acked_is_dead_lettered_when_attempts_run_out(room: Eng
     sub = pubsub.create_subscription(
         room,
         "r",
-        {"name": "p", "kind": "PULL", "visibility_timeout_ms": 100, "delivery_attempts": 1},
+        {"name": "p", "kind": "PULL", "visibility_timeout_ms": 100, "delivery_attempts": 2},
     )["subscription_id"]
     ids = publish(room, {})
     for _ in range(2):
@@ -400,7 +400,7 @@ def test_a_live_workers_claim_stays_and_a_stale_one_goes(room: Engine) -> None:
         pubsub.upkeep(room, LOST_LIMIT)
         assert _lost(room, delivery_id)[:3] == ("IN_PROCESS", 0, 0)
         # Held far past what its batch can take (a hung worker, a reused pid): released, and
-        # the try counted (2 retries allowed by the room: the third loss is DEAD).
+        # the try counted (3 sends allowed by the room: the third loss is DEAD).
         for attempt in (1, 2, 3):
             _claim(alive, delivery_id, 3600.0)
             pubsub.upkeep(room, 99)
@@ -415,3 +415,30 @@ def test_a_handler_subscription_without_a_token_secret_is_refused(room: Engine) 
     with room.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM subscription")).scalar_one() == 0
     assert pubsub.create_subscription(room, "r", body, token_secret=SECRET)["name"] == "h"
+
+
+def test_a_publish_names_its_destinations_and_routing_chooses_the_rest(room: Engine) -> None:
+    def sub(name: str, pattern: str) -> int:
+        body = {"name": name, "kind": "PULL", "routing_key_pattern": pattern}
+        return int(pubsub.create_subscription(room, "r", body)["subscription_id"])
+
+    matching, named, other = sub("matching", "k"), sub("named", "x.#"), sub("other", "y.#")
+    ids = publish(room, {"n": 1}, destinations=["named"])
+    with room.connect() as conn:
+        got = conn.execute(
+            text("SELECT subscription_id FROM delivery WHERE delivery_id = ANY(:ids)"),
+            {"ids": ids},
+        ).scalars()
+        assert sorted(got) == sorted([matching, named])  # not "other": neither named nor chosen
+    assert other not in (matching, named)
+    # a name that is no active subscription of the room: refused, nothing stored
+    pubsub.set_subscription_status(room, other, "PAUSED")
+    for wrong in (["nobody"], ["other"]):
+        with pytest.raises(InvalidMessage) as refused:
+            publish(room, {"n": 2}, destinations=wrong)
+        assert refused.value.problems[0][0] == "destinations"
+        assert wrong[0] in refused.value.problems[0][1]
+    with pytest.raises(InvalidMessage, match="destinations"):
+        publish(room, {"n": 3}, destinations=[])
+    with room.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM event")).scalar_one() == 1

@@ -4,10 +4,12 @@ gate, or of an event to a PUSH subscription; both through the one outbound clien
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from orderly.worker.channels import ACK_TOKEN_HEADER, Channel, ack_token
 from orderly.worker.conversations import MAX_ASYNC_ID, Delivery, Head, SendResult
+from orderly.worker.core.clock import utcnow
 from orderly.worker.core.http import OutboundHttp, SignedAs
 from orderly.worker.core.retry import retry_headers
 from orderly.worker.pubsub import Attempt, Claimed
@@ -86,7 +88,9 @@ class HttpSender:
         )
         if reply.status is None:
             return SendResult(Delivery.RECOVERABLE, reason=reply.error)
-        return classify(reply.status, reply.content)
+        result = classify(reply.status, reply.content)
+        wait = reply.retry_after_ms(utcnow())
+        return result if wait is None else replace(result, retry_after_ms=wait)
 
     def push(self, claimed: Claimed) -> Attempt:
         """A PUSH subscription's delivery: any 2xx is success."""
@@ -114,4 +118,6 @@ class HttpSender:
         )
         if reply.ok:
             return Attempt(True)
-        return Attempt(False, reply.describe())
+        return Attempt(
+            False, reply.describe(), retry_after_ms=reply.retry_after_ms(utcnow()), stop=reply.stop
+        )

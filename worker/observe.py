@@ -63,6 +63,10 @@ class BlockReason(enum.StrEnum):
     AWAITED = "awaited"  # attempts spent: waiting for its awaited retry
 
 
+# A PUSH endpoint's circuit when it is not well (worker.pubsub.endpoints).
+CIRCUITS = ("FAILING", "OPEN", "DISABLED")
+
+
 @dataclass(frozen=True)
 class StoreFigures:
     """PostgreSQL: every message state and delivery state present, 0 when absent."""
@@ -81,6 +85,9 @@ class StoreFigures:
     # Seconds the earliest due time of those is past (0 when none is): the due work's ticker
     # should take a message within a tick of its time, so a growing lag says it is behind.
     due_lag_s: float = 0.0
+    # PUSH endpoints not well, by circuit: FAILING (their last send failed, circuit closed),
+    # OPEN (only probes go), DISABLED (nothing goes until an operator enables them).
+    endpoints: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(CIRCUITS, 0))
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,7 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
     messages = dict.fromkeys(MessageState, 0)
     deliveries = dict.fromkeys(DeliveryState, 0)
     due = dict.fromkeys(DUE_STATES, 0)
+    endpoints = dict.fromkeys(CIRCUITS, 0)
     delayed, late, age, lag = 0, 0, 0.0, 0.0
     with engine.connect() as conn:
         rows = conn.execute(sql("store_figures"), {"ids": list(head_msg_ids)}).all()
@@ -164,9 +172,11 @@ def store_figures(engine: Engine, head_msg_ids: Sequence[int] = ()) -> StoreFigu
             due[MessageState(key)] = int(value)
         elif part == "due_lag":
             lag = float(value)
+        elif part == "endpoint":
+            endpoints[key] = int(value)
         else:
             age = max(0.0, float(value))
-    return StoreFigures(messages, deliveries, delayed, age, late, due, lag)
+    return StoreFigures(messages, deliveries, delayed, age, late, due, lag, endpoints)
 
 
 # --- conversations ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from functools import cached_property, lru_cache
+from typing import Any
 
 import redis
 from redis import Redis
@@ -26,6 +27,7 @@ from orderly.worker.core.clients import OrderingRedis, ordering_client
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.core.limits import TimeLimits
+from orderly.worker.core.ratelimit import Buckets
 from orderly.worker.db.db import engine_for
 from orderly.worker.delivery import HttpSender
 from orderly.worker.messages import abort
@@ -34,6 +36,12 @@ from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.wake import Wake
+from orderly.worker.pubsub.endpoints import (
+    SYSTEM_ROOM,
+    EndpointPolicy,
+    Endpoints,
+    publish_system_event,
+)
 from orderly.worker.settings import Settings, get_settings
 from orderly.worker.signing import SigningSecrets
 from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
@@ -113,6 +121,27 @@ class Runtime:
             default_time_limit_s=(self.settings.handler_time_limit_ms / 1000) or None,
             aborts=self.aborts,
             rates=StartRates(self.redis, self.clock),
+        )
+
+    @cached_property
+    def endpoints(self) -> Endpoints:
+        """The PUSH endpoints' pace (rates in Redis) and health."""
+        s = self.settings
+        policy = EndpointPolicy(
+            s.endpoint_circuit_failures, s.endpoint_probe_max_ms, s.endpoint_disable_after_s
+        )
+        return Endpoints(policy, Buckets(self.redis), self.clock, announce=self.announce_event)
+
+    def announce_event(self, room: str, routing_key: str, payload: dict[str, Any]) -> None:
+        """An operational event to the system room (``room``), handed to the broker."""
+        if room != SYSTEM_ROOM:
+            raise ValueError(f"operational events go to {SYSTEM_ROOM}, not {room}")
+        publish_system_event(
+            self.engine,
+            routing_key,
+            payload,
+            self.broker.enqueue_event_deliveries,
+            self.settings.token_secret,
         )
 
     @cached_property

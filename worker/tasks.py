@@ -105,7 +105,13 @@ def deliver_events(self: Any, delivery_ids: list[int]) -> list[str]:
     secret = runtime.settings.token_secret
     # Tracked by the batch itself (no intrinsic id: the xid is its SHA1).
     with runtime.tracker.tracking({"deliveries": delivery_ids}, "events"):
-        return pubsub.deliver_batch(runtime.engine, delivery_ids, runtime.sender.push, secret)
+        return pubsub.deliver_batch(
+            runtime.engine,
+            delivery_ids,
+            runtime.sender.push,
+            secret,
+            endpoints=runtime.endpoints,
+        )
 
 
 @app.task(name="orderly.deliver.confirmations", bind=True)

@@ -20,7 +20,7 @@ def room_create(
     name: str,
     delivery_delay_ms: Annotated[int, typer.Option(help="deliveryDelay")] = 1000,
     multiplier: Annotated[float, typer.Option(help="deliveryDelayMultiplier")] = 1.5,
-    attempts: Annotated[int, typer.Option(help="deliveryAttempts (0: no redelivery)")] = 3,
+    attempts: Annotated[int, typer.Option(help="deliveryAttempts: sends at most")] = 3,
     expiration_ms: Annotated[int | None, typer.Option(help="messageExpiration")] = None,
 ) -> None:
     """Create a room (an exchange)."""
@@ -113,6 +113,10 @@ def publish(
     delay_ms: Annotated[int, typer.Option("--delay", help="$delay in ms")] = 0,
     user: Annotated[str | None, typer.Option(help="The producing user")] = None,
     publisher: Annotated[str | None, typer.Option()] = None,
+    to: Annotated[
+        list[str] | None,
+        typer.Option("--to", help="A subscription it goes to, whatever it selects (repeat)"),
+    ] = None,
 ) -> None:
     """Publish a message to a room (POST /rooms/{room}/events)."""
     runtime = get_runtime()
@@ -123,6 +127,7 @@ def publish(
         "$delay": delay_ms,
         "user": user,
         "publisher": publisher,
+        "destinations": to or None,
     }
     result, due = call(
         pubsub.publish,

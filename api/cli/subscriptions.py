@@ -10,6 +10,7 @@ from rich.table import Table
 
 from orderly.api.cli.common import call, console
 from orderly.worker import pubsub
+from orderly.worker.pubsub import endpoints
 from orderly.worker.runtime import get_runtime
 
 subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
@@ -29,7 +30,10 @@ def subscription_create(
     pattern: Annotated[str | None, typer.Option(help="routing-key pattern (* and #)")] = None,
     delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
     multiplier: Annotated[float | None, typer.Option()] = None,
-    attempts: Annotated[int | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option(help="sends at most")] = None,
+    rate: Annotated[float | None, typer.Option(help="sends a second at most")] = None,
+    burst: Annotated[int | None, typer.Option(help="the rate's bucket (default: the rate)")] = None,
+    max_in_flight: Annotated[int | None, typer.Option(help="sends at once at most")] = None,
     order_key: Annotated[str | None, typer.Option(help="payload path to keep order by")] = None,
 ) -> None:
     """Subscribe to a room (a binding): PUSH, PULL or a consumer HANDLER."""
@@ -47,6 +51,9 @@ def subscription_create(
         "delivery_delay_ms": delivery_delay_ms,
         "delivery_delay_multiplier": multiplier,
         "delivery_attempts": attempts,
+        "rate_per_s": rate,
+        "burst": burst,
+        "max_in_flight": max_in_flight,
         "order_key": order_key,
     }
     sub = call(
@@ -61,7 +68,9 @@ def subscription_create(
 @subscription_app.command("list")
 def subscription_list(room: str) -> None:
     subs = call(pubsub.list_subscriptions, get_runtime().engine, room)
-    table = Table("id", "name", "kind", "destination", "event type", "pattern", "status")
+    table = Table(
+        "id", "name", "kind", "destination", "event type", "pattern", "status", "endpoint"
+    )
     for s_ in subs:
         table.add_row(
             str(s_["subscription_id"]),
@@ -71,6 +80,7 @@ def subscription_list(room: str) -> None:
             _selected_type(s_),
             s_["routing_key_pattern"] or "",
             s_["status"],
+            s_["circuit"] + (f" ({s_['failures']} failures)" if s_["failures"] else ""),
         )
     console.print(table)
 
@@ -94,7 +104,10 @@ def subscription_set(
     pattern: Annotated[str | None, typer.Option(help="routing-key pattern")] = None,
     delivery_delay_ms: Annotated[int | None, typer.Option()] = None,
     multiplier: Annotated[float | None, typer.Option()] = None,
-    attempts: Annotated[int | None, typer.Option()] = None,
+    attempts: Annotated[int | None, typer.Option(help="sends at most")] = None,
+    rate: Annotated[float | None, typer.Option(help="sends a second at most")] = None,
+    burst: Annotated[int | None, typer.Option(help="the rate's bucket (default: the rate)")] = None,
+    max_in_flight: Annotated[int | None, typer.Option(help="sends at once at most")] = None,
 ) -> None:
     """Change a subscription's destination, pattern or policy overrides."""
     changes = {
@@ -103,6 +116,9 @@ def subscription_set(
         "delivery_delay_ms": delivery_delay_ms,
         "delivery_delay_multiplier": multiplier,
         "delivery_attempts": attempts,
+        "rate_per_s": rate,
+        "burst": burst,
+        "max_in_flight": max_in_flight,
     }
     changed = call(
         pubsub.update_subscription,
@@ -117,6 +133,14 @@ def subscription_set(
 def subscription_pause(subscription_id: int) -> None:
     call(pubsub.set_subscription_status, get_runtime().engine, subscription_id, "PAUSED")
     console.print(f"subscription {subscription_id} is PAUSED")
+
+
+@subscription_app.command("enable")
+def subscription_enable(subscription_id: int) -> None:
+    """Enable an endpoint disabled by its failures (or close its open circuit): its waiting
+    deliveries go at once."""
+    call(endpoints.enable, get_runtime().engine, subscription_id)
+    console.print(f"subscription {subscription_id}'s endpoint is enabled")
 
 
 @subscription_app.command("resume")

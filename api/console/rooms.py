@@ -14,6 +14,7 @@ from orderly.models import DeliveryState
 from orderly.worker import pubsub
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.core.inputs import parse_input
+from orderly.worker.pubsub import endpoints
 from orderly.worker.pubsub.pull import RedriveIn
 from orderly.worker.runtime import Runtime
 
@@ -68,4 +69,20 @@ async def redrive(request: Request, viewer: Signed, room: str) -> Response:
     )
     return await act(
         viewer, call, f"/console/rooms/{room}", lambda moved: f"{len(moved)} dead letters re-driven"
+    )
+
+
+@router.post("/rooms/{room}/subscriptions/{subscription_id}/enable")
+async def enable(request: Request, viewer: Signed, room: str, subscription_id: int) -> Response:
+    """An endpoint enabled again: its circuit closed, its waiting deliveries due."""
+    await form(request, viewer)
+    owns = viewer.key.owns
+    call = functools.partial(
+        endpoints.enable,
+        request.app.state.runtime.engine,
+        subscription_id,
+        None if owns is None else sorted(owns.subscriptions),
+    )
+    return await act(
+        viewer, call, f"/console/rooms/{room}", lambda _: f"subscription {subscription_id} enabled"
     )

@@ -191,6 +191,19 @@ class Subscription(_Open):
     delivery_delay_ms: int | None
     delivery_delay_multiplier: float | None
     delivery_attempts: int | None
+    # the endpoint's pace
+    rate_per_s: float | None
+    burst: int | None
+    max_in_flight: int | None
+    status: Literal["ACTIVE", "PAUSED"]
+    # the endpoint's health: failed sends in a row since failing_since; OPEN: only a probe
+    # goes, at probe_at; DISABLED: nothing goes until an operator enables it
+    failures: int
+    failing_since: str | None
+    probe_at: str | None
+    disabled_at: str | None
+    disabled_reason: str | None
+    circuit: Literal["CLOSED", "OPEN", "DISABLED"]
 
 
 class SubscriptionChanged(_Open):

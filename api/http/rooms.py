@@ -19,7 +19,7 @@ from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.keys import Principal
-from orderly.worker.pubsub import schemas
+from orderly.worker.pubsub import endpoints, schemas
 from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
@@ -128,6 +128,28 @@ async def change_subscription(
         pubsub.update_subscription, runtime.engine, subscription_id, data
     )
     return JSONResponse(changed)
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/enable",
+    responses=answers(a.SubscriptionChanged),
+    openapi_extra=body("EnableIn", endpoints.EnableIn),
+)
+async def enable_subscription(
+    runtime: AppRuntime,
+    subscription_id: RowId,
+    request: Request,
+    key: Annotated[Principal, caller(keys.ADMIN)],
+) -> JSONResponse:
+    """Enable an endpoint again (disabled by its failures, or its circuit open): failures
+    forgotten, its waiting deliveries due at once."""
+    data = await json_body(request)
+    await run_in_threadpool(
+        functools.partial(
+            endpoints.enable, runtime.engine, subscription_id, None, data, by=key.name
+        )
+    )
+    return JSONResponse({"subscription_id": subscription_id, "status": "ACTIVE"})
 
 
 @router.get(

@@ -197,7 +197,7 @@ def _apply(
         policy = channel.policy
         if policy.allows(attempt):
             report.retried += 1
-            wait = policy.delay(attempt)
+            wait = policy.delay(attempt) if result.retry_after_ms is None else result.retry_after_ms
             log.info("response %s: %s; retry %d in %d ms", rid, result.reason, attempt, wait)
             conn.run("conv_retry", head.msg_id, attempt, now_ms + wait)
             return ("retry", rid, str(wait)), None

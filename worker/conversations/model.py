@@ -120,6 +120,8 @@ class SendResult:
     reason: str = ""
     # FATAL: the code the cancelled group's rows record (default ERROR_CANCELLED)
     error_code: str | None = None
+    # RECOVERABLE: the client's Retry-After (429, 503), the next try's wait
+    retry_after_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,18 @@ destination's secrets as the client's ``signer`` finds them (worker.signing).
 from __future__ import annotations
 
 import contextvars
+import email.utils
 import functools
 import json
 import logging
+import math
 import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpcore
@@ -191,13 +194,56 @@ class SignedAs:
 Signer = Callable[[str, str], list[str]]
 
 
+# A receiver's ``Retry-After`` on these answers sets the next attempt (RFC 9110: 429, 503).
+RETRY_AFTER_STATUS = frozenset({429, 503})
+# The longest wait a ``Retry-After`` may ask for: a later one is cut to this.
+MAX_RETRY_AFTER_MS = 3_600_000
+# A receiver stops the retries of the one delivery it answers (any answer not 2xx carrying it).
+STOP_HEADER = "X-Orderly-Retry"
+STOP_VALUE = "stop"
+
+
+def retry_after_ms(value: str | None, now: datetime) -> int | None:
+    """``Retry-After`` (delta-seconds or an HTTP date) as milliseconds from ``now``, at most
+    :data:`MAX_RETRY_AFTER_MS`; None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        wait_ms = int(value[:12]) * 1000
+    else:
+        try:
+            at = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if at.tzinfo is None:
+            return None
+        wait_ms = max(0, math.ceil((at - now).total_seconds() * 1000))
+    return min(wait_ms, MAX_RETRY_AFTER_MS)
+
+
 @dataclass(frozen=True)
 class Reply:
-    """An answer (``status``), or why there is none (``status`` None and ``error``)."""
+    """An answer (``status``, its ``headers`` by lower-case name), or why there is none
+    (``status`` None and ``error``)."""
 
     status: int | None
     content: bytes = b""
     error: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def retry_after_ms(self, now: datetime) -> int | None:
+        """The receiver's ``Retry-After`` on a 429 or 503 (None otherwise)."""
+        if self.status not in RETRY_AFTER_STATUS:
+            return None
+        return retry_after_ms(self.headers.get("retry-after"), now)
+
+    @property
+    def stop(self) -> bool:
+        """The receiver asked that this delivery be tried no more (``X-Orderly-Retry: stop``
+        on an answer that is not 2xx)."""
+        value = self.headers.get(STOP_HEADER.lower(), "")
+        return not self.ok and value.strip().lower() == STOP_VALUE
 
     @property
     def ok(self) -> bool:
@@ -212,6 +258,16 @@ class Reply:
         if self.status is None:
             return self.error
         return f"HTTP {self.status}: {self.content[:limit]!r}"
+
+
+# The answer headers callers read (the rest are not decoded).
+_WANTED = frozenset({b"retry-after", STOP_HEADER.lower().encode()})
+
+
+def _wanted(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {
+        k.lower().decode("latin-1"): v.decode("latin-1") for k, v in raw if k.lower() in _WANTED
+    }
 
 
 class OutboundHttp:
@@ -300,7 +356,11 @@ class OutboundHttp:
                     size += len(chunk)
                     if size >= self.options.max_response_bytes:
                         break  # enough: an answer this long is read no further
-                return Reply(answer.status, b"".join(chunks)[: self.options.max_response_bytes])
+                return Reply(
+                    answer.status,
+                    b"".join(chunks)[: self.options.max_response_bytes],
+                    headers=_wanted(answer.headers),
+                )
         except httpcore.TimeoutException:
             return Reply(None, b"", f"timeout after {timeout_ms} ms")
         except Exception as exc:  # no answer, whatever the reason: the caller's policy decides

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -23,6 +23,8 @@ from orderly.worker.core.clock import Clock, now_ms
 from orderly.worker.core.scripts import Call, source
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
 
 # Redis unreachable: requests pass unlimited (fail open) and Redis is not asked again for this
 # long, so that an outage adds no timeout to every request; a warning at most this often.
@@ -105,6 +107,24 @@ class Buckets:
                 self._script(keys=call.keys, args=call.args, client=pipe)
         replies = iter(pipe.execute() if len(pipe) else [])
         return [v if v is not None else _verdict(next(replies)) for v in verdicts]
+
+    def refused(self, takes: Sequence[tuple[K, str, Limit]], at_ms: int, what: str) -> dict[K, int]:
+        """One token for each item (its id, its bucket, the bucket's limit), in one round trip:
+        the ids that got none, with the milliseconds until their token is there. Redis not
+        answering refuses nothing (fail open, logged with ``what``): a pace protects what is
+        called, it must not stop the work."""
+        if not takes:
+            return {}
+        try:
+            verdicts = self.take_each([(key, limit) for _, key, limit in takes], at_ms)
+        except redis.RedisError as exc:
+            log.warning("%s not applied (Redis: %s)", what, exc)
+            return {}
+        return {
+            item: max(1, round(verdict.retry_after_s * 1000))
+            for (item, _, _), verdict in zip(takes, verdicts, strict=True)
+            if not verdict.allowed
+        }
 
 
 def take(client: redis.Redis, bucket_key: str, limit: Limit, at_ms: int, cost: int = 1) -> Verdict:

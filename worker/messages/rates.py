@@ -14,7 +14,6 @@ call, it must not stop the store.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -41,9 +40,6 @@ class Startable(Protocol):
     def burst(self) -> int | None: ...
 
 
-log = logging.getLogger(__name__)
-
-
 class StartRates:
     """The start buckets of the funnels, on one Redis client."""
 
@@ -62,17 +58,4 @@ class StartRates:
             for c in chosen
             if c.funnel_key is not None and c.rate_per_s is not None and c.burst is not None
         ]
-        if not rated:
-            return {}
-        try:
-            verdicts = self._buckets.take_each(
-                [(key, limit) for _, key, limit in rated], now_ms(self._clock)
-            )
-        except redis.RedisError as exc:
-            log.warning("funnel start rates not applied (Redis: %s)", exc)
-            return {}
-        return {
-            msg_id: max(1, round(verdict.retry_after_s * 1000))
-            for (msg_id, _, _), verdict in zip(rated, verdicts, strict=True)
-            if not verdict.allowed
-        }
+        return self._buckets.refused(rated, now_ms(self._clock), "funnel start rates")

@@ -9,6 +9,7 @@ room's alone.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -30,7 +31,12 @@ MAX_DELIVERY_DELAY_MS = 86_400_000
 Delay = Annotated[StrictInt, Field(ge=1, le=MAX_DELIVERY_DELAY_MS)]
 # The public schema's floor: a multiplier of 1 would be a constant delay, not a backoff.
 Multiplier = Annotated[float, Field(ge=1.01, le=MAX_MULTIPLIER, allow_inf_nan=False)]
-Attempts = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS)]
+# Sends at most (the first and the retries; 0 and 1: no redelivery, as the seed has it).
+Attempts = Annotated[StrictInt, Field(ge=0, le=MAX_ATTEMPTS + 1)]
+# An endpoint's pace: sends a second (a token bucket of burst), sends at once.
+Rate = Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]
+Burst = Annotated[StrictInt, Field(ge=1, le=100_000)]
+InFlight = Annotated[StrictInt, Field(ge=1, le=10_000)]
 Version = Annotated[StrictInt, Field(ge=1, le=2_147_483_647)]
 
 
@@ -67,6 +73,9 @@ class SubscriptionIn(BaseModel):
     order_key: (
         Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")] | None
     ) = None
+    rate_per_s: Rate | None = None
+    burst: Burst | None = None
+    max_in_flight: InFlight | None = None
 
 
 class RoomPatchIn(BaseModel):
@@ -245,6 +254,22 @@ def _version_range(sub: SubscriptionIn) -> tuple[int | None, int | None]:
     return sub.min_version, sub.max_version
 
 
+def _paced(sub: SubscriptionIn) -> SubscriptionIn:
+    """The pace checked: a burst goes with a rate (by default the rate a second, at least 1);
+    a PULL subscription's consumer sets its own pace."""
+    if sub.kind is SubscriptionKind.PULL:
+        for field in ("rate_per_s", "burst", "max_in_flight"):
+            if getattr(sub, field) is not None:
+                raise InvalidMessage(field, "a PULL subscriber takes messages at its own pace")
+    if sub.rate_per_s is None:
+        if sub.burst is not None:
+            raise InvalidMessage("burst", "is the bucket of a rate_per_s: give one")
+        return sub
+    if sub.burst is None:
+        return sub.model_copy(update={"burst": max(1, math.ceil(sub.rate_per_s))})
+    return sub
+
+
 def create_subscription(
     engine: Engine,
     room_name: str,
@@ -271,6 +296,7 @@ def create_subscription(
             "event's signed token): set it for the API and the workers first",
         )
     _destination_problems(sub_in, policy)
+    sub_in = _paced(sub_in)
     min_version, max_version = _version_range(sub_in)
     values = {
         **sub_in.model_dump(exclude={"event_type", "event_version"}),
@@ -327,6 +353,9 @@ class SubscriptionPatchIn(BaseModel):
     delivery_attempts: Attempts | None = None
     timeout_ms: StrictInt | None = None
     visibility_timeout_ms: StrictInt | None = None
+    rate_per_s: Rate | None = None
+    burst: Burst | None = None
+    max_in_flight: InFlight | None = None
     status: Literal["ACTIVE", "PAUSED"] | None = None
 
 
@@ -360,10 +389,16 @@ def update_subscription(
             **{k: getattr(sub, k) for k in _CHANGEABLE},
         }
         merged = {**current, **{k: v for k, v in data.items() if k != "status"}}
-        checked = parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
+        if data.get("rate_per_s", 0) is None:
+            merged["burst"] = None  # no rate: no bucket
+        checked = _paced(
+            parse_input(SubscriptionIn, {k: v for k, v in merged.items() if v is not None})
+        )
         # The new destination was checked above (one registered before is left as it is).
         _destination_problems(checked, policy, url_changed=False)
-        values = {k: getattr(checked, k) if k in data else current[k] for k in _CHANGEABLE}
+        # a new rate brings its bucket (the given burst, or the default for the rate)
+        changed = {*data, "burst"} if "rate_per_s" in data else set(data)
+        values = {k: getattr(checked, k) if k in changed else current[k] for k in _CHANGEABLE}
         status = data.get("status", Status(sub.status).value)
         conn.execute(
             sql("subscription_update"), {**values, "status": status, "id": subscription_id}
@@ -386,11 +421,21 @@ def list_subscriptions(engine: Engine, room_name: str) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         room = room_row(conn, room_name)
         rows = conn.execute(sql("subscription_list"), {"room_id": room.room_id})
-        return [
-            {**dict(r._mapping), "kind": SubscriptionKind(r.kind).value,
-             "status": Status(r.status).value}
-            for r in rows
-        ]  # fmt: skip
+        return [subscription_view(r) for r in rows]
+
+
+def subscription_view(r: Any) -> dict[str, Any]:
+    """A subscription as listed: its definition, its status and its endpoint's health
+    (``circuit``: CLOSED, OPEN while its failures hold sends back, DISABLED)."""
+    view = {**dict(r._mapping), "kind": SubscriptionKind(r.kind).value}
+    view["status"] = Status(r.status).value
+    for field in ("failing_since", "probe_at", "disabled_at"):
+        at = view[field]
+        view[field] = None if at is None else at.isoformat()
+    view["circuit"] = (
+        "DISABLED" if r.disabled_at is not None else "OPEN" if r.probe_at is not None else "CLOSED"
+    )
+    return view
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from orderly.worker.core.errors import Unauthorized
 from orderly.worker.core.lease import ORPHAN_GRACE_S, new_token
 from orderly.worker.core.retry import RetryPolicy
 from orderly.worker.db.queries import sql
+from orderly.worker.pubsub.endpoints import Disabled, EndpointPolicy, Endpoints
 from orderly.worker.pubsub.measure import Measure, tracing
 from orderly.worker.pubsub.publish import BATCH, QUEUED_LEASE_S
 
@@ -53,15 +54,18 @@ class Claimed:
     timeout_ms: int
     delay_ms: int
     multiplier: float
-    attempts: int
+    attempts: int  # sends at most (delivery_attempts; 0 and 1: no redelivery)
     room: str
     token: str | None
     order_value: str | None
     delayed: bool
+    max_in_flight: int | None = None
+    unhealthy: bool = False  # its endpoint had failed sends in a row when claimed
 
     @property
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(self.delay_ms, self.multiplier, self.attempts)
+        """The retry policy: ``attempts`` sends are the first and ``attempts - 1`` retries."""
+        return RetryPolicy(self.delay_ms, self.multiplier, max(self.attempts - 1, 0))
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ class Attempt:
     # what the failure's log_exception row is typed as (nothing was thrown: a status, a
     # connection refused)
     error_type: str = "PushFailed"
+    # the receiver's Retry-After (429, 503): the next try's wait instead of the policy's
+    retry_after_ms: int | None = None
+    # the receiver asked that this delivery be tried no more (worker.core.http.STOP_HEADER)
+    stop: bool = False
 
 
 Push = Callable[[Claimed], Attempt]
@@ -185,31 +193,87 @@ class _Done:
 
 
 def deliver_batch(
-    engine: Engine, delivery_ids: list[int], push: Push, secret: str = "", clock: Clock = SYSTEM
+    engine: Engine,
+    delivery_ids: list[int],
+    push: Push,
+    secret: str = "",
+    clock: Clock = SYSTEM,
+    endpoints: Endpoints | None = None,
 ) -> list[str]:
     """Claim deliveries, send each, record every attempt and what comes next; new states.
 
     Each batch is two transactions: the claims, and the outcomes. Neither waits for the disk:
     a database crash in that instant can only make a delivery come again, never lose it.
+    ``endpoints``: the endpoints' pace and health (worker.pubsub.endpoints; the defaults, and
+    no rates, when not given).
     """
+    endpoints = endpoints or Endpoints()
     claim = new_token()
     # One connection from the claim to the last outcome: its backend pid, recorded with the
     # claim, is this worker's liveness (a worker that dies drops it, and beat releases the
     # claim within a second: upkeep).
     with engine.connect() as conn:
         with conn.begin():
-            rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim})
-            claimed = [Claimed(*row) for row in rows.all()]
+            deferred = endpoints.refused(endpoints.lock(conn, delivery_ids))
+            rows = conn.execute(
+                sql("deliveries_claim"),
+                {
+                    "ids": [i for i in delivery_ids if i not in deferred],
+                    "claim": claim,
+                    "deferred": list(deferred),
+                    "deferred_ms": list(deferred.values()),
+                },
+            )
+            # sent in publish order (the order the batch's deliveries were made in)
+            claimed = sorted((Claimed(**r._mapping) for r in rows), key=lambda c: c.delivery_id)
         with tracing():
-            done = [_attempt(c, push, secret, clock) for c in claimed]
-        return _record(conn, delivery_ids, done, claim, clock)
+            done, held_back = _send(claimed, push, secret, clock, endpoints.policy)
+        states, disabled = _record(conn, delivery_ids, done, claim, clock, endpoints)
+        if held_back:
+            with conn.begin():
+                endpoints.hold_back(conn, held_back, claim)
+    endpoints.announce(disabled)
+    for delivery_id in deferred:
+        states[delivery_ids.index(delivery_id)] = "PACED"
+    for c in held_back:
+        states[delivery_ids.index(c.delivery_id)] = "HELD_BACK"
+    return states
+
+
+def _send(
+    claimed: list[Claimed], push: Push, secret: str, clock: Clock, policy: EndpointPolicy
+) -> tuple[list[_Done], list[Claimed]]:
+    """Try each claimed delivery, in order; once a PUSH endpoint has failed
+    ``circuit_failures`` sends in a row in this batch, the rest of its deliveries are held
+    back unsent (a down endpoint gets no more than that from one batch)."""
+    done: list[_Done] = []
+    held_back: list[Claimed] = []
+    streak: dict[int, int] = {}
+    for c in claimed:
+        is_push = c.kind == SubscriptionKind.PUSH.value
+        if is_push and streak.get(c.subscription_id, 0) >= policy.circuit_failures:
+            held_back.append(c)
+            continue
+        d = _attempt(c, push, secret, clock)
+        if is_push and d.attempt is not None:
+            failed = not d.attempt.ok and not d.attempt.stop
+            streak[c.subscription_id] = streak.get(c.subscription_id, 0) + 1 if failed else 0
+        done.append(d)
+    return done, held_back
 
 
 def _record(
-    conn: Connection, delivery_ids: list[int], done: list[_Done], claim: str, clock: Clock
-) -> list[str]:
-    """The outcomes of one batch, recorded while its claim holds each delivery."""
+    conn: Connection,
+    delivery_ids: list[int],
+    done: list[_Done],
+    claim: str,
+    clock: Clock,
+    endpoints: Endpoints,
+) -> tuple[list[str], list[Disabled]]:
+    """The outcomes of one batch, recorded while its claim holds each delivery; with the
+    endpoints its failures disabled."""
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
+    disabled: list[Disabled] = []
     # The common case, deliveries sent without an ordering key, is recorded for the whole
     # batch at once.
     plain = [
@@ -225,37 +289,66 @@ def _record(
         }
         with conn.begin():
             held = {int(r.delivery_id) for r in conn.execute(sql("deliveries_delivered"), values)}
+            _ended(conn, endpoints, [d.claimed for d in plain])
+            endpoints.healed(
+                conn,
+                [
+                    d.claimed.subscription_id
+                    for d in plain
+                    if d.claimed.unhealthy and d.claimed.kind == SubscriptionKind.PUSH.value
+                ],
+            )
         for delivery_id in ids:
             states[delivery_id] = "DELIVERED" if delivery_id in held else "LOST_CLAIM"
         recorded = set(ids)
         done = [d for d in done if d.claimed.delivery_id not in recorded]
     if not done:
-        return [states[i] for i in delivery_ids]
+        return [states[i] for i in delivery_ids], disabled
     try:
         with conn.begin():
             conn.execute(sql("async_commit"))
             for d in done:
-                states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
+                states[d.claimed.delivery_id] = _settle(conn, d, claim, clock, endpoints, disabled)
+            _ended(conn, endpoints, [d.claimed for d in done])
     except Exception:
         # One bad delivery must not hold back the batch: again, one savepoint each, and the
         # one that cannot be recorded is dead-lettered with the reason.
         log.exception("recording a batch of deliveries failed; recording one by one")
+        disabled.clear()
         with conn.begin():
             conn.execute(sql("async_commit"))
             for d in done:
                 try:
                     with conn.begin_nested():
-                        states[d.claimed.delivery_id] = _settle(conn, d, claim, clock)
+                        states[d.claimed.delivery_id] = _settle(
+                            conn, d, claim, clock, endpoints, disabled
+                        )
                 except Exception as exc:
                     log.exception("recording delivery %s failed", d.claimed.delivery_id)
                     states[d.claimed.delivery_id] = _dead_letter(conn, d, claim, exc)
-    return [states[i] for i in delivery_ids]
+            _ended(conn, endpoints, [d.claimed for d in done])
+    return [states[i] for i in delivery_ids], disabled
+
+
+def _ended(conn: Connection, endpoints: Endpoints, claimed: list[Claimed]) -> None:
+    """Sends that ended free their endpoint's room (max_in_flight) for as many waiting."""
+    ended: dict[int, int] = {}
+    for c in claimed:
+        if c.max_in_flight is not None:
+            ended[c.subscription_id] = ended.get(c.subscription_id, 0) + 1
+    for subscription_id, n in sorted(ended.items()):
+        endpoints.release(conn, subscription_id, n)
 
 
 def deliver(
-    engine: Engine, delivery_id: int, push: Push, secret: str = "", clock: Clock = SYSTEM
+    engine: Engine,
+    delivery_id: int,
+    push: Push,
+    secret: str = "",
+    clock: Clock = SYSTEM,
+    endpoints: Endpoints | None = None,
 ) -> str:
-    return deliver_batch(engine, [delivery_id], push, secret, clock)[0]
+    return deliver_batch(engine, [delivery_id], push, secret, clock, endpoints)[0]
 
 
 def _dead_letter(conn: Connection, d: _Done, claim: str, exc: Exception) -> str:
@@ -362,8 +455,16 @@ def _set_state(
     return done.first() is not None
 
 
-def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
+def _settle(
+    conn: Connection,
+    d: _Done,
+    claim: str,
+    clock: Clock,
+    endpoints: Endpoints,
+    disabled: list[Disabled],
+) -> str:
     c = d.claimed
+    push = c.kind == SubscriptionKind.PUSH.value
     if d.refused is not None:
         # Consumer authorization failed: never processed, dead-lettered with the reason.
         state = "DEAD"
@@ -374,13 +475,25 @@ def _settle(conn: Connection, d: _Done, claim: str, clock: Clock) -> str:
     elif d.attempt.ok:
         state = "DELIVERED"
         held = _set_state(conn, d, claim, state, c.attempt, None, None, "DELIVERED", clock)
+        if held and push and c.unhealthy:
+            endpoints.healed(conn, [c.subscription_id])
+    elif d.attempt.stop:
+        # The receiver answered: it wants no more tries of this one (not a failing endpoint).
+        state, why = "DEAD", f"the receiver stopped its retries: {d.attempt.error}"
+        held = _set_state(conn, d, claim, state, c.attempt + 1, None, why, "DEAD", clock)
     else:
         policy = c.policy
         next_attempt = c.attempt + 1
-        wait = policy.delay(next_attempt)
+        wait = d.attempt.retry_after_ms
+        if wait is None:
+            wait = policy.delay(next_attempt)
         at = utcnow(clock) + timedelta(milliseconds=wait)
+        if push:
+            gone = endpoints.failed(conn, c, d.attempt.error)
+            if gone is not None:
+                disabled.append(gone)
         if not policy.allows(next_attempt):
-            state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts})"
+            state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts} sends)"
         elif c.expires_at is not None and at >= c.expires_at:
             state, why = "EXPIRED", f"{d.attempt.error} (the next try would come after expiry)"
         else:

@@ -49,6 +49,9 @@ class PublishIn(BaseModel):
     user: Name | None = None
     impersonator: Name | None = None
     delay_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] = Field(0, alias="$delay")
+    # subscriptions of the room (by name) the event goes to whatever they select; the room's
+    # other subscriptions are chosen by their routing rules as always
+    destinations: Annotated[list[Name], Field(min_length=1, max_length=100)] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def _store(
     node_id: int | None = None,
     idempotency_key: str | None = None,
     idempotency_hash: str | None = None,
+    named: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
     """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
     their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
@@ -99,7 +103,11 @@ def _store(
         else None
     )
     matched = [
-        [s for s in subscriptions if s.selects(event_type_id, version, e["routing_key"])]
+        [
+            s
+            for s in subscriptions
+            if s.name in named or s.selects(event_type_id, version, e["routing_key"])
+        ]
         for e in events
     ]
     unsigned = (
@@ -289,6 +297,13 @@ def publish(
             failed = schemas.errors(validator, pub.payload, limits)
             if failed is not None:
                 raise InvalidMessage(*failed)
+        named = frozenset(pub.destinations or ())
+        missing = sorted(named - {s.name for s in subscriptions})
+        if missing:
+            raise InvalidMessage(
+                "destinations",
+                f"room {room_name!r} has no active subscription {', '.join(map(repr, missing))}",
+            )
         routing_key = pub.routing_key or pub.event_type
         if routing_key is None:
             raise InvalidMessage("routing_key", "missing (or give an event_type)")
@@ -323,6 +338,7 @@ def publish(
             node_id=node_id,
             idempotency_key=idempotency_key,
             idempotency_hash=fingerprint,
+            named=named,
         )
     event_id, _ = inserted[0]
     if not deliveries:

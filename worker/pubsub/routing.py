@@ -67,6 +67,7 @@ class Route:
     # the event type's versions it selects (None: that end is open)
     min_version: int | None = None
     max_version: int | None = None
+    name: str = ""
 
     @property
     def pull(self) -> bool:

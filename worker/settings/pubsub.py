@@ -38,3 +38,31 @@ class PubSubSettings(Section):
             " schema; past it the publish is refused, naming this limit."
         ),
     )
+    endpoint_circuit_failures: int = Field(
+        5,
+        ge=1,
+        le=10_000,
+        validation_alias="ORDERLY_ENDPOINT_CIRCUIT_FAILURES",
+        description=(
+            "Failed sends in a row that open a PUSH endpoint's circuit: it then gets one probe"
+            " at its backoff interval until one succeeds."
+        ),
+    )
+    endpoint_probe_max_ms: int = Field(
+        600_000,
+        ge=1,
+        le=86_400_000,
+        validation_alias="ORDERLY_ENDPOINT_PROBE_MAX_MS",
+        description="Longest wait between two probes of an endpoint whose circuit is open.",
+    )
+    endpoint_disable_after_s: float = Field(
+        432_000.0,
+        gt=0,
+        le=31_622_400,
+        validation_alias="ORDERLY_ENDPOINT_DISABLE_AFTER_S",
+        description=(
+            "An endpoint failing this long (every send since its first failure) is disabled and"
+            " an endpoint.disabled event goes to the orderly-system room; an operator enables"
+            " it again."
+        ),
+    )

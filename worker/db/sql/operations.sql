@@ -200,7 +200,8 @@ RETURNING state;
 -- delayed deliveries, the late conversation responses, the age of the given messages'
 -- oldest receive_timestamp, and the messages waiting for their due time (the messages' due
 -- source, worker.messages.due: ix_message_due) by state, with how far the earliest due time
--- is past (seconds; 0 when none is: beat's ticker keeps up).
+-- is past (seconds; 0 when none is: beat's ticker keeps up); and the PUSH endpoints that are
+-- not well: failing (closed circuit), OPEN, DISABLED.
 SELECT 'message' AS part, state AS key, count(*)::float8 AS value
   FROM message GROUP BY state
 UNION ALL
@@ -221,7 +222,13 @@ SELECT 'due', state, count(*)::float8
 UNION ALL
 SELECT 'due_lag', '', GREATEST(COALESCE(extract(epoch FROM now() - min(due_at)), 0), 0)::float8
   FROM message
- WHERE due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED');
+ WHERE due_at IS NOT NULL AND state IN ('NEW', 'IN_QUEUE', 'PARTLY_FAILED', 'POSTPONED')
+UNION ALL
+SELECT 'endpoint', CASE WHEN disabled_at IS NOT NULL THEN 'DISABLED'
+                        WHEN probe_at IS NOT NULL THEN 'OPEN' ELSE 'FAILING' END, count(*)::float8
+  FROM subscription
+ WHERE disabled_at IS NOT NULL OR probe_at IS NOT NULL OR failures > 0
+ GROUP BY 2;
 
 -- name: message_outcome
 -- What processing left on a message (worker.testing.run_handler reports it).

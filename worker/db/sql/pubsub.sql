@@ -75,17 +75,19 @@ RETURNING publisher_id;
 INSERT INTO subscription (room_id, name, kind, push_url, handler, event_type_id,
                           min_version, max_version, routing_key_pattern, delivery_delay_ms,
                           delivery_delay_multiplier, delivery_attempts, timeout_ms,
-                          visibility_timeout_ms, order_key, status, created_at)
+                          visibility_timeout_ms, order_key, rate_per_s, burst, max_in_flight,
+                          status, created_at)
 VALUES (:room_id, :name, :kind, :push_url, :handler, :event_type_id, :min_version,
         :max_version, :routing_key_pattern, :delivery_delay_ms, :delivery_delay_multiplier,
-        :delivery_attempts, :timeout_ms, :visibility_timeout_ms, :order_key, 'ACTIVE', now())
+        :delivery_attempts, :timeout_ms, :visibility_timeout_ms, :order_key, :rate_per_s,
+        :burst, :max_in_flight, 'ACTIVE', now())
 ON CONFLICT (room_id, name) DO NOTHING
 RETURNING subscription_id;
 
 -- name: subscription_lock
 SELECT subscription_id, name, kind, push_url, handler, routing_key_pattern, delivery_delay_ms,
        delivery_delay_multiplier, delivery_attempts, timeout_ms, visibility_timeout_ms,
-       order_key, status
+       order_key, rate_per_s, burst, max_in_flight, status
   FROM subscription WHERE subscription_id = :id FOR UPDATE;
 
 -- name: subscription_update
@@ -94,7 +96,8 @@ UPDATE subscription
        delivery_delay_ms = :delivery_delay_ms,
        delivery_delay_multiplier = :delivery_delay_multiplier,
        delivery_attempts = :delivery_attempts, timeout_ms = :timeout_ms,
-       visibility_timeout_ms = :visibility_timeout_ms, status = :status
+       visibility_timeout_ms = :visibility_timeout_ms, rate_per_s = :rate_per_s,
+       burst = :burst, max_in_flight = :max_in_flight, status = :status
  WHERE subscription_id = :id;
 
 -- name: subscription_set_status
@@ -103,7 +106,9 @@ UPDATE subscription SET status = :status WHERE subscription_id = :id RETURNING s
 -- name: subscription_list
 SELECT s.subscription_id, s.name, s.kind, s.push_url, s.handler, t.name AS event_type,
        s.min_version, s.max_version, s.routing_key_pattern, s.delivery_delay_ms,
-       s.delivery_delay_multiplier, s.delivery_attempts, s.status
+       s.delivery_delay_multiplier, s.delivery_attempts, s.rate_per_s, s.burst,
+       s.max_in_flight, s.status, s.failures, s.failing_since, s.probe_at, s.disabled_at,
+       s.disabled_reason
   FROM subscription s LEFT JOIN event_type t USING (event_type_id)
  WHERE s.room_id = :room_id ORDER BY s.subscription_id;
 
@@ -137,7 +142,7 @@ SELECT r.room_id, r.status, r.message_expiration_ms,
                                      'event_type_id', s.event_type_id,
                                      'routing_key_pattern', s.routing_key_pattern,
                                      'order_key', s.order_key, 'min_version', s.min_version,
-                                     'max_version', s.max_version)
+                                     'max_version', s.max_version, 'name', s.name)
                                  ORDER BY s.subscription_id)
                    FROM subscription s
                   WHERE s.room_id = r.room_id AND s.status = 'ACTIVE'), '[]') AS subscriptions
@@ -231,7 +236,7 @@ UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
  WHERE d.delivery_id IN (
        SELECT delivery_id FROM delivery
         WHERE state = 'PENDING' AND NOT pull AND scheduled_at <= now()
-        ORDER BY scheduled_at
+        ORDER BY scheduled_at, delivery_id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
 RETURNING d.delivery_id, d.lost_count;
@@ -256,7 +261,7 @@ UPDATE delivery SET scheduled_at = now()
 -- The lost attempt is logged FAILED (or DEAD) with a WorkerLost exception.
 WITH back AS (
     UPDATE delivery d
-       SET state = CASE WHEN d.attempt + 1 > x.attempts OR d.lost_count + x.died >= :limit
+       SET state = CASE WHEN d.attempt + 1 >= x.attempts OR d.lost_count + x.died >= :limit
                         THEN 'DEAD' ELSE 'PENDING' END,
            attempt = d.attempt + 1, lost_count = d.lost_count + x.died,
            scheduled_at = now(), next_attempt_at = now(),
@@ -317,7 +322,7 @@ SELECT delivery_id, state FROM back;
 -- NotAcknowledged exception, and the next one PENDING.
 WITH back AS (
     UPDATE delivery d
-       SET state = CASE WHEN d.attempt + 1 > COALESCE(s.delivery_attempts, r.delivery_attempts)
+       SET state = CASE WHEN d.attempt + 1 >= COALESCE(s.delivery_attempts, r.delivery_attempts)
                         THEN 'DEAD' ELSE 'PENDING' END,
            attempt = d.attempt + 1, next_attempt_at = now(), claimed_at = NULL,
            receipt = NULL, last_error = 'not ACKed within the visibility timeout'
@@ -388,41 +393,180 @@ SELECT gone.delivery_id, gone.attempt, CAST(e.payload AS text), e.routing_key, n
 
 -- --- delivery ------------------------------------------------------------------------------------
 
+-- name: endpoints_lock
+-- The paced or unhealthy PUSH endpoints (subscriptions) of a batch's deliveries, locked in key
+-- order until the claim commits: the claim that follows counts their sends in flight and
+-- takes their one probe with nothing racing it. Each delivery's rate (to take its token).
+SELECT d.delivery_id, s.subscription_id, s.rate_per_s, s.burst
+  FROM delivery d JOIN subscription s USING (subscription_id)
+ WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
+   AND (s.rate_per_s IS NOT NULL OR s.max_in_flight IS NOT NULL OR s.probe_at IS NOT NULL
+        OR s.failures > 0)
+ ORDER BY s.subscription_id, d.delivery_id
+   FOR NO KEY UPDATE OF s;
+
 -- name: deliveries_claim
 -- Claim due push deliveries for one batch under the claim token :claim; an ordered
--- subscription's delivery only when no earlier one of its key is still open. The claim
--- records the backend pid of the connection the worker holds until the batch is settled (its
--- liveness), and each claimed delivery's In process row in the queue log. It commits without
--- waiting for the disk: a crash can only make a delivery come again.
+-- subscription's delivery only when no earlier one of its key is still open. An endpoint
+-- (subscription) that is disabled takes none; one whose circuit is open (probe_at) takes one,
+-- its probe, when the probe is due (and holds its next probe back until the probe's outcome
+-- sets it); one that failed its last send takes one at a time until a send succeeds; one with
+-- max_in_flight only as many as it has room for. What an endpoint does not
+-- take waits: until its probe, or until a send of it ends (endpoint_release, at the latest
+-- after its timeout); a disabled endpoint's until it is enabled (endpoint_enable). :deferred (with :deferred_ms) had no rate token: due again when it is
+-- there. The claim records the backend pid of the connection the worker holds until the
+-- batch is settled (its liveness), and each claimed delivery's In process row in the queue
+-- log. It commits without waiting for the disk: a crash can only make a delivery come again.
 SET LOCAL synchronous_commit TO OFF;
-WITH claimed AS (
-    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
-                          claim_pid = pg_backend_pid()
-      FROM event e, subscription s, room r
+WITH cand AS (
+    SELECT d.delivery_id, d.subscription_id, s.max_in_flight, s.probe_at, s.timeout_ms,
+           s.failures,
+           row_number() OVER (PARTITION BY d.subscription_id ORDER BY d.delivery_id) AS rn,
+           CASE WHEN s.max_in_flight IS NOT NULL OR s.failures > 0 OR s.probe_at IS NOT NULL
+                THEN (SELECT count(*) FROM delivery o
+                       WHERE o.subscription_id = d.subscription_id AND o.state = 'IN_PROCESS'
+                         AND NOT o.pull)
+                ELSE 0 END AS in_flight
+      FROM delivery d JOIN subscription s USING (subscription_id)
      WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
-       AND d.next_attempt_at <= now() AND s.status = 'ACTIVE'
-       AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
-       AND r.room_id = e.room_id
+       AND d.next_attempt_at <= now() AND s.status = 'ACTIVE' AND s.disabled_at IS NULL
        AND (d.order_value IS NULL OR NOT EXISTS (
              SELECT 1 FROM delivery o
               WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
-                AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))
+                AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))),
+chosen AS (
+    SELECT c.delivery_id, c.subscription_id, c.probe_at IS NOT NULL AS probe
+      FROM cand c
+     WHERE CASE WHEN c.probe_at IS NOT NULL
+                THEN c.probe_at <= now() AND c.rn = 1 AND c.in_flight = 0
+                WHEN c.failures > 0 THEN c.rn = 1 AND c.in_flight = 0
+                ELSE TRUE END
+       AND (c.max_in_flight IS NULL OR c.rn <= c.max_in_flight - c.in_flight)),
+probing AS (
+    UPDATE subscription s
+       SET probe_at = now() + make_interval(secs => 2 * s.timeout_ms / 1000.0 + 60)
+      FROM chosen
+     WHERE chosen.probe AND s.subscription_id = chosen.subscription_id),
+waiting AS (
+    UPDATE delivery d
+       SET scheduled_at = CASE WHEN c.probe_at > now() THEN c.probe_at
+                               WHEN c.probe_at IS NOT NULL
+                               THEN now() + make_interval(secs => 2 * c.timeout_ms / 1000.0 + 60)
+                               ELSE now() + make_interval(secs => c.timeout_ms / 1000.0) END
+      FROM cand c
+     WHERE d.delivery_id = c.delivery_id
+       AND c.delivery_id NOT IN (SELECT delivery_id FROM chosen)),
+disabled AS (
+    UPDATE delivery d SET scheduled_at = 'infinity'
+      FROM subscription s
+     WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
+       AND s.subscription_id = d.subscription_id AND s.disabled_at IS NOT NULL),
+deferred AS (
+    UPDATE delivery d SET scheduled_at = now() + make_interval(secs => w.ms / 1000.0)
+      FROM unnest(CAST(:deferred AS bigint[]), CAST(:deferred_ms AS bigint[])) AS w(id, ms)
+     WHERE d.delivery_id = w.id AND d.state = 'PENDING'),
+claimed AS (
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
+                          claim_pid = pg_backend_pid()
+      FROM event e, subscription s, room r
+     WHERE d.delivery_id IN (SELECT delivery_id FROM chosen)
+       AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
+       AND r.room_id = e.room_id
     RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
-              e.user_id, e.impersonator_id, e.deliver_at, e.expires_at, e.version,
-              s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
+              e.user_id AS "user", e.impersonator_id AS impersonator, e.deliver_at, e.expires_at,
+              e.version, s.subscription_id, s.kind, s.push_url, s.handler, s.timeout_ms,
               COALESCE(s.delivery_delay_ms, r.delivery_delay_ms) AS delay_ms,
               COALESCE(s.delivery_delay_multiplier, r.delivery_delay_multiplier) AS multiplier,
               COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts, r.name AS room,
               e.token, d.order_value, e.deliver_at > e.published_at AS delayed,
+              s.max_in_flight, s.failures > 0 OR s.probe_at IS NOT NULL AS unhealthy,
               d.claimed_at),
 queued AS (
     INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
     SELECT delivery_id, attempt, CAST(payload AS text), routing_key, claimed_at, 'In process'
       FROM claimed)
-SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, user_id,
-       impersonator_id, deliver_at, expires_at, version, subscription_id, kind, push_url,
-       handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed
+SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, "user",
+       impersonator, deliver_at, expires_at, version, subscription_id, kind, push_url,
+       handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed,
+       max_in_flight, unhealthy
   FROM claimed;
+
+-- name: deliveries_hold_back
+-- Claimed deliveries not sent after all (their endpoint failed too often in this batch): back
+-- to PENDING under no claim, their attempt not counted, due after :wait_s (or when their
+-- endpoint heals), their In process rows in the queue log gone (they never started).
+WITH back AS (
+    UPDATE delivery
+       SET state = 'PENDING', claimed_at = NULL, claim = NULL, claim_pid = NULL,
+           scheduled_at = now() + make_interval(secs => :wait_s)
+     WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
+    RETURNING delivery_id, attempt)
+DELETE FROM queue_message q
+ USING back
+ WHERE q.delivery_id = back.delivery_id AND q.attempt = back.attempt
+   AND q.state = 'In process' AND q.end_time IS NULL;
+
+-- name: endpoint_release
+-- Sends of an endpoint with max_in_flight ended: as many of its waiting deliveries (due, held
+-- back for room) are due again at once.
+UPDATE delivery SET scheduled_at = now()
+ WHERE delivery_id IN (
+       SELECT delivery_id FROM delivery
+        WHERE subscription_id = :s AND state = 'PENDING' AND NOT pull
+          AND next_attempt_at <= now() AND scheduled_at > now()
+        ORDER BY delivery_id
+        LIMIT :n);
+
+-- name: endpoint_healed
+-- Endpoints that answered: their failures forgotten, their circuit closed, and what waited
+-- for their probe due at once (in order: the due index takes the earliest first).
+WITH healed AS (
+    UPDATE subscription SET failures = 0, failing_since = NULL, probe_at = NULL
+     WHERE subscription_id = ANY(:subs) AND (failures > 0 OR probe_at IS NOT NULL)
+    RETURNING subscription_id)
+UPDATE delivery d SET scheduled_at = now()
+  FROM healed
+ WHERE d.subscription_id = healed.subscription_id AND d.state = 'PENDING' AND NOT d.pull
+   AND d.next_attempt_at <= now() AND d.scheduled_at > now();
+
+-- name: endpoint_failed
+-- A send to an endpoint failed: one more failure in a row (since failing_since), and whether
+-- it has been failing for :disable_after_s.
+UPDATE subscription
+   SET failures = failures + 1, failing_since = COALESCE(failing_since, now())
+ WHERE subscription_id = :s AND disabled_at IS NULL
+RETURNING failures, failing_since,
+          failing_since <= now() - make_interval(secs => :disable_after_s) AS too_long;
+
+-- name: endpoint_open
+-- The endpoint's circuit is open: its next probe in :wait_ms.
+UPDATE subscription SET probe_at = now() + make_interval(secs => :wait_ms / 1000.0)
+ WHERE subscription_id = :s AND disabled_at IS NULL;
+
+-- name: endpoint_enable
+-- An operator enables an endpoint (one of :owned, when given): failures forgotten, circuit
+-- closed, its waiting deliveries due at once.
+WITH enabled AS (
+    UPDATE subscription
+       SET disabled_at = NULL, disabled_reason = NULL, failures = 0, failing_since = NULL,
+           probe_at = NULL
+     WHERE subscription_id = :s
+       AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])))
+    RETURNING subscription_id),
+released AS (
+    UPDATE delivery d SET scheduled_at = now()
+      FROM enabled
+     WHERE d.subscription_id = enabled.subscription_id AND d.state = 'PENDING' AND NOT d.pull
+       AND d.next_attempt_at <= now() AND d.scheduled_at > now())
+SELECT subscription_id FROM enabled;
+
+-- name: endpoint_disable
+-- The endpoint has failed too long: disabled (no sends) until an operator enables it.
+UPDATE subscription s SET disabled_at = now(), disabled_reason = :why, probe_at = NULL
+  FROM room r
+ WHERE s.subscription_id = :s AND s.disabled_at IS NULL AND r.room_id = s.room_id
+RETURNING s.subscription_id, s.name, r.name AS room, s.push_url, s.failures, s.failing_since,
+          s.disabled_at;
 
 -- name: deliveries_delivered
 -- Plain push deliveries delivered, their attempts' published_messages rows and their
