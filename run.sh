@@ -3,7 +3,7 @@
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
 #   ./run.sh fast [pytest args]    ruff, mypy and every test but the end-to-end ones (< 1 min)
-#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge, abuse, scheduling
+#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge, abuse, scheduling, outbound
 #   ./run.sh image [--rebuild-base]  build the container image on a local Debian base and run it (podman)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -126,7 +126,7 @@ case "$cmd" in
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database >/dev/null
     name=intake
-    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling) name=$1; shift ;; esac
+    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling|outbound) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   image)

@@ -287,3 +287,23 @@ class TrackKeys:
     @property
     def attempts_prefix(self) -> str:
         return f"{self.namespace}:message:attempts:"
+
+
+@dataclass(frozen=True)
+class PullKeys:
+    """The Redis channels that tell waiting PULL consumers an event is there: one per PULL
+    subscription (PUBLISH after a publish commits), listened to by pattern, once per API
+    process (worker.pubsub.waiting)."""
+
+    prefix: str = "orderly:pull"
+
+    def channel(self, subscription_id: int) -> str:
+        return f"{self.prefix}:{subscription_id}"
+
+    @property
+    def pattern(self) -> str:
+        return f"{self.prefix}:*"
+
+    def subscription_of(self, channel: str) -> int | None:
+        head, _, tail = channel.rpartition(":")
+        return int(tail) if head == self.prefix and tail.isdigit() else None

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 from rich.console import Console
 from sqlalchemy import Engine, text
 
@@ -326,3 +327,69 @@ def test_a_pace_is_checked_when_defined(db: Engine, recorder: Recorder) -> None:
     assert _row(db, "subscription", "subscription_id", sub).burst == 3  # the rate, rounded up
     changed = pubsub.update_subscription(db, sub, {"rate_per_s": None}, policy=LOOPBACK)
     assert (changed["rate_per_s"], changed["burst"]) == (None, None)
+
+
+def test_a_pull_waits_for_a_publish_and_holds_no_database_connection(
+    db: Engine, client: TestClient
+) -> None:
+    assert client.post("/rooms", json={"name": "w"}).status_code == 201
+    made = client.post("/rooms/w/subscriptions", json={"name": "q", "kind": "PULL"})
+    sub = made.json()["subscription_id"]
+    # only a Redis notice can wake it: its own looks come every 30 s here
+    client.app.state.runtime.pull_waiters.recheck_s = 30.0  # type: ignore[attr-defined]
+    empty = time.monotonic()
+    assert client.get(f"/subscriptions/{sub}/messages", params={"wait_ms": 300}).json() == []
+    assert time.monotonic() - empty >= 0.3
+    backends: list[int] = []
+
+    def publish_later() -> None:
+        time.sleep(0.5)
+        with db.connect() as conn:  # the waiting pull's connections: none in a query
+            backends.append(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND state = 'active' AND pid <> pg_backend_pid()"
+                    )
+                ).scalar_one()
+            )
+        client.post("/rooms/w/events", json={"routing_key": "a", "payload": {"n": 1}})
+
+    later = threading.Thread(target=publish_later)
+    asked = time.monotonic()
+    later.start()
+    got = client.get(f"/subscriptions/{sub}/messages", params={"wait_ms": 20_000}).json()
+    took = time.monotonic() - asked
+    later.join()
+    assert [m["payload"] for m in got] == [{"n": 1}]
+    assert 0.5 <= took < 15, took  # woken by the publish, not by its 30 s look
+    assert backends == [0]
+    too_long = client.get(f"/subscriptions/{sub}/messages", params={"wait_ms": 20_001})
+    assert too_long.status_code == 422 and "wait_ms" in too_long.text
+
+
+def test_a_pulled_messages_visibility_is_extended_with_its_receipt(
+    db: Engine, client: TestClient
+) -> None:
+    assert client.post("/rooms", json={"name": "v"}).status_code == 201
+    body = {"name": "q", "kind": "PULL", "visibility_timeout_ms": 200}
+    sub = client.post("/rooms/v/subscriptions", json=body).json()["subscription_id"]
+    client.post("/rooms/v/events", json={"routing_key": "a", "payload": {}})
+    [taken] = client.get(f"/subscriptions/{sub}/messages").json()
+    path = f"/subscriptions/{sub}/messages/{taken['delivery_id']}/visibility"
+    wrong = client.post(path, json={"receipt": "other", "visibility_timeout_ms": 60_000})
+    assert wrong.status_code == 404
+    moved = client.post(path, json={"receipt": taken["receipt"], "visibility_timeout_ms": 60_000})
+    assert moved.status_code == 200, moved.text
+    time.sleep(0.4)  # past the subscription's 200 ms
+    pubsub.upkeep(db, 3)
+    assert _row(db, "delivery", "delivery_id", taken["delivery_id"]).state == "IN_PROCESS"
+    assert client.get(f"/subscriptions/{sub}/messages").json() == []  # still invisible
+    # 0: back at once
+    back = {"receipt": taken["receipt"], "visibility_timeout_ms": 0}
+    assert client.post(path, json=back).status_code == 200
+    pubsub.upkeep(db, 3)
+    [again] = client.get(f"/subscriptions/{sub}/messages").json()
+    assert again["delivery_id"] == taken["delivery_id"] and again["attempt"] == 1
+    bad = client.post(path, json={"receipt": again["receipt"], "visibility_timeout_ms": -1})
+    assert bad.status_code == 422 and "visibility_timeout_ms" in bad.text

@@ -42,6 +42,7 @@ from orderly.worker.pubsub.endpoints import (
     Endpoints,
     publish_system_event,
 )
+from orderly.worker.pubsub.waiting import PullWaiters
 from orderly.worker.settings import Settings, get_settings
 from orderly.worker.signing import SigningSecrets
 from orderly.worker.tracking import ServiceLease, Services, Tracker, TrackingPolicy
@@ -122,6 +123,11 @@ class Runtime:
             aborts=self.aborts,
             rates=StartRates(self.redis, self.clock),
         )
+
+    @cached_property
+    def pull_waiters(self) -> PullWaiters:
+        """The long polls of PULL consumers waiting in this (API) process."""
+        return PullWaiters(self.settings.redis_url)
 
     @cached_property
     def endpoints(self) -> Endpoints:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from orderly.api.cli.common import call, console, json_option, parse_payload
 from orderly.worker import pubsub
+from orderly.worker.pubsub import waiting
 from orderly.worker.runtime import get_runtime
 
 room_app = typer.Typer(help="Rooms: create, list, change, pause.", no_args_is_help=True)
@@ -138,6 +139,7 @@ def publish(
         token_ttl_ms=runtime.settings.token_ttl_ms,
         node_id=runtime.node_id,
     )
+    waiting.announce(runtime.redis, result.pulled)
     pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
     console.print_json(
         json.dumps(

@@ -229,6 +229,11 @@ class Pulled(BaseModel):
     receipt: str
 
 
+class PulledVisibility(BaseModel):
+    delivery_id: int
+    state: Literal["IN_PROCESS"]
+
+
 class PulledAcked(BaseModel):
     delivery_id: int
     state: Literal["DELIVERED"]

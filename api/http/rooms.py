@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -19,7 +20,7 @@ from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.keys import Principal
-from orderly.worker.pubsub import endpoints, schemas
+from orderly.worker.pubsub import endpoints, schemas, waiting
 from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
@@ -29,7 +30,7 @@ from orderly.worker.pubsub.admin import (
     SubscriptionPatchIn,
 )
 from orderly.worker.pubsub.publish import PublishIn
-from orderly.worker.pubsub.pull import MAX_PULL, PulledAckIn
+from orderly.worker.pubsub.pull import MAX_PULL, PulledAckIn, VisibilityIn
 
 log = logging.getLogger("orderly.api")
 
@@ -190,6 +191,7 @@ async def publish(
             schema_limits=schemas.configured_limits(runtime.settings),
         )
     )
+    waiting.announce(runtime.redis, result.pulled)
     try:
         pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
     except Exception:
@@ -216,9 +218,41 @@ async def pull(
     subscription_id: RowId,
     key: Consumer,
     max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10,
+    wait_ms: Annotated[int, Query(ge=0, le=waiting.MAX_WAIT_MS)] = 0,
 ) -> JSONResponse:
-    taken = await run_in_threadpool(pubsub.pull, runtime.engine, subscription_id, max, key.owns)
-    return JSONResponse(jsonable_encoder(taken))
+    """Take due messages; with ``wait_ms``, wait up to that long for one to come (a long poll
+    that holds no database connection while it waits: worker.pubsub.waiting)."""
+    waiters = runtime.pull_waiters
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        woken = waiters.register(subscription_id)
+        try:
+            taken = await run_in_threadpool(
+                pubsub.pull, runtime.engine, subscription_id, max, key.owns
+            )
+            left = deadline - time.monotonic()
+            if taken or left <= 0:
+                return JSONResponse(jsonable_encoder(taken))
+            await waiters.wait(woken, left)
+        finally:
+            waiters.unregister(subscription_id, woken)
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/messages/{delivery_id}/visibility",
+    responses=answers(a.PulledVisibility),
+    openapi_extra=body("VisibilityIn", VisibilityIn),
+)
+async def extend_pulled(
+    runtime: AppRuntime, subscription_id: RowId, delivery_id: RowId, request: Request, key: Consumer
+) -> JSONResponse:
+    """A pulled message comes back ``visibility_timeout_ms`` from now unless ACKed (SQS
+    ChangeMessageVisibility); only with its current receipt."""
+    data = await json_body(request)
+    await run_in_threadpool(
+        pubsub.extend_pulled, runtime.engine, subscription_id, delivery_id, data, key.owns
+    )
+    return JSONResponse({"delivery_id": delivery_id, "state": "IN_PROCESS"})
 
 
 @router.post(

@@ -53,7 +53,14 @@ from orderly.worker.pubsub.publish import (
     publish_many,
     publish_message,
 )
-from orderly.worker.pubsub.pull import ack_pulled, dead_letter_counts, dead_letters, pull, redrive
+from orderly.worker.pubsub.pull import (
+    ack_pulled,
+    dead_letter_counts,
+    dead_letters,
+    extend_pulled,
+    pull,
+    redrive,
+)
 from orderly.worker.pubsub.routing import order_value, topic_matches
 
 __all__ = [
@@ -81,6 +88,7 @@ __all__ = [
     "due_deliveries",
     "exception_get",
     "exception_list",
+    "extend_pulled",
     "hand_off",
     "list_event_types",
     "list_rooms",

@@ -62,6 +62,8 @@ class Published:
     unroutable: bool
     # False: a publish with the same idempotency key stored this event before
     created: bool = True
+    # the PULL subscriptions it gave a delivery due now (their waiting pulls are told)
+    pulled: tuple[int, ...] = ()
 
 
 # An Idempotency-Key: printable ASCII, as an HTTP header carries it.
@@ -73,6 +75,21 @@ def _context(conn: Connection, room_name: str) -> tuple[Any, dict[str, int], lis
     if room is None:
         raise NotFound("room", room_name)
     return room, dict(room.publishers), routes(room.subscriptions)
+
+
+def selected(
+    subscriptions: list[Route],
+    named: frozenset[str],
+    event_type_id: int | None,
+    version: int | None,
+    routing_key: str,
+) -> list[Route]:
+    """The subscriptions an event goes to: the ones it names, and the ones that select it."""
+    return [
+        s
+        for s in subscriptions
+        if s.name in named or s.selects(event_type_id, version, routing_key)
+    ]
 
 
 def _store(
@@ -103,12 +120,7 @@ def _store(
         else None
     )
     matched = [
-        [
-            s
-            for s in subscriptions
-            if s.name in named or s.selects(event_type_id, version, e["routing_key"])
-        ]
-        for e in events
+        selected(subscriptions, named, event_type_id, version, e["routing_key"]) for e in events
     ]
     unsigned = (
         e["token"] is None and any(s.handler for s in m)
@@ -343,7 +355,14 @@ def publish(
     event_id, _ = inserted[0]
     if not deliveries:
         log.info("event %s in %s matched no subscription: unroutable", event_id, room_name)
-    result = Published(correlation_id, event_id, [d for d, _, _ in deliveries], not deliveries)
+    pulled = tuple(
+        s.subscription_id
+        for s in selected(subscriptions, named, event_type_id, version, routing_key)
+        if s.pull and pub.delay_ms == 0
+    )
+    result = Published(
+        correlation_id, event_id, [d for d, _, _ in deliveries], not deliveries, pulled=pulled
+    )
     return result, [d for d, _, due in deliveries if due]
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from orderly.models import Status, SubscriptionKind
 from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound
+from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.queries import sql
@@ -26,6 +27,15 @@ class PulledAckIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     receipt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=200)]
+
+
+class VisibilityIn(BaseModel):
+    """A pulled message's visibility moved: it comes back this long from now unless ACKed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    receipt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=200)]
+    visibility_timeout_ms: Annotated[StrictInt, Field(ge=0, le=43_200_000)]
 
 
 class RedriveIn(BaseModel):
@@ -52,14 +62,21 @@ def pull(
         ).first()
         if found is None:
             raise NotFound("subscription", subscription_id)
-        kind, status = found
-        if status != Status.ACTIVE.value:
+        if found.status != Status.ACTIVE.value:
             return []
-        if kind != SubscriptionKind.PULL.value:
-            raise InvalidMessage("subscription_id", f"subscription {subscription_id} is {kind}")
+        if found.kind != SubscriptionKind.PULL.value:
+            raise InvalidMessage(
+                "subscription_id", f"subscription {subscription_id} is {found.kind}"
+            )
         receipt = new_token()
         taken = conn.execute(
-            sql("pull_take"), {"sub": subscription_id, "max": max_messages, "receipt": receipt}
+            sql("pull_take"),
+            {
+                "sub": subscription_id,
+                "max": max_messages,
+                "receipt": receipt,
+                "visibility_s": found.visibility_timeout_ms / 1000,
+            },
         )
         return [{**dict(r._mapping), "receipt": receipt} for r in taken]
 
@@ -83,6 +100,32 @@ def ack_pulled(
             },
         ).scalar_one()
     if not settled:
+        raise NotFound("pulled message (or its visibility timeout passed)", delivery_id)
+
+
+def extend_pulled(
+    engine: Engine,
+    subscription_id: int,
+    delivery_id: int,
+    data: Any,
+    owns: Owns | None = None,
+) -> None:
+    """The subscriber needs more (or less) time for a pulled message (SQS
+    ChangeMessageVisibility): it comes back ``visibility_timeout_ms`` from now unless ACKed;
+    only with its current receipt (0: it comes back at once)."""
+    asked = parse_input(VisibilityIn, data)
+    with engine.begin() as conn:
+        moved = conn.execute(
+            sql("pull_extend"),
+            {
+                "d": delivery_id,
+                "s": subscription_id,
+                "r": asked.receipt,
+                "visibility_s": asked.visibility_timeout_ms / 1000,
+                "owned": owners.subscriptions(owns),
+            },
+        ).scalar_one()
+    if not moved:
         raise NotFound("pulled message (or its visibility timeout passed)", delivery_id)
 
 

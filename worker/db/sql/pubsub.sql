@@ -317,7 +317,8 @@ queued AS (
 SELECT delivery_id, state FROM back;
 
 -- name: pulled_return_unacked
--- A pulled delivery not ACKed within its subscription's visibility timeout comes back (or,
+-- A pulled delivery not ACKed within its visibility (the subscription's visibility timeout
+-- from its pull, or what its receipt's holder set since: pull_extend) comes back (or,
 -- its attempts spent, is dead-lettered): its pull's attempt is logged FAILED (or DEAD) with a
 -- NotAcknowledged exception, and the next one PENDING.
 WITH back AS (
@@ -328,8 +329,7 @@ WITH back AS (
            receipt = NULL, last_error = 'not ACKed within the visibility timeout'
       FROM subscription s, room r
      WHERE d.subscription_id = s.subscription_id AND r.room_id = s.room_id
-       AND d.pull AND d.state = 'IN_PROCESS'
-       AND d.claimed_at < now() - make_interval(secs => s.visibility_timeout_ms / 1000.0)
+       AND d.pull AND d.state = 'IN_PROCESS' AND d.scheduled_at <= now()
     RETURNING d.delivery_id, d.event_id, d.subscription_id, d.state, d.attempt,
               d.next_attempt_at, s.visibility_timeout_ms),
 logged AS (
@@ -713,14 +713,19 @@ SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
 -- name: pull_subscription
 -- :owned here and below: the subscriptions of the caller's key (NULL: every one); another
 -- tenant's is not found, in the statement that reads or writes it.
-SELECT kind, status FROM subscription WHERE subscription_id = :s AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])));
+SELECT kind, status, visibility_timeout_ms
+  FROM subscription
+ WHERE subscription_id = :s
+   AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])));
 
 -- name: pull_take
 -- A PULL subscriber takes up to :max due messages under the receipt :receipt (its fencing
--- token), each In process in the queue log (its attempt's published_messages row has been
+-- token), invisible to other pulls until scheduled_at (:visibility_s from now; a receipt's
+-- holder may move it: pull_extend), each In process in the queue log (its attempt's published_messages row has been
 -- PENDING since it was scheduled); an ordered key's next only when none is open.
 WITH taken AS (
-    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), receipt = :receipt
+    UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), receipt = :receipt,
+                          scheduled_at = now() + make_interval(secs => :visibility_s)
      WHERE d.delivery_id IN (
            SELECT o.delivery_id FROM delivery o JOIN event e USING (event_id)
             WHERE o.subscription_id = :sub AND o.pull AND o.state = 'PENDING'
@@ -745,6 +750,17 @@ SELECT t.delivery_id, t.attempt, e.correlation_id, e.routing_key, e.payload,
        e.user_id AS "user", e.impersonator_id AS impersonator
   FROM taken t JOIN event e USING (event_id)
  ORDER BY t.delivery_id;
+
+-- name: pull_extend
+-- A pulled message's visibility moved (SQS ChangeMessageVisibility): it comes back :visibility_s
+-- from now unless ACKed, only with its current receipt. Returns how many it moved (0 or 1).
+WITH moved AS (
+    UPDATE delivery SET scheduled_at = now() + make_interval(secs => :visibility_s)
+     WHERE delivery_id = :d AND subscription_id = :s AND pull AND state = 'IN_PROCESS'
+       AND receipt = :r
+       AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])))
+    RETURNING delivery_id)
+SELECT count(*) FROM moved;
 
 -- name: pull_ack
 -- The subscriber processed a pulled message: delivered, only with its current receipt; its
