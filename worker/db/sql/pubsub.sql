@@ -518,16 +518,17 @@ UPDATE delivery SET scheduled_at = now()
         LIMIT :n);
 
 -- name: endpoint_healed
--- Endpoints that answered: their failures forgotten, their circuit closed, and what waited
--- for their probe due at once (in order: the due index takes the earliest first).
+-- Endpoints that answered: their failures forgotten, their circuit closed, and every delivery
+-- that waited for them (for their probe, or in a retry wait their failures caused) due at
+-- once, in order (the due index takes the earliest id first); a $delay still waits.
 WITH healed AS (
     UPDATE subscription SET failures = 0, failing_since = NULL, probe_at = NULL
      WHERE subscription_id = ANY(:subs) AND (failures > 0 OR probe_at IS NOT NULL)
     RETURNING subscription_id)
-UPDATE delivery d SET scheduled_at = now()
-  FROM healed
+UPDATE delivery d SET scheduled_at = now(), next_attempt_at = LEAST(d.next_attempt_at, now())
+  FROM healed, event e
  WHERE d.subscription_id = healed.subscription_id AND d.state = 'PENDING' AND NOT d.pull
-   AND d.next_attempt_at <= now() AND d.scheduled_at > now();
+   AND e.event_id = d.event_id AND e.deliver_at <= now() AND d.scheduled_at > now();
 
 -- name: endpoint_failed
 -- A send to an endpoint failed: one more failure in a row (since failing_since), and whether
