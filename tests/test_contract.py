@@ -48,6 +48,7 @@ BODIES = {
     ("post", "/rooms/{room}/publishers"): "PublisherIn",
     ("patch", "/subscriptions/{subscription_id}"): "SubscriptionPatchIn",
     ("post", "/subscriptions/{subscription_id}/enable"): "EnableIn",
+    ("post", "/subscriptions/{subscription_id}/replay"): "ReplayIn",
     ("post", "/subscriptions/{subscription_id}/messages/{delivery_id}/visibility"): "VisibilityIn",
     ("post", "/subscriptions/{subscription_id}/messages/{delivery_id}/ack"): "PulledAckIn",
     ("post", "/dead-letters/redrive"): "RedriveIn",
@@ -99,7 +100,7 @@ def test_every_write_operation_has_a_body_a_tag_and_an_operation_id(
                 assert (method, path) in BODIES, (method, path)
             assert len(op["tags"]) == 1 and op["tags"][0], (method, path)
             ids.append(op["operationId"])
-    assert len(ids) == len(set(ids)) == 56
+    assert len(ids) == len(set(ids)) == 57
     assert "submit" in ids and "publish" in ids
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from orderly.api.cli.common import call, console
 from orderly.worker import pubsub
-from orderly.worker.pubsub import endpoints
+from orderly.worker.pubsub import endpoints, replay
 from orderly.worker.runtime import get_runtime
 
 subscription_app = typer.Typer(help="Subscriptions of a room.", no_args_is_help=True)
@@ -141,6 +141,18 @@ def subscription_enable(subscription_id: int) -> None:
     deliveries go at once."""
     call(endpoints.enable, get_runtime().engine, subscription_id)
     console.print(f"subscription {subscription_id}'s endpoint is enabled")
+
+
+@subscription_app.command("replay")
+def subscription_replay(
+    subscription_id: int,
+    since: Annotated[str, typer.Option(help="ISO time with its offset: events published from")],
+    until: Annotated[str | None, typer.Option(help="ISO time: published before")] = None,
+) -> None:
+    """Send a subscription's events again (and backfill the ones it never had)."""
+    body = {"since": since} if until is None else {"since": since, "until": until}
+    done = call(replay.replay, get_runtime().engine, subscription_id, body)
+    console.print(f"{done.replayed} deliveries sent again, {done.backfilled} backfilled")
 
 
 @subscription_app.command("resume")

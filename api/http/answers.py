@@ -229,6 +229,11 @@ class Pulled(BaseModel):
     receipt: str
 
 
+class Replayed(BaseModel):
+    replayed: int  # deliveries sent again
+    backfilled: int  # deliveries made for events the subscription never had
+
+
 class PulledVisibility(BaseModel):
     delivery_id: int
     state: Literal["IN_PROCESS"]

@@ -20,7 +20,7 @@ from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.keys import Principal
-from orderly.worker.pubsub import endpoints, schemas, waiting
+from orderly.worker.pubsub import endpoints, replay, schemas, waiting
 from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
@@ -151,6 +151,23 @@ async def enable_subscription(
         )
     )
     return JSONResponse({"subscription_id": subscription_id, "status": "ACTIVE"})
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/replay",
+    responses=answers(a.Replayed),
+    openapi_extra=body("ReplayIn", replay.ReplayIn),
+    dependencies=requires(keys.ADMIN),
+)
+async def replay_subscription(
+    runtime: AppRuntime, subscription_id: RowId, request: Request
+) -> JSONResponse:
+    """Send a subscription's events published from ``since`` (until ``until``) again: the
+    ones it had (whatever became of them; not those in flight) and the ones it never had but
+    selects (backfilled); in order, due now."""
+    data = await json_body(request)
+    done = await run_in_threadpool(replay.replay, runtime.engine, subscription_id, data)
+    return JSONResponse({"replayed": done.replayed, "backfilled": done.backfilled})
 
 
 @router.get(

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from orderly.models import DeliveryState, Status, SubscriptionKind
@@ -24,6 +24,7 @@ from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import schemas
+from orderly.worker.pubsub.replay import backfill
 from orderly.worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
 
 # A room's deliveryDelay is at most a day (a retry's wait can grow to MAX_DELAY_MS).
@@ -76,6 +77,8 @@ class SubscriptionIn(BaseModel):
     rate_per_s: Rate | None = None
     burst: Burst | None = None
     max_in_flight: InFlight | None = None
+    # made with the room's events published since then (that it selects, not expired)
+    backfill_since: AwareDatetime | None = None
 
 
 class RoomPatchIn(BaseModel):
@@ -299,7 +302,7 @@ def create_subscription(
     sub_in = _paced(sub_in)
     min_version, max_version = _version_range(sub_in)
     values = {
-        **sub_in.model_dump(exclude={"event_type", "event_version"}),
+        **sub_in.model_dump(exclude={"event_type", "event_version", "backfill_since"}),
         "min_version": min_version,
         "max_version": max_version,
     }
@@ -331,13 +334,20 @@ def create_subscription(
                 "event_type_id": event_type_id,
             },
         ).first()
-    if row is None:
-        raise InvalidMessage("name", f"subscription {sub_in.name!r} exists")
+        if row is None:
+            raise InvalidMessage("name", f"subscription {sub_in.name!r} exists")
+        backfilled = 0
+        if sub_in.backfill_since is not None:
+            made = conn.execute(
+                sql("replay_subscription"), {"s": row.subscription_id, "owned": None}
+            ).one()
+            backfilled = backfill(conn, made, sub_in.backfill_since, None)
     return {
         "subscription_id": int(row.subscription_id),
         "room": room_name,
         "event_type": sub_in.event_type,
         **values,
+        "backfilled": backfilled,
     }
 
 

@@ -202,7 +202,8 @@ SELECT e.event_id, e.correlation_id, e.unroutable, e.idempotency_hash,
 -- Deliveries from parallel arrays; scheduled_at is the due-time index: a PULL delivery's due
 -- time, a push delivery's lease (due now: handed to the broker after the commit) or due time.
 -- Each is accepted PENDING: its first attempt's published_messages row and its Pending row
--- in the queue log (scheduled for a $delay's due time).
+-- in the queue log (scheduled for a $delay's due time). One an event already has for its
+-- subscription (a backfill racing another) is not made again.
 WITH made AS (
     INSERT INTO delivery (event_id, subscription_id, state, pull, order_value, attempt,
                           next_attempt_at, scheduled_at)
@@ -211,6 +212,7 @@ WITH made AS (
                   CAST(:pulls AS boolean[]), CAST(:order_values AS text[]),
                   CAST(:next_attempt_ats AS timestamptz[]), CAST(:scheduled_ats AS timestamptz[]))
            AS x(e, s, pl, ov, n, sc)
+    ON CONFLICT (event_id, subscription_id) DO NOTHING
     RETURNING delivery_id, event_id, subscription_id, next_attempt_at),
 published AS (
     INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
@@ -700,6 +702,59 @@ queued AS (
     SELECT m.delivery_id, 0, CAST(e.payload AS text), e.routing_key, 'Pending'
       FROM moved m JOIN event e USING (event_id))
 SELECT delivery_id FROM moved ORDER BY delivery_id;
+
+-- name: deliveries_replay
+-- A subscription's deliveries of the events published in [:since, :until) sent again, whatever
+-- became of them (DELIVERED, DEAD, EXPIRED; one still PENDING or IN_PROCESS is in flight and
+-- left as it is): attempts start over, due now, in their order (an ordered key's first still
+-- goes first). An event past its room's expiration is not replayed. Published again (a
+-- PENDING attempt 0) and Pending in the queue log; how many.
+WITH moved AS (
+    UPDATE delivery d
+       SET state = 'PENDING', attempt = 0, next_attempt_at = now(), scheduled_at = now(),
+           delivered_at = NULL, receipt = NULL,
+           last_error = 'replayed: ' || COALESCE(d.last_error, d.state::text)
+      FROM event e
+     WHERE d.subscription_id = :s AND e.event_id = d.event_id
+       AND d.state IN ('DELIVERED', 'DEAD', 'EXPIRED')
+       AND e.published_at >= :since
+       AND (CAST(:until AS timestamptz) IS NULL OR e.published_at < :until)
+       AND (e.expires_at IS NULL OR e.expires_at > now())
+    RETURNING d.delivery_id, d.event_id, d.subscription_id, d.next_attempt_at),
+republished AS (
+    INSERT INTO published_messages (correlation_id, delivery_id, event_id, subscription_id,
+                                    attempt, published_at, next_attempt_at, outcome)
+    SELECT e.correlation_id, m.delivery_id, m.event_id, m.subscription_id, 0, now(),
+           m.next_attempt_at, 'PENDING'
+      FROM moved m JOIN event e USING (event_id)),
+queued AS (
+    INSERT INTO queue_message (delivery_id, attempt, message, routing_key, state)
+    SELECT m.delivery_id, 0, CAST(e.payload AS text), e.routing_key, 'Pending'
+      FROM moved m JOIN event e USING (event_id))
+SELECT count(*) FROM moved;
+
+-- name: replay_subscription
+-- The subscription a replay or backfill is for (one of :owned, when given), its room and how
+-- it selects events, locked against a concurrent change of it.
+SELECT s.subscription_id, s.room_id, s.kind, s.status, s.event_type_id,
+       s.routing_key_pattern, s.order_key, s.min_version, s.max_version, s.name
+  FROM subscription s
+ WHERE s.subscription_id = :s
+   AND (CAST(:owned AS bigint[]) IS NULL OR s.subscription_id = ANY(CAST(:owned AS bigint[])))
+   FOR NO KEY UPDATE;
+
+-- name: backfill_candidates
+-- A room's events published in [:since, :until) after event :after, by id, that the
+-- subscription :s has no delivery of and that have not expired (:limit at most).
+SELECT e.event_id, e.event_type_id, e.version, e.routing_key, e.payload, e.deliver_at
+  FROM event e
+ WHERE e.room_id = :room_id AND e.event_id > :after AND e.published_at >= :since
+   AND (CAST(:until AS timestamptz) IS NULL OR e.published_at < :until)
+   AND (e.expires_at IS NULL OR e.expires_at > now())
+   AND NOT EXISTS (SELECT 1 FROM delivery d
+                    WHERE d.event_id = e.event_id AND d.subscription_id = :s)
+ ORDER BY e.event_id
+ LIMIT :limit;
 
 -- name: dead_letters_list
 SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
