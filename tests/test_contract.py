@@ -49,6 +49,7 @@ BODIES = {
     ("patch", "/subscriptions/{subscription_id}"): "SubscriptionPatchIn",
     ("post", "/subscriptions/{subscription_id}/enable"): "EnableIn",
     ("post", "/subscriptions/{subscription_id}/replay"): "ReplayIn",
+    ("post", "/signing-secrets/{kind}/{name}/rotate"): "RotateIn",
     ("post", "/subscriptions/{subscription_id}/messages/{delivery_id}/visibility"): "VisibilityIn",
     ("post", "/subscriptions/{subscription_id}/messages/{delivery_id}/ack"): "PulledAckIn",
     ("post", "/dead-letters/redrive"): "RedriveIn",
@@ -100,7 +101,7 @@ def test_every_write_operation_has_a_body_a_tag_and_an_operation_id(
                 assert (method, path) in BODIES, (method, path)
             assert len(op["tags"]) == 1 and op["tags"][0], (method, path)
             ids.append(op["operationId"])
-    assert len(ids) == len(set(ids)) == 57
+    assert len(ids) == len(set(ids)) == 59
     assert "submit" in ids and "publish" in ids
 
 

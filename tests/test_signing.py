@@ -8,7 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import Engine
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
 
 from orderly.client.webhooks import InvalidSignature, verify
 from orderly.worker.channels import Channel
@@ -181,3 +182,52 @@ def test_every_delivery_says_its_attempt_and_the_wait_before_the_next(
     seen = [{k.lower(): v for k, v in h.items()} for _, _, h, _ in sink.seen]
     shown = [(h["x-orderly-attempt"], h.get("x-orderly-next-delay-ms")) for h in seen]
     assert shown == [("1", "20"), ("2", "40"), ("4", None)]
+
+
+def test_a_tenant_sees_and_rotates_only_its_own_destinations_secrets(
+    db: Engine, client: TestClient
+) -> None:
+    assert client.post("/rooms", json={"name": "r"}).status_code == 201
+    subs = [
+        client.post("/rooms/r/subscriptions", json={"name": n, "kind": "PULL"}).json()[
+            "subscription_id"
+        ]
+        for n in ("mine", "theirs")
+    ]
+    owns = {"source_systems": [], "origins": [], "subscriptions": [subs[0]]}
+    made = client.post("/keys", json={"name": "tenant", "scopes": ["operate"], "owns": owns})
+    tenant = {"Authorization": f"Bearer {made.json()['token']}"}
+
+    def rows() -> int:
+        with db.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM signing_secret")).scalar_one())
+
+    mine = client.get(f"/signing-secrets/subscription/{subs[0]}", headers=tenant)
+    assert mine.status_code == 200, mine.text
+    assert mine.json()["secret"] == SigningSecrets(db).get("subscription", str(subs[0])).secret
+    before = rows()
+    for method, path in (
+        ("get", f"/signing-secrets/subscription/{subs[1]}"),
+        ("post", f"/signing-secrets/subscription/{subs[1]}/rotate"),
+        ("get", "/signing-secrets/subscription/999999"),
+        ("get", "/signing-secrets/source_system/crm"),
+    ):
+        answer = client.request(method, path, headers=tenant, json={} if method == "post" else None)
+        assert answer.status_code == 404, (path, answer.text)
+    assert client.get("/signing-secrets/subscription/999999").status_code == 404  # unbound too
+    assert rows() == before  # nothing made for what is not there or not theirs
+    rotated = client.post(
+        f"/signing-secrets/subscription/{subs[0]}/rotate",
+        headers=tenant,
+        json={"keep_previous_s": 60},
+    ).json()
+    assert rotated["previous"] == mine.json()["secret"] != rotated["secret"]
+    refused = client.post(
+        f"/signing-secrets/subscription/{subs[0]}/rotate",
+        headers=tenant,
+        json={"keep_previous_s": -1},
+    )
+    assert refused.status_code == 422 and "keep_previous_s" in refused.text
+    assert SigningSecrets(db).get("subscription", str(subs[0])).secret == rotated["secret"]
+    wrong_kind = client.get("/signing-secrets/endpoint/x", headers=tenant)
+    assert wrong_kind.status_code == 422 and "kind" in wrong_kind.text

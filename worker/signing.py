@@ -15,13 +15,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from sqlalchemy import Engine
 
 from orderly.client.webhooks import new_secret
 from orderly.models import SIGNING_KINDS
+from orderly.worker.core import owners
 from orderly.worker.core.clock import SYSTEM, Clock
-from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.core.errors import InvalidMessage, NotFound
+from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.owners import Owns
 from orderly.worker.db.queries import sql
 
 # How long a sender keeps a destination's secrets before reading them again.
@@ -56,6 +61,22 @@ def _checked(kind: str, name: str) -> None:
         raise InvalidMessage("name", "must be 1 to 200 characters")
 
 
+class RotateIn(BaseModel):
+    """A rotation: how long the secret before it still signs (0: no longer; 30 days at most)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_previous_s: Annotated[StrictInt, Field(ge=0, le=30 * 86_400)] = KEEP_PREVIOUS_S
+
+
+def _owned(owns: Owns | None) -> dict[str, Any]:
+    return {
+        "origins": owners.origins(owns),
+        "subscriptions": owners.subscriptions(owns),
+        "source_systems": owners.source_systems(owns),
+    }
+
+
 class SigningSecrets:
     """The gateway to ``signing_secret``, with the senders' cache."""
 
@@ -84,6 +105,40 @@ class SigningSecrets:
             with self._lock:
                 self._cache[(kind, name)] = found
         return found[1].signing(datetime.fromtimestamp(self._clock.time(), UTC))
+
+    def show_for(self, kind: str, name: str, owns: Owns | None) -> Secrets:
+        """:meth:`get` for an API caller: only a destination that exists and that ``owns``
+        holds (None: any); another's, or none, is not found."""
+        _checked(kind, name)
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                sql("signing_secret_get_owned"),
+                {"kind": kind, "name": name, "secret": new_secret(), **_owned(owns)},
+            ).first()
+        if row is None:
+            raise NotFound(f"{kind} destination", name)
+        return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
+
+    def rotate_for(self, kind: str, name: str, data: Any, owns: Owns | None) -> Secrets:
+        """:meth:`rotate` for an API caller (``data``: a RotateIn), as :meth:`show_for`."""
+        _checked(kind, name)
+        asked = parse_input(RotateIn, {} if data is None else data)
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                sql("signing_secret_rotate_owned"),
+                {
+                    "kind": kind,
+                    "name": name,
+                    "secret": new_secret(),
+                    "keep_s": asked.keep_previous_s,
+                    **_owned(owns),
+                },
+            ).first()
+        if row is None:
+            raise NotFound(f"{kind} destination", name)
+        with self._lock:
+            self._cache.pop((kind, name), None)
+        return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
 
     def rotate(self, kind: str, name: str, keep_previous_s: int = KEEP_PREVIOUS_S) -> Secrets:
         """A new secret for the destination; the one before is still signed with for

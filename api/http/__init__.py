@@ -32,6 +32,7 @@ from orderly.api.http import (
     ratelimit,
     rooms,
     schedules,
+    signing,
     source_systems,
 )
 from orderly.worker import nodes
@@ -57,6 +58,7 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (schedules.router, "schedules", _ERRORS),
     (funnel_limits.router, "funnel limits", _ERRORS),
     (source_systems.router, "source systems", _ERRORS),
+    (signing.router, "signing secrets", _ERRORS),
     (keys.router, "API keys", _ERRORS),
     (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),
     (metrics.router, "metrics", _ERRORS),

@@ -229,6 +229,14 @@ class Pulled(BaseModel):
     receipt: str
 
 
+class SigningSecret(BaseModel):
+    kind: Literal["channel", "subscription", "source_system"]
+    name: str
+    secret: str
+    previous: str | None  # still signed with until previous_until
+    previous_until: str | None
+
+
 class Replayed(BaseModel):
     replayed: int  # deliveries sent again
     backfilled: int  # deliveries made for events the subscription never had
