@@ -225,6 +225,9 @@ def test_an_endpoint_failing_too_long_is_disabled_announced_and_enabled(
     assert event["payload"]["subscription_id"] == sub and event["payload"]["room"] == "r"
     listed = {s["name"]: s for s in pubsub.list_subscriptions(db, "r")}
     assert listed["gone"]["circuit"] == "DISABLED"
+    # its deliveries wait a day (or until it is enabled), and beat can still tell when the
+    # next due one is
+    assert pubsub.due_deliveries(db, handed.extend).due_in_ms() is not None
     # what /metrics and `orderly status` show
     figures = Figures(store_figures(db), None, None, None, None)
     assert figures.store is not None

@@ -27,7 +27,7 @@ from orderly.worker.core.clients import OrderingRedis, ordering_client
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.core.limits import TimeLimits
-from orderly.worker.core.ratelimit import Buckets
+from orderly.worker.core.ratelimit import REDIS_TIMEOUT_S, Buckets
 from orderly.worker.db.db import engine_for
 from orderly.worker.delivery import HttpSender
 from orderly.worker.messages import abort
@@ -136,7 +136,14 @@ class Runtime:
         policy = EndpointPolicy(
             s.endpoint_circuit_failures, s.endpoint_probe_max_ms, s.endpoint_disable_after_s
         )
-        return Endpoints(policy, Buckets(self.redis), self.clock, announce=self.announce_event)
+        # its own client: a slow Redis costs a send at most REDIS_TIMEOUT_S (then fail open),
+        # never holds the endpoints' row locks the claim takes before it
+        client = redis.Redis.from_url(
+            s.redis_url,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
+            socket_timeout=REDIS_TIMEOUT_S,
+        )
+        return Endpoints(policy, Buckets(client), self.clock, announce=self.announce_event)
 
     def announce_event(self, room: str, routing_key: str, payload: dict[str, Any]) -> None:
         """An operational event to the system room (``room``), handed to the broker."""

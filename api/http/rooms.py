@@ -208,7 +208,8 @@ async def publish(
             schema_limits=schemas.configured_limits(runtime.settings),
         )
     )
-    waiting.announce(runtime.redis, result.pulled)
+    if result.pulled:
+        await run_in_threadpool(waiting.announce, runtime.redis, result.pulled)
     try:
         pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
     except Exception:

@@ -14,6 +14,9 @@ A PUSH subscription is an endpoint with a health and a pace: ``failures`` in a r
 time), ``disabled_at`` and ``disabled_reason`` (failing too long: no sends until an operator
 enables it), ``rate_per_s``/``burst`` (a start rate, the one token-bucket limiter) and
 ``max_in_flight`` (sends at once).
+
+A pulled delivery's visibility deadline is its ``scheduled_at`` from now on (a receipt's
+holder may move it): the deliveries pulled before the upgrade get theirs from their pull.
 """
 
 from collections.abc import Sequence
@@ -49,6 +52,15 @@ def upgrade() -> None:
             "(rate_per_s IS NULL) = (burst IS NULL) AND (rate_per_s IS NULL OR"
             " (rate_per_s > 0 AND burst >= 1)) AND (max_in_flight IS NULL OR max_in_flight >= 1)",
         )
+
+    # A pulled delivery's visibility deadline is now its scheduled_at: the ones pulled before
+    # keep the deadline their pull gave them.
+    op.execute(
+        "UPDATE delivery d SET scheduled_at = d.claimed_at"
+        " + make_interval(secs => s.visibility_timeout_ms / 1000.0)"
+        " FROM subscription s WHERE s.subscription_id = d.subscription_id"
+        " AND d.pull AND d.state = 'IN_PROCESS' AND d.claimed_at IS NOT NULL"
+    )
 
 
 def downgrade() -> None:

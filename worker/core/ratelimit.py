@@ -108,18 +108,20 @@ class Buckets:
         replies = iter(pipe.execute() if len(pipe) else [])
         return [v if v is not None else _verdict(next(replies)) for v in verdicts]
 
-    def refused(self, takes: Sequence[tuple[K, str, Limit]], at_ms: int, what: str) -> dict[K, int]:
+    def refused(
+        self, takes: Sequence[tuple[K, str, Limit]], at_ms: int, what: str
+    ) -> dict[K, int] | None:
         """One token for each item (its id, its bucket, the bucket's limit), in one round trip:
         the ids that got none, with the milliseconds until their token is there. Redis not
         answering refuses nothing (fail open, logged with ``what``): a pace protects what is
-        called, it must not stop the work."""
+        called, it must not stop the work; None says so."""
         if not takes:
             return {}
         try:
             verdicts = self.take_each([(key, limit) for _, key, limit in takes], at_ms)
         except redis.RedisError as exc:
             log.warning("%s not applied (Redis: %s)", what, exc)
-            return {}
+            return None
         return {
             item: max(1, round(verdict.retry_after_s * 1000))
             for (item, _, _), verdict in zip(takes, verdicts, strict=True)

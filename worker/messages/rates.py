@@ -58,4 +58,4 @@ class StartRates:
             for c in chosen
             if c.funnel_key is not None and c.rate_per_s is not None and c.burst is not None
         ]
-        return self._buckets.refused(rated, now_ms(self._clock), "funnel start rates")
+        return self._buckets.refused(rated, now_ms(self._clock), "funnel start rates") or {}

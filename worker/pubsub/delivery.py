@@ -61,6 +61,8 @@ class Claimed:
     delayed: bool
     max_in_flight: int | None = None
     unhealthy: bool = False  # its endpoint had failed sends in a row when claimed
+    rate_per_s: float | None = None  # its endpoint's pace (a token bucket of burst)
+    burst: int | None = None
 
     @property
     def policy(self) -> RetryPolicy:
@@ -214,26 +216,22 @@ def deliver_batch(
     # claim within a second: upkeep).
     with engine.connect() as conn:
         with conn.begin():
-            deferred = endpoints.refused(endpoints.lock(conn, delivery_ids))
-            rows = conn.execute(
-                sql("deliveries_claim"),
-                {
-                    "ids": [i for i in delivery_ids if i not in deferred],
-                    "claim": claim,
-                    "deferred": list(deferred),
-                    "deferred_ms": list(deferred.values()),
-                },
-            )
+            endpoints.lock(conn, delivery_ids)
+            rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": claim})
             # sent in publish order (the order the batch's deliveries were made in)
             claimed = sorted((Claimed(**r._mapping) for r in rows), key=lambda c: c.delivery_id)
+            # a token for each send to a paced endpoint; the ones without go back, unsent
+            paced = endpoints.refused(claimed)
+            endpoints.hold_back(conn, paced, claim)
+        claimed = [c for c in claimed if c.delivery_id not in paced]
         with tracing():
             done, held_back = _send(claimed, push, secret, clock, endpoints.policy)
         states, disabled = _record(conn, delivery_ids, done, claim, clock, endpoints)
         if held_back:
             with conn.begin():
-                endpoints.hold_back(conn, held_back, claim)
+                endpoints.hold_back(conn, {c.delivery_id: c.timeout_ms for c in held_back}, claim)
     endpoints.announce(disabled)
-    for delivery_id in deferred:
+    for delivery_id in paced:
         states[delivery_ids.index(delivery_id)] = "PACED"
     for c in held_back:
         states[delivery_ids.index(c.delivery_id)] = "HELD_BACK"
@@ -288,6 +286,7 @@ def _record(
             "memory": [d.memory for d in plain],
         }
         with conn.begin():
+            endpoints.lock_for_settle(conn, _written([d.claimed for d in plain], failing=False))
             held = {int(r.delivery_id) for r in conn.execute(sql("deliveries_delivered"), values)}
             _ended(conn, endpoints, [d.claimed for d in plain])
             endpoints.healed(
@@ -304,9 +303,11 @@ def _record(
         done = [d for d in done if d.claimed.delivery_id not in recorded]
     if not done:
         return [states[i] for i in delivery_ids], disabled
+    written = _written([d.claimed for d in done], failing=True)
     try:
         with conn.begin():
             conn.execute(sql("async_commit"))
+            endpoints.lock_for_settle(conn, written)
             for d in done:
                 states[d.claimed.delivery_id] = _settle(conn, d, claim, clock, endpoints, disabled)
             _ended(conn, endpoints, [d.claimed for d in done])
@@ -317,6 +318,7 @@ def _record(
         disabled.clear()
         with conn.begin():
             conn.execute(sql("async_commit"))
+            endpoints.lock_for_settle(conn, written)
             for d in done:
                 try:
                     with conn.begin_nested():
@@ -328,6 +330,17 @@ def _record(
                     states[d.claimed.delivery_id] = _dead_letter(conn, d, claim, exc)
             _ended(conn, endpoints, [d.claimed for d in done])
     return [states[i] for i in delivery_ids], disabled
+
+
+def _written(claimed: list[Claimed], *, failing: bool) -> list[int]:
+    """The endpoints a settlement of these may write: every PUSH one when sends may have
+    failed (``failing``), else the unhealthy ones (healed) and those with max_in_flight."""
+    return [
+        c.subscription_id
+        for c in claimed
+        if c.max_in_flight is not None
+        or (c.kind == SubscriptionKind.PUSH.value and (failing or c.unhealthy))
+    ]
 
 
 def _ended(conn: Connection, endpoints: Endpoints, claimed: list[Claimed]) -> None:
@@ -478,9 +491,11 @@ def _settle(
         if held and push and c.unhealthy:
             endpoints.healed(conn, [c.subscription_id])
     elif d.attempt.stop:
-        # The receiver answered: it wants no more tries of this one (not a failing endpoint).
+        # The receiver answered: it wants no more tries of this one. Its endpoint is up.
         state, why = "DEAD", f"the receiver stopped its retries: {d.attempt.error}"
         held = _set_state(conn, d, claim, state, c.attempt + 1, None, why, "DEAD", clock)
+        if held and push and c.unhealthy:
+            endpoints.healed(conn, [c.subscription_id])
     else:
         policy = c.policy
         next_attempt = c.attempt + 1

@@ -15,7 +15,7 @@ succeeds closes the circuit and makes them due at once. An endpoint failing for
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Protocol
@@ -27,7 +27,7 @@ from orderly.models.keys import RateKeys
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.inputs import parse_input
-from orderly.worker.core.ratelimit import Buckets, Limit
+from orderly.worker.core.ratelimit import FAIL_OPEN_PAUSE_S, Buckets, Limit
 from orderly.worker.core.retry import RetryPolicy
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.admin import RoomIn
@@ -47,14 +47,20 @@ class EndpointPolicy:
     disable_after_s: float = 432_000.0
 
 
-@dataclass(frozen=True)
-class Paced:
-    """A delivery of a paced or unhealthy endpoint, as endpoints_lock found it."""
+class Paced(Protocol):
+    """A claimed delivery with its endpoint's rate (None: none)."""
 
-    delivery_id: int
-    subscription_id: int
-    rate_per_s: float | None
-    burst: int | None
+    @property
+    def delivery_id(self) -> int: ...
+
+    @property
+    def subscription_id(self) -> int: ...
+
+    @property
+    def rate_per_s(self) -> float | None: ...
+
+    @property
+    def burst(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -93,16 +99,6 @@ class Failing(Protocol):
     def policy(self) -> RetryPolicy: ...
 
 
-class HeldBack(Protocol):
-    """A claimed delivery held back unsent."""
-
-    @property
-    def delivery_id(self) -> int: ...
-
-    @property
-    def timeout_ms(self) -> int: ...
-
-
 # What publishes an operational event (room, routing key, payload) after the commit.
 Announce = Callable[[str, str, dict[str, Any]], None]
 
@@ -123,43 +119,53 @@ class Endpoints:
         self._clock = clock
         self._keys = keys or RateKeys()
         self._announce = announce
+        self._paused_until = float("-inf")
 
-    def lock(self, conn: Connection, delivery_ids: list[int]) -> list[Paced]:
-        """Lock the paced or unhealthy endpoints of these deliveries (until the claim commits)."""
-        rows = conn.execute(sql("endpoints_lock"), {"ids": delivery_ids})
-        return [
-            Paced(int(r.delivery_id), int(r.subscription_id), r.rate_per_s, r.burst) for r in rows
-        ]
+    def lock(self, conn: Connection, delivery_ids: list[int]) -> None:
+        """Lock the endpoints of these deliveries (until the claim commits), in key order."""
+        conn.execute(sql("endpoints_lock"), {"ids": delivery_ids})
 
-    def refused(self, paced: Sequence[Paced]) -> dict[int, int]:
-        """Take a send token for each delivery whose endpoint has a rate: the ones that got
-        none, with the ms until each may go (spread at the endpoint's rate: those refused
-        together do not come back together)."""
+    def lock_for_settle(self, conn: Connection, subscription_ids: Iterable[int]) -> None:
+        """Lock the endpoints a settling transaction will write, first and in key order (as
+        the claim does: the two never wait for each other in a cycle)."""
+        subs = sorted(set(subscription_ids))
+        if subs:
+            conn.execute(sql("endpoints_lock_settle"), {"subs": subs})
+
+    def refused(self, claimed: Sequence[Paced]) -> dict[int, int]:
+        """Take a send token for each claimed delivery whose endpoint has a rate: the ones that
+        got none, with the ms until each may go (spread at the endpoint's rate: those refused
+        together do not come back together). Redis not answering (or slow) refuses nothing
+        and is left alone for a second (fail open, logged)."""
+        by_id = {p.delivery_id: p for p in claimed}
         rated = [
-            (p, self._keys.endpoint(p.subscription_id), Limit(p.rate_per_s, p.burst))
-            for p in paced
+            (p.delivery_id, self._keys.endpoint(p.subscription_id), Limit(p.rate_per_s, p.burst))
+            for p in claimed
             if p.rate_per_s is not None and p.burst is not None
         ]
         if self._buckets is None or not rated:
             return {}
+        if self._clock.monotonic() < self._paused_until:
+            return {}
         waits = self._buckets.refused(rated, now_ms(self._clock), "endpoint rates")
+        if waits is None:
+            self._paused_until = self._clock.monotonic() + FAIL_OPEN_PAUSE_S
+            return {}
         spread: dict[int, int] = {}
         behind: dict[int, int] = {}
-        for p, wait_ms in waits.items():
+        for delivery_id, wait_ms in waits.items():
+            p = by_id[delivery_id]
             n = behind.get(p.subscription_id, 0)
             behind[p.subscription_id] = n + 1
             spread[p.delivery_id] = wait_ms + round(n * 1000 / float(p.rate_per_s or 1))
         return spread
 
-    def hold_back(self, conn: Connection, claimed: Sequence[HeldBack], claim: str) -> None:
-        """Claimed deliveries not sent after all: PENDING again, their attempt not counted,
-        due after their endpoint's timeout (at once if it heals first)."""
-        if claimed:
-            wait_s = max(c.timeout_ms for c in claimed) / 1000
-            ids = [c.delivery_id for c in claimed]
-            conn.execute(
-                sql("deliveries_hold_back"), {"ids": ids, "claim": claim, "wait_s": wait_s}
-            )
+    def hold_back(self, conn: Connection, waits_ms: Mapping[int, int], claim: str) -> None:
+        """Claimed deliveries not sent after all (delivery id: its wait in ms): PENDING again,
+        their attempt not counted, due after their wait (at once if their endpoint heals)."""
+        if waits_ms:
+            values = {"ids": list(waits_ms), "waits_ms": list(waits_ms.values()), "claim": claim}
+            conn.execute(sql("deliveries_hold_back"), values)
 
     def release(self, conn: Connection, subscription_id: int, ended: int) -> None:
         """``ended`` sends of an endpoint with max_in_flight are over: as many waiting ones go."""

@@ -266,7 +266,13 @@ def publish(
         fingerprint = None
         if idempotency_key is not None:
             # The same key with another body is a mistake to report, not a repeat to answer.
-            canonical = json.dumps(pub.model_dump(mode="json", by_alias=True), sort_keys=True)
+            # (destinations only when named: a body without them hashes as it always did)
+            fields = pub.model_dump(
+                mode="json",
+                by_alias=True,
+                exclude={"destinations"} if pub.destinations is None else None,
+            )
+            canonical = json.dumps(fields, sort_keys=True)
             fingerprint = hashlib.sha256(canonical.encode()).hexdigest()
             key = {"room_id": room.room_id, "key": idempotency_key}
             conn.execute(sql("idempotency_key_lock"), key)

@@ -396,16 +396,16 @@ SELECT gone.delivery_id, gone.attempt, CAST(e.payload AS text), e.routing_key, n
 -- --- delivery ------------------------------------------------------------------------------------
 
 -- name: endpoints_lock
--- The paced or unhealthy PUSH endpoints (subscriptions) of a batch's deliveries, locked in key
--- order until the claim commits: the claim that follows counts their sends in flight and
--- takes their one probe with nothing racing it. Each delivery's rate (to take its token).
-SELECT d.delivery_id, s.subscription_id, s.rate_per_s, s.burst
-  FROM delivery d JOIN subscription s USING (subscription_id)
- WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
-   AND (s.rate_per_s IS NOT NULL OR s.max_in_flight IS NOT NULL OR s.probe_at IS NOT NULL
-        OR s.failures > 0)
- ORDER BY s.subscription_id, d.delivery_id
-   FOR NO KEY UPDATE OF s;
+-- The PUSH endpoints (subscriptions) of a batch's deliveries, locked in key order until the
+-- claim commits: the claim that follows counts their sends in flight and takes their one
+-- probe with nothing racing it, whatever they looked like before the lock.
+SELECT s.subscription_id
+  FROM subscription s
+ WHERE s.subscription_id IN (SELECT d.subscription_id FROM delivery d
+                              WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING'
+                                AND NOT d.pull)
+ ORDER BY s.subscription_id
+   FOR NO KEY UPDATE;
 
 -- name: deliveries_claim
 -- Claim due push deliveries for one batch under the claim token :claim; an ordered
@@ -413,12 +413,12 @@ SELECT d.delivery_id, s.subscription_id, s.rate_per_s, s.burst
 -- (subscription) that is disabled takes none; one whose circuit is open (probe_at) takes one,
 -- its probe, when the probe is due (and holds its next probe back until the probe's outcome
 -- sets it); one that failed its last send takes one at a time until a send succeeds; one with
--- max_in_flight only as many as it has room for. What an endpoint does not
--- take waits: until its probe, or until a send of it ends (endpoint_release, at the latest
--- after its timeout); a disabled endpoint's until it is enabled (endpoint_enable). :deferred (with :deferred_ms) had no rate token: due again when it is
--- there. The claim records the backend pid of the connection the worker holds until the
--- batch is settled (its liveness), and each claimed delivery's In process row in the queue
--- log. It commits without waiting for the disk: a crash can only make a delivery come again.
+-- max_in_flight only as many as it has room for. What an endpoint does not take waits: until
+-- its probe, or until a send of it ends (endpoint_release, at the latest after its timeout);
+-- a disabled endpoint's for a day, or until it is enabled (endpoint_enable). A claimed one
+-- refused a rate token is given back in the same transaction (deliveries_hold_back). The
+-- claim records the backend pid of the connection the worker holds until the batch is
+-- settled (its liveness), and each claimed delivery's In process row in the queue log. It commits without waiting for the disk: a crash can only make a delivery come again.
 SET LOCAL synchronous_commit TO OFF;
 WITH cand AS (
     SELECT d.delivery_id, d.subscription_id, s.max_in_flight, s.probe_at, s.timeout_ms,
@@ -456,22 +456,19 @@ waiting AS (
                                THEN now() + make_interval(secs => 2 * c.timeout_ms / 1000.0 + 60)
                                ELSE now() + make_interval(secs => c.timeout_ms / 1000.0) END
       FROM cand c
-     WHERE d.delivery_id = c.delivery_id
+     WHERE d.delivery_id = c.delivery_id AND d.state = 'PENDING'
        AND c.delivery_id NOT IN (SELECT delivery_id FROM chosen)),
 disabled AS (
-    UPDATE delivery d SET scheduled_at = 'infinity'
+    UPDATE delivery d SET scheduled_at = now() + interval '1 day'
       FROM subscription s
      WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING' AND NOT d.pull
        AND s.subscription_id = d.subscription_id AND s.disabled_at IS NOT NULL),
-deferred AS (
-    UPDATE delivery d SET scheduled_at = now() + make_interval(secs => w.ms / 1000.0)
-      FROM unnest(CAST(:deferred AS bigint[]), CAST(:deferred_ms AS bigint[])) AS w(id, ms)
-     WHERE d.delivery_id = w.id AND d.state = 'PENDING'),
 claimed AS (
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
                           claim_pid = pg_backend_pid()
       FROM event e, subscription s, room r
      WHERE d.delivery_id IN (SELECT delivery_id FROM chosen)
+       AND d.state = 'PENDING' AND NOT d.pull
        AND e.event_id = d.event_id AND s.subscription_id = d.subscription_id
        AND r.room_id = e.room_id
     RETURNING d.delivery_id, d.attempt, e.event_id, e.correlation_id, e.routing_key, e.payload,
@@ -482,7 +479,7 @@ claimed AS (
               COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts, r.name AS room,
               e.token, d.order_value, e.deliver_at > e.published_at AS delayed,
               s.max_in_flight, s.failures > 0 OR s.probe_at IS NOT NULL AS unhealthy,
-              d.claimed_at),
+              s.rate_per_s, s.burst, d.claimed_at),
 queued AS (
     INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
     SELECT delivery_id, attempt, CAST(payload AS text), routing_key, claimed_at, 'In process'
@@ -490,23 +487,33 @@ queued AS (
 SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, "user",
        impersonator, deliver_at, expires_at, version, subscription_id, kind, push_url,
        handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed,
-       max_in_flight, unhealthy
+       max_in_flight, unhealthy, rate_per_s, burst
   FROM claimed;
 
 -- name: deliveries_hold_back
--- Claimed deliveries not sent after all (their endpoint failed too often in this batch): back
--- to PENDING under no claim, their attempt not counted, due after :wait_s (or when their
--- endpoint heals), their In process rows in the queue log gone (they never started).
+-- Claimed deliveries not sent after all (their endpoint failed too often in this batch, or had
+-- no rate token for them): back to PENDING under no claim, their attempt not counted, due
+-- after their wait (:waits_ms; or when their endpoint heals), their In process rows in the
+-- queue log gone (they never started).
 WITH back AS (
-    UPDATE delivery
+    UPDATE delivery d
        SET state = 'PENDING', claimed_at = NULL, claim = NULL, claim_pid = NULL,
-           scheduled_at = now() + make_interval(secs => :wait_s)
-     WHERE delivery_id = ANY(:ids) AND state = 'IN_PROCESS' AND claim = :claim
-    RETURNING delivery_id, attempt)
+           scheduled_at = now() + make_interval(secs => w.ms / 1000.0)
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:waits_ms AS bigint[])) AS w(id, ms)
+     WHERE d.delivery_id = w.id AND d.state = 'IN_PROCESS' AND d.claim = :claim
+    RETURNING d.delivery_id, d.attempt)
 DELETE FROM queue_message q
  USING back
  WHERE q.delivery_id = back.delivery_id AND q.attempt = back.attempt
    AND q.state = 'In process' AND q.end_time IS NULL;
+
+-- name: endpoints_lock_settle
+-- The endpoints a batch's outcomes will write (failures, heals, releases), locked in key order
+-- before anything else of the settling transaction, as the claim locks them.
+SELECT subscription_id FROM subscription
+ WHERE subscription_id = ANY(:subs)
+ ORDER BY subscription_id
+   FOR NO KEY UPDATE;
 
 -- name: endpoint_release
 -- Sends of an endpoint with max_in_flight ended: as many of its waiting deliveries (due, held
@@ -520,17 +527,17 @@ UPDATE delivery SET scheduled_at = now()
         LIMIT :n);
 
 -- name: endpoint_healed
--- Endpoints that answered: their failures forgotten, their circuit closed, and every delivery
--- that waited for them (for their probe, or in a retry wait their failures caused) due at
--- once, in order (the due index takes the earliest id first); a $delay still waits.
+-- Endpoints that answered: their failures forgotten, their circuit closed, and what waited for
+-- them (due, held back for their probe or their one send at a time) due at once, in order
+-- (the due index takes the earliest id first). A retry wait of its own still waits.
 WITH healed AS (
     UPDATE subscription SET failures = 0, failing_since = NULL, probe_at = NULL
      WHERE subscription_id = ANY(:subs) AND (failures > 0 OR probe_at IS NOT NULL)
     RETURNING subscription_id)
-UPDATE delivery d SET scheduled_at = now(), next_attempt_at = LEAST(d.next_attempt_at, now())
-  FROM healed, event e
+UPDATE delivery d SET scheduled_at = now()
+  FROM healed
  WHERE d.subscription_id = healed.subscription_id AND d.state = 'PENDING' AND NOT d.pull
-   AND e.event_id = d.event_id AND e.deliver_at <= now() AND d.scheduled_at > now();
+   AND d.next_attempt_at <= now() AND d.scheduled_at > now();
 
 -- name: endpoint_failed
 -- A send to an endpoint failed: one more failure in a row (since failing_since), and whether
@@ -542,9 +549,19 @@ RETURNING failures, failing_since,
           failing_since <= now() - make_interval(secs => :disable_after_s) AS too_long;
 
 -- name: endpoint_open
--- The endpoint's circuit is open: its next probe in :wait_ms.
-UPDATE subscription SET probe_at = now() + make_interval(secs => :wait_ms / 1000.0)
- WHERE subscription_id = :s AND disabled_at IS NULL;
+-- The endpoint's circuit is open: its next probe in :wait_ms, and its earliest delivery that
+-- can go then due then (the probe has a candidate on time, whatever the others wait for).
+WITH opened AS (
+    UPDATE subscription SET probe_at = now() + make_interval(secs => :wait_ms / 1000.0)
+     WHERE subscription_id = :s AND disabled_at IS NULL
+    RETURNING subscription_id, probe_at)
+UPDATE delivery d SET scheduled_at = opened.probe_at
+  FROM opened
+ WHERE d.delivery_id = (SELECT min(o.delivery_id) FROM delivery o
+                         WHERE o.subscription_id = opened.subscription_id
+                           AND o.state = 'PENDING' AND NOT o.pull
+                           AND o.next_attempt_at <= opened.probe_at
+                           AND o.scheduled_at > opened.probe_at);
 
 -- name: endpoint_enable
 -- An operator enables an endpoint (one of :owned, when given): failures forgotten, circuit
@@ -557,10 +574,10 @@ WITH enabled AS (
        AND (CAST(:owned AS bigint[]) IS NULL OR subscription_id = ANY(CAST(:owned AS bigint[])))
     RETURNING subscription_id),
 released AS (
-    UPDATE delivery d SET scheduled_at = now()
+    UPDATE delivery d SET scheduled_at = GREATEST(d.next_attempt_at, now())
       FROM enabled
      WHERE d.subscription_id = enabled.subscription_id AND d.state = 'PENDING' AND NOT d.pull
-       AND d.next_attempt_at <= now() AND d.scheduled_at > now())
+       AND d.scheduled_at > GREATEST(d.next_attempt_at, now()))
 SELECT subscription_id FROM enabled;
 
 -- name: endpoint_disable
