@@ -17,8 +17,9 @@ receiver (a threading http.server answering at once):
   with --quick) with 50 events waiting, a constant backoff interval of 1 s (delay 1000 ms,
   multiplier 1.01, probes at most 1 s apart): requests it received after its circuit opened
   per elapsed interval (1.0 is one probe per interval; without the circuit it would get every
-  due retry of 50 events). Then it comes back: ``down_backlog_drained_in_order`` says whether
-  the backlog arrived in publish order after the probe.
+  due retry of 50 events). Beside it a subscription ordered by one key is down too; then both
+  come back, and ``down_backlog_drained_in_order`` says whether the ordered one's backlog
+  arrived in publish order.
 - ``longpoll_p50_ms`` / ``longpoll_p99_ms``: 100 consumers wait on ``GET …/messages?wait_ms=``
   (uvicorn, one process, in this process) on 100 PULL subscriptions; events are published one
   at a time to a random waiting one; publish-to-receive latency (from before the publish
@@ -109,10 +110,11 @@ def _push(engine: Engine, room: str, name: str, url: str, **extra: Any) -> int:
     return int(made["subscription_id"])
 
 
-def _publish(engine: Engine, room: str, n: int) -> None:
+def _publish(engine: Engine, room: str, n: int, key: str | None = None) -> None:
     due = pubsub.due_deliveries(engine, lambda _: None)
     for i in range(n):
-        _, now_due = pubsub.publish(engine, room, {"routing_key": "a", "payload": {"n": i}})
+        payload = {"n": i} if key is None else {"n": i, "k": key}
+        _, now_due = pubsub.publish(engine, room, {"routing_key": "a", "payload": payload})
         due.release(now_due)  # left to the due index, which the drive loop takes from
 
 
@@ -199,10 +201,13 @@ def circuit(engine: Engine, r: Any, seconds: float) -> dict[str, Any]:
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     _room(engine, "down", delivery_delay_ms=1000, delivery_delay_multiplier=1.01,
           delivery_attempts=101)  # fmt: skip
+    # a plain subscription (every event's retries due: the load a circuit spares), and one
+    # ordered by a single key (its backlog must arrive in publish order when it is back)
     _push(engine, "down", "gone", f"{receiver.base}/gone")
-    receiver.down.add("/gone")
+    _push(engine, "down", "ordered", f"{receiver.base}/ordered", order_key="k")
+    receiver.down.update({"/gone", "/ordered"})
     events = 50
-    _publish(engine, "down", events)
+    _publish(engine, "down", events, key="one")
     policy = EndpointPolicy(circuit_failures=5, probe_max_ms=1000)
     endpoints = Endpoints(policy)
     sender = HttpSender(OutboundHttp(HttpOptions(policy=LOCAL)))
@@ -227,14 +232,15 @@ def circuit(engine: Engine, r: Any, seconds: float) -> dict[str, Any]:
             break
         time.sleep(0.01)
     drained = [n for t, n in receiver.of("/gone") if t >= back]
+    in_order = [n for t, n in receiver.of("/ordered") if t >= back]
     receiver.shutdown()
     return {
         "down_seconds": round(down_for, 1),
         "down_requests_total": len(sent),
         "down_requests_after_open": len(after),
         "down_endpoint_requests_per_interval": round(len(after) / max(intervals, 1e-9), 3),
-        "down_backlog_delivered": len(set(drained)) == events and not left,
-        "down_backlog_drained_in_order": drained[1:] == sorted(drained[1:]),
+        "down_backlog_delivered": len(set(drained)) == events == len(set(in_order)) and not left,
+        "down_backlog_drained_in_order": in_order == sorted(in_order),
         "down_drain_seconds": round(time.monotonic() - back, 2),
     }
 

@@ -396,3 +396,18 @@ def test_a_pulled_messages_visibility_is_extended_with_its_receipt(
     assert again["delivery_id"] == taken["delivery_id"] and again["attempt"] == 1
     bad = client.post(path, json={"receipt": again["receipt"], "visibility_timeout_ms": -1})
     assert bad.status_code == 422 and "visibility_timeout_ms" in bad.text
+
+
+@pytest.fixture
+def pulls_never_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERLY_PULL_MAX_WAIT_MS", "0")
+
+
+def test_the_longest_wait_is_a_setting(pulls_never_wait: None, client: TestClient) -> None:
+    assert client.post("/rooms", json={"name": "w"}).status_code == 201
+    sub = client.post("/rooms/w/subscriptions", json={"name": "q", "kind": "PULL"}).json()
+    asked = time.monotonic()
+    answer = client.get(
+        f"/subscriptions/{sub['subscription_id']}/messages", params={"wait_ms": 10_000}
+    )
+    assert answer.json() == [] and time.monotonic() - asked < 5  # not the 10 s asked for

@@ -75,6 +75,9 @@ def _run(stack: Stack, cwd: Path, *args: str, examples: int = MAX_EXAMPLES) -> i
 def test_fuzzing_finds_no_5xx_no_schema_violation_and_refused_requests_write_nothing(
     stack: Stack, db: Engine, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    # A long poll answers after 50 ms at most here: the fuzzer's thousands of requests are
+    # not made to wait 20 s each for an event nobody publishes.
+    stack.env(ORDERLY_PULL_MAX_WAIT_MS="50")
     stack.start_api()
     assert stack.http.post("/rooms", json={"name": "r"}).status_code == 201
     rows, keys = _tables(db), stored_keys(redis_client)

@@ -113,7 +113,8 @@ def test_a_bad_window_or_anothers_subscription_changes_nothing(db: Engine) -> No
     pubsub.ack_pulled(db, sub, m["delivery_id"], m["receipt"])
     for body, field in (
         ({"since": now.isoformat(), "until": (now - timedelta(seconds=1)).isoformat()}, "until"),
-        ({"since": "2026-01-01T00:00:00"}, "since"),  # no offset: which time?
+        ({"since": "yesterday"}, "since"),
+        ({"since": "0001-01-01T00:00:00+05:00"}, "since"),  # before the first year in UTC
         ({"since": now.isoformat(), "extra": 1}, "extra"),
     ):
         with pytest.raises(InvalidMessage) as refused:
@@ -143,3 +144,11 @@ def test_replay_over_http(client: TestClient) -> None:
     assert answer.json() == {"replayed": 0, "backfilled": 0}  # its one delivery is PENDING
     missing = client.post("/subscriptions/999999/replay", json={"since": since})
     assert missing.status_code == 404
+
+
+def test_a_window_in_any_offset_is_read_in_utc(db: Engine) -> None:
+    pubsub.create_room(db, {"name": "r"})
+    sub = pubsub.create_subscription(db, "r", {"name": "q", "kind": "PULL"})["subscription_id"]
+    # an offset PostgreSQL would refuse (beyond 15:59), and a time without one (UTC)
+    for since in ("0451-05-02T08:41:28.36-21:05", "2026-01-01T00:00:00"):
+        assert replay(db, sub, {"since": since}).replayed == 0

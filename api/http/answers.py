@@ -195,6 +195,14 @@ class Subscription(_Open):
     rate_per_s: float | None
     burst: int | None
     max_in_flight: int | None
+
+
+class SubscriptionCreated(Subscription):
+    # deliveries made for the room's events published since backfill_since
+    backfilled: int
+
+
+class SubscriptionListed(Subscription):
     status: Literal["ACTIVE", "PAUSED"]
     # the endpoint's health: failed sends in a row since failing_since; OPEN: only a probe
     # goes, at probe_at; DISABLED: nothing goes until an operator enables it

@@ -94,7 +94,7 @@ async def add_publisher(runtime: AppRuntime, room: str, request: Request) -> JSO
 
 @router.post(
     "/rooms/{room}/subscriptions",
-    responses=answers(a.Subscription, created=True),
+    responses=answers(a.SubscriptionCreated, created=True),
     status_code=201,
     openapi_extra=body("SubscriptionIn", SubscriptionIn),
     dependencies=requires(keys.ADMIN),
@@ -107,7 +107,7 @@ async def create_subscription(runtime: AppRuntime, room: str, request: Request) 
 
 @router.get(
     "/rooms/{room}/subscriptions",
-    responses=answers(list[a.Subscription]),
+    responses=answers(list[a.SubscriptionListed]),
     dependencies=requires(keys.ADMIN),
 )
 async def list_subscriptions(runtime: AppRuntime, room: str) -> JSONResponse:
@@ -238,9 +238,11 @@ async def pull(
     max: Annotated[int, Query(ge=1, le=MAX_PULL)] = 10,
     wait_ms: Annotated[int, Query(ge=0, le=waiting.MAX_WAIT_MS)] = 0,
 ) -> JSONResponse:
-    """Take due messages; with ``wait_ms``, wait up to that long for one to come (a long poll
-    that holds no database connection while it waits: worker.pubsub.waiting)."""
+    """Take due messages; with ``wait_ms``, wait up to that long (at most
+    ORDERLY_PULL_MAX_WAIT_MS) for one to come (a long poll that holds no database connection
+    while it waits: worker.pubsub.waiting)."""
     waiters = runtime.pull_waiters
+    wait_ms = min(wait_ms, runtime.settings.pull_max_wait_ms)
     deadline = time.monotonic() + wait_ms / 1000
     while True:
         woken = waiters.register(subscription_id)

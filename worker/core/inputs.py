@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from orderly.worker.core.errors import InvalidMessage
 
@@ -31,6 +31,19 @@ def parse_timestamp(value: Any) -> datetime:
     else:
         raise ValueError(f"must be an ISO 8601 timestamp string, got {type(value).__name__}")
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def utc_timestamp(value: Any) -> datetime:
+    """:func:`parse_timestamp` in UTC (any offset Python reads, whatever PostgreSQL takes)."""
+    parsed = parse_timestamp(value)
+    try:
+        return parsed.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{value!r} is out of range") from None
+
+
+# An instant given as ISO 8601 (no offset: UTC), held in UTC.
+UtcTime = Annotated[datetime, BeforeValidator(utc_timestamp)]
 
 
 def _field_name(loc: tuple[int | str, ...]) -> str:

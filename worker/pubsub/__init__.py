@@ -9,9 +9,10 @@ broker when due (worker.core.due), so a ``$delay`` or a retry wait is never held
 memory nor in the broker.
 
 ``admin`` defines rooms, event types, publishers and subscriptions; ``publish`` stores
-events; ``delivery`` sends them and records every attempt; ``pull`` serves PULL subscribers
-and dead letters; ``routing`` matches routing keys; ``logs`` reads the queue log, its
-exceptions and the published_messages rows.
+events; ``delivery`` sends them and records every attempt (``due``: when; ``endpoints``: each
+endpoint's pace and health); ``replay`` sends a window of them again; ``pull`` serves PULL
+subscribers and dead letters, and ``waiting`` wakes the pulls that wait; ``routing`` matches
+routing keys; ``logs`` reads the queue log, its exceptions and the published_messages rows.
 """
 
 from orderly.worker.pubsub.admin import (
@@ -39,9 +40,8 @@ from orderly.worker.pubsub.delivery import (
     consumers,
     deliver,
     deliver_batch,
-    due_deliveries,
-    upkeep,
 )
+from orderly.worker.pubsub.due import due_deliveries, upkeep
 from orderly.worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
 from orderly.worker.pubsub.publish import (
     BATCH,

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from orderly.models import DeliveryState, Status, SubscriptionKind
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.errors import InvalidMessage, NotFound
-from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.inputs import UtcTime, parse_input
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import schemas
@@ -78,7 +78,7 @@ class SubscriptionIn(BaseModel):
     burst: Burst | None = None
     max_in_flight: InFlight | None = None
     # made with the room's events published since then (that it selects, not expired)
-    backfill_since: AwareDatetime | None = None
+    backfill_since: UtcTime | None = None
 
 
 class RoomPatchIn(BaseModel):

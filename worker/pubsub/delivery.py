@@ -1,6 +1,6 @@
 """Delivery of events: claim a batch of due deliveries, send each (push, or the consumer
-chosen by routing key), record every attempt and what comes next; and the due work and
-upkeep around it.
+chosen by routing key), record every attempt and what comes next (the due work and upkeep
+around it: worker.pubsub.due; each endpoint's pace and health: worker.pubsub.endpoints).
 
 A failed attempt is retried after ``deliveryDelay * multiplier ^ attempt`` (the retry
 policy, the room's or the subscription's override); when the attempts are spent the delivery
@@ -22,14 +22,12 @@ from sqlalchemy import Connection, Engine
 from orderly.models import DeliveryState, SubscriptionKind
 from orderly.worker import tokens
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms, utcnow
-from orderly.worker.core.due import PgDueIndex
 from orderly.worker.core.errors import Unauthorized
-from orderly.worker.core.lease import ORPHAN_GRACE_S, new_token
+from orderly.worker.core.lease import new_token
 from orderly.worker.core.retry import RetryPolicy
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.endpoints import Disabled, EndpointPolicy, Endpoints
 from orderly.worker.pubsub.measure import Measure, tracing
-from orderly.worker.pubsub.publish import BATCH, QUEUED_LEASE_S
 
 log = logging.getLogger(__name__)
 
@@ -105,59 +103,6 @@ class Consumers:
 
 
 consumers = Consumers()
-
-
-# --- due work and upkeep -------------------------------------------------------------------------
-
-
-def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
-    """Due push deliveries (delays, retry waits, lost hand-offs) as due work: batches of
-    ``BATCH`` go to ``hand_off`` (one task each). A delivery whose worker died while holding
-    it goes alone: if it is the one that kills its worker, the deliveries that shared its
-    batch are not lost with it again (and counted towards their own quarantine)."""
-
-    def split(items: list[tuple[int, int]]) -> None:
-        together = [delivery_id for delivery_id, lost in items if not lost]
-        if together:
-            hand_off(together)
-        for delivery_id, lost in items:
-            if lost:
-                hand_off([delivery_id])
-
-    return PgDueIndex(
-        "deliveries",
-        engine,
-        "deliveries_take_due",
-        "deliveries_release",
-        "deliveries_next_due",
-        split,
-        batch=BATCH,
-        lease_ms=int(QUEUED_LEASE_S * 1000),
-    )
-
-
-# A claim held by a live worker far longer than its batch can take (a hung worker, or a
-# backend pid reused by another connection): released all the same.
-STALE_CLAIM_S = 60.0
-
-
-def upkeep(engine: Engine, lost_limit: int) -> None:
-    """Release dead workers' claims (quarantined at ``lost_limit`` deaths), expire untaken
-    pull messages, return pulled ones not ACKed in time (a periodic job of the ticker, once a
-    second)."""
-    with engine.begin() as conn:
-        conn.execute(
-            sql("deliveries_release_stuck"),
-            {
-                "grace_s": ORPHAN_GRACE_S,
-                "stale_s": STALE_CLAIM_S,
-                "per_batch": BATCH,
-                "limit": lost_limit,
-                "batch": 1000,
-            },
-        )
-        conn.execute(sql("pulled_expire"))
-        conn.execute(sql("pulled_return_unacked"))
 
 
 # --- delivery ------------------------------------------------------------------------------------

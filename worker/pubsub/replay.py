@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Connection, Engine
 
 from orderly.worker.core import owners
 from orderly.worker.core.errors import InvalidMessage, NotFound
-from orderly.worker.core.inputs import parse_input
+from orderly.worker.core.inputs import UtcTime, parse_input
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.routing import Route, order_value
@@ -41,8 +41,8 @@ class ReplayIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    since: AwareDatetime
-    until: AwareDatetime | None = None
+    since: UtcTime
+    until: UtcTime | None = None
 
 
 @dataclass(frozen=True)

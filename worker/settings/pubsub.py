@@ -66,3 +66,13 @@ class PubSubSettings(Section):
             " it again."
         ),
     )
+    pull_max_wait_ms: int = Field(
+        20_000,
+        ge=0,
+        le=20_000,
+        validation_alias="ORDERLY_PULL_MAX_WAIT_MS",
+        description=(
+            "The longest a PULL consumer's GET .../messages?wait_ms= waits for an event (a"
+            " longer wait_ms waits this long; 0: pulls never wait)."
+        ),
+    )
