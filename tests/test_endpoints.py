@@ -86,7 +86,9 @@ def _paths(recorder: Recorder, path: str) -> list[dict[str, Any]]:
         return [a for a in recorder.arrivals if a["path"] == f"/{path}"]
 
 
-def test_delivery_attempts_counts_sends(db: Engine, recorder: Recorder) -> None:
+def test_delivery_attempts_counts_sends(
+    db: Engine, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
     _room(db, delivery_attempts=2)
     _subscribe(db, recorder, "twice", delivery_delay_ms=1, delivery_delay_multiplier=1.01)
     _subscribe(db, recorder, "once", delivery_attempts=0)
@@ -100,6 +102,14 @@ def test_delivery_attempts_counts_sends(db: Engine, recorder: Recorder) -> None:
 
     wait_until(settled, timeout=20, what="the attempts spent")
     assert [a["attempt"] for a in _paths(recorder, "twice")] == ["1", "2"]  # two sends
+    # one line per failed send: a warning while it is sent again, an error when it is dead
+    said = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "orderly.worker.pubsub.delivery" and f"delivery {twice} " in r.getMessage()
+    ]
+    assert [level for level, _ in said] == ["WARNING", "ERROR"], said
+    assert "failed, send 1: HTTP 503" in said[0][1] and "is DEAD after send 2" in said[1][1]
     assert "attempts spent: 2 sends" in _row(db, "delivery", "delivery_id", twice).last_error
     assert _row(db, "delivery", "delivery_id", once).state == "DEAD"
     assert len(_paths(recorder, "once")) == 1  # 0: no redelivery

@@ -117,3 +117,48 @@ def test_bound_ids_in_both_formats_and_only_inside() -> None:
     assert lines[0] == "inside [msg_id=7]" and lines[1] == "outside"
     assert json.loads(lines[2])["conversation_id"] == "c1" and json.loads(lines[2])["node"] == "n1"
     assert "conversation_id" not in json.loads(lines[3])
+
+
+def test_every_failed_try_is_one_line_with_its_ids(procs: ProcessGroup, db: Engine) -> None:
+    from orderly.worker import configuration
+
+    # a retry 1 s after the first failure, and FAILED at the second
+    for code, value in (
+        ("asynch.partlyFailedIntervalSec", "1"),
+        ("asynch.partlyFailedMultiplier", "1.0"),
+        ("asynch.countPartlyFailsBeforeFailed", "1"),
+    ):
+        configuration.set_value(db, code, value)
+    port = free_port()
+    env = {"ORDERLY_LOG_FORMAT": "json", "ORDERLY_API_PORT": str(port)}
+    orderly = str(BIN / "orderly")
+    api = procs.start("api", [orderly, "api"], env)
+    wait_http(f"http://127.0.0.1:{port}/health", api)
+    worker = procs.start("worker", [orderly, "worker", "--concurrency", "1"], env)
+    procs.start("beat", [orderly, "beat"], env)
+    http = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        timeout=10,
+        headers={"Authorization": f"Bearer {api_key(db)}"},
+    )
+    body = message(5, payload=json.dumps({"fail_times": 9, "code": "E_BOOM"}))
+    made = http.post("/messages", json=body)
+    assert made.status_code == 201, made.text
+    msg_id = made.json()["msg_id"]
+
+    def failures() -> list[dict[str, Any]]:
+        return [
+            r
+            for r in _records(worker.log_path.read_text())
+            if r.get("error_code") == "E_BOOM" and r.get("msg_id") == msg_id
+        ]
+
+    wait_until(lambda: len(failures()) >= 2, 60, "both tries' lines in the worker's log")
+    first, last = failures()
+    assert first["level"] == "WARNING" and last["level"] == "ERROR"
+    for record in (first, last):
+        assert record["correlation_id"] == "corr-5" and record["source_system"] == "crm"
+        assert (record["service"], record["operation"]) == ("test", "script")
+    assert first["attempt"] == 1 and first["next_due_at"] and "exception" not in first
+    assert last["attempt"] == 2 and "scripted failure 1" in last["exception"]
+    assert len(failures()) == 2  # one line per try

@@ -30,6 +30,7 @@ from orderly.worker.conversations.model import (
     Sender,
     SendResult,
 )
+from orderly.worker.core import logs
 from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
@@ -174,6 +175,23 @@ def _apply(
     same Idempotency-Key, rather than losing); a 202 is recorded after Redis knows its
     ACK id, so that an ACK arriving at once finds it.
     """
+    with logs.bound(
+        conversation_id=head.conversation_id,
+        request_id=head.request_id,
+        response_id=head.response_id,
+        status=result.status,
+    ):
+        return _record(conn, channel, head, result, report, now_ms)
+
+
+def _record(
+    conn: PreparedConnection,
+    channel: Channel,
+    head: Head,
+    result: SendResult,
+    report: DrainReport,
+    now_ms: int,
+) -> tuple[tuple[str, str, str], Callable[[], None] | None]:
     rid = head.response_id
     # A late response's mark goes in the same transaction as its delivery's record.
     late = None if head.late_ms is None else ("conv_mark_late", (head.msg_id, head.late_ms))
@@ -198,7 +216,14 @@ def _apply(
         if policy.allows(attempt):
             report.retried += 1
             wait = policy.delay(attempt) if result.retry_after_ms is None else result.retry_after_ms
-            log.info("response %s: %s; retry %d in %d ms", rid, result.reason, attempt, wait)
+            with logs.bound(attempt=attempt):
+                log.warning(
+                    "response %s: send %d failed: %s; sent again in %d ms",
+                    rid,
+                    attempt,
+                    result.reason,
+                    wait,
+                )
             conn.run("conv_retry", head.msg_id, attempt, now_ms + wait)
             return ("retry", rid, str(wait)), None
         conn.run(
@@ -208,7 +233,7 @@ def _apply(
             f"{result.reason} ({channel.attempts} retries spent)",
         )
         report.awaited += 1
-        log.warning("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
+        log.error("response %s: retries spent (%s); its group is AWAITED", rid, result.reason)
         return ("awaited", rid, ""), None
     why = f"response {rid}: {result.reason}"
     code = result.error_code or ERROR_CANCELLED
@@ -218,7 +243,7 @@ def _apply(
 
     cancel_group()
     report.cancelled += 1
-    log.warning("response %s: %s; its group is cancelled", rid, result.reason)
+    log.error("response %s: %s; its group is cancelled", rid, result.reason)
     # Once more after Redis dropped the group: a response of the group accepted meanwhile
     # (its row written after the first cancel, its Redis entry before the drop) is dropped
     # from Redis by the next step and must not stay open in PostgreSQL. A response accepted

@@ -26,6 +26,7 @@ import enum
 import logging
 import traceback
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -209,7 +210,13 @@ class Processor:
             custom_data=claimed.custom_data,
             backend=HandlerBackend(conn, self._config, self._integrity, self._http),
         )
-        with logs.bound(msg_id=ctx.msg_id, correlation_id=ctx.correlation_id):
+        with logs.bound(
+            msg_id=ctx.msg_id,
+            correlation_id=ctx.correlation_id,
+            source_system=ctx.source_system,
+            service=ctx.service,
+            operation=ctx.operation,
+        ):
             return self._handle(conn, ctx, claimed, held)
 
     def _handle(
@@ -231,7 +238,9 @@ class Processor:
         handler = self._registry.get(ctx.service, ctx.operation)
         if handler is None:
             desc = f"no handler registered for {ctx.service}.{ctx.operation}"
-            return self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
+            result = self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
+            _log_failure(ctx, result.outcome, ERROR_NO_HANDLER, desc, ctx.failed_count + 1, 0, None)
+            return result
         try:
             self._call_handler(handler, ctx)
         except Aborted as exc:
@@ -297,15 +306,18 @@ class Processor:
         declared, policy = self.retry_policy(ctx.service, ctx.operation)
         attempt = ctx.failed_count + 1
         retried = error is None or declared.retries(error)
-        return self._finish(
+        due_ms = policy.delay(attempt) if policy.allows(attempt) else 0
+        result = self._finish(
             conn,
             ctx,
             "FAIL" if retried else "FAILED",
             code=code,
             desc=desc,
             limit=policy.attempts,
-            due_ms=policy.delay(attempt) if policy.allows(attempt) else 0,
+            due_ms=due_ms,
         )
+        _log_failure(ctx, result.outcome, code, desc, attempt, due_ms, error)
+        return result
 
     def _finish(
         self,
@@ -434,6 +446,45 @@ class Processor:
         if node_state == "STOPPED" and msg_state in ("NEW", "IN_QUEUE"):
             return ProcessResult(msg_id, Outcome.NODE_STOPPED)
         return ProcessResult(msg_id, Outcome.NOT_CLAIMABLE, f"message is {msg_state}")
+
+
+def _log_failure(
+    ctx: MessageContext,
+    outcome: Outcome,
+    code: str,
+    desc: str,
+    attempt: int,
+    due_ms: int,
+    error: BaseException | None,
+) -> None:
+    """One line per failed try, with the message's ids as fields: WARNING while it will be
+    tried again (with the next due time), ERROR with the traceback when it failed for good."""
+    first = desc.splitlines()[0] if desc else ""
+    if outcome is Outcome.PARTLY_FAILED:
+        due = datetime.now(UTC) + timedelta(milliseconds=due_ms)
+        with logs.bound(error_code=code, attempt=attempt, next_due_at=due.isoformat()):
+            log.warning(
+                "message %s (%s.%s) failed, try %d: %s: %s; tried again at %s",
+                ctx.msg_id,
+                ctx.service,
+                ctx.operation,
+                attempt,
+                code,
+                first,
+                due.isoformat(timespec="seconds"),
+            )
+    elif outcome is Outcome.FAILED:
+        with logs.bound(error_code=code, attempt=attempt):
+            log.error(
+                "message %s (%s.%s) FAILED after try %d: %s: %s",
+                ctx.msg_id,
+                ctx.service,
+                ctx.operation,
+                attempt,
+                code,
+                first,
+                exc_info=(type(error), error, error.__traceback__) if error is not None else None,
+            )
 
 
 def _child_correlation(ctx: MessageContext, n: int) -> str:

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine
 
 from orderly.models import DeliveryState, SubscriptionKind
 from orderly.worker import tokens
+from orderly.worker.core import logs
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms, utcnow
 from orderly.worker.core.errors import Unauthorized
 from orderly.worker.core.lease import new_token
@@ -373,6 +374,40 @@ def _measured(c: Claimed, started: datetime, run: Callable[[], Attempt]) -> _Don
     return _Done(c, started, sent, failure=failure, memory=used.bytes)
 
 
+def _log_failure(d: _Done, state: str, wait_ms: int, why: str) -> None:
+    """One line per failed send, with the delivery's ids as fields: WARNING while it will be
+    tried again, ERROR (with the traceback, when one was thrown) when it is dead or expired."""
+    c = d.claimed
+    with logs.bound(
+        delivery_id=c.delivery_id,
+        subscription_id=c.subscription_id,
+        correlation_id=c.correlation_id,
+        room=c.room,
+        attempt=c.attempt + 1,
+    ):
+        if state == "PENDING":
+            log.warning(
+                "delivery %s to subscription %s failed, send %d: %s; sent again in %d ms",
+                c.delivery_id,
+                c.subscription_id,
+                c.attempt + 1,
+                why,
+                wait_ms,
+            )
+        else:
+            log.error(
+                "delivery %s to subscription %s is %s after send %d: %s%s",
+                c.delivery_id,
+                c.subscription_id,
+                state,
+                c.attempt + 1,
+                why,
+                ""
+                if d.failure is None or d.failure.traceback is None
+                else "\n" + d.failure.traceback,
+            )
+
+
 def _set_state(
     conn: Connection,
     d: _Done,
@@ -460,6 +495,8 @@ def _settle(
             state, why = "PENDING", d.attempt.error
         outcome = "FAILED" if state == "PENDING" else state
         held = _set_state(conn, d, claim, state, next_attempt, wait, why, outcome, clock)
+        if held:
+            _log_failure(d, state, wait, why)
     if not held:
         # The claim was released meanwhile (too slow) and the delivery taken over: its
         # outcome now belongs to the new holder.
