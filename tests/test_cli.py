@@ -220,3 +220,33 @@ def test_settings_check_reports_every_problem_at_once(cli: OrderlyCli, db: Engin
     assert shown["ORDERLY_TOKEN_TTL_MS"] > 0  # not a secret for holding the word TOKEN
     for value in ("s3cr3t-value", "trackpw1", "proxypw1"):
         assert value not in json.dumps(shown)
+
+
+def test_lists_as_json_and_full_width_when_piped(cli: OrderlyCli, db: Engine) -> None:
+    from orderly.worker import pubsub
+
+    long_name = "a-room-with-a-name-longer-than-a-terminal-is-wide-" + "x" * 45
+    pubsub.create_room(db, {"name": long_name})
+    pubsub.create_subscription(db, long_name, {"name": "q", "kind": "PULL"})
+    piped = cli("room", "list", env={"COLUMNS": ""})
+    assert piped.returncode == 0, piped.stderr
+    assert any(long_name in line for line in piped.stdout.splitlines())  # not cut, not wrapped
+    for args in (
+        ("room", "list"),
+        ("subscription", "list", long_name),
+        ("channel", "list"),
+        ("config", "list"),
+        ("dead-letter", "list"),
+        ("node", "list"),
+        ("source", "list"),
+        ("schedule", "list"),
+        ("message", "list"),
+        ("funnel-limit", "list"),
+    ):
+        done = cli(*args, "--json")
+        assert done.returncode == 0, (args, done.stderr)
+        assert isinstance(json.loads(done.stdout), list), args
+    rooms = json.loads(cli("room", "list", "--json").stdout)
+    assert [r["name"] for r in rooms] == [long_name]
+    subs = json.loads(cli("subscription", "list", long_name, "--json").stdout)
+    assert [(s["name"], s["kind"], s["circuit"]) for s in subs] == [("q", "PULL", "CLOSED")]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker import channels as channel_defs
 from orderly.worker.runtime import get_runtime
 
@@ -44,9 +44,12 @@ def channel_set(
 
 
 @channel_app.command("list")
-def channel_list() -> None:
+def channel_list(as_json: AsJson = False) -> None:
+    found = list(get_runtime().channels.all().values())
+    if as_json:
+        return print_json([c.as_dict() for c in found])
     table = Table("origin", "url", "delay ms", "multiplier", "attempts", "timeout ms")
-    for c in get_runtime().channels.all().values():
+    for c in found:
         table.add_row(
             c.origin,
             c.url,

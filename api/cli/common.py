@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -20,8 +20,18 @@ from orderly.worker.core import logs
 from orderly.worker.core.errors import ConflictingMessage, OrderlyError, first_line
 from orderly.worker.settings import get_settings
 
-console = Console()
-err = Console(stderr=True)
+# Piped or redirected, a table is as wide as its rows (no codes or URLs cut at 80 columns).
+PIPED_WIDTH = 1000
+console = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPED_WIDTH)
+
+AsJson = Annotated[bool, typer.Option("--json", help="The rows as JSON, as the API answers them")]
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout (dates as ISO strings)."""
+    console.print_json(json.dumps(value, default=str, ensure_ascii=False))
+
 
 T = TypeVar("T")
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker import configuration
 from orderly.worker.runtime import get_runtime
 
@@ -13,9 +15,12 @@ config_app = typer.Typer(help="Read and change the configuration table.", no_arg
 
 
 @config_app.command("list")
-def config_list() -> None:
+def config_list(as_json: AsJson = False) -> None:
+    found = configuration.list_items(get_runtime().engine)
+    if as_json:
+        return print_json([{**asdict(row), "data_type": row.data_type.value} for row in found])
     table = Table("code", "value", "default", "type", "mandatory", "validation")
-    for row in configuration.list_items(get_runtime().engine):
+    for row in found:
         table.add_row(
             row.code,
             row.current_value or "",

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import console, fail
+from orderly.api.cli.common import AsJson, console, fail, print_json
 from orderly.worker import pubsub
 from orderly.worker.runtime import get_runtime
 
@@ -15,9 +15,12 @@ dead_app = typer.Typer(help="Dead-lettered deliveries: list and re-drive.", no_a
 
 
 @dead_app.command("list")
-def dead_list(room: Annotated[str | None, typer.Option()] = None) -> None:
+def dead_list(room: Annotated[str | None, typer.Option()] = None, as_json: AsJson = False) -> None:
+    found = pubsub.dead_letters(get_runtime().engine, room)
+    if as_json:
+        return print_json(found)
     table = Table("delivery", "subscription", "room", "routing key", "attempts", "reason")
-    for d in pubsub.dead_letters(get_runtime().engine, room):
+    for d in found:
         table.add_row(
             str(d["delivery_id"]),
             str(d["subscription_id"]),

@@ -4,13 +4,12 @@ funnels without a component."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker.core.cron import iso
 from orderly.worker.messages import limits
 from orderly.worker.runtime import get_runtime
@@ -23,7 +22,6 @@ funnel_limit_app = typer.Typer(
 Component = Annotated[
     str, typer.Argument(help="The funnel component; '-' for funnels without a component")
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="As JSON, as the API answers it")]
 
 
 def _named(component_id: str) -> str:
@@ -32,16 +30,12 @@ def _named(component_id: str) -> str:
     return f"component {component_id!r}"
 
 
-def _print_json(value: object) -> None:
-    console.print_json(json.dumps(value, default=str, ensure_ascii=False))
-
-
 @funnel_limit_app.command("list")
 def funnel_limit_list(as_json: AsJson = False) -> None:
     """Every limit; a component not listed runs one message of a funnel value at a time."""
     found = call(limits.list_limits, get_runtime().engine)
     if as_json:
-        return _print_json([f.as_dict() for f in found])
+        return print_json([f.as_dict() for f in found])
     table = Table("component", "max in flight", "starts/s (burst)", "updated (UTC)")
     for f in found:
         shown = limits.to_word(f.component_id)
@@ -57,7 +51,7 @@ def funnel_limit_show(component: Component, as_json: AsJson = False) -> None:
     """One component's limit (exits 2 when it has none: one at a time)."""
     found = call(limits.get_limit, get_runtime().engine, limits.from_word(component))
     if as_json:
-        return _print_json(found.as_dict())
+        return print_json(found.as_dict())
     console.print(
         f"{_named(found.component_id)}: up to {found.max_in_flight} messages of one funnel "
         f"value at once (set {iso(found.updated_at)})",

@@ -10,7 +10,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console, fail, json_option, parse_payload, show_result
+from orderly.api.cli.common import (
+    AsJson,
+    call,
+    console,
+    fail,
+    json_option,
+    parse_payload,
+    print_json,
+    show_result,
+)
 from orderly.worker.core.errors import OrderlyError
 from orderly.worker.messages import operations
 from orderly.worker.runtime import get_runtime
@@ -97,6 +106,7 @@ def message_list(
     until: Annotated[str | None, typer.Option(help="msg_timestamp before (ISO 8601)")] = None,
     limit: Annotated[int, typer.Option()] = 100,
     offset: Annotated[int, typer.Option()] = 0,
+    as_json: AsJson = False,
 ) -> None:
     """Messages by state, service, operation, source system, correlation id, funnel and time,
     oldest msg_timestamp first."""
@@ -114,6 +124,8 @@ def message_list(
         limit=limit,
         offset=offset,
     )
+    if as_json:
+        return print_json(rows)
     table = Table("id", "state", "service.operation", "correlation", "funnel", "fails", "error")
     for r in rows:
         table.add_row(

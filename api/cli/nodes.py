@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console, err
+from orderly.api.cli.common import AsJson, call, console, err, print_json
 from orderly.models import NodeState
 from orderly.worker import nodes
 from orderly.worker.runtime import get_runtime
@@ -76,7 +76,7 @@ def node_alive(
 
 
 @node_app.command("list")
-def node_list() -> None:
+def node_list(as_json: AsJson = False) -> None:
     runtime = get_runtime()
     timeout = runtime.config.get_int("cluster.nodeHeartbeatTimeoutSec")
     workers: dict[str, list[str]] = {}
@@ -89,8 +89,23 @@ def node_list() -> None:
         code = service.fields.get("node_code", "")
         where = f"{service.service_id} ({service.fields.get('hostname', '')})"
         workers.setdefault(code, []).append(where)
+    found = nodes.list_nodes(runtime.engine, timeout)
+    if as_json:
+        return print_json(
+            [
+                {
+                    "node_id": n.node_id,
+                    "code": n.code,
+                    "state": n.state.value,
+                    "last_heartbeat": n.last_heartbeat,
+                    "alive": n.alive,
+                    "workers": workers.get(n.code, []),
+                }
+                for n in found
+            ]
+        )
     table = Table("id", "code", "state", "last heartbeat", "alive", "workers (service keys)")
-    for n in nodes.list_nodes(runtime.engine, timeout):
+    for n in found:
         table.add_row(
             str(n.node_id),
             n.code,

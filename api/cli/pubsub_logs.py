@@ -3,14 +3,13 @@ traceback) and the published_messages rows, filtered by message and queue, newes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker import pubsub
 from orderly.worker.runtime import get_runtime
 
@@ -26,7 +25,6 @@ Subscription = Annotated[int | None, typer.Option("--subscription", help="one qu
 RoutingKey = Annotated[str | None, typer.Option("--routing-key")]
 Limit = Annotated[int, typer.Option(help="at most this many rows")]
 Before = Annotated[int | None, typer.Option(help="rows older than this id")]
-AsJson = Annotated[bool, typer.Option("--json", help="the rows as JSON")]
 
 
 def _rows(fn: Callable[..., list[dict[str, Any]]], **filters: Any) -> list[dict[str, Any]]:
@@ -36,10 +34,6 @@ def _rows(fn: Callable[..., list[dict[str, Any]]], **filters: Any) -> list[dict[
 
 def _time(value: Any) -> str:
     return "" if value is None else value.isoformat(timespec="milliseconds")
-
-
-def _print_json(rows: Any) -> None:
-    console.print_json(json.dumps(rows, default=str))
 
 
 @log_app.command("queue")
@@ -65,7 +59,7 @@ def queue(
         before=before,
     )
     if as_json:
-        return _print_json(rows)
+        return print_json(rows)
     table = Table("id", "delivery", "attempt", "state", "routing key", "scheduled", "start",
                   "end", "exception", "memory")  # fmt: skip
     for r in rows:
@@ -107,7 +101,7 @@ def exceptions(
         before=before,
     )
     if as_json:
-        return _print_json(rows)
+        return print_json(rows)
     table = Table("id", "time", "delivery", "attempt", "type", "message")
     for r in rows:
         table.add_row(
@@ -126,7 +120,7 @@ def exception(exception_id: int, as_json: AsJson = False) -> None:
     """One exception with its traceback."""
     found = call(pubsub.exception_get, get_runtime().engine, exception_id)
     if as_json:
-        return _print_json(found)
+        return print_json(found)
     console.print(
         f"exception {found['id']} at {_time(found['time'])}: delivery {found['delivery_id']} "
         f"attempt {found['attempt']} (event {found['correlation_id']}, subscription "
@@ -163,7 +157,7 @@ def published(
         before=before,
     )
     if as_json:
-        return _print_json(rows)
+        return print_json(rows)
     table = Table("id", "delivery", "subscription", "attempt", "outcome", "published",
                   "next attempt", "delivered", "error")  # fmt: skip
     for r in rows:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console, json_option, parse_payload
+from orderly.api.cli.common import AsJson, call, console, json_option, parse_payload, print_json
 from orderly.worker import pubsub
 from orderly.worker.pubsub import waiting
 from orderly.worker.runtime import get_runtime
@@ -40,11 +40,14 @@ def room_create(
 
 
 @room_app.command("list")
-def room_list() -> None:
+def room_list(as_json: AsJson = False) -> None:
+    found = pubsub.list_rooms(get_runtime().engine)
+    if as_json:
+        return print_json(found)
     table = Table(
         "room", "delay ms", "multiplier", "attempts", "expiration ms", "status", "unroutable"
     )
-    for r in pubsub.list_rooms(get_runtime().engine):
+    for r in found:
         table.add_row(
             r["name"],
             str(r["delivery_delay_ms"]),

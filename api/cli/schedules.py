@@ -8,7 +8,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console, fail, json_option, parse_payload
+from orderly.api.cli.common import (
+    AsJson,
+    call,
+    console,
+    fail,
+    json_option,
+    parse_payload,
+    print_json,
+)
 from orderly.worker.core.cron import iso
 from orderly.worker.messages import schedules
 from orderly.worker.runtime import get_runtime
@@ -68,9 +76,12 @@ def schedule_add(
 @schedule_app.command("list")
 def schedule_list(
     limit: Annotated[int, typer.Option(min=1, max=schedules.MAX_LIST)] = 100,
+    as_json: AsJson = False,
 ) -> None:
     """Every schedule with its next and last instants (UTC)."""
     found = call(schedules.list_schedules, get_runtime().engine, limit=limit)
+    if as_json:
+        return print_json([s.as_dict() for s in found])
     table = Table("name", "cron", "time zone", "message", "enabled", "next", "last", "last error")
     for s in found:
         table.add_row(

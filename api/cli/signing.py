@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console
 from orderly.models import SIGNING_KINDS
 from orderly.worker.runtime import get_runtime
 from orderly.worker.signing import KEEP_PREVIOUS_S, Secrets
@@ -24,7 +24,6 @@ Kind = Annotated[str, typer.Argument(help=f"One of {', '.join(SIGNING_KINDS)}")]
 Name = Annotated[
     str, typer.Argument(help="The channel's origin, the subscription's id, the source system")
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="As JSON")]
 
 
 def _show(found: Secrets, as_json: bool) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker.messages import confirmations
 from orderly.worker.runtime import get_runtime
 
@@ -32,8 +32,11 @@ def source_set(
 
 
 @source_app.command("list")
-def source_list() -> None:
+def source_list(as_json: AsJson = False) -> None:
+    found = confirmations.list_source_systems(get_runtime().engine)
+    if as_json:
+        return print_json(found)
     table = Table("name", "confirmation url", "timeout ms")
-    for r in confirmations.list_source_systems(get_runtime().engine):
+    for r in found:
         table.add_row(r["name"], r["confirmation_url"] or "", str(r["timeout_ms"]))
     console.print(table)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orderly.api.cli.common import call, console
+from orderly.api.cli.common import AsJson, call, console, print_json
 from orderly.worker import pubsub
 from orderly.worker.pubsub import endpoints, replay
 from orderly.worker.runtime import get_runtime
@@ -66,8 +66,10 @@ def subscription_create(
 
 
 @subscription_app.command("list")
-def subscription_list(room: str) -> None:
+def subscription_list(room: str, as_json: AsJson = False) -> None:
     subs = call(pubsub.list_subscriptions, get_runtime().engine, room)
+    if as_json:
+        return print_json(subs)
     table = Table(
         "id", "name", "kind", "destination", "event type", "pattern", "status", "endpoint"
     )
