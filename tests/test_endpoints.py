@@ -421,3 +421,29 @@ def test_the_longest_wait_is_a_setting(pulls_never_wait: None, client: TestClien
         f"/subscriptions/{sub['subscription_id']}/messages", params={"wait_ms": 10_000}
     )
     assert answer.json() == [] and time.monotonic() - asked < 5  # not the 10 s asked for
+
+
+def test_a_probe_spends_no_messages_last_chance(db: Engine, recorder: Recorder) -> None:
+    _room(db, delivery_delay_ms=200, delivery_attempts=1)  # one send each, no retry
+    sub = _subscribe(db, recorder, "down")
+    recorder.down["/down"] = 503
+    endpoints = Endpoints(EndpointPolicy(circuit_failures=2, probe_max_ms=60_000))
+    ids = _publish(db, 4)
+
+    def probed() -> bool:
+        _drive(db, endpoints)
+        return len(_paths(recorder, "down")) >= 4  # the two that opened it, two probes
+
+    wait_until(probed, timeout=30, what="two probes")
+    states = [_row(db, "delivery", "delivery_id", d).state for d in ids]
+    # the two sends before the circuit opened were their messages' only ones; the probes were
+    # the endpoint's and left their messages waiting
+    assert states[:2] == ["DEAD", "DEAD"] and set(states[2:]) == {"PENDING"}, states
+    del recorder.down["/down"]
+
+    def delivered() -> bool:
+        _drive(db, endpoints)
+        return {_row(db, "delivery", "delivery_id", d).state for d in ids[2:]} == {"DELIVERED"}
+
+    wait_until(delivered, timeout=30, what="the waiting ones delivered")
+    assert _row(db, "subscription", "subscription_id", sub).failures == 0

@@ -62,6 +62,7 @@ class Claimed:
     unhealthy: bool = False  # its endpoint had failed sends in a row when claimed
     rate_per_s: float | None = None  # its endpoint's pace (a token bucket of burst)
     burst: int | None = None
+    probe: bool = False  # the one send its endpoint's open circuit lets through
 
     @property
     def policy(self) -> RetryPolicy:
@@ -482,15 +483,21 @@ def _settle(
         wait = d.attempt.retry_after_ms
         if wait is None:
             wait = policy.delay(next_attempt)
+        # A probe of a down endpoint is the endpoint's send: it spends no message's last chance.
+        kept = push and c.probe and not policy.allows(next_attempt)
+        if kept:
+            wait = min(wait, endpoints.policy.probe_max_ms)
         at = utcnow(clock) + timedelta(milliseconds=wait)
         if push:
             gone = endpoints.failed(conn, c, d.attempt.error)
             if gone is not None:
                 disabled.append(gone)
-        if not policy.allows(next_attempt):
+        if not policy.allows(next_attempt) and not kept:
             state, why = "DEAD", f"{d.attempt.error} (attempts spent: {c.attempts} sends)"
         elif c.expires_at is not None and at >= c.expires_at:
             state, why = "EXPIRED", f"{d.attempt.error} (the next try would come after expiry)"
+        elif kept:
+            state, why = "PENDING", f"{d.attempt.error} (a probe of its endpoint's open circuit)"
         else:
             state, why = "PENDING", d.attempt.error
         outcome = "FAILED" if state == "PENDING" else state

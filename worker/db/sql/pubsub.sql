@@ -479,7 +479,7 @@ claimed AS (
               COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts, r.name AS room,
               e.token, d.order_value, e.deliver_at > e.published_at AS delayed,
               s.max_in_flight, s.failures > 0 OR s.probe_at IS NOT NULL AS unhealthy,
-              s.rate_per_s, s.burst, d.claimed_at),
+              s.rate_per_s, s.burst, s.probe_at IS NOT NULL AS probe, d.claimed_at),
 queued AS (
     INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
     SELECT delivery_id, attempt, CAST(payload AS text), routing_key, claimed_at, 'In process'
@@ -487,7 +487,7 @@ queued AS (
 SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, "user",
        impersonator, deliver_at, expires_at, version, subscription_id, kind, push_url,
        handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed,
-       max_in_flight, unhealthy, rate_per_s, burst
+       max_in_flight, unhealthy, rate_per_s, burst, probe
   FROM claimed;
 
 -- name: deliveries_hold_back
