@@ -283,3 +283,50 @@ def test_the_conversation_operations_sync_and_async(api_only: Stack) -> None:
     with Client(api_only.url, api_only.token) as orderly:
         _start(orderly, "c-async")
     _check("c-async", asyncio.run(run()))
+
+
+def test_no_answer_is_an_orderly_error_and_only_safe_calls_go_again() -> None:
+    import socket
+    import threading
+
+    from orderly.client import NoAnswer, TimedOut, Unreachable
+    from tests.helpers import message
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with (
+        Client(f"http://127.0.0.1:{port}", "k", retries=1) as nobody,
+        pytest.raises(Unreachable) as refused,
+    ):
+        nobody.submit(message(1))
+    assert isinstance(refused.value, NoAnswer) and refused.value.status == 0
+    assert refused.value.fields == ["server"]
+
+    # a server that takes connections and never answers
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        with Client(url, "k", timeout_s=0.3, retries=2, max_wait_s=0.05) as slow:
+            with pytest.raises(TimedOut):
+                slow.submit(message(1))  # idempotent by its ids: three tries
+            tried = len(accepted)
+            with pytest.raises(TimedOut):
+                slow.respond({"res_id": 1, "response": "x"})  # may have been done: once
+            assert (tried, len(accepted) - tried) == (3, 1)
+    finally:
+        silent.close()
+        for conn in accepted:
+            conn.close()

@@ -21,14 +21,17 @@ from orderly.client.errors import (
     ConflictingMessage,
     Forbidden,
     Invalid,
+    NoAnswer,
     NotFound,
     OrderlyError,
     PayloadTooLarge,
     Problem,
     RateLimited,
     ServerError,
+    TimedOut,
     Unauthorized,
     Unavailable,
+    Unreachable,
 )
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "Forbidden",
     "Invalid",
     "MessageFilter",
+    "NoAnswer",
     "NotFound",
     "OrderlyError",
     "PayloadTooLarge",
@@ -49,6 +53,8 @@ __all__ = [
     "RateLimited",
     "ServerError",
     "Submitted",
+    "TimedOut",
     "Unauthorized",
     "Unavailable",
+    "Unreachable",
 ]

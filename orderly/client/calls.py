@@ -53,6 +53,13 @@ class Call(Generic[T]):
     params: Mapping[str, Any] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     read: Callable[[int, Any], T] = _as_is
+    # Sent again after a timeout or a lost connection: a read (GET), or a write the API stores
+    # once whatever the number of times it comes (by its ids, or an Idempotency-Key).
+    idempotent: bool | None = None
+
+    @property
+    def retry_safe(self) -> bool:
+        return self.idempotent if self.idempotent is not None else self.method == "GET"
 
 
 def segment(value: object) -> str:
@@ -90,7 +97,7 @@ def _acked(status: int, body: Any) -> Acked:
 
 
 def submit(message: Any) -> Call[Submitted]:
-    return Call("POST", "/messages", json_of(message), read=_submitted)
+    return Call("POST", "/messages", json_of(message), read=_submitted, idempotent=True)
 
 
 def _submitted_many(status: int, body: Any) -> list[Submitted]:
@@ -103,7 +110,7 @@ def _submitted_many(status: int, body: Any) -> list[Submitted]:
 def submit_many(messages: Sequence[Any]) -> Call[list[Submitted]]:
     """Up to 1,000 messages in one request: all stored, or none (one invalid refuses all)."""
     body = {"messages": [json_of(message) for message in messages]}
-    return Call("POST", "/messages:batch", body, read=_submitted_many)
+    return Call("POST", "/messages:batch", body, read=_submitted_many, idempotent=True)
 
 
 def respond(response: Any) -> Call[dict[str, Any]]:
@@ -144,12 +151,12 @@ def command(verb: str, msg_id: int, note: str, by: str | None) -> Call[dict[str,
 
 def conversation_request(conversation_id: str, request: Any) -> Call[Submitted]:
     path = f"/conversations/{segment(conversation_id)}/requests"
-    return Call("POST", path, json_of(request), read=_submitted)
+    return Call("POST", path, json_of(request), read=_submitted, idempotent=True)
 
 
 def conversation_response(conversation_id: str, response: Any) -> Call[Submitted]:
     path = f"/conversations/{segment(conversation_id)}/responses"
-    return Call("POST", path, json_of(response), read=_submitted)
+    return Call("POST", path, json_of(response), read=_submitted, idempotent=True)
 
 
 def conversation(conversation_id: str) -> Call[dict[str, Any]]:
@@ -222,12 +229,20 @@ def ack(async_response_id: str, token: str) -> Call[Acked]:
 def publish(room: str, event: Any, idempotency_key: str | None) -> Call[Published]:
     headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
     path = f"/rooms/{segment(room)}/events"
-    return Call("POST", path, json_of(event), headers=headers, read=_published)
+    return Call(
+        "POST",
+        path,
+        json_of(event),
+        headers=headers,
+        read=_published,
+        idempotent=idempotency_key is not None,
+    )
 
 
 def pull(subscription_id: int, max_messages: int) -> Call[list[dict[str, Any]]]:
     path = f"/subscriptions/{segment(subscription_id)}/messages"
-    return Call("GET", path, params={"max": max_messages})
+    # not sent again: a pull that timed out may have taken messages (they come back later)
+    return Call("GET", path, params={"max": max_messages}, idempotent=False)
 
 
 def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[dict[str, Any]]:

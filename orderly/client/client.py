@@ -40,14 +40,22 @@ class Client:
             base_url=self._s.base_url,
             headers=self._s.headers,
             timeout=timeout_s,
-            transport=transport,
+            # a connection that could not be made is tried again (httpx's backoff)
+            transport=transport or httpx.HTTPTransport(retries=retries),
         )
 
     def call(self, call: Call[T]) -> T:
         """Send one call; a 503 or a 429 is sent again after its Retry-After, ``retries``
-        times."""
+        times; a connection that could not be made is tried again as often (httpx's transport),
+        and an idempotent call (:attr:`Call.retry_safe`) that got no answer in time is sent
+        again after a second. No answer in the end raises :class:`NoAnswer`
+        (:class:`Unreachable`, :class:`TimedOut`)."""
         for attempt in range(self._s.retries + 1):
-            answer = self._http.request(**self._s.request(call))
+            try:
+                answer = self._http.request(**self._s.request(call))
+            except httpx.TransportError as exc:
+                time.sleep(self._s.again_after(call, exc, attempt))
+                continue
             if answer.status_code not in RETRIED or attempt == self._s.retries:
                 return self._s.read(call, answer)
             time.sleep(self._s.wait_s(answer))
@@ -274,12 +282,16 @@ class AsyncClient:
             base_url=self._s.base_url,
             headers=self._s.headers,
             timeout=timeout_s,
-            transport=transport,
+            transport=transport or httpx.AsyncHTTPTransport(retries=retries),
         )
 
     async def call(self, call: Call[T]) -> T:
         for attempt in range(self._s.retries + 1):
-            answer = await self._http.request(**self._s.request(call))
+            try:
+                answer = await self._http.request(**self._s.request(call))
+            except httpx.TransportError as exc:
+                await asyncio.sleep(self._s.again_after(call, exc, attempt))
+                continue
             if answer.status_code not in RETRIED or attempt == self._s.retries:
                 return self._s.read(call, answer)
             await asyncio.sleep(self._s.wait_s(answer))

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -30,6 +32,32 @@ class OrderlyError(Exception):
     @property
     def fields(self) -> list[str]:
         return [p.field for p in self.problems]
+
+
+class NoAnswer(OrderlyError):
+    """No answer from the API (status 0): it could not be reached, or did not answer in time;
+    still so after the client's retries (an idempotent call is sent again, any call whose
+    connection could not be made is)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(0, [Problem("server", f"{type(cause).__name__}: {cause}")])
+
+
+class Unreachable(NoAnswer):
+    """The API could not be connected to (refused, no route, a name that does not resolve)."""
+
+
+class TimedOut(NoAnswer):
+    """The API did not answer within the client's timeout."""
+
+
+def no_answer(cause: Exception) -> NoAnswer:
+    """The error of a transport failure (httpx's)."""
+    if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
+        return Unreachable(cause)
+    if isinstance(cause, httpx.TimeoutException):
+        return TimedOut(cause)
+    return NoAnswer(cause)
 
 
 class BadRequest(OrderlyError):

@@ -9,12 +9,14 @@ from typing import Any, TypeVar
 import httpx
 
 from orderly.client.calls import Call
-from orderly.client.errors import error_for
+from orderly.client.errors import error_for, no_answer
 
 T = TypeVar("T")
 
 # Answers sent again after their Retry-After: a service down for a moment, a rate limit.
 RETRIED = frozenset({429, 503})
+# The wait before sending again when the API named none (no Retry-After, or no answer).
+DEFAULT_WAIT_S = 1.0
 
 
 class Settings:
@@ -35,6 +37,17 @@ class Settings:
         self.retries = retries
         self.max_wait_s = max_wait_s
 
+    def again_after(self, call: Call[Any], cause: httpx.TransportError, attempt: int) -> float:
+        """Seconds to wait before sending ``call`` again after try ``attempt`` (0-based) got no
+        answer (as after a 503 without Retry-After); raises the client's error when it is not
+        sent again: tries spent, or a call that may have been carried out (not idempotent).
+        A connection that could not be made was already tried again by httpx's transport
+        (``retries`` times, with its own backoff): that is the end."""
+        unsent = isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout)
+        if attempt >= self.retries or unsent or not call.retry_safe:
+            raise no_answer(cause) from cause
+        return min(DEFAULT_WAIT_S, self.max_wait_s)
+
     def request(self, call: Call[Any]) -> dict[str, Any]:
         return {
             "method": call.method,
@@ -46,9 +59,9 @@ class Settings:
 
     def wait_s(self, answer: httpx.Response) -> float:
         try:
-            wanted = float(answer.headers.get("Retry-After", "1"))
+            wanted = float(answer.headers.get("Retry-After", str(DEFAULT_WAIT_S)))
         except ValueError:  # an HTTP date: orderly sends seconds
-            wanted = 1.0
+            wanted = DEFAULT_WAIT_S
         return min(max(wanted, 0.0), self.max_wait_s)
 
     def read(self, call: Call[T], answer: httpx.Response) -> T:
