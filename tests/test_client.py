@@ -330,3 +330,34 @@ def test_no_answer_is_an_orderly_error_and_only_safe_calls_go_again() -> None:
         silent.close()
         for conn in accepted:
             conn.close()
+
+
+def test_the_outbound_calls_of_a_subscriber(api_only: Stack) -> None:
+    import threading
+
+    with Client(api_only.url, api_only.token, retries=0) as orderly:
+        assert (
+            httpx.post(
+                f"{api_only.url}/rooms",
+                json={"name": "lp"},
+                headers={"Authorization": f"Bearer {api_only.token}"},
+            ).status_code
+            == 201
+        )
+        sub = orderly.subscribe("lp", {"name": "q", "kind": "PULL"})["subscription_id"]
+        since = datetime.now(UTC)
+        later = threading.Timer(
+            0.5, lambda: orderly.publish("lp", {"routing_key": "a", "payload": {}})
+        )
+        later.start()
+        # a long poll past the client's own 10 s would be cut short without its wait on top
+        [taken] = orderly.pull(sub, 1, wait_ms=20_000)
+        later.join()
+        moved = orderly.extend_pulled(sub, taken["delivery_id"], taken["receipt"], 60_000)
+        assert moved == {"delivery_id": taken["delivery_id"], "state": "IN_PROCESS"}
+        with pytest.raises(NotFound):
+            orderly.extend_pulled(sub, taken["delivery_id"], "not-the-receipt", 1)
+        orderly.ack_pulled(sub, taken["delivery_id"], taken["receipt"])
+        assert orderly.replay(sub, since) == {"replayed": 1, "backfilled": 0}
+        assert orderly.pull(sub, 5)[0]["delivery_id"] == taken["delivery_id"]
+        assert orderly.enable_subscription(sub, note="checked")["subscription_id"] == sub

@@ -56,6 +56,8 @@ class Call(Generic[T]):
     # Sent again after a timeout or a lost connection: a read (GET), or a write the API stores
     # once whatever the number of times it comes (by its ids, or an Idempotency-Key).
     idempotent: bool | None = None
+    # how long this call may take to answer, when longer than the client's timeout (seconds)
+    wait_s: float = 0.0
 
     @property
     def retry_safe(self) -> bool:
@@ -239,10 +241,29 @@ def publish(room: str, event: Any, idempotency_key: str | None) -> Call[Publishe
     )
 
 
-def pull(subscription_id: int, max_messages: int) -> Call[list[dict[str, Any]]]:
+def pull(subscription_id: int, max_messages: int, wait_ms: int = 0) -> Call[list[dict[str, Any]]]:
     path = f"/subscriptions/{segment(subscription_id)}/messages"
+    params = {"max": max_messages, **({"wait_ms": wait_ms} if wait_ms else {})}
     # not sent again: a pull that timed out may have taken messages (they come back later)
-    return Call("GET", path, params={"max": max_messages}, idempotent=False)
+    return Call("GET", path, params=params, idempotent=False, wait_s=wait_ms / 1000)
+
+
+def extend_pulled(
+    subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
+) -> Call[dict[str, Any]]:
+    path = f"/subscriptions/{segment(subscription_id)}/messages/{segment(delivery_id)}/visibility"
+    body = {"receipt": receipt, "visibility_timeout_ms": visibility_timeout_ms}
+    return Call("POST", path, body, idempotent=True)
+
+
+def replay(subscription_id: int, since: Any, until: Any = None) -> Call[dict[str, Any]]:
+    body = json_of({"since": since, **({} if until is None else {"until": until})})
+    return Call("POST", f"/subscriptions/{segment(subscription_id)}/replay", body)
+
+
+def enable_subscription(subscription_id: int, note: str = "") -> Call[dict[str, Any]]:
+    path = f"/subscriptions/{segment(subscription_id)}/enable"
+    return Call("POST", path, {"note": note}, idempotent=True)
 
 
 def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[dict[str, Any]]:

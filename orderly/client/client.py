@@ -112,8 +112,28 @@ class Client:
         """A channel client's ACK, with the ``X-Orderly-Ack-Token`` its response came with."""
         return self.call(calls.ack(async_response_id, token))
 
-    def pull(self, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
-        return self.call(calls.pull(subscription_id, max_messages))
+    def pull(
+        self, subscription_id: int, max_messages: int = 10, *, wait_ms: int = 0
+    ) -> list[dict[str, Any]]:
+        """A PULL subscription's due messages; with ``wait_ms`` (20,000 at most), waiting up to
+        that long for one to come."""
+        return self.call(calls.pull(subscription_id, max_messages, wait_ms))
+
+    def extend_pulled(
+        self, subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
+    ) -> dict[str, Any]:
+        """A pulled message comes back that long from now unless ACKed (with its receipt)."""
+        call = calls.extend_pulled(subscription_id, delivery_id, receipt, visibility_timeout_ms)
+        return self.call(call)
+
+    def replay(self, subscription_id: int, since: Any, until: Any = None) -> dict[str, Any]:
+        """A subscription's events of a window sent again (and the ones it never had); an
+        admin key. ``since``/``until``: datetimes or ISO 8601 strings."""
+        return self.call(calls.replay(subscription_id, since, until))
+
+    def enable_subscription(self, subscription_id: int, note: str = "") -> dict[str, Any]:
+        """An endpoint disabled by its failures (or with its circuit open) enabled again."""
+        return self.call(calls.enable_subscription(subscription_id, note))
 
     def ack_pulled(self, subscription_id: int, delivery_id: int, receipt: str) -> dict[str, Any]:
         return self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
@@ -346,8 +366,22 @@ class AsyncClient:
     async def ack(self, async_response_id: str, token: str) -> Acked:
         return await self.call(calls.ack(async_response_id, token))
 
-    async def pull(self, subscription_id: int, max_messages: int = 10) -> list[dict[str, Any]]:
-        return await self.call(calls.pull(subscription_id, max_messages))
+    async def pull(
+        self, subscription_id: int, max_messages: int = 10, *, wait_ms: int = 0
+    ) -> list[dict[str, Any]]:
+        return await self.call(calls.pull(subscription_id, max_messages, wait_ms))
+
+    async def extend_pulled(
+        self, subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
+    ) -> dict[str, Any]:
+        call = calls.extend_pulled(subscription_id, delivery_id, receipt, visibility_timeout_ms)
+        return await self.call(call)
+
+    async def replay(self, subscription_id: int, since: Any, until: Any = None) -> dict[str, Any]:
+        return await self.call(calls.replay(subscription_id, since, until))
+
+    async def enable_subscription(self, subscription_id: int, note: str = "") -> dict[str, Any]:
+        return await self.call(calls.enable_subscription(subscription_id, note))
 
     async def ack_pulled(
         self, subscription_id: int, delivery_id: int, receipt: str

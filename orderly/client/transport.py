@@ -49,13 +49,16 @@ class Settings:
         return min(DEFAULT_WAIT_S, self.max_wait_s)
 
     def request(self, call: Call[Any]) -> dict[str, Any]:
-        return {
+        found = {
             "method": call.method,
             "url": call.path,
             "json": call.body,
             "params": call.params,
             "headers": dict(call.headers),
         }
+        if call.wait_s:  # a long poll: its wait on top of the client's timeout
+            found["timeout"] = self.timeout_s + call.wait_s
+        return found
 
     def wait_s(self, answer: httpx.Response) -> float:
         try:
