@@ -202,6 +202,8 @@ class Event(Base):
             unique=True,
             postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
+        # a replay's or a backfill's window of a room's events
+        Index("ix_event_room_published", "room_id", "published_at", "event_id"),
     )
 
     event_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -253,12 +255,12 @@ class Delivery(Base):
             "delivery_id",
             postgresql_where=text("pull AND state = 'PENDING'"),
         ),
-        # ordered subscriptions: the open deliveries of one key
+        # ordered subscriptions: the open deliveries of one key, in publish order
         Index(
             "ix_delivery_order",
             "subscription_id",
             "order_value",
-            "delivery_id",
+            "event_id",
             postgresql_where=text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
         ),
     )

@@ -152,3 +152,33 @@ def test_a_window_in_any_offset_is_read_in_utc(db: Engine) -> None:
     # an offset PostgreSQL would refuse (beyond 15:59), and a time without one (UTC)
     for since in ("0451-05-02T08:41:28.36-21:05", "2026-01-01T00:00:00"):
         assert replay(db, sub, {"since": since}).replayed == 0
+
+
+def test_a_backfill_keeps_a_keys_publish_order_and_handlers_are_not_replayed(db: Engine) -> None:
+    pubsub.create_room(db, {"name": "r"})
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    pubsub.publish(db, "r", {"routing_key": "a", "payload": {"n": 1, "k": "A"}})
+    sub = pubsub.create_subscription(db, "r", {"name": "q", "kind": "PULL", "order_key": "k"})
+    pubsub.publish(db, "r", {"routing_key": "a", "payload": {"n": 2, "k": "A"}})
+    # the older event, backfilled now, gets the newer delivery id: it still goes first
+    assert replay(db, sub["subscription_id"], {"since": since.isoformat()}).backfilled == 1
+    order = []
+    for _ in range(2):
+        [m] = _pulled(db, sub["subscription_id"])
+        order.append(m["payload"]["n"])
+        pubsub.ack_pulled(db, sub["subscription_id"], m["delivery_id"], m["receipt"])
+    assert order == [1, 2]
+    with db.connect() as conn:  # no longer counted unroutable
+        assert conn.execute(text("SELECT bool_or(unroutable) FROM event")).scalar_one() is False
+    handler = {"name": "h", "kind": "HANDLER", "handler": "test.record"}
+    made = pubsub.create_subscription(db, "r", handler, token_secret="s" * 32)
+    with pytest.raises(InvalidMessage, match="HANDLER"):
+        replay(db, made["subscription_id"], {"since": since.isoformat()})
+    with pytest.raises(InvalidMessage) as refused:
+        pubsub.create_subscription(
+            db,
+            "r",
+            {**handler, "name": "h2", "backfill_since": since.isoformat()},
+            token_secret="s" * 32,
+        )
+    assert refused.value.problems[0][0] == "backfill_since"

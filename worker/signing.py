@@ -110,11 +110,14 @@ class SigningSecrets:
         """:meth:`get` for an API caller: only a destination that exists and that ``owns``
         holds (None: any); another's, or none, is not found."""
         _checked(kind, name)
-        with self._engine.begin() as conn:
-            row = conn.execute(
-                sql("signing_secret_get_owned"),
-                {"kind": kind, "name": name, "secret": new_secret(), **_owned(owns)},
-            ).first()
+        values = {"kind": kind, "name": name, "secret": new_secret(), **_owned(owns)}
+        # twice at most: a first use racing another is answered by the one it lost to, which
+        # its statement's snapshot may not have seen yet
+        for _ in range(2):
+            with self._engine.begin() as conn:
+                row = conn.execute(sql("signing_secret_get_owned"), values).first()
+            if row is not None:
+                break
         if row is None:
             raise NotFound(f"{kind} destination", name)
         return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)

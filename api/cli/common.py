@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from datetime import date, datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -29,8 +30,14 @@ AsJson = Annotated[bool, typer.Option("--json", help="The rows as JSON, as the A
 
 
 def print_json(value: Any) -> None:
-    """One JSON document on stdout (dates as ISO strings)."""
-    console.print_json(json.dumps(value, default=str, ensure_ascii=False))
+    """One JSON document on stdout (dates and times in ISO 8601, as the API writes them)."""
+    console.print_json(json.dumps(value, default=_iso, ensure_ascii=False))
+
+
+def _iso(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
 
 
 T = TypeVar("T")

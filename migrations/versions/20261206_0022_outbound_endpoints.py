@@ -53,6 +53,16 @@ def upgrade() -> None:
             " (rate_per_s > 0 AND burst >= 1)) AND (max_in_flight IS NULL OR max_in_flight >= 1)",
         )
 
+    # An ordered key's deliveries go in publish order (event_id): a backfilled delivery of an
+    # older event comes before the later ones, whatever its delivery_id.
+    op.drop_index("ix_delivery_order", table_name="delivery")
+    op.create_index(
+        "ix_delivery_order",
+        "delivery",
+        ["subscription_id", "order_value", "event_id"],
+        postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
+    )
+    op.create_index("ix_event_room_published", "event", ["room_id", "published_at", "event_id"])
     # A pulled delivery's visibility deadline is now its scheduled_at: the ones pulled before
     # keep the deadline their pull gave them.
     op.execute(
@@ -64,6 +74,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_event_room_published", table_name="event")
+    op.drop_index("ix_delivery_order", table_name="delivery")
+    op.create_index(
+        "ix_delivery_order",
+        "delivery",
+        ["subscription_id", "order_value", "delivery_id"],
+        postgresql_where=sa.text("order_value IS NOT NULL AND state IN ('PENDING', 'IN_PROCESS')"),
+    )
     with op.batch_alter_table("subscription") as table:
         table.drop_constraint(op.f("ck_subscription_pace"), type_="check")
         for column in (

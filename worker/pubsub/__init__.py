@@ -32,12 +32,11 @@ from orderly.worker.pubsub.admin import (
     update_room,
     update_subscription,
 )
+from orderly.worker.pubsub.consumers import Consumers, consumers
 from orderly.worker.pubsub.delivery import (
     Attempt,
     Claimed,
-    Consumers,
     Push,
-    consumers,
     deliver,
     deliver_batch,
 )

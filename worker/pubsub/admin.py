@@ -24,7 +24,7 @@ from orderly.worker.core.inputs import UtcTime, parse_input
 from orderly.worker.core.retry import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_MULTIPLIER
 from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import schemas
-from orderly.worker.pubsub.replay import backfill
+from orderly.worker.pubsub.replay import backfill, refuse_handler
 from orderly.worker.pubsub.routing import PATTERN, PATTERN_RULE, Name
 
 # A room's deliveryDelay is at most a day (a retry's wait can grow to MAX_DELAY_MS).
@@ -300,6 +300,8 @@ def create_subscription(
         )
     _destination_problems(sub_in, policy)
     sub_in = _paced(sub_in)
+    if sub_in.backfill_since is not None:
+        refuse_handler(sub_in.kind.value, "backfill_since")
     min_version, max_version = _version_range(sub_in)
     values = {
         **sub_in.model_dump(exclude={"event_type", "event_version", "backfill_since"}),

@@ -27,6 +27,7 @@ from orderly.worker.core.errors import Unauthorized
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.retry import RetryPolicy
 from orderly.worker.db.queries import sql
+from orderly.worker.pubsub.consumers import consumers
 from orderly.worker.pubsub.endpoints import Disabled, EndpointPolicy, Endpoints
 from orderly.worker.pubsub.measure import Measure, tracing
 
@@ -84,29 +85,6 @@ class Attempt:
 
 
 Push = Callable[[Claimed], Attempt]
-ConsumerHandler = Callable[[Claimed], None]
-
-
-class Consumers:
-    """Handlers chosen by routing key (the broker seed's consumer classes)."""
-
-    def __init__(self) -> None:
-        self._handlers: dict[str, ConsumerHandler] = {}
-
-    def register(self, name: str) -> Callable[[ConsumerHandler], ConsumerHandler]:
-        def add(fn: ConsumerHandler) -> ConsumerHandler:
-            self._handlers[name] = fn
-            return fn
-
-        return add
-
-    def get(self, name: str) -> ConsumerHandler | None:
-        return self._handlers.get(name)
-
-
-consumers = Consumers()
-
-
 # --- delivery ------------------------------------------------------------------------------------
 
 
@@ -170,6 +148,8 @@ def deliver_batch(
             # a token for each send to a paced endpoint; the ones without go back, unsent
             paced = endpoints.refused(claimed)
             endpoints.hold_back(conn, paced, claim)
+            probes = [c for c in claimed if c.probe and c.delivery_id in paced]
+            endpoints.probe_later(conn, [(c, paced[c.delivery_id]) for c in probes])
         claimed = [c for c in claimed if c.delivery_id not in paced]
         with tracing():
             done, held_back = _send(claimed, push, secret, clock, endpoints.policy)
@@ -344,7 +324,6 @@ def _attempt(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
         ):
             raise Unauthorized("the token was signed for another message or user")
     except Unauthorized as exc:
-        log.warning("delivery %s refused: %s", c.delivery_id, exc)
         return _Done(c, started, refused=f"unauthorized: {exc}", failure=Failure.of(exc))
     handler = consumers.get(c.handler or "")
 
@@ -368,7 +347,7 @@ def _measured(c: Claimed, started: datetime, run: Callable[[], Attempt]) -> _Don
         except Exception as exc:
             failure = Failure.of(exc)
     if failure is not None:
-        log.error("delivery %s (%s) failed: %s", c.delivery_id, c.kind, failure.traceback)
+        # its line (with the traceback) is written when its outcome is: _log_failure
         sent = Attempt(False, f"{failure.type}: {failure.message}")
     elif not sent.ok:
         failure = Failure(sent.error_type, sent.error)
@@ -463,9 +442,13 @@ def _settle(
         # Consumer authorization failed: never processed, dead-lettered with the reason.
         state = "DEAD"
         held = _set_state(conn, d, claim, state, c.attempt, None, d.refused, "DEAD", clock)
+        if held:
+            _log_failure(d, state, 0, d.refused)
     elif d.attempt is None:
         state, why = "EXPIRED", "past the room's message expiration"
         held = _set_state(conn, d, claim, state, c.attempt, None, why, "EXPIRED", clock)
+        if held:
+            _log_failure(d, state, 0, why)
     elif d.attempt.ok:
         state = "DELIVERED"
         held = _set_state(conn, d, claim, state, c.attempt, None, None, "DELIVERED", clock)

@@ -167,6 +167,12 @@ class Endpoints:
             values = {"ids": list(waits_ms), "waits_ms": list(waits_ms.values()), "claim": claim}
             conn.execute(sql("deliveries_hold_back"), values)
 
+    def probe_later(self, conn: Connection, probes: Sequence[tuple[Paced, int]]) -> None:
+        """Probes given back unsent (no rate token): their endpoint's next probe when their
+        token is there, not after the probe's hold."""
+        for p, wait_ms in probes:
+            conn.execute(sql("endpoint_open"), {"s": p.subscription_id, "wait_ms": wait_ms})
+
     def release(self, conn: Connection, subscription_id: int, ended: int) -> None:
         """``ended`` sends of an endpoint with max_in_flight are over: as many waiting ones go."""
         conn.execute(sql("endpoint_release"), {"s": subscription_id, "n": ended})

@@ -398,12 +398,12 @@ SELECT gone.delivery_id, gone.attempt, CAST(e.payload AS text), e.routing_key, n
 -- name: endpoints_lock
 -- The PUSH endpoints (subscriptions) of a batch's deliveries, locked in key order until the
 -- claim commits: the claim that follows counts their sends in flight and takes their one
--- probe with nothing racing it, whatever they looked like before the lock.
+-- probe with nothing racing it, whatever they looked like before the lock (and whatever
+-- state their deliveries were in: one may turn PENDING before the claim reads it).
 SELECT s.subscription_id
   FROM subscription s
  WHERE s.subscription_id IN (SELECT d.subscription_id FROM delivery d
-                              WHERE d.delivery_id = ANY(:ids) AND d.state = 'PENDING'
-                                AND NOT d.pull)
+                              WHERE d.delivery_id = ANY(:ids) AND NOT d.pull)
  ORDER BY s.subscription_id
    FOR NO KEY UPDATE;
 
@@ -435,7 +435,7 @@ WITH cand AS (
        AND (d.order_value IS NULL OR NOT EXISTS (
              SELECT 1 FROM delivery o
               WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
-                AND o.delivery_id < d.delivery_id AND o.state IN ('PENDING', 'IN_PROCESS')))),
+                AND o.event_id < d.event_id AND o.state IN ('PENDING', 'IN_PROCESS')))),
 chosen AS (
     SELECT c.delivery_id, c.subscription_id, c.probe_at IS NOT NULL AS probe
       FROM cand c
@@ -688,11 +688,15 @@ SELECT held.delivery_id, held.attempt, CAST(e.payload AS text), e.routing_key, :
   FROM held JOIN event e USING (event_id);
 
 -- name: delivery_release_next
--- An ordered key's head reached a final state: its successor is due at once.
+-- An ordered key's head reached a final state: its successor (the next event of the key, by
+-- publish order: a backfilled delivery of an older event comes before) is due at once.
 UPDATE delivery SET next_attempt_at = now(), scheduled_at = now()
  WHERE delivery_id = (
-       SELECT min(delivery_id) FROM delivery WHERE subscription_id = :s
-          AND order_value = :v AND state = 'PENDING' AND delivery_id > :d);
+       SELECT n.delivery_id FROM delivery n
+        WHERE n.subscription_id = :s AND n.order_value = :v AND n.state = 'PENDING'
+          AND n.event_id > (SELECT event_id FROM delivery WHERE delivery_id = :d)
+        ORDER BY n.event_id
+        LIMIT 1);
 
 -- name: dead_letters_redrive
 -- An operator sends dead-lettered deliveries again: attempts start over, due now (published
@@ -761,17 +765,25 @@ SELECT s.subscription_id, s.room_id, s.kind, s.status, s.event_type_id,
    FOR NO KEY UPDATE;
 
 -- name: backfill_candidates
--- A room's events published in [:since, :until) after event :after, by id, that the
--- subscription :s has no delivery of and that have not expired (:limit at most).
-SELECT e.event_id, e.event_type_id, e.version, e.routing_key, e.payload, e.deliver_at
+-- A room's events published in [:since, :until) after (:after_at, :after_id), in publish
+-- order (ix_event_room_published), that the subscription :s has no delivery of and that have
+-- not expired (:limit at most).
+SELECT e.event_id, e.event_type_id, e.version, e.routing_key, e.payload, e.deliver_at,
+       e.published_at
   FROM event e
- WHERE e.room_id = :room_id AND e.event_id > :after AND e.published_at >= :since
+ WHERE e.room_id = :room_id AND e.published_at >= :since
    AND (CAST(:until AS timestamptz) IS NULL OR e.published_at < :until)
+   AND (CAST(:after_at AS timestamptz) IS NULL
+        OR (e.published_at, e.event_id) > (CAST(:after_at AS timestamptz), :after_id))
    AND (e.expires_at IS NULL OR e.expires_at > now())
    AND NOT EXISTS (SELECT 1 FROM delivery d
                     WHERE d.event_id = e.event_id AND d.subscription_id = :s)
- ORDER BY e.event_id
+ ORDER BY e.published_at, e.event_id
  LIMIT :limit;
+
+-- name: events_routed
+-- Events a backfill gave a delivery: no longer unroutable.
+UPDATE event SET unroutable = false WHERE event_id = ANY(:ids) AND unroutable;
 
 -- name: dead_letters_list
 SELECT d.delivery_id, d.subscription_id, d.attempt, d.last_error,
@@ -808,7 +820,7 @@ WITH taken AS (
                     SELECT 1 FROM delivery p
                      WHERE p.subscription_id = o.subscription_id
                        AND p.order_value = o.order_value
-                       AND p.delivery_id < o.delivery_id
+                       AND p.event_id < o.event_id
                        AND p.state IN ('PENDING', 'IN_PROCESS')))
             ORDER BY o.delivery_id
             LIMIT :max
