@@ -72,6 +72,9 @@ def test_every_call_and_every_refusal(live: Stack, db: Engine) -> None:
         # Every filter the API takes narrows the list.
         assert [m["msg_id"] for m in orderly.messages(correlation_id="corr-1")] == [sent.msg_id]
         assert orderly.messages(correlation_id="corr-1", source_system="elsewhere") == []
+        # every page, one message a request: both, in order, then the end
+        paged = [m["msg_id"] for m in orderly.iter_messages(page_size=1, service="test")]
+        assert paged == [sent.msg_id, second.msg_id]
         assert [m["msg_id"] for m in orderly.messages(since="2026-01-01T00:00:01.5Z")] == [
             second.msg_id
         ]

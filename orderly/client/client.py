@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -181,6 +181,17 @@ class Client:
             state, service, operation, source_system, correlation_id, funnel, since, until
         )
         return self.call(calls.messages(found, limit, offset))
+
+    def iter_messages(self, *, page_size: int = 100, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every message matching the filters of :meth:`messages`, a page of ``page_size`` per
+        request, until a page comes back short."""
+        offset = 0
+        while True:
+            page = self.messages(limit=page_size, offset=offset, **filters)
+            yield from page
+            if len(page) < page_size:
+                return
+            offset += len(page)
 
     def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
         return self.call(calls.command("cancel", msg_id, note, by))
