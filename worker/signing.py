@@ -53,6 +53,17 @@ class Secrets:
             return [self.secret, self.previous]
         return [self.secret]
 
+    def view(self) -> dict[str, Any]:
+        """As the API and the CLI show it."""
+        until = self.previous_until
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "secret": self.secret,
+            "previous": self.previous,
+            "previous_until": None if until is None else until.isoformat(),
+        }
+
 
 def _checked(kind: str, name: str) -> None:
     if kind not in SIGNING_KINDS:

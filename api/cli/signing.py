@@ -27,15 +27,7 @@ Name = Annotated[
 
 
 def _show(found: Secrets, as_json: bool) -> None:
-    view = {
-        "kind": found.kind,
-        "name": found.name,
-        "secret": found.secret,
-        "previous": found.previous,
-        "previous_until": None
-        if found.previous_until is None
-        else found.previous_until.isoformat(),
-    }
+    view = found.view()
     if as_json:
         console.print_json(json.dumps(view))
         return

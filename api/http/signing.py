@@ -5,7 +5,6 @@ PULL/PUSH subscriptions by id, its source systems); another's answers 404."""
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -16,21 +15,9 @@ from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator
 from orderly.api.http.common import AppRuntime, json_body
 from orderly.api.http.contract import body
-from orderly.worker.signing import RotateIn, Secrets
+from orderly.worker.signing import RotateIn
 
 router = APIRouter()
-
-
-def _view(found: Secrets) -> dict[str, Any]:
-    return {
-        "kind": found.kind,
-        "name": found.name,
-        "secret": found.secret,
-        "previous": found.previous,
-        "previous_until": None
-        if found.previous_until is None
-        else found.previous_until.isoformat(),
-    }
 
 
 @router.get("/signing-secrets/{kind}/{name}", responses=answers(a.SigningSecret))
@@ -40,7 +27,7 @@ async def show_signing_secret(
     """A destination's secret (made now if no request went there yet), and the previous one
     while a rotation lets it sign too."""
     found = await run_in_threadpool(runtime.signing.show_for, kind, name, key.owns)
-    return JSONResponse(_view(found))
+    return JSONResponse(found.view())
 
 
 @router.post(
@@ -55,4 +42,4 @@ async def rotate_signing_secret(
     (a day by default) so that its receiver can switch without losing a request."""
     data = await json_body(request)
     call = functools.partial(runtime.signing.rotate_for, kind, name, data, key.owns)
-    return JSONResponse(_view(await run_in_threadpool(call)))
+    return JSONResponse((await run_in_threadpool(call)).view())

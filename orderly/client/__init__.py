@@ -13,8 +13,9 @@ as a typed :class:`OrderlyError` (a submit whose ids another message holds:
         orderly.message(sent.msg_id)["state"]
 """
 
+from orderly.client.async_client import AsyncClient
 from orderly.client.calls import Acked, MessageFilter, Published, Submitted
-from orderly.client.client import AsyncClient, Client
+from orderly.client.client import Client
 from orderly.client.errors import (
     BadRequest,
     Conflict,
