@@ -105,6 +105,7 @@ case "$cmd" in
     ensure_apt docker-compose docker-compose
     ensure_apt chromium chromium
     ensure_apt chromedriver chromium-driver
+    ensure_apt promtool prometheus
     ensure_spark_deps
     ensure_services
     ensure_venv

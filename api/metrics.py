@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
 import redis
@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from orderly.models.pubsub import DeliveryState
 from orderly.worker.observe import Figures, Source, gather
 from orderly.worker.runtime import Runtime, get_runtime
+from orderly.worker.totals import CATALOGUE, Counter, Total, histogram_totals
 from orderly.worker.tracking import Histogram
 
 
@@ -108,12 +109,9 @@ def families(figures: Figures) -> Iterable[Metric]:
             " due work's ticker is behind",
             value=store.due_lag_s,
         )
-        yield CounterMetricFamily(
-            "orderly_late_responses",
-            "Conversation responses delivered after their request expired (MESSAGE_TTL): "
-            "they went after later requests' responses, marked (message.late_ms)",
-            value=store.late_responses,
-        )
+
+    if figures.totals is not None:
+        yield from _totals(figures.totals)
 
     if (conv := figures.conversations) is not None:
         yield GaugeMetricFamily(
@@ -220,6 +218,26 @@ def families(figures: Figures) -> Iterable[Metric]:
             "Tasks taken by workers and not yet acknowledged",
             value=broker.unacked,
         )
+
+
+def _totals(found: Sequence[Total]) -> Iterable[Metric]:
+    """Every counter and histogram of the catalogue, from their running totals (a counter no
+    process counted yet is 0, or has no series when it has labels)."""
+    for spec in CATALOGUE:
+        if isinstance(spec, Counter):
+            family = CounterMetricFamily(spec.name, spec.doc, labels=spec.labels)
+            series = [t for t in found if t.name == spec.name]
+            if not series and not spec.labels:
+                family.add_metric([], 0.0)
+            for t in series:
+                family.add_metric([t.labels.get(label, "") for label in spec.labels], t.value)
+            yield family
+        else:
+            histogram = HistogramMetricFamily(spec.name, spec.doc, labels=spec.labels)
+            for h in histogram_totals(spec, found):
+                values = [h.labels.get(label, "") for label in spec.labels]
+                histogram.add_metric(values, list(h.buckets), h.sum)
+            yield histogram
 
 
 class FiguresCollector(Collector):

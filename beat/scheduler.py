@@ -38,6 +38,7 @@ class ConfiguredScheduler(Scheduler):
     def setup_schedule(self) -> None:
         runtime = get_runtime()
         runtime.startup_check()
+        runtime.count_totals()
         self.due, self.agents = build_tickers(runtime.config, runtime.settings, runtime)
         self.node = NodeFollower(
             runtime.engine,

@@ -15,6 +15,7 @@ from orderly.models.enums import (
 from orderly.models.external_call import ExternalCall
 from orderly.models.funnel_limit import FunnelLimit
 from orderly.models.message import Message
+from orderly.models.metric_total import MetricTotal
 from orderly.models.node import Node
 from orderly.models.pubsub import (
     Delivery,
@@ -61,6 +62,7 @@ __all__ = [
     "LogException",
     "Message",
     "MessageState",
+    "MetricTotal",
     "Node",
     "NodeState",
     "Outcome",

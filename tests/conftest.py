@@ -78,6 +78,7 @@ from orderly.worker.db import schema  # noqa: E402
 from orderly.worker.messages.intake import Intake  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 from orderly.worker.settings import get_settings  # noqa: E402
+from orderly.worker.totals import TALLY  # noqa: E402
 from tests import kinds  # noqa: E402
 from tests.helpers import OrderlyCli, api_key  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
@@ -113,6 +114,7 @@ TABLES = (
     "schedule",
     "funnel_limit",
     "signing_secret",
+    "metric_total",
 )
 
 
@@ -134,6 +136,7 @@ def pg_engine() -> Iterator[Engine]:
     schema.upgrade(TEST_DB_URL)
     engine = create_engine(TEST_DB_URL)
     yield engine
+    TALLY.detach()
     engine.dispose()
     get_runtime().engine.dispose()
     with admin.connect() as conn:
@@ -143,7 +146,11 @@ def pg_engine() -> Iterator[Engine]:
 
 @pytest.fixture
 def db(pg_engine: Engine) -> Engine:
-    """The test database, emptied, with configuration defaults; a fresh runtime per test."""
+    """The test database, emptied, with configuration defaults; a fresh runtime per test.
+
+    An app an earlier test made in this process flushes its metric increments no more.
+    """
+    TALLY.detach()
     with pg_engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
     configuration.ensure_defaults(pg_engine)

@@ -24,8 +24,8 @@ E2E_FIXTURES = frozenset(
 )
 STORE_FIXTURES = frozenset({"pg_engine", "db", "redis_client", "orderly_engine"})
 # Their tests start processes in their own ways: the `orderly` command, docker-compose, Flower,
-# Spark (through the report's own entry points as well as the ``spark`` fixture), pip and an
-# installed orderly.
+# Spark (through the report's own entry points as well as the ``spark`` fixture), promtool,
+# pip and an installed orderly.
 E2E_MODULES = frozenset(
     {
         "tests.test_cli",
@@ -33,6 +33,7 @@ E2E_MODULES = frozenset(
         "tests.test_flower_browser",
         "tests.test_image",
         "tests.test_install",
+        "tests.test_monitoring",
         "tests.test_docs",
         "tests.test_readme",
         "tests.test_report",

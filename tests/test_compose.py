@@ -36,9 +36,13 @@ SERVICES = {
     "beat",
     "flower",
     "prometheus",
+    "grafana",
 }
-# The file refuses to be used without Flower's password.
-FLOWER_ENV = {"ORDERLY_FLOWER_PASSWORD": "compose-test-password"}
+# The file refuses to be used without Flower's and Grafana's passwords.
+FLOWER_ENV = {
+    "ORDERLY_FLOWER_PASSWORD": "compose-test-password",
+    "ORDERLY_GRAFANA_PASSWORD": "compose-test-grafana",
+}
 
 
 def compose(
@@ -49,7 +53,11 @@ def compose(
         if IN_CI:
             pytest.fail("docker-compose is not installed")
         pytest.skip("docker-compose is not installed")
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ORDERLY_FLOWER_")}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ORDERLY_FLOWER_", "ORDERLY_GRAFANA_"))
+    }
     full_env.update(env)
     return subprocess.run(
         [exe, "-f", str(path), *args],
@@ -151,7 +159,8 @@ def test_published_ports_are_on_the_hosts_loopback() -> None:
     published = {
         name: [str(p) for p in service.get("ports", [])] for name, service in services.items()
     }
-    assert {n for n, ports in published.items() if ports} == {"api", "flower", "prometheus"}
+    expected = {"api", "flower", "prometheus", "grafana"}
+    assert {n for n, ports in published.items() if ports} == expected
     for name, ports in published.items():
         for port in ports:
             assert port.startswith("127.0.0.1:"), (name, port)
@@ -204,6 +213,30 @@ def test_prometheus_scrapes_the_api_with_a_key_and_flower() -> None:
     }
     assert jobs["flower"]["static_configs"] == [{"targets": ["flower:5555"]}]
     assert all(job["metrics_path"] == "/metrics" for job in jobs.values())
+    # orderly's alert rules, mounted where the configuration loads them from
+    assert mounted["/etc/prometheus/orderly-rules.yml"].endswith("/deploy/orderly-rules.yml")
+    assert scrape["rule_files"] == ["/etc/prometheus/orderly-rules.yml"]
+
+
+def test_grafana_needs_its_password_and_shows_orderlys_dashboard_from_prometheus(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "docker-compose.yml"
+    copy.write_text((ROOT / "docker-compose.yml").read_text())
+    refused = compose(copy, "config", "-q", env={"ORDERLY_FLOWER_PASSWORD": "x"})
+    assert refused.returncode != 0 and "ORDERLY_GRAFANA_PASSWORD" in refused.stderr
+
+    grafana = resolved()["services"]["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "compose-test-grafana"
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    provisioning = Path(mounted["/etc/grafana/provisioning"])
+    assert provisioning == ROOT / "deploy" / "grafana" / "provisioning"
+    sources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    assert [d["url"] for d in sources["datasources"]] == ["http://prometheus:9090"]
+    providers = yaml.safe_load((provisioning / "dashboards" / "orderly.yml").read_text())
+    folder = providers["providers"][0]["options"]["path"]
+    dashboard = next(source for m, source in mounted.items() if m.startswith(folder + "/"))
+    assert Path(dashboard) == ROOT / "deploy" / "grafana" / "orderly-dashboard.json"
 
 
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:

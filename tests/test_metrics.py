@@ -63,6 +63,11 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
+def found(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value, 0 when the scrape has no such series (yet)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
 def exposition(figures: Figures) -> Samples:
     """What a scrape of these figures shows, through prometheus_client's own text format."""
     return parse(generate_latest(make_registry(lambda: figures)).decode())
@@ -523,6 +528,8 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
                 "/rooms/orders/subscriptions", json={**sub, "routing_key_pattern": pattern, **extra}
             )
             assert answer.status_code == 201, answer.text
+            if name == "never":
+                never = str(answer.json()["subscription_id"])
         recorder.fail["/never"] = 1
         for key, delay in (("later", 600_000), ("bad", 0)):
             body = {"routing_key": key, "payload": {}, "$delay": delay}
@@ -553,6 +560,38 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
             )
 
         wait_until(settled, timeout=60, what="the workload settled")
+
+        # Counted where it happened (the worker, the API: worker.totals) and summed in
+        # PostgreSQL within ORDERLY_METRICS_FLUSH_S.
+        script = {"service": "test", "operation": "script"}
+
+        def counted() -> bool:
+            now = parse(http.get("/metrics").text)
+            runs = ("orderly_messages_processed_total", "orderly_handler_duration_seconds_count")
+            return (
+                found(now, runs[0], **script, outcome="OK") == 5
+                and found(now, runs[0], **script, outcome="PARTLY_FAILED") == 2
+                and found(now, runs[1], **script) == 7
+                and found(now, "orderly_deliveries_sent_total", subscription=never, outcome="DEAD")
+                == 1
+                and found(now, "orderly_conversation_sends_total", channel="chat", outcome="sent")
+                == 1
+            )
+
+        wait_until(counted, timeout=30, what="the runs, sends and requests counted")
+        totals = parse(http.get("/metrics").text)
+        assert found(
+            totals, "orderly_conversation_sends_total", channel="chat", outcome="delivered"
+        )
+        assert found(totals, "orderly_conversation_sends_total", channel="slow", outcome="retry")
+        # s5 delivered and s3 sent (202): each released once, a while after it came
+        release = found(totals, "orderly_conversation_release_seconds_count", channel="chat")
+        assert release == 2
+        posts = found(totals, "orderly_http_requests_total", method="POST", route="/messages",
+                      status="201")  # fmt: skip
+        assert posts == 7
+        failed = found(totals, "orderly_messages_processed_total", **script, outcome="FAILED")
+        assert failed == 0  # retried later (no beat here), not failed for good
 
         # The worker's node stops: what is submitted now waits, and so does its wake-up task.
         nodes.set_state(db, "worker-node", NodeState.STOPPED)

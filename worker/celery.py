@@ -14,7 +14,7 @@ from celery import Celery, bootsteps, signals
 from kombu.entity import Exchange, Queue
 
 from orderly.models import NodeState
-from orderly.worker import nodes
+from orderly.worker import nodes, totals
 from orderly.worker.core import logs
 from orderly.worker.core.clock import now_ms
 from orderly.worker.runtime import get_runtime
@@ -267,6 +267,7 @@ def _register_service(sender: Any = None, **_: Any) -> None:
     If Redis cannot be reached now, the lease starts at a later heartbeat.
     """
     runtime = get_runtime()
+    runtime.count_totals()
     settings = runtime.settings
     lease = ServiceLease(
         runtime.services,
@@ -292,8 +293,14 @@ def _register_service(sender: Any = None, **_: Any) -> None:
     )
 
 
+@signals.worker_process_shutdown.connect
+def _flush_totals(**_: Any) -> None:
+    totals.TALLY.flush()
+
+
 @signals.worker_shutdown.connect
 def _deregister_service(**_: Any) -> None:
+    totals.TALLY.flush()
     runtime = get_runtime()
     lease = runtime.service_lease
     if lease is not None and lease.service_id is not None:

@@ -28,6 +28,7 @@ from orderly.models.pubsub import DeliveryState
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.scripts import as_text
 from orderly.worker.db.queries import sql
+from orderly.worker.totals import Total, Totals
 from orderly.worker.tracking import Services, TrackingSnapshot, snapshot
 
 # kombu's Redis transport (kombu/transport/redis.py, Channel): a queue is a list under its own
@@ -142,6 +143,8 @@ class Figures:
     workers_alive: Mapping[str, int] | None  # node code -> live workers
     broker: BrokerFigures | None
     errors: Mapping[Source, str] = field(default_factory=dict)
+    # the running totals of the counters and histograms (worker.totals; None: not read)
+    totals: Sequence[Total] | None = None
     gathered_at: float = 0.0  # seconds since the epoch
 
 
@@ -383,6 +386,7 @@ def gather(
     except _FAILURES as exc:
         errors[Source.REDIS] = _reason(exc)
     store: StoreFigures | None = None
+    totals: list[Total] | None = None
     try:
         heads = conversations.blocked_head_msg_ids if conversations else ()
         store = store_figures(engine, heads)
@@ -390,6 +394,7 @@ def gather(
             conversations = replace(
                 conversations, oldest_blocked_head_age_s=store.oldest_blocked_head_age_s
             )
+        totals = Totals(engine).read()
     except _FAILURES as exc:
         errors[Source.POSTGRESQL] = _reason(exc)
     tracked: TrackingSnapshot | None = None
@@ -413,6 +418,7 @@ def gather(
         broker=queued,
         errors=errors,
         gathered_at=time.time(),
+        totals=totals,
     )
 
 

@@ -57,6 +57,7 @@ from orderly.worker.core.clients import run_ids
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
 from orderly.worker.db.queries import sql
+from orderly.worker.totals import REDIS_REBUILDS, TALLY
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ def rebuild(
             lock.execute(sql("rebuild_unlock"))
             lock.commit()
     log.warning("Redis %s", report.summary())
+    if report.done:
+        TALLY.add(REDIS_REBUILDS, report.reason.split(" (")[0])
     return report
 
 

@@ -18,7 +18,7 @@ from redis import Redis
 from sqlalchemy import Engine
 
 from orderly.models.keys import TrackKeys
-from orderly.worker import configuration, nodes
+from orderly.worker import configuration, nodes, totals
 from orderly.worker.broker import Broker
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
@@ -288,6 +288,10 @@ class Runtime:
         """Wake a worker to claim due messages, unless one is woken already; whether a task
         was sent."""
         return self.wake.wake(self.broker.send_process_due)
+
+    def count_totals(self) -> None:
+        """Add what this process counts to the metrics' running totals (worker.totals)."""
+        totals.attach(self.engine, self.settings.metrics_flush_s)
 
     def after_fork(self) -> None:
         """A forked child must not share its parent's database connections."""

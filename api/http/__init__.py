@@ -115,6 +115,7 @@ def create_app(broker: Broker | None = None) -> FastAPI:
         generate_unique_id_function=lambda route: route.name,
     )
     app.state.runtime = runtime
+    runtime.count_totals()
     app.state.metrics_registry = metrics.make_registry(runtime)
     errors.install(app, retry_after_s=runtime.settings.retry_after_s)
     for router, tag, documented in sorted(ROUTERS, key=lambda r: r[0] is not MATCHED_FIRST):
@@ -123,4 +124,5 @@ def create_app(broker: Broker | None = None) -> FastAPI:
     console.install(app)
     bodies.install(app, settings)
     ratelimit.install(app)
+    metrics.install(app)
     return app

@@ -304,9 +304,18 @@ def _every_figure() -> Any:
         Figures,
         StoreFigures,
     )
+    from orderly.worker.totals import CATALOGUE, Counter, Total
     from orderly.worker.tracking import Histogram, TrackingSnapshot
 
     histogram = Histogram(count=1, sum_ms=1, max_ms=1, buckets=((1.0, 1), (float("inf"), 1)))
+    totals = []
+    for spec in CATALOGUE:  # one series of each counter and histogram
+        labels = dict.fromkeys(spec.labels, "x")
+        if isinstance(spec, Counter):
+            totals.append(Total(spec.name, labels, 0.0))
+        else:
+            totals.append(Total(f"{spec.name}_bucket", {**labels, "le": "+Inf"}, 0.0))
+            totals.append(Total(f"{spec.name}_sum", labels, 0.0))
     return Figures(
         store=StoreFigures(
             messages={s: 0 for s in MessageState},
@@ -338,6 +347,7 @@ def _every_figure() -> Any:
         ),
         workers_alive={"node": 1},
         broker=BrokerFigures(queues={"orderly.process": 0}, unacked=0),
+        totals=totals,
     )
 
 
@@ -359,10 +369,14 @@ def metrics_page() -> str:
         "",
         "Generated from the Prometheus collector (`api/metrics.py`) when the site is built.",
         "`GET /metrics` on the API (scope `metrics`) answers Prometheus text",
-        "(`text/plain; version=0.0.4`, or OpenMetrics when the scraper asks for it). The figures",
-        "are read from PostgreSQL and Redis at every scrape (no background thread); a source",
-        "that cannot be read is left out and `orderly_source_up{source}` is 0 for it.",
-        "`orderly status` prints the same figures as tables.",
+        "(`text/plain; version=0.0.4`, or OpenMetrics when the scraper asks for it). The gauges",
+        "are read from PostgreSQL and Redis at every scrape; a source that cannot be read is",
+        "left out and `orderly_source_up{source}` is 0 for it. The counters and histograms are",
+        "counted by the process where it happens (a worker's handler runs and sends, the API's",
+        "requests) and added to running totals in PostgreSQL every `ORDERLY_METRICS_FLUSH_S`:",
+        "the cluster's sum, never lowered by a purge or a restart. `orderly status` prints the",
+        "gauges as tables. Alert rules and a Grafana dashboard over these names ship in",
+        "`deploy/` (see the operations guide).",
         "",
         "| metric | type | labels | what it counts |",
         "|---|---|---|---|",

@@ -35,6 +35,7 @@ from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChann
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
 from orderly.worker.db.prepared import PreparedConnection
+from orderly.worker.totals import CONVERSATION_RELEASE, CONVERSATION_SENDS, LATE_RESPONSES, TALLY
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                 awaited_retries=int(h["awaitedRetries"]),
                 late_ms=int(h["lateMs"]) if h.get("lateMs") not in (None, "") else None,
                 lost=int(h.get("lost", 0)),
+                received_ms=int(h["receivedAt"]) if h.get("receivedAt") else None,
             )
             if head.awaited_retries:
                 conn.run("conv_back_in_queue", head.msg_id)
@@ -181,7 +183,16 @@ def _apply(
         response_id=head.response_id,
         status=result.status,
     ):
-        return _record(conn, channel, head, result, report, now_ms)
+        recorded = _record(conn, channel, head, result, report, now_ms)
+    outcome = recorded[0][0]
+    TALLY.add(CONVERSATION_SENDS, head.origin, outcome)
+    if outcome in ("delivered", "sent"):
+        if head.received_ms is not None:
+            waited_s = max(0, now_ms - head.received_ms) / 1000
+            TALLY.observe(CONVERSATION_RELEASE, head.origin, seconds=waited_s)
+        if head.late_ms is not None:
+            TALLY.add(LATE_RESPONSES)
+    return recorded
 
 
 def _record(

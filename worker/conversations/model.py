@@ -143,6 +143,8 @@ class Head:
     late_ms: int | None = None
     # Claims of this response that died with their worker (quarantined at the limit).
     lost: int = 0
+    # When orderly took the response in (ms; None: a hash from before this field)
+    received_ms: int | None = None
 
 
 Sender = Callable[[Channel, Head], SendResult]

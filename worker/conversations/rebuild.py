@@ -75,6 +75,7 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
         "notBefore": 0,
         "member": member,
         "lastAccess": now - idle,
+        "receivedAt": now - age,
     }
     if row.corr is not None:
         fields["corr"] = row.corr

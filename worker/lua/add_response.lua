@@ -53,7 +53,8 @@ redis.call('HSET', KEYS[2],
   'requestTimestamp', ARGV[15], 'responseTimestamp', ARGV[6], 'status', 'PENDING',
   'expiresAtTS', expires, 'awaitedToDateTS', 0, 'awaitedRetries', 0, 'taskItem', ARGV[7],
   'msgId', ARGV[8], 'requestMsgId', ARGV[9], 'last', ARGV[10], 'reqSeq', req_seq,
-  'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms, 'lastAccess', now)
+  'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms, 'lastAccess', now,
+  'receivedAt', now)
 if ARGV[19] ~= '' then redis.call('HSET', KEYS[2], 'corr', ARGV[19]) end
 redis.call('PEXPIRE', KEYS[2], awaited_ttl)
 -- Total order: the request's position in the conversation, then the response's arrival

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -52,6 +53,7 @@ from orderly.worker.messages.handlers import (
 from orderly.worker.messages.intake import new_message, parse_message
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.store import Claimed, parse_ids
+from orderly.worker.totals import HANDLER_SECONDS, MESSAGES_PROCESSED, TALLY
 from orderly.worker.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -173,7 +175,15 @@ class Processor:
 
     def _call_handler(self, handler: Handler, ctx: MessageContext) -> None:
         """The handler under its time limit, if it has one (worker.core.limits), ended with
-        Aborted if its message is cancelled meanwhile (worker.messages.abort)."""
+        Aborted if its message is cancelled meanwhile (worker.messages.abort); timed."""
+        started = time.perf_counter()
+        try:
+            self._run_handler(handler, ctx)
+        finally:
+            ran_s = time.perf_counter() - started
+            TALLY.observe(HANDLER_SECONDS, ctx.service, ctx.operation, seconds=ran_s)
+
+    def _run_handler(self, handler: Handler, ctx: MessageContext) -> None:
         limit_s = self._time_limit_s(ctx.service, ctx.operation)
         if self._limits is None:
             handler(ctx)
@@ -217,7 +227,9 @@ class Processor:
             service=ctx.service,
             operation=ctx.operation,
         ):
-            return self._handle(conn, ctx, claimed, held)
+            result = self._handle(conn, ctx, claimed, held)
+        TALLY.add(MESSAGES_PROCESSED, ctx.service, ctx.operation, result.outcome.value)
+        return result
 
     def _handle(
         self,

@@ -30,6 +30,7 @@ from orderly.worker.db.queries import sql
 from orderly.worker.pubsub.consumers import consumers
 from orderly.worker.pubsub.endpoints import Disabled, EndpointPolicy, Endpoints
 from orderly.worker.pubsub.measure import Measure, tracing
+from orderly.worker.totals import DELIVERIES, TALLY
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +426,10 @@ def _set_state(
             "memory": d.memory,
         },
     )
-    return done.first() is not None
+    held = done.first() is not None
+    if held:
+        TALLY.add(DELIVERIES, str(c.subscription_id), state)
+    return held
 
 
 def _settle(

@@ -129,6 +129,15 @@ class ServiceSettings(Section):
         description="text, or json: one JSON object per line with msg_id, conversation_id, "
         "correlation_id, task and node where known.",
     )
+    metrics_flush_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        validation_alias="ORDERLY_METRICS_FLUSH_S",
+        description="In seconds, how often a process adds what it counted (handler runs, sends,"
+        " HTTP requests) to the metrics' running totals in PostgreSQL; nothing is written while"
+        " nothing is counted.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO",
         validation_alias="ORDERLY_LOG_LEVEL",
