@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import enum
 
-
-class MessageState(enum.StrEnum):
-    NEW = "NEW"  # accepted and stored; a processing task has been (or is being) enqueued
-    IN_QUEUE = "IN_QUEUE"  # handed (again) to the broker by the pool, repair or an operator
-    PROCESSING = "PROCESSING"  # claimed by a worker under a row lock
-    OK = "OK"  # processed successfully
-    PARTLY_FAILED = "PARTLY_FAILED"  # last try failed; the pool tries again
-    FAILED = "FAILED"  # finally failed, no further processing
-    WAITING = "WAITING"  # a parent waiting for its children
-    WAITING_FOR_RES = "WAITING_FOR_RES"  # waiting for a response from an external system
-    CANCEL = "CANCEL"  # cancelled by an operator or an external system
-    POSTPONED = "POSTPONED"  # held back by a funnel / guaranteed order
-
+# A message's state: the API's clients read it too, so it lives with them.
+from orderly.client.answers import MessageState as MessageState
 
 # No further processing happens from these states.
 FINAL_STATES = frozenset({MessageState.OK, MessageState.FAILED, MessageState.CANCEL})

@@ -72,6 +72,13 @@ class Message(Base):
         Index(
             "ix_message_parent", "parent_msg_id", postgresql_where=text("parent_msg_id IS NOT NULL")
         ),
+        # An operator's search by the start of a correlation id (LIKE 'prefix%', whatever the
+        # database's collation).
+        Index(
+            "ix_message_correlation_pattern",
+            "correlation_id",
+            postgresql_ops={"correlation_id": "text_pattern_ops"},
+        ),
         # What a claim takes: messages due now, higher priority first, then by place in line.
         Index(
             "ix_message_ready",
@@ -121,6 +128,8 @@ class Message(Base):
     last_process_timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     start_in_queue_timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     custom_data: Mapped[str | None] = mapped_column(Text)
+    # W3C traceparent of the span that stored it: its handler's span continues that trace
+    trace_parent: Mapped[str | None] = mapped_column(String(64))
     parent_msg_id: Mapped[int | None] = mapped_column(
         BigInteger, ForeignKey("message.msg_id", ondelete="RESTRICT")
     )

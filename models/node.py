@@ -21,3 +21,7 @@ class Node(Base):
     state: Mapped[NodeState] = mapped_column(str_enum(NodeState, "node_state"))
     # Renewed by the node while it lives; not in the seed, used to tell who is alive.
     last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The last change of state an operator made: when, who (the key), and the note given.
+    state_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    state_changed_by: Mapped[str | None] = mapped_column(String(200))
+    state_note: Mapped[str | None] = mapped_column(Text)

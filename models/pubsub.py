@@ -230,6 +230,8 @@ class Event(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     # SHA-256 of that publish's request: the same key with another body is refused
     idempotency_hash: Mapped[str | None] = mapped_column(String(64))
+    # W3C traceparent of the span that published it: each delivery's send continues that trace
+    trace_parent: Mapped[str | None] = mapped_column(String(64))
 
 
 class Delivery(Base):

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orderly.reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
 from orderly.reports.data import AggregateRows, ReportData
 from orderly.reports.source import Jdbc, ReportError, Table, guarded, read, spans, spark_session
+from orderly.worker.core import tracing
 from orderly.worker.settings import Settings, get_settings
 
 # Spark jobs submitted at once from the driver (reads, aggregates, writes).
@@ -271,7 +272,9 @@ def run_report(
 
         engine = engine_for(settings.database_url)
     try:
-        return _run(options, settings, jdbc, engine, spark, started)
+        attributes = {"orderly.incremental": options.incremental, "spark.master": options.master}
+        with tracing.span("report", attributes=attributes):
+            return _run(options, settings, jdbc, engine, spark, started)
     finally:
         if own_engine and engine is not None:
             engine.dispose()
@@ -397,6 +400,7 @@ def options_from(args: argparse.Namespace) -> ReportOptions:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    tracing.configure("orderly-report")
     try:
         result = run_report(options_from(args))
     except ReportError as exc:

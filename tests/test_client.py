@@ -4,6 +4,7 @@ exception, a 503 tried again after its Retry-After; the async client too."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from orderly.client import (
     Unauthorized,
     Unavailable,
 )
+from orderly.client.answers import ConversationDeleted, MessageDetail, Replayed
 from orderly.models import NodeState
 from orderly.worker import nodes
 from orderly.worker.messages.intake import MessageIn
@@ -200,7 +202,7 @@ def test_a_429_is_tried_again_after_its_retry_after(stack: Stack) -> None:
 
 
 def test_the_async_client(live: Stack) -> None:
-    async def run() -> dict[str, Any]:
+    async def run() -> MessageDetail:
         async with AsyncClient(live.url, live.token) as orderly:
             sent = await orderly.submit(message(1, service="test", operation="script"))
             with pytest.raises(NotFound):
@@ -254,9 +256,11 @@ def _operate(orderly: Any, cid: str) -> list[Any]:
     ]
 
 
-def _check(cid: str, answers: list[dict[str, Any]]) -> None:
+def _check(cid: str, answers: list[Any]) -> None:
     found, awaited, dated, removal, deleted = answers
-    assert found["status"] == "PENDING" and set(found) <= {"status", "state", "responseId"}
+    fields = set(found.model_dump())
+    assert found["status"] == "PENDING" and fields <= {"status", "state", "responseId"}
+    assert isinstance(deleted, ConversationDeleted) and deleted.deleted == [f"s-{cid}"]
     assert [a["response_id"] for a in awaited["awaited"]] == [f"s-{cid}"]
     assert awaited["skipped"] == [] and dated["awaited_to_date_ms"] > 0
     assert removal["remove_at_ms"] > dated["awaited_to_date_ms"]
@@ -279,7 +283,7 @@ def test_the_conversation_operations_sync_and_async(api_only: Stack) -> None:
         with pytest.raises(ValueError, match="exactly one"):
             orderly.set_awaited("c-sync")
 
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> list[Any]:
         async with AsyncClient(api_only.url, api_only.token) as orderly:
             return [await call() for call in _operate(orderly, "c-async")]
 
@@ -357,10 +361,80 @@ def test_the_outbound_calls_of_a_subscriber(api_only: Stack) -> None:
         [taken] = orderly.pull(sub, 1, wait_ms=20_000)
         later.join()
         moved = orderly.extend_pulled(sub, taken["delivery_id"], taken["receipt"], 60_000)
-        assert moved == {"delivery_id": taken["delivery_id"], "state": "IN_PROCESS"}
+        assert moved.model_dump() == {"delivery_id": taken.delivery_id, "state": "IN_PROCESS"}
         with pytest.raises(NotFound):
             orderly.extend_pulled(sub, taken["delivery_id"], "not-the-receipt", 1)
         orderly.ack_pulled(sub, taken["delivery_id"], taken["receipt"])
-        assert orderly.replay(sub, since) == {"replayed": 1, "backfilled": 0}
+        assert orderly.replay(sub, since) == Replayed(replayed=1, backfilled=0)
         assert orderly.pull(sub, 5)[0]["delivery_id"] == taken["delivery_id"]
         assert orderly.enable_subscription(sub, note="checked")["subscription_id"] == sub
+
+
+def _route(spec: dict[str, Any], method: str, path: str) -> dict[str, Any]:
+    """The documented operation a concrete path is an instance of."""
+    for template, operations in spec["paths"].items():
+        pattern = "^" + re.sub(r"\{[^/]+\}", "[^/]+", template) + "$"
+        if method.lower() in operations and re.match(pattern, path):
+            found: dict[str, Any] = operations[method.lower()]
+            return found
+    raise AssertionError(f"no route documents {method} {path}")
+
+
+def test_every_typed_answer_is_the_one_its_route_documents() -> None:
+    from orderly.api.http import create_app
+    from orderly.client import calls
+
+    spec = create_app().openapi()
+    made: list[calls.Call[Any]] = [
+        calls.message(1),
+        calls.messages(calls.MessageFilter(), 10, 0),
+        calls.cancel(1, "n", None),
+        calls.redrive(1, "n", None),
+        calls.respond({}),
+        calls.conversation("c"),
+        calls.conversation_message("s", None, None),
+        calls.delete_conversation_request("c", "r", {}),
+        calls.set_awaited("c", "r", None, None),
+        calls.set_awaited_date("c", "s", "2026-01-01T00:00:00Z"),
+        calls.remove_at("c", "s", 1),
+        calls.subscribe("room", {}),
+        calls.pull(1, 1),
+        calls.extend_pulled(1, 2, "x", 1),
+        calls.ack_pulled(1, 2, "x"),
+        calls.replay(1, "2026-01-01T00:00:00Z"),
+        calls.enable_subscription(1),
+        calls.queue_log({}),
+        calls.exceptions({}),
+        calls.exception(1),
+        calls.published({}),
+    ]
+    for call in made:
+        route = _route(spec, call.method, call.path)
+        answered = {k: v for k, v in route["responses"].items() if k in ("200", "201")}
+        schema = next(iter(answered.values()))["content"]["application/json"]["schema"]
+        documented = schema.get("$ref") or schema["items"]["$ref"]
+        # what the client reads the answer into: the model the document names
+        read = call.read(200, _example(schema, spec))
+        model = type(read[0] if isinstance(read, list) else read)
+        assert documented.rsplit("/", 1)[1] == model.__name__, (call.path, documented)
+
+
+def _example(schema: dict[str, Any], spec: dict[str, Any]) -> Any:
+    """A minimal answer of ``schema`` (every required field filled): enough to read it."""
+    if "$ref" in schema:
+        return _example(spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]], spec)
+    if "anyOf" in schema:
+        return None
+    kind = schema.get("type")
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    if kind == "array":
+        return [_example(schema["items"], spec)] if "$ref" in schema["items"] else []
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: _example(props[k], spec) for k in schema.get("required", [])}
+    if kind == "string":
+        return "2026-01-01T00:00:00Z" if schema.get("format") == "date-time" else "x"
+    return {"integer": 1, "number": 1.0, "boolean": True}.get(kind or "")

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from orderly.client import AsyncClient, Conflict, ConflictingMessage, Invalid
+from orderly.client.answers import MessageDetail
 from orderly.client.errors import error_for
 from orderly.worker.celery import PROCESS_QUEUE
 from orderly.worker.messages.intake import MAX_DELAY_MS
@@ -251,7 +252,7 @@ def test_the_client_sends_the_fields_and_raises_conflicting_message(
     token = client.headers["Authorization"].removeprefix("Bearer ")
     at = datetime.now(UTC) + timedelta(hours=2)
 
-    async def run() -> tuple[int, ConflictingMessage, ConflictingMessage, dict[str, Any]]:
+    async def run() -> tuple[int, ConflictingMessage, ConflictingMessage, MessageDetail]:
         transport = httpx.ASGITransport(app=client.app)
         async with AsyncClient("http://testserver", token, transport=transport) as orderly:
             # A datetime in a dict is sent as ISO 8601.
@@ -273,7 +274,7 @@ def test_the_client_sends_the_fields_and_raises_conflicting_message(
         assert isinstance(refused, Conflict) and refused.status == 409
         assert refused.msg_id == msg_id and refused.fields == [field]
     assert shown["priority"] == 4
-    assert at <= datetime.fromisoformat(shown["due_at"]) < at + timedelta(seconds=5)
+    assert shown.due_at is not None and at <= shown.due_at < at + timedelta(seconds=5)
     assert [r["correlation_id"] for r in stored(db)] == ["corr-1"]
 
 

@@ -6,6 +6,7 @@ included) to its outcome, and a pull nobody takes expiring."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _delivery(db: Engine, subscription_id: int, routing_key: str = "a") -> tuple
     return int(row.delivery_id), str(row.state)
 
 
-def _oldest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _oldest_first(rows: Sequence[Any]) -> list[Any]:
     return sorted(rows, key=lambda r: r["id"])
 
 
@@ -85,7 +86,7 @@ def test_queue_log_and_published_messages_of_push_pull_and_consumer(
     taken = client.pull(puller, 10)  # taken, never ACKed: it comes back after 100 ms
     assert [m["routing_key"] for m in taken] == ["a"]
 
-    again: list[dict[str, Any]] = []
+    again: list[Any] = []
 
     def returned() -> bool:
         again[:] = client.pull(puller, 10)
@@ -102,7 +103,7 @@ def test_queue_log_and_published_messages_of_push_pull_and_consumer(
         )
     wait_until(lambda: _delivery(db, untaken)[1] == "EXPIRED", timeout=30, what="expiry")
 
-    errors: dict[int, dict[str, Any]] = {}
+    errors: dict[int, Any] = {}
     for subscription in (push, consumer, puller):
         delivery_id, _ = _delivery(db, subscription)
         log = _oldest_first(client.queue_log(delivery_id=delivery_id))

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 from prometheus_client.exposition import generate_latest
 from sqlalchemy import Engine
 
@@ -199,3 +200,24 @@ def test_a_handler_run_is_counted_by_outcome_and_timed(
     failed = value(samples, "orderly_messages_processed_total", **labels, outcome="PARTLY_FAILED")
     assert failed == 1
     assert value(samples, "orderly_handler_duration_seconds_count", **labels) == 3
+
+
+def test_requests_are_counted_by_their_route_template_and_status(
+    client: TestClient, db: Engine
+) -> None:
+    assert client.get("/messages/987654").status_code == 404
+    assert client.get("/messages/987653").status_code == 404
+    assert client.get("/console/login").status_code == 200
+    assert client.get("/no/such/thing").status_code == 404
+    TALLY.flush()
+    samples = scraped(db)
+    counted = {
+        (dict(labels)["route"], dict(labels)["status"]): v
+        for (name, labels), v in samples.items()
+        if name == "orderly_http_requests_total"
+    }
+    assert counted[("/messages/{msg_id}", "404")] == 2  # the template, not the ids
+    assert counted[("/console/login", "200")] == 1
+    assert counted[("unmatched", "404")] == 1  # whatever path a client makes up
+    timed = "orderly_http_request_duration_seconds_count"
+    assert value(samples, timed, method="GET", route="/messages/{msg_id}") == 2

@@ -65,6 +65,13 @@ def scripted(ctx: MessageContext) -> None:
         raise HandlerError(spec.get("code", "E_SCRIPTED"), f"scripted failure {ctx.failed_count}")
 
 
+@registry.register("test", "call")
+def call(ctx: MessageContext) -> None:
+    """POSTs the payload's ``body`` to its ``url`` through ``ctx.post`` (an external call)."""
+    spec = json.loads(ctx.payload or "{}")
+    ctx.post(spec["url"], spec.get("body", {}))
+
+
 @registry.register("test", "say")
 def say(ctx: MessageContext) -> None:
     """Logs its payload (the tests of the log formats read it)."""

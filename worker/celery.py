@@ -15,7 +15,7 @@ from kombu.entity import Exchange, Queue
 
 from orderly.models import NodeState
 from orderly.worker import nodes, totals
-from orderly.worker.core import logs
+from orderly.worker.core import logs, tracing
 from orderly.worker.core.clock import now_ms
 from orderly.worker.runtime import get_runtime
 from orderly.worker.settings import get_settings
@@ -106,6 +106,13 @@ def _flower_options() -> None:
 
 
 _flower_options()
+
+# Traces (worker.core.tracing): every task's publish and run in a span, its context carried in
+# the task's headers. A worker, beat or Flower names itself; an API process has already.
+if tracing.configure(f"orderly-{_subcommand(sys.argv[1:]) or 'worker'}"):
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().instrument()
 
 
 class CeleryBroker:
@@ -296,6 +303,7 @@ def _register_service(sender: Any = None, **_: Any) -> None:
 @signals.worker_process_shutdown.connect
 def _flush_totals(**_: Any) -> None:
     totals.TALLY.flush()
+    tracing.shutdown()  # a pool child leaves by os._exit: no atexit export
 
 
 @signals.worker_shutdown.connect

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Engine
 
 from orderly.models import NodeState
 from orderly.worker.core.clock import SYSTEM, Clock
-from orderly.worker.core.errors import NodeNotAccepting, NodeNotFound
+from orderly.worker.core.errors import InvalidMessage, NodeNotAccepting, NodeNotFound
 from orderly.worker.db.prepared import PreparedConnection
 from orderly.worker.db.queries import sql
 
@@ -24,6 +24,10 @@ class NodeView:
     state: NodeState
     last_heartbeat: datetime | None
     alive: bool
+    # an operator's last change of state: when, by whom, why
+    state_changed_at: datetime | None = None
+    state_changed_by: str | None = None
+    state_note: str | None = None
 
 
 def register_node(engine: Engine, code: str, description: str | None = None) -> int:
@@ -46,11 +50,24 @@ def heartbeat(engine: Engine, node_id: int) -> NodeState:
     return NodeState(state)
 
 
-def set_state(engine: Engine, code: str, state: NodeState) -> None:
+def set_state(
+    engine: Engine,
+    code: str,
+    state: NodeState,
+    *,
+    by: str | None = None,
+    note: str | None = None,
+) -> None:
+    """An operator moves a node to ``state``; ``by`` (who) and ``note`` (why) are kept with it
+    and logged."""
+    if note is not None and len(note) > 1000:
+        raise InvalidMessage("note", "must be at most 1000 characters")
+    params = {"code": code, "state": state.value, "by": by, "note": note}
     with engine.begin() as conn:
-        row = conn.execute(sql("node_set_state"), {"code": code, "state": state.value}).first()
+        row = conn.execute(sql("node_set_state"), params).first()
     if row is None:
         raise NodeNotFound(code)
+    log.warning("node %s set to %s by %s: %s", code, state.value, by or "operator", note or "")
 
 
 def node_state(engine: Engine, node_id: int) -> NodeState:
@@ -126,6 +143,15 @@ def list_nodes(engine: Engine, heartbeat_timeout_s: int) -> list[NodeView]:
     with engine.connect() as conn:
         rows = conn.execute(sql("node_list"), {"timeout_s": heartbeat_timeout_s}).all()
     return [
-        NodeView(r.node_id, r.code, NodeState(r.state), r.last_heartbeat, bool(r.alive))
+        NodeView(
+            r.node_id,
+            r.code,
+            NodeState(r.state),
+            r.last_heartbeat,
+            bool(r.alive),
+            r.state_changed_at,
+            r.state_changed_by,
+            r.state_note,
+        )
         for r in rows
     ]

@@ -102,6 +102,9 @@ def message_list(
     operation: Annotated[str | None, typer.Option()] = None,
     source_system: Annotated[str | None, typer.Option()] = None,
     correlation_id: Annotated[str | None, typer.Option()] = None,
+    correlation_match: Annotated[
+        str, typer.Option(help="exact, prefix or contains: how --correlation-id matches")
+    ] = "exact",
     since: Annotated[str | None, typer.Option(help="msg_timestamp from (ISO 8601)")] = None,
     until: Annotated[str | None, typer.Option(help="msg_timestamp before (ISO 8601)")] = None,
     limit: Annotated[int, typer.Option()] = 100,
@@ -119,6 +122,7 @@ def message_list(
         operation=operation,
         source_system=source_system,
         correlation_id=correlation_id,
+        correlation_match=correlation_match,
         since=since,
         until=until,
         limit=limit,

@@ -17,21 +17,24 @@ node_app = typer.Typer(
 )
 
 
-def _move(code: str, state: NodeState) -> None:
-    call(nodes.set_state, get_runtime().engine, code, state)
+Note = Annotated[str | None, typer.Option(help="Why: kept with the node's state, and logged")]
+
+
+def _move(code: str, state: NodeState, note: str | None) -> None:
+    call(nodes.set_state, get_runtime().engine, code, state, note=note)
     console.print(f"node {code} is {state.value}")
 
 
 @node_app.command("run")
-def node_run(code: str) -> None:
+def node_run(code: str, note: Note = None) -> None:
     """Accept new messages and process (RUN)."""
-    _move(code, NodeState.RUN)
+    _move(code, NodeState.RUN, note)
 
 
 @node_app.command("drain")
-def node_drain(code: str) -> None:
+def node_drain(code: str, note: Note = None) -> None:
     """Refuse new messages, finish existing work (HANDLES_EXISTING_MESSAGES)."""
-    _move(code, NodeState.HANDLES_EXISTING_MESSAGES)
+    _move(code, NodeState.HANDLES_EXISTING_MESSAGES, note)
 
 
 @node_app.command("stop")
@@ -45,9 +48,10 @@ def node_stop(
             "each finishes the tasks in hand and exits.",
         ),
     ] = False,
+    note: Note = None,
 ) -> None:
     """Refuse new messages and process nothing (STOPPED)."""
-    _move(code, NodeState.STOPPED)
+    _move(code, NodeState.STOPPED, note)
     if exit_:
         stopped = get_runtime().services.stop_node(code)
         ids = ", ".join(str(i) for i in stopped) or "none alive"

@@ -45,5 +45,5 @@ def install(app: FastAPI) -> None:
         keys,
         figures,
     ):
-        app.include_router(module.router, prefix="/console", include_in_schema=False)
+        app.include_router(module.router, include_in_schema=False)  # paths under CONSOLE
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")

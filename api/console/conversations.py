@@ -1,17 +1,21 @@
-"""Conversations: the open ones with why each waits, and one conversation's requests and
-responses in order, as PostgreSQL records them and as the ordering gate holds them now."""
+"""Conversations: the open ones with why each waits, live, and one conversation's requests
+and responses in order, as PostgreSQL records them and as the ordering gate holds them now;
+the operator calls on them (AWAITED by hand, a new awaited date, removal after a delay, a
+request's deletion), each with a note."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
-from orderly.api.console.session import Refused, Signed
+from orderly.api.console.render import CONSOLE, Viewer, page
+from orderly.api.console.session import Form, Refused, Signed, act, form, require_admin
 from orderly.worker import observe
 from orderly.worker.conversations.model import check_conversation_id
 from orderly.worker.core.clock import now_ms
@@ -19,7 +23,7 @@ from orderly.worker.core.errors import InvalidMessage, NotFound
 from orderly.worker.messages import operations
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 SHOWN = 500
 # Blocked first, in the order an operator looks at them.
@@ -98,3 +102,135 @@ async def conversation_page(request: Request, viewer: Signed, conversation_id: s
         gate=gate,
         live=live,
     )
+
+
+# --- the operator calls (worker.conversations.operations), each with a note ----------------
+
+
+def _conversation_back(conversation_id: str) -> str:
+    return f"/console/conversations/{quote(conversation_id, safe='')}"
+
+
+async def _operate(
+    request: Request,
+    viewer: Viewer,
+    conversation_id: str,
+    call: Callable[[Runtime, Form, str], Any],
+    said: Callable[[Any], str],
+) -> Response:
+    require_admin(viewer)
+    fields = await form(request, viewer)
+    runtime: Runtime = request.app.state.runtime
+    return await act(
+        viewer,
+        functools.partial(call, runtime, fields, viewer.key.name),
+        _conversation_back(conversation_id),
+        said,
+    )
+
+
+def _note(fields: Form) -> dict[str, Any]:
+    return {"note": fields.get("note")}
+
+
+@router.post("/conversations/{conversation_id}/requests/{request_id}/awaited")
+async def request_awaited(
+    request: Request, viewer: Signed, conversation_id: str, request_id: str
+) -> Response:
+    """setAwaitedByRequestId: the request's PENDING responses AWAITED."""
+
+    def call(runtime: Runtime, fields: Form, key: str) -> Any:
+        return runtime.conversations.set_awaited(
+            conversation_id, _note(fields), request_id=request_id, key=key, owns=viewer.key.owns
+        )
+
+    return await _operate(request, viewer, conversation_id, call, _awaited_said)
+
+
+@router.post("/conversations/{conversation_id}/responses/{response_id}/awaited")
+async def response_awaited(
+    request: Request, viewer: Signed, conversation_id: str, response_id: str
+) -> Response:
+    """setAwaitedByResponseId: the response AWAITED, if PENDING."""
+
+    def call(runtime: Runtime, fields: Form, key: str) -> Any:
+        return runtime.conversations.set_awaited(
+            conversation_id, _note(fields), response_id=response_id, key=key, owns=viewer.key.owns
+        )
+
+    return await _operate(request, viewer, conversation_id, call, _awaited_said)
+
+
+def _awaited_said(result: Any) -> str:
+    done = ", ".join(a["response_id"] for a in result.awaited) or "none"
+    skipped = ", ".join(f"{s['response_id']} ({s['status']})" for s in result.skipped)
+    return f"AWAITED: {done}" + (f"; left as they were: {skipped}" if skipped else "")
+
+
+@router.post("/conversations/{conversation_id}/responses/{response_id}/awaited-date")
+async def response_awaited_date(
+    request: Request, viewer: Signed, conversation_id: str, response_id: str
+) -> Response:
+    """updateAwaitedExpires: an AWAITED response's new awaited date (UTC)."""
+
+    def call(runtime: Runtime, fields: Form, key: str) -> Any:
+        when = fields.get("awaited_to_date")
+        data = {**_note(fields), "awaited_to_date": f"{when}Z" if when else ""}
+        return runtime.conversations.set_awaited_date(
+            conversation_id, response_id, data, key=key, owns=viewer.key.owns
+        )
+
+    return await _operate(
+        request, viewer, conversation_id, call, lambda _: f"response {response_id}: new date set"
+    )
+
+
+@router.post("/conversations/{conversation_id}/responses/{response_id}/remove-at")
+async def response_remove_at(
+    request: Request, viewer: Signed, conversation_id: str, response_id: str
+) -> Response:
+    """removeAllReferencesAtTime: the response's references leave Redis after a delay."""
+
+    def call(runtime: Runtime, fields: Form, key: str) -> Any:
+        delay = fields.get("delay_s").strip()
+        data = {**_note(fields), "delay_s": int(delay) if delay.isdigit() else delay}
+        return runtime.conversations.remove_at(
+            conversation_id, response_id, data, key=key, owns=viewer.key.owns
+        )
+
+    return await _operate(
+        request,
+        viewer,
+        conversation_id,
+        call,
+        lambda _: f"response {response_id}: removed from Redis after the delay",
+    )
+
+
+@router.post("/conversations/{conversation_id}/requests/{request_id}/delete")
+async def request_delete(
+    request: Request, viewer: Signed, conversation_id: str, request_id: str
+) -> Response:
+    """deleteConversationRegister: the request's responses (in a status, or all and the
+    request) CANCEL."""
+
+    def call(runtime: Runtime, fields: Form, key: str) -> Any:
+        data = _note(fields)
+        if fields.get("status"):
+            data["status"] = fields.get("status")
+        return runtime.conversations.delete_register(
+            conversation_id,
+            request_id,
+            data,
+            runtime.broker.enqueue_drain,
+            key=key,
+            owns=viewer.key.owns,
+        )
+
+    def said(result: Any) -> str:
+        gone = ", ".join(result.deleted) or "no response"
+        return f"request {request_id}: deleted {gone}" + (
+            "; the request is cancelled" if result.request_cancelled else ""
+        )
+
+    return await _operate(request, viewer, conversation_id, call, said)

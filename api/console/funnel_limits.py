@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
+from orderly.api.console.render import CONSOLE, page
 from orderly.api.console.session import Form, Signed, act, form, require_unbound
 from orderly.worker.messages import limits
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 BACK = "/console/funnel-limits"
 

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
+from orderly.api.console.render import CONSOLE, page
 from orderly.api.console.session import Signed, act, attempt, form, require_admin
 from orderly.api.http.auth import key_cache
 from orderly.worker import keys
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 # Ticked on the form; publish:<room> is typed.
 PLAIN_SCOPES = list(keys.SCOPES)

@@ -1,32 +1,42 @@
 """Messages: a filtered, paged list with counts by state (a NEW message due later reads
-"scheduled"); one message with everything the store knows of it; cancel, re-drive and
-respond, each with a note."""
+"scheduled"), live; the header's go-to (an id, or the start of a correlation id); one message
+with everything the store knows of it; cancel, re-drive and respond, each with a note; and
+re-drive or cancel of every message a filter selects, its count confirmed first."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import Viewer, page
-from orderly.api.console.session import Signed, act, attempt, form
+from orderly.api.console.render import CONSOLE, Viewer, page
+from orderly.api.console.session import Signed, act, attempt, form, require_admin
 from orderly.api.http.common import RowId
 from orderly.models import MessageState
 from orderly.worker.core.clock import utcnow
 from orderly.worker.core.errors import InvalidMessage
-from orderly.worker.messages import operations
+from orderly.worker.messages import bulk, operations
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 # operations.cancel and operations.redrive: (engine, msg_id, body, enqueue, *, key)
 Command = Callable[..., operations.CommandResult]
 
 PAGE_SIZE = 50
-FILTERS = ("state", "service", "operation", "source_system", "correlation_id", "funnel")
+FILTERS = (
+    "state",
+    "service",
+    "operation",
+    "source_system",
+    "correlation_id",
+    "correlation_match",
+    "funnel",
+)
 WINDOW = ("since", "until")
 
 
@@ -35,9 +45,28 @@ def _runtime(request: Request) -> Runtime:
     return runtime
 
 
+def _given(request: Request) -> dict[str, str]:
+    """The list's filters as the page was asked for them; a correlation id matches by its
+    start unless the page says otherwise."""
+    given = {name: request.query_params.get(name, "") for name in FILTERS + WINDOW}
+    given["correlation_match"] = given["correlation_match"] or "prefix"
+    return given
+
+
+@router.get("/go")
+async def go_to(request: Request, viewer: Signed) -> Response:
+    """The header's search: a message by its id, else the messages whose correlation id
+    starts with what was typed."""
+    wanted = request.query_params.get("q", "").strip()
+    if wanted.isdigit() and len(wanted) <= 18:
+        return RedirectResponse(f"/console/messages/{int(wanted)}", 303)
+    found = urlencode({"correlation_id": wanted, "correlation_match": "prefix"})
+    return RedirectResponse(f"/console/messages?{found}" if wanted else "/console/messages", 303)
+
+
 @router.get("/messages")
 async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
-    given = {name: request.query_params.get(name, "") for name in FILTERS + WINDOW}
+    given = _given(request)
     try:
         number = int(request.query_params.get("page", "1") or "1")
     except ValueError:
@@ -46,10 +75,12 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
     problems: list[tuple[str, str]] = []
     rows: list[dict[str, object]] = []
     counts: dict[MessageState, int] = {}
+    allowed: list[bulk.Action] = []
     try:
         if not 1 <= number <= operations.MAX_OFFSET // PAGE_SIZE:
             raise InvalidMessage("page", "must be a page number from 1")
         chosen = operations.message_filter(**given)
+        allowed = bulk.actions_for(chosen)
         rows = await run_in_threadpool(
             functools.partial(
                 operations.list_messages,
@@ -76,19 +107,10 @@ async def message_list(request: Request, viewer: Signed) -> HTMLResponse:
         number=number,
         counts=counts,
         problems=problems,
+        bulk=[(a.value, _BULK_LABEL[a]) for a in allowed],
         # What "scheduled" is measured against: a NEW message due after it waits for a time.
         now=utcnow(_runtime(request).clock),
     )
-
-
-@router.get("/messages/{msg_id}")
-async def message_page(request: Request, viewer: Signed, msg_id: RowId) -> Response:
-    found = await attempt(
-        functools.partial(
-            operations.inspect_message, _runtime(request).engine, msg_id, viewer.key.owns
-        )
-    )
-    return page(request, "message.html", viewer, m=found)
 
 
 def _back(msg_id: int) -> str:
@@ -153,3 +175,90 @@ async def respond(request: Request, viewer: Signed, msg_id: RowId) -> Response:
         return f"message {msg_id} had its response already: nothing changed"
 
     return await act(viewer, call, _back(msg_id), done)
+
+
+_BULK_LABEL = {bulk.Action.REDRIVE: "Re-drive all", bulk.Action.CANCEL: "Cancel all"}
+
+
+@router.get("/messages/bulk")
+async def bulk_confirm(request: Request, viewer: Signed) -> HTMLResponse:
+    """What a command on every message of a filter would take: the count to confirm, a note."""
+    require_admin(viewer)
+    given = _given(request)
+    problems: list[tuple[str, str]] = []
+    ids: list[int] = []
+    action = bulk.Action.REDRIVE
+    try:
+        action = _action(request.query_params.get("action", ""))
+        chosen = operations.message_filter(**given)
+        ids = await run_in_threadpool(
+            bulk.matching, _runtime(request).engine, chosen, action, viewer.key.owns
+        )
+    except InvalidMessage as exc:
+        problems = list(exc.problems)
+    return page(
+        request,
+        "bulk.html",
+        viewer,
+        status=422 if problems else 200,
+        given={k: v for k, v in given.items() if v},
+        action=action.value,
+        label=_BULK_LABEL[action],
+        ids=ids,
+        problems=problems,
+    )
+
+
+def _action(value: str) -> bulk.Action:
+    try:
+        return bulk.Action(value)
+    except ValueError:
+        raise InvalidMessage("action", "must be redrive or cancel") from None
+
+
+@router.post("/messages/bulk")
+async def bulk_run(request: Request, viewer: Signed) -> Response:
+    """The confirmed command on every message of the filter, each with the note."""
+    require_admin(viewer)
+    fields = await form(request, viewer)
+    runtime = _runtime(request)
+    given = {name: fields.get(name) or "" for name in FILTERS + WINDOW}
+    back = "/console/messages?" + urlencode({k: v for k, v in given.items() if v})
+
+    def call() -> bulk.BulkResult:
+        action = _action(fields.get("action") or "")
+        expected = fields.get("expected") or ""
+        if not expected.isdigit():
+            raise InvalidMessage("expected", "must be the count confirmed")
+        return bulk.run(
+            runtime.engine,
+            operations.message_filter(**given),
+            action,
+            int(expected),
+            {"note": fields.get("note")},
+            runtime.broker.enqueue_processing,
+            key=viewer.key.name,
+            owns=viewer.key.owns,
+            announce=runtime.announce_aborts,
+        )
+
+    def said(result: bulk.BulkResult) -> str:
+        verb = "re-driven" if result.action is bulk.Action.REDRIVE else "cancelled"
+        text = f"{len(result.done)} messages {verb}"
+        if result.refused:
+            first = next(iter(result.refused.values()))
+            text += f"; {len(result.refused)} refused (changed meanwhile), e.g. {first}"
+        return text
+
+    return await act(viewer, call, back, said)
+
+
+# After /messages/bulk: a path segment that is no id is not a message.
+@router.get("/messages/{msg_id}")
+async def message_page(request: Request, viewer: Signed, msg_id: RowId) -> Response:
+    found = await attempt(
+        functools.partial(
+            operations.inspect_message, _runtime(request).engine, msg_id, viewer.key.owns
+        )
+    )
+    return page(request, "message.html", viewer, m=found)

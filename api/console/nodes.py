@@ -1,4 +1,5 @@
-"""Nodes and their workers, and the configuration table (edited with its validation)."""
+"""Nodes and their workers (moved between RUN, drain and STOPPED with a note), live, and the
+configuration table (edited with its validation)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from fastapi.responses import HTMLResponse, Response
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
-from orderly.api.console.session import Signed, act, form, require_unbound
+from orderly.api.console.render import CONSOLE, page
+from orderly.api.console.session import Signed, act, form, require_admin, require_unbound
+from orderly.models import NodeState
 from orderly.worker import configuration, nodes
+from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.runtime import Runtime
 from orderly.worker.tracking import ServiceInfo
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 HEARTBEAT_TIMEOUT = "cluster.nodeHeartbeatTimeoutSec"
 
@@ -59,3 +62,32 @@ async def set_item(request: Request, viewer: Signed, code: str) -> Response:
         return f"{row.code} set to {shown}"
 
     return await act(viewer, change, "/console/nodes#configuration", done)
+
+
+_STATES = {
+    "run": NodeState.RUN,
+    "drain": NodeState.HANDLES_EXISTING_MESSAGES,
+    "stop": NodeState.STOPPED,
+}
+
+
+@router.post("/nodes/{code}/state")
+async def move_node(request: Request, viewer: Signed, code: str) -> Response:
+    """RUN, drain (HANDLES_EXISTING_MESSAGES) or STOPPED, with the operator's note."""
+    require_unbound(viewer)
+    require_admin(viewer)
+    fields = await form(request, viewer)
+    runtime: Runtime = request.app.state.runtime
+
+    def change() -> NodeState:
+        wanted = fields.get("state")
+        if wanted not in _STATES:
+            raise InvalidMessage("state", "must be run, drain or stop")
+        note = fields.text("note")
+        if note is None:
+            raise InvalidMessage("note", "say why: it is kept with the node's state")
+        state = _STATES[wanted]
+        nodes.set_state(runtime.engine, code, state, by=f"key:{viewer.key.name}", note=note)
+        return state
+
+    return await act(viewer, change, "/console/nodes", lambda s: f"node {code} is {s.value}")

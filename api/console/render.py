@@ -18,6 +18,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from orderly.worker.keys import ADMIN, Principal
 
 HERE = Path(__file__).resolve().parent
+# Where the console's pages are: every route of its routers begins with it (so that a
+# route's own path is its whole template, as the request metrics count it).
+CONSOLE = "/console"
 STATIC_DIR = HERE / "static"
 
 # Nothing but the console's own files: no CDN, no inline script, no frame around it.

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
+from orderly.api.console.render import CONSOLE, page
 from orderly.api.console.session import Refused, Signed, act, attempt, form
 from orderly.models import DeliveryState
 from orderly.worker import pubsub
@@ -18,7 +18,7 @@ from orderly.worker.pubsub import endpoints
 from orderly.worker.pubsub.pull import RedriveIn
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 
 @router.get("/rooms")

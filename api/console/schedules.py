@@ -9,12 +9,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import page
+from orderly.api.console.render import CONSOLE, page
 from orderly.api.console.session import Signed
 from orderly.worker.messages import schedules
 from orderly.worker.runtime import Runtime
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 SHOWN = 500
 

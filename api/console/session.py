@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from orderly.api.console.render import Viewer, back_to, page
+from orderly.api.console.render import CONSOLE, Viewer, back_to, page
 from orderly.api.http.auth import authenticated
 from orderly.api.http.errors import RateLimited, explain
 from orderly.api.http.ratelimit import sign_in_limited
@@ -36,7 +36,7 @@ FORM_TOKEN_FIELD = "form_token"
 # A console form is a few fields; anything larger is not one.
 MAX_FORM_BYTES = 65_536
 
-router = APIRouter()
+router = APIRouter(prefix=CONSOLE)
 
 
 class SignInNeeded(Exception):

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,7 +38,7 @@ from orderly.api.http import (
 )
 from orderly.worker import nodes
 from orderly.worker.broker import Broker
-from orderly.worker.core import logs
+from orderly.worker.core import logs, tracing
 from orderly.worker.runtime import Runtime, get_runtime
 
 __all__ = ["create_app"]
@@ -125,4 +126,11 @@ def create_app(broker: Broker | None = None) -> FastAPI:
     bodies.install(app, settings)
     ratelimit.install(app)
     metrics.install(app)
+    if tracing.configure("orderly-api"):
+        # The request's span, a child of the producer's traceparent: outermost.
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        # Probes and scrapes make no spans (OTEL_PYTHON_ASGI_EXCLUDED_URLS says others).
+        excluded = os.environ.get("OTEL_PYTHON_ASGI_EXCLUDED_URLS", "/health,/ready,/metrics")
+        app.add_middleware(OpenTelemetryMiddleware, excluded_urls=excluded)
     return app

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -110,6 +110,10 @@ async def list_messages(
     operation: str | None = None,
     source_system: str | None = None,
     correlation_id: str | None = None,
+    correlation_match: Annotated[
+        Literal["exact", "prefix", "contains"],
+        Query(description="how correlation_id matches: the whole id, its start, or a part"),
+    ] = "exact",
     since: Annotated[str | None, Query(description=f"msg_timestamp from: {ISO_8601}")] = None,
     until: Annotated[str | None, Query(description=f"msg_timestamp before: {ISO_8601}")] = None,
     limit: Annotated[int, Query(ge=1, le=operations.MAX_LIST)] = 100,
@@ -123,6 +127,7 @@ async def list_messages(
         operation=operation,
         source_system=source_system,
         correlation_id=correlation_id,
+        correlation_match=correlation_match,
         since=since,
         until=until,
     )

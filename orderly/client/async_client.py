@@ -11,6 +11,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from orderly.client import answers as a
 from orderly.client import calls
 from orderly.client.calls import Acked, Call, Published, Submitted
 from orderly.client.errors import OrderlyError
@@ -71,7 +72,7 @@ class AsyncClient:
     async def submit_many(self, messages: Sequence[Any]) -> list[Submitted]:
         return await self.call(calls.submit_many(messages))
 
-    async def respond(self, response: Any) -> dict[str, Any]:
+    async def respond(self, response: Any) -> a.ResponseAccepted:
         return await self.call(calls.respond(response))
 
     async def request(self, conversation_id: str, request: Any) -> Submitted:
@@ -85,47 +86,49 @@ class AsyncClient:
     ) -> Published:
         return await self.call(calls.publish(room, event, idempotency_key))
 
-    async def subscribe(self, room: str, subscription: Any) -> dict[str, Any]:
+    async def subscribe(self, room: str, subscription: Any) -> a.SubscriptionCreated:
         return await self.call(calls.subscribe(room, subscription))
 
-    async def queue_log(self, **filters: Any) -> list[dict[str, Any]]:
-        return await self.call(calls.pubsub_log("queue-messages", filters))
+    async def queue_log(self, **filters: Any) -> list[a.QueueLogRow]:
+        return await self.call(calls.queue_log(filters))
 
-    async def exceptions(self, **filters: Any) -> list[dict[str, Any]]:
-        return await self.call(calls.pubsub_log("exceptions", filters))
+    async def exceptions(self, **filters: Any) -> list[a.ExceptionListed]:
+        return await self.call(calls.exceptions(filters))
 
-    async def exception(self, exception_id: int) -> dict[str, Any]:
+    async def exception(self, exception_id: int) -> a.ExceptionDetail:
         return await self.call(calls.exception(exception_id))
 
-    async def published(self, **filters: Any) -> list[dict[str, Any]]:
-        return await self.call(calls.pubsub_log("published-messages", filters))
+    async def published(self, **filters: Any) -> list[a.PublishedRow]:
+        return await self.call(calls.published(filters))
 
     async def ack(self, async_response_id: str, token: str) -> Acked:
         return await self.call(calls.ack(async_response_id, token))
 
     async def pull(
         self, subscription_id: int, max_messages: int = 10, *, wait_ms: int = 0
-    ) -> list[dict[str, Any]]:
+    ) -> list[a.Pulled]:
         return await self.call(calls.pull(subscription_id, max_messages, wait_ms))
 
     async def extend_pulled(
         self, subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
-    ) -> dict[str, Any]:
+    ) -> a.PulledVisibility:
         call = calls.extend_pulled(subscription_id, delivery_id, receipt, visibility_timeout_ms)
         return await self.call(call)
 
-    async def replay(self, subscription_id: int, since: Any, until: Any = None) -> dict[str, Any]:
+    async def replay(self, subscription_id: int, since: Any, until: Any = None) -> a.Replayed:
         return await self.call(calls.replay(subscription_id, since, until))
 
-    async def enable_subscription(self, subscription_id: int, note: str = "") -> dict[str, Any]:
+    async def enable_subscription(
+        self, subscription_id: int, note: str = ""
+    ) -> a.SubscriptionChanged:
         return await self.call(calls.enable_subscription(subscription_id, note))
 
     async def ack_pulled(
         self, subscription_id: int, delivery_id: int, receipt: str
-    ) -> dict[str, Any]:
+    ) -> a.PulledAcked:
         return await self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
 
-    async def message(self, msg_id: int) -> dict[str, Any]:
+    async def message(self, msg_id: int) -> a.MessageDetail:
         return await self.call(calls.message(msg_id))
 
     async def messages(
@@ -139,23 +142,32 @@ class AsyncClient:
         funnel: str | None = None,
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        correlation_match: str | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> list[dict[str, Any]]:
+    ) -> list[a.MessageRow]:
         """Messages matching every filter given, oldest msg_timestamp first; ``since`` and
         ``until`` bound msg_timestamp (from, before)."""
         found = calls.MessageFilter(
-            state, service, operation, source_system, correlation_id, funnel, since, until
+            state,
+            service,
+            operation,
+            source_system,
+            correlation_id,
+            funnel,
+            since,
+            until,
+            correlation_match,
         )
         return await self.call(calls.messages(found, limit, offset))
 
-    async def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
-        return await self.call(calls.command("cancel", msg_id, note, by))
+    async def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> a.Cancelled:
+        return await self.call(calls.cancel(msg_id, note, by))
 
-    async def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
-        return await self.call(calls.command("redrive", msg_id, note, by))
+    async def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> a.Redriven:
+        return await self.call(calls.redrive(msg_id, note, by))
 
-    async def conversation(self, conversation_id: str) -> dict[str, Any]:
+    async def conversation(self, conversation_id: str) -> a.Conversation:
         return await self.call(calls.conversation(conversation_id))
 
     async def conversation_message(
@@ -164,13 +176,13 @@ class AsyncClient:
         response_id: str | None = None,
         async_response_id: str | None = None,
         fields: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> a.ConversationMessage:
         """getConversationMessage (an operate key)."""
         return await self.call(calls.conversation_message(response_id, async_response_id, fields))
 
     async def delete_conversation_request(
         self, conversation_id: str, request_id: str, **filters: Any
-    ) -> dict[str, Any]:
+    ) -> a.ConversationDeleted:
         """deleteConversationRegister: ``status``, ``all_origin_except``, ``note``."""
         return await self.call(
             calls.delete_conversation_request(conversation_id, request_id, filters)
@@ -183,19 +195,19 @@ class AsyncClient:
         request_id: str | None = None,
         response_id: str | None = None,
         note: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> a.ConversationAwaited:
         """setAwaitedByRequestId (``request_id``) or setAwaitedByResponseId."""
         return await self.call(calls.set_awaited(conversation_id, request_id, response_id, note))
 
     async def set_awaited_date(
         self, conversation_id: str, response_id: str, at: datetime | str
-    ) -> dict[str, Any]:
+    ) -> a.AwaitedDate:
         """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
         return await self.call(calls.set_awaited_date(conversation_id, response_id, at))
 
     async def remove_at(
         self, conversation_id: str, response_id: str, delay_s: int
-    ) -> dict[str, Any]:
+    ) -> a.RemovalScheduled:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
         return await self.call(calls.remove_at(conversation_id, response_id, delay_s))
 

@@ -9,9 +9,12 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
+
+from orderly.client import answers as a
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 ACK_TOKEN_HEADER = "X-Orderly-Ack-Token"
 
@@ -43,6 +46,17 @@ class Acked:
 
 def _as_is(status: int, body: Any) -> Any:
     return body
+
+
+def _one(model: type[M]) -> Callable[[int, Any], M]:
+    """An answer read into its model (orderly.client.answers)."""
+    return lambda status, body: model.model_validate(body)
+
+
+def _many(model: type[M]) -> Callable[[int, Any], list[M]]:
+    """A list answer read into its model, row by row."""
+    adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
+    return lambda status, body: list(adapter.validate_python(body))
 
 
 @dataclass(frozen=True)
@@ -115,9 +129,9 @@ def submit_many(messages: Sequence[Any]) -> Call[list[Submitted]]:
     return Call("POST", "/messages:batch", body, read=_submitted_many, idempotent=True)
 
 
-def respond(response: Any) -> Call[dict[str, Any]]:
+def respond(response: Any) -> Call[a.ResponseAccepted]:
     """An external system's response to a message waiting for it (WAITING_FOR_RES)."""
-    return Call("POST", "/messages/responses", json_of(response))
+    return Call("POST", "/messages/responses", json_of(response), read=_one(a.ResponseAccepted))
 
 
 @dataclass(frozen=True)
@@ -132,23 +146,35 @@ class MessageFilter:
     funnel: str | None = None
     since: datetime | str | None = None  # msg_timestamp from
     until: datetime | str | None = None  # msg_timestamp before
+    # how correlation_id matches: exact, prefix (its start) or contains
+    correlation_match: str | None = None
 
 
-def messages(found: MessageFilter, limit: int, offset: int) -> Call[list[dict[str, Any]]]:
+def messages(found: MessageFilter, limit: int, offset: int) -> Call[list[a.MessageRow]]:
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     for name, value in asdict(found).items():
         if value is not None:
             params[name] = value.isoformat() if isinstance(value, datetime) else value
-    return Call("GET", "/messages", params=params)
+    return Call("GET", "/messages", params=params, read=_many(a.MessageRow))
 
 
-def message(msg_id: int) -> Call[dict[str, Any]]:
-    return Call("GET", f"/messages/{segment(msg_id)}")
+def message(msg_id: int) -> Call[a.MessageDetail]:
+    return Call("GET", f"/messages/{segment(msg_id)}", read=_one(a.MessageDetail))
 
 
-def command(verb: str, msg_id: int, note: str, by: str | None) -> Call[dict[str, Any]]:
-    body = {"note": note} if by is None else {"note": note, "by": by}
-    return Call("POST", f"/messages/{segment(msg_id)}/{verb}", body)
+def cancel(msg_id: int, note: str, by: str | None) -> Call[a.Cancelled]:
+    return Call(
+        "POST", f"/messages/{segment(msg_id)}/cancel", _note(note, by), read=_one(a.Cancelled)
+    )
+
+
+def redrive(msg_id: int, note: str, by: str | None) -> Call[a.Redriven]:
+    path = f"/messages/{segment(msg_id)}/redrive"
+    return Call("POST", path, _note(note, by), read=_one(a.Redriven))
+
+
+def _note(note: str, by: str | None) -> dict[str, str]:
+    return {"note": note} if by is None else {"note": note, "by": by}
 
 
 def conversation_request(conversation_id: str, request: Any) -> Call[Submitted]:
@@ -161,61 +187,72 @@ def conversation_response(conversation_id: str, response: Any) -> Call[Submitted
     return Call("POST", path, json_of(response), read=_submitted, idempotent=True)
 
 
-def conversation(conversation_id: str) -> Call[dict[str, Any]]:
-    return Call("GET", f"/conversations/{segment(conversation_id)}")
+def conversation(conversation_id: str) -> Call[a.Conversation]:
+    return Call("GET", f"/conversations/{segment(conversation_id)}", read=_one(a.Conversation))
 
 
 def conversation_message(
     response_id: str | None, async_response_id: str | None, fields: Sequence[str] | None
-) -> Call[dict[str, Any]]:
+) -> Call[a.ConversationMessage]:
     """getConversationMessage: by response id or by ACK id; only ``fields`` if given."""
     params = {"response_id": response_id, "async_response_id": async_response_id}
     if fields is not None:
         params["fields"] = ",".join(fields)
-    return Call(
-        "GET", "/conversation-messages", params={k: v for k, v in params.items() if v is not None}
-    )
+    found = {k: v for k, v in params.items() if v is not None}
+    return Call("GET", "/conversation-messages", params=found, read=_one(a.ConversationMessage))
 
 
 def delete_conversation_request(
     conversation_id: str, request_id: str, filters: Mapping[str, Any]
-) -> Call[dict[str, Any]]:
+) -> Call[a.ConversationDeleted]:
     """deleteConversationRegister: ``filters`` status, all_origin_except, note."""
     path = f"/conversations/{segment(conversation_id)}/requests/{segment(request_id)}"
     params = {k: v for k, v in filters.items() if v is not None}
-    return Call("DELETE", path, params=params)
+    return Call("DELETE", path, params=params, read=_one(a.ConversationDeleted))
 
 
 def _conversation_operation(
-    conversation_id: str, kind: str, ident: str, action: str, body: Mapping[str, Any]
-) -> Call[dict[str, Any]]:
+    conversation_id: str,
+    kind: str,
+    ident: str,
+    action: str,
+    body: Mapping[str, Any],
+    model: type[M],
+) -> Call[M]:
     path = f"/conversations/{segment(conversation_id)}/{kind}/{segment(ident)}/{action}"
-    return Call("PUT" if action == "awaited-date" else "POST", path, dict(body))
+    method = "PUT" if action == "awaited-date" else "POST"
+    return Call(method, path, dict(body), read=_one(model))
 
 
 def set_awaited(
     conversation_id: str, request_id: str | None, response_id: str | None, note: str | None
-) -> Call[dict[str, Any]]:
+) -> Call[a.ConversationAwaited]:
     """setAwaitedByRequestId or setAwaitedByResponseId: exactly one of the two ids."""
     if (request_id is None) == (response_id is None):
         raise ValueError("set_awaited takes exactly one of request_id and response_id")
     kind, ident = ("requests", request_id) if request_id else ("responses", response_id)
     body = {} if note is None else {"note": note}
-    return _conversation_operation(conversation_id, kind, str(ident), "awaited", body)
+    return _conversation_operation(
+        conversation_id, kind, str(ident), "awaited", body, a.ConversationAwaited
+    )
 
 
 def set_awaited_date(
     conversation_id: str, response_id: str, at: datetime | str
-) -> Call[dict[str, Any]]:
+) -> Call[a.AwaitedDate]:
     """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
     body = {"awaited_to_date": at.isoformat() if isinstance(at, datetime) else at}
-    return _conversation_operation(conversation_id, "responses", response_id, "awaited-date", body)
+    return _conversation_operation(
+        conversation_id, "responses", response_id, "awaited-date", body, a.AwaitedDate
+    )
 
 
-def remove_at(conversation_id: str, response_id: str, delay_s: int) -> Call[dict[str, Any]]:
+def remove_at(conversation_id: str, response_id: str, delay_s: int) -> Call[a.RemovalScheduled]:
     """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
     body = {"delay_s": delay_s}
-    return _conversation_operation(conversation_id, "responses", response_id, "removal", body)
+    return _conversation_operation(
+        conversation_id, "responses", response_id, "removal", body, a.RemovalScheduled
+    )
 
 
 def ack(async_response_id: str, token: str) -> Call[Acked]:
@@ -241,50 +278,66 @@ def publish(room: str, event: Any, idempotency_key: str | None) -> Call[Publishe
     )
 
 
-def pull(subscription_id: int, max_messages: int, wait_ms: int = 0) -> Call[list[dict[str, Any]]]:
+def pull(subscription_id: int, max_messages: int, wait_ms: int = 0) -> Call[list[a.Pulled]]:
     path = f"/subscriptions/{segment(subscription_id)}/messages"
     params = {"max": max_messages, **({"wait_ms": wait_ms} if wait_ms else {})}
     # not sent again: a pull that timed out may have taken messages (they come back later)
-    return Call("GET", path, params=params, idempotent=False, wait_s=wait_ms / 1000)
+    return Call(
+        "GET", path, params=params, read=_many(a.Pulled), idempotent=False, wait_s=wait_ms / 1000
+    )
 
 
 def extend_pulled(
     subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
-) -> Call[dict[str, Any]]:
+) -> Call[a.PulledVisibility]:
     path = f"/subscriptions/{segment(subscription_id)}/messages/{segment(delivery_id)}/visibility"
     body = {"receipt": receipt, "visibility_timeout_ms": visibility_timeout_ms}
-    return Call("POST", path, body, idempotent=True)
+    return Call("POST", path, body, read=_one(a.PulledVisibility), idempotent=True)
 
 
-def replay(subscription_id: int, since: Any, until: Any = None) -> Call[dict[str, Any]]:
+def replay(subscription_id: int, since: Any, until: Any = None) -> Call[a.Replayed]:
     body = json_of({"since": since, **({} if until is None else {"until": until})})
-    return Call("POST", f"/subscriptions/{segment(subscription_id)}/replay", body)
+    path = f"/subscriptions/{segment(subscription_id)}/replay"
+    return Call("POST", path, body, read=_one(a.Replayed))
 
 
-def enable_subscription(subscription_id: int, note: str = "") -> Call[dict[str, Any]]:
+def enable_subscription(subscription_id: int, note: str = "") -> Call[a.SubscriptionChanged]:
     path = f"/subscriptions/{segment(subscription_id)}/enable"
-    return Call("POST", path, {"note": note}, idempotent=True)
+    return Call("POST", path, {"note": note}, read=_one(a.SubscriptionChanged), idempotent=True)
 
 
-def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[dict[str, Any]]:
+def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[a.PulledAcked]:
     path = f"/subscriptions/{segment(subscription_id)}/messages/{segment(delivery_id)}/ack"
-    return Call("POST", path, {"receipt": receipt})
+    return Call("POST", path, {"receipt": receipt}, read=_one(a.PulledAcked))
 
 
-def subscribe(room: str, subscription: Any) -> Call[dict[str, Any]]:
+def subscribe(room: str, subscription: Any) -> Call[a.SubscriptionCreated]:
     """A subscription of ``room``: ``{name, kind, push_url?, handler?, event_type?,
     event_version? | min_version?/max_version?, routing_key_pattern?, ...}``."""
-    return Call("POST", f"/rooms/{segment(room)}/subscriptions", json_of(subscription))
+    path = f"/rooms/{segment(room)}/subscriptions"
+    return Call("POST", path, json_of(subscription), read=_one(a.SubscriptionCreated))
 
 
-def pubsub_log(table: str, filters: Mapping[str, Any]) -> Call[list[dict[str, Any]]]:
+def _log(table: str, filters: Mapping[str, Any], model: type[M]) -> Call[list[M]]:
     """Rows of ``table`` (queue-messages, exceptions, published-messages), newest first."""
     params = {k: v for k, v in filters.items() if v is not None}
-    return Call("GET", f"/{table}", params=params)
+    return Call("GET", f"/{table}", params=params, read=_many(model))
 
 
-def exception(exception_id: int) -> Call[dict[str, Any]]:
-    return Call("GET", f"/exceptions/{segment(exception_id)}")
+def queue_log(filters: Mapping[str, Any]) -> Call[list[a.QueueLogRow]]:
+    return _log("queue-messages", filters, a.QueueLogRow)
+
+
+def exceptions(filters: Mapping[str, Any]) -> Call[list[a.ExceptionListed]]:
+    return _log("exceptions", filters, a.ExceptionListed)
+
+
+def published(filters: Mapping[str, Any]) -> Call[list[a.PublishedRow]]:
+    return _log("published-messages", filters, a.PublishedRow)
+
+
+def exception(exception_id: int) -> Call[a.ExceptionDetail]:
+    return Call("GET", f"/exceptions/{segment(exception_id)}", read=_one(a.ExceptionDetail))
 
 
 def create_schedule(schedule: Any) -> Call[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from orderly.client import answers as a
 from orderly.client import calls
 from orderly.client.calls import Acked, Call, Published, Submitted
 from orderly.client.transport import RETRIED, Settings
@@ -84,7 +85,7 @@ class Client:
         it already)."""
         return self.call(calls.submit_many(messages))
 
-    def respond(self, response: Any) -> dict[str, Any]:
+    def respond(self, response: Any) -> a.ResponseAccepted:
         """``POST /messages/responses``: an external system's answer to a waiting message."""
         return self.call(calls.respond(response))
 
@@ -99,7 +100,7 @@ class Client:
     def publish(self, room: str, event: Any, *, idempotency_key: str | None = None) -> Published:
         return self.call(calls.publish(room, event, idempotency_key))
 
-    def subscribe(self, room: str, subscription: Any) -> dict[str, Any]:
+    def subscribe(self, room: str, subscription: Any) -> a.SubscriptionCreated:
         """A subscription (an admin key): by event type, one ``event_version`` or a
         ``min_version``/``max_version`` range, and/or a routing-key pattern."""
         return self.call(calls.subscribe(room, subscription))
@@ -112,51 +113,51 @@ class Client:
 
     def pull(
         self, subscription_id: int, max_messages: int = 10, *, wait_ms: int = 0
-    ) -> list[dict[str, Any]]:
+    ) -> list[a.Pulled]:
         """A PULL subscription's due messages; with ``wait_ms`` (20,000 at most), waiting up to
         that long for one to come."""
         return self.call(calls.pull(subscription_id, max_messages, wait_ms))
 
     def extend_pulled(
         self, subscription_id: int, delivery_id: int, receipt: str, visibility_timeout_ms: int
-    ) -> dict[str, Any]:
+    ) -> a.PulledVisibility:
         """A pulled message comes back that long from now unless ACKed (with its receipt)."""
         call = calls.extend_pulled(subscription_id, delivery_id, receipt, visibility_timeout_ms)
         return self.call(call)
 
-    def replay(self, subscription_id: int, since: Any, until: Any = None) -> dict[str, Any]:
+    def replay(self, subscription_id: int, since: Any, until: Any = None) -> a.Replayed:
         """A subscription's events of a window sent again (and the ones it never had); an
         admin key. ``since``/``until``: datetimes or ISO 8601 strings."""
         return self.call(calls.replay(subscription_id, since, until))
 
-    def enable_subscription(self, subscription_id: int, note: str = "") -> dict[str, Any]:
+    def enable_subscription(self, subscription_id: int, note: str = "") -> a.SubscriptionChanged:
         """An endpoint disabled by its failures (or with its circuit open) enabled again."""
         return self.call(calls.enable_subscription(subscription_id, note))
 
-    def ack_pulled(self, subscription_id: int, delivery_id: int, receipt: str) -> dict[str, Any]:
+    def ack_pulled(self, subscription_id: int, delivery_id: int, receipt: str) -> a.PulledAcked:
         return self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
 
     # --- operators -------------------------------------------------------------------------
 
-    def queue_log(self, **filters: Any) -> list[dict[str, Any]]:
+    def queue_log(self, **filters: Any) -> list[a.QueueLogRow]:
         """The queue message log, newest first (``delivery_id``, ``correlation_id``,
         ``subscription_id``, ``routing_key``, ``state``, ``limit``, ``before``)."""
-        return self.call(calls.pubsub_log("queue-messages", filters))
+        return self.call(calls.queue_log(filters))
 
-    def exceptions(self, **filters: Any) -> list[dict[str, Any]]:
+    def exceptions(self, **filters: Any) -> list[a.ExceptionListed]:
         """Exceptions without tracebacks, newest first (the queue log's filters, ``type``)."""
-        return self.call(calls.pubsub_log("exceptions", filters))
+        return self.call(calls.exceptions(filters))
 
-    def exception(self, exception_id: int) -> dict[str, Any]:
+    def exception(self, exception_id: int) -> a.ExceptionDetail:
         """One exception with its traceback."""
         return self.call(calls.exception(exception_id))
 
-    def published(self, **filters: Any) -> list[dict[str, Any]]:
+    def published(self, **filters: Any) -> list[a.PublishedRow]:
         """published_messages, one row per attempt, newest first (the queue log's filters;
         ``state`` is the outcome)."""
-        return self.call(calls.pubsub_log("published-messages", filters))
+        return self.call(calls.published(filters))
 
-    def message(self, msg_id: int) -> dict[str, Any]:
+    def message(self, msg_id: int) -> a.MessageDetail:
         return self.call(calls.message(msg_id))
 
     def messages(
@@ -170,17 +171,26 @@ class Client:
         funnel: str | None = None,
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        correlation_match: str | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> list[dict[str, Any]]:
+    ) -> list[a.MessageRow]:
         """Messages matching every filter given, oldest msg_timestamp first; ``since`` and
         ``until`` bound msg_timestamp (from, before)."""
         found = calls.MessageFilter(
-            state, service, operation, source_system, correlation_id, funnel, since, until
+            state,
+            service,
+            operation,
+            source_system,
+            correlation_id,
+            funnel,
+            since,
+            until,
+            correlation_match,
         )
         return self.call(calls.messages(found, limit, offset))
 
-    def iter_messages(self, *, page_size: int = 100, **filters: Any) -> Iterator[dict[str, Any]]:
+    def iter_messages(self, *, page_size: int = 100, **filters: Any) -> Iterator[a.MessageRow]:
         """Every message matching the filters of :meth:`messages`, a page of ``page_size`` per
         request, until a page comes back short."""
         offset = 0
@@ -191,13 +201,13 @@ class Client:
                 return
             offset += len(page)
 
-    def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
-        return self.call(calls.command("cancel", msg_id, note, by))
+    def cancel(self, msg_id: int, note: str, *, by: str | None = None) -> a.Cancelled:
+        return self.call(calls.cancel(msg_id, note, by))
 
-    def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> dict[str, Any]:
-        return self.call(calls.command("redrive", msg_id, note, by))
+    def redrive(self, msg_id: int, note: str, *, by: str | None = None) -> a.Redriven:
+        return self.call(calls.redrive(msg_id, note, by))
 
-    def conversation(self, conversation_id: str) -> dict[str, Any]:
+    def conversation(self, conversation_id: str) -> a.Conversation:
         return self.call(calls.conversation(conversation_id))
 
     def conversation_message(
@@ -206,13 +216,13 @@ class Client:
         response_id: str | None = None,
         async_response_id: str | None = None,
         fields: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> a.ConversationMessage:
         """getConversationMessage (an operate key)."""
         return self.call(calls.conversation_message(response_id, async_response_id, fields))
 
     def delete_conversation_request(
         self, conversation_id: str, request_id: str, **filters: Any
-    ) -> dict[str, Any]:
+    ) -> a.ConversationDeleted:
         """deleteConversationRegister: ``status``, ``all_origin_except``, ``note``."""
         return self.call(calls.delete_conversation_request(conversation_id, request_id, filters))
 
@@ -223,17 +233,17 @@ class Client:
         request_id: str | None = None,
         response_id: str | None = None,
         note: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> a.ConversationAwaited:
         """setAwaitedByRequestId (``request_id``) or setAwaitedByResponseId."""
         return self.call(calls.set_awaited(conversation_id, request_id, response_id, note))
 
     def set_awaited_date(
         self, conversation_id: str, response_id: str, at: datetime | str
-    ) -> dict[str, Any]:
+    ) -> a.AwaitedDate:
         """updateAwaitedExpires: an AWAITED response's new awaitedToDate."""
         return self.call(calls.set_awaited_date(conversation_id, response_id, at))
 
-    def remove_at(self, conversation_id: str, response_id: str, delay_s: int) -> dict[str, Any]:
+    def remove_at(self, conversation_id: str, response_id: str, delay_s: int) -> a.RemovalScheduled:
         """removeAllReferencesAtTime: the response's references go after ``delay_s``."""
         return self.call(calls.remove_at(conversation_id, response_id, delay_s))
 

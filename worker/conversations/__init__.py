@@ -43,6 +43,7 @@ from orderly.worker.conversations.model import (
     Sender,
     SendResult,
 )
+from orderly.worker.core import tracing
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.due import ShardedDueSets
@@ -71,6 +72,9 @@ __all__ = [
     "SendResult",
     "Sender",
 ]
+
+
+_CONVERSATION = "orderly.conversation_id"  # a span attribute
 
 
 class Conversations:
@@ -105,13 +109,19 @@ class Conversations:
     ) -> Registered:
         """createConversationRegister: the request waits (WAITING) for its responses.
         ``owns`` (here and below): the caller's objects (worker.core.owners), None: all."""
-        return intake.register_request(self.ctx, conversation_id, data, owns)
+        with tracing.span(
+            "intake request", attributes={"orderly.conversation_id": conversation_id}
+        ):
+            return intake.register_request(self.ctx, conversation_id, data, owns)
 
     def add_response(
         self, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
     ) -> Registered:
         """markPendingConversationRegister: the response joins its conversation's order."""
-        return intake.add_response(self.ctx, conversation_id, data, enqueue, owns)
+        with tracing.span(
+            "intake response", attributes={"orderly.conversation_id": conversation_id}
+        ):
+            return intake.add_response(self.ctx, conversation_id, data, enqueue, owns)
 
     def can_send(self, conversation_id: str, response_id: str) -> Gate:
         """canSendConversationMessage: may this response go out now, by the order alone?"""

@@ -30,7 +30,7 @@ from orderly.worker.conversations.model import (
     Sender,
     SendResult,
 )
-from orderly.worker.core import logs
+from orderly.worker.core import logs, tracing
 from orderly.worker.core.errors import Unauthenticated, UnknownAck, UnknownChannel
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
@@ -135,11 +135,20 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                 late_ms=int(h["lateMs"]) if h.get("lateMs") not in (None, "") else None,
                 lost=int(h.get("lost", 0)),
                 received_ms=int(h["receivedAt"]) if h.get("receivedAt") else None,
+                trace_parent=h.get("tp") or None,
             )
             if head.awaited_retries:
                 conn.run("conv_back_in_queue", head.msg_id)
             channel = ctx.channels.get(head.origin)
-            result = _send_or_quarantine(ctx, send, channel, head)
+            with tracing.span(
+                "deliver response",
+                parent=head.trace_parent,
+                attributes={
+                    "orderly.conversation_id": conversation_id,
+                    "orderly.msg_id": head.msg_id,
+                },
+            ):
+                result = _send_or_quarantine(ctx, send, channel, head)
             sends += 1
             outcome, after = _apply(conn, channel, head, result, report, ctx.now_ms())
 

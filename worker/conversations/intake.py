@@ -23,7 +23,7 @@ from orderly.worker.conversations.model import (
     check_conversation_id,
     payload_text,
 )
-from orderly.worker.core import owners
+from orderly.worker.core import owners, tracing
 from orderly.worker.core.errors import InvalidMessage, NotFound, UnknownRequest
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
@@ -137,6 +137,7 @@ def add_response(
     now_ms = ctx.now_ms()
     timestamp_ms = _ms(ctx, res.timestamp) if res.timestamp else now_ms
     moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    traced = tracing.current_parent()  # its send continues this trace
     with ctx.pg() as conn:
         inserted = conn.one(
             rows.ResponseInserted,
@@ -150,6 +151,7 @@ def add_response(
             res.last,
             res.corr,
             owners.origins(owns),
+            traced,
         )
         if inserted is None:
             raise UnknownRequest(res.request_id, conversation_id)
@@ -209,6 +211,7 @@ def add_response(
         lease_ms=ctx.lease_ms,
         request_completed=bool(request_done),
         corr=res.corr,
+        trace_parent=traced,
     )
     if added.code is lua.AddCode.CANCELLED:
         # The group was cancelled between the insert and now.

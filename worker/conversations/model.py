@@ -145,6 +145,8 @@ class Head:
     lost: int = 0
     # When orderly took the response in (ms; None: a hash from before this field)
     received_ms: int | None = None
+    # the traceparent of the span that took it in (worker.core.tracing), or None
+    trace_parent: str | None = None
 
 
 Sender = Callable[[Channel, Head], SendResult]

@@ -79,6 +79,8 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
     }
     if row.corr is not None:
         fields["corr"] = row.corr
+    if row.trace_parent:
+        fields["tp"] = row.trace_parent
     out: dict[str, Any] = {"responseId": row.correlation_id, "member": member, "ttl": ttl}
     if row.remove_at_ms is not None:
         # A removal an operator scheduled (removeAllReferencesAtTime): due again then.

@@ -38,6 +38,7 @@ import httpcore
 import httpx
 
 from orderly.client import webhooks
+from orderly.worker.core import tracing
 from orderly.worker.core.addresses import STRICT, AddressPolicy
 
 # httpx logs every request at INFO; orderly's callers log what matters (failures, retries).
@@ -317,7 +318,35 @@ class OutboundHttp:
         signed_as: SignedAs | None = None,
     ) -> Reply:
         """POST ``content`` (JSON); the answer within ``timeout_ms`` in all, or why not. With
-        ``signed_as`` (and a signer), signed under the destination's secrets."""
+        ``signed_as`` (and a signer), signed under the destination's secrets. In a span of its
+        own whose ``traceparent`` it sends (worker.core.tracing)."""
+        if not tracing.enabled():
+            return self._post(url, content, timeout_ms, headers or {}, signed_as)
+        where = httpx.URL(url)
+        attributes = {
+            "http.request.method": "POST",
+            "server.address": where.host,
+            "server.port": where.port,
+            "url.full": str(where.copy_with(query=None, fragment=None)),
+        }
+        with tracing.span("POST", kind="client", attributes=attributes) as span:
+            sent = tracing.inject(dict(headers or {}))
+            reply = self._post(url, content, timeout_ms, sent, signed_as)
+            if span is not None:
+                if reply.status is not None:
+                    span.set_attribute("http.response.status_code", reply.status)
+                if not reply.ok:
+                    span.set_status(tracing.error_status(reply.error or f"HTTP {reply.status}"))
+            return reply
+
+    def _post(
+        self,
+        url: str,
+        content: bytes,
+        timeout_ms: int,
+        headers: dict[str, str],
+        signed_as: SignedAs | None,
+    ) -> Reply:
         if signed_as is not None and self._signer is not None:
             try:
                 secrets = self._signer(signed_as.kind, signed_as.name)

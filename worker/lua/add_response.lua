@@ -11,6 +11,7 @@
 -- ARGV[16] drain lease token  ARGV[17] drain lease (ms)
 -- ARGV[18] 1 when PostgreSQL has the request completed (its final response settled)
 -- ARGV[19] corr: the response's correlator ('' when none was given)
+-- ARGV[20] tp: the traceparent its send continues ('' when none)
 -- Both hashes' lastAccess becomes now.
 -- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE' or 'CANCELLED' (the request's
 -- group was cancelled); leaseTaken 1 when the caller must start a drain with ARGV[16];
@@ -56,6 +57,7 @@ redis.call('HSET', KEYS[2],
   'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms, 'lastAccess', now,
   'receivedAt', now)
 if ARGV[19] ~= '' then redis.call('HSET', KEYS[2], 'corr', ARGV[19]) end
+if ARGV[20] and ARGV[20] ~= '' then redis.call('HSET', KEYS[2], 'tp', ARGV[20]) end
 redis.call('PEXPIRE', KEYS[2], awaited_ttl)
 -- Total order: the request's position in the conversation, then the response's arrival
 -- within its request. Both are integers; seq * 2^21 + n is exact in a double below 2^53.

@@ -202,13 +202,13 @@ while true do
         redis.call('HSET', drains_key, ARGV[17], ARGV[18] .. '|' .. token .. '|' .. now)
         local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
           'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',
-          'awaitedRetries', 'lateMs', 'receivedAt')
+          'awaitedRetries', 'lateMs', 'receivedAt', 'tp')
         redis.call('ZADD', pending_key, math.min(now + inflight_ms, num(h[1], now)), first)
         result.head = {
           conversationId = h[2], origin = h[3], requestId = h[4], responseId = h[5],
           taskItem = h[6], msgId = h[7], requestMsgId = h[8], last = h[9],
           attempt = num(h[10], 0), awaitedRetries = num(h[11], 0), lateMs = h[12] or '',
-          receivedAt = h[13] or '', lost = lost}
+          receivedAt = h[13] or '', tp = h[14] or '', lost = lost}
         return finish('SEND')
       end
     end

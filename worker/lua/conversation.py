@@ -121,6 +121,7 @@ def add_response(
     lease_ms: int,
     request_completed: bool,
     corr: str | None,
+    trace_parent: str | None = None,
 ) -> ResponseAdded:
     call = Call(
         "add_response",
@@ -153,6 +154,7 @@ def add_response(
             lease_ms,
             1 if request_completed else 0,
             corr or "",
+            trace_parent or "",
         ),
     )
     code, taken, late_ms = scripts.run(call)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orderly.worker.core import tracing
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
@@ -211,9 +212,12 @@ def process_batch(
     results, and how many messages were due at the claim. Children go to ``enqueue``, and so
     do released messages not taken up here."""
     with prepared_connection(processor.engine) as conn:
-        claimed, due = claim_due(
-            conn, processor.node_id, size, processor.postponed_s(), processor.rates
-        )
+        with tracing.span("claim") as span:
+            claimed, due = claim_due(
+                conn, processor.node_id, size, processor.postponed_s(), processor.rates
+            )
+            for c in claimed:  # the traces of the messages it took
+                tracing.link(span, c.trace_parent)
         # What its outcomes released and it did not take up waits IN_QUEUE for the woken
         # worker's next claim, in line (beat's wake-up covers a worker that stops looking).
         results = _rounds(processor, conn, claimed, size, enqueue, budget_s, hand_over=False)

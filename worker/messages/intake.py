@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 
 from orderly.models import MessageState
 from orderly.worker import nodes
-from orderly.worker.core import owners
+from orderly.worker.core import owners, tracing
 from orderly.worker.core.errors import (
     ConflictingMessage,
     InvalidMessage,
@@ -290,8 +290,9 @@ class Intake:
         anything is stored."""
         message = self._parse(data)
         _require_owned(owns, message)
-        result = self._store(message, owns)
-        self._hand_over([result])
+        with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
+            result = self._store(message, owns)
+            self._hand_over([result])
         return result
 
     def submit_many(self, items: Any, owns: Owns | None = None) -> list[SubmitResult]:
@@ -316,8 +317,9 @@ class Intake:
                 _require_owned(owns, message)
             except InvalidMessage as exc:
                 raise InvalidMessage(f"messages[{i}].{exc.field}", exc.problem) from None
-        results = self._store_many(messages, owns)
-        self._hand_over(results)
+        with tracing.span("intake", attributes={"orderly.messages": len(messages)}):
+            results = self._store_many(messages, owns)
+            self._hand_over(results)
         return results
 
     def _hand_over(self, results: Sequence[SubmitResult]) -> None:

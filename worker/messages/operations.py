@@ -12,10 +12,11 @@ commit.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -72,6 +73,8 @@ class MessageFilter(BaseModel):
     )
     since: Moment | None = None  # msg_timestamp at or after
     until: Moment | None = None  # msg_timestamp before
+    # how correlation_id matches: the whole id, its start, or anywhere in it
+    correlation_match: Literal["exact", "prefix", "contains"] = "exact"
 
     @field_validator("state", mode="before")
     @classmethod
@@ -86,6 +89,13 @@ class MessageFilter(BaseModel):
             raise ValueError("must be later than since")
         return until
 
+    def _like(self) -> str | None:
+        """The LIKE pattern of a prefix or contains match (its own % and _ taken literally)."""
+        if self.correlation_id is None or self.correlation_match == "exact":
+            return None
+        escaped = re.sub(r"([\\%_])", r"\\\1", self.correlation_id)
+        return f"{escaped}%" if self.correlation_match == "prefix" else f"%{escaped}%"
+
     def params(self) -> dict[str, Any]:
         return {
             "state": None if self.state is None else self.state.value,
@@ -93,7 +103,8 @@ class MessageFilter(BaseModel):
             "service": self.service,
             "operation": self.operation,
             "source": self.source_system,
-            "cid": self.correlation_id,
+            "cid": self.correlation_id if self.correlation_match == "exact" else None,
+            "cid_like": self._like(),
             "since": self.since,
             "until": self.until,
         }
@@ -228,6 +239,11 @@ def _command(data: Any, key: str | None) -> tuple[CommandIn, str]:
     if command.by is None or command.by == key:
         return command, f"key:{key}"
     return command, f"key:{key} for {command.by}"
+
+
+def check_command(data: Any, key: str | None = None) -> None:
+    """Refuse a command body (its note, its ``by``) before anything is done with it."""
+    _command(data, key)
 
 
 def _refusal(

@@ -34,7 +34,7 @@ from sqlalchemy import Engine
 
 from orderly.models import BindingType, MessageState
 from orderly.worker.configuration import ConfigReader
-from orderly.worker.core import logs
+from orderly.worker.core import logs, tracing
 from orderly.worker.core.errors import CallInProgress, HandlerError, InvalidMessage
 from orderly.worker.core.http import OutboundHttp
 from orderly.worker.core.limits import Aborted, TimeLimitExceeded, TimeLimits
@@ -220,14 +220,26 @@ class Processor:
             custom_data=claimed.custom_data,
             backend=HandlerBackend(conn, self._config, self._integrity, self._http),
         )
-        with logs.bound(
-            msg_id=ctx.msg_id,
-            correlation_id=ctx.correlation_id,
-            source_system=ctx.source_system,
-            service=ctx.service,
-            operation=ctx.operation,
+        with (
+            logs.bound(
+                msg_id=ctx.msg_id,
+                correlation_id=ctx.correlation_id,
+                source_system=ctx.source_system,
+                service=ctx.service,
+                operation=ctx.operation,
+            ),
+            tracing.span(
+                f"handle {ctx.service}.{ctx.operation}",
+                parent=claimed.trace_parent,
+                attributes={
+                    "orderly.msg_id": ctx.msg_id,
+                    "orderly.correlation_id": ctx.correlation_id,
+                },
+            ) as span,
         ):
             result = self._handle(conn, ctx, claimed, held)
+            if span is not None:
+                span.set_attribute("orderly.outcome", result.outcome.value)
         TALLY.add(MESSAGES_PROCESSED, ctx.service, ctx.operation, result.outcome.value)
         return result
 

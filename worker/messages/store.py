@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 
 from orderly.models import MessageState
+from orderly.worker.core import tracing
 from orderly.worker.db.prepared import PreparedConnection
 
 
@@ -109,6 +110,7 @@ class Claimed:
     funnel_key: int | None
     rate_per_s: float | None  # its funnel component's start rate, if it has one
     burst: int | None
+    trace_parent: str | None = None  # the span that stored it (worker.core.tracing)
 
     @property
     def running(self) -> bool:
@@ -187,11 +189,21 @@ def insert(
     back at once (POSTPONED) when its funnel does not let it go yet, so that a release cannot
     miss it. Otherwise they are stored NEW without a lock, and the claim decides."""
     columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
+    traced = tracing.current_parent()  # what the messages' handlers will continue
     if not hold or len(rows) != 1 or rows[0].funnel_value is None:
-        return conn.all(Inserted, "orderly_insert_messages", *columns, node_id, require_run, False)
+        return conn.all(
+            Inserted, "orderly_insert_messages", *columns, node_id, require_run, False, traced
+        )
     lock = ("lock_funnels", ([rows[0].funnel_value], [rows[0].funnel_component_id]))
     found = conn.one(
-        Inserted, "orderly_insert_messages", *columns, node_id, require_run, True, before=lock
+        Inserted,
+        "orderly_insert_messages",
+        *columns,
+        node_id,
+        require_run,
+        True,
+        traced,
+        before=lock,
     )
     return [] if found is None else [found]
 

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine
 from orderly.models import DeliveryState, SubscriptionKind
 from orderly.worker import tokens
 from orderly.worker.core import logs
+from orderly.worker.core import tracing as otel
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms, utcnow
 from orderly.worker.core.errors import Unauthorized
 from orderly.worker.core.lease import new_token
@@ -65,6 +66,7 @@ class Claimed:
     rate_per_s: float | None = None  # its endpoint's pace (a token bucket of burst)
     burst: int | None = None
     probe: bool = False  # the one send its endpoint's open circuit lets through
+    trace_parent: str | None = None  # the span that published its event (worker.core.tracing)
 
     @property
     def policy(self) -> RetryPolicy:
@@ -310,6 +312,15 @@ def _dead_letter(conn: Connection, d: _Done, claim: str, exc: Exception) -> str:
 
 
 def _attempt(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
+    attributes = {
+        "orderly.delivery_id": c.delivery_id,
+        "orderly.subscription_id": c.subscription_id,
+    }
+    with otel.span(f"deliver {c.room}", parent=c.trace_parent, attributes=attributes):
+        return _try(c, push, secret, clock)
+
+
+def _try(c: Claimed, push: Push, secret: str, clock: Clock) -> _Done:
     started = utcnow(clock)
     if c.expires_at is not None and c.expires_at <= started:
         expired = Failure("MessageExpired", f"past the room's message expiration ({c.expires_at})")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from orderly.worker import nodes, tokens
+from orderly.worker.core import tracing
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.due import DEFAULT_LEASE_MS
 from orderly.worker.core.errors import Forbidden, InvalidMessage, NotFound, SettingMissing
@@ -153,6 +154,7 @@ def _store(
             "node_id": node_id,
             "idempotency_key": idempotency_key,
             "idempotency_hash": idempotency_hash,
+            "trace_parent": tracing.current_parent(),  # each delivery's send continues it
         },
     ).all()
     if not inserted and events and node_id is not None:

@@ -11,7 +11,10 @@ RETURNING node_id;
 UPDATE node SET last_heartbeat = now() WHERE node_id = :id RETURNING state;
 
 -- name: node_set_state
-UPDATE node SET state = :state WHERE code = :code RETURNING node_id;
+-- An operator's change of state, with who made it and the note given (NULL: none).
+UPDATE node SET state = :state, state_changed_at = now(), state_changed_by = :by,
+       state_note = :note
+ WHERE code = :code RETURNING node_id;
 
 -- name: node_state
 SELECT state FROM node WHERE node_id = :id;
@@ -22,7 +25,8 @@ SELECT code, state FROM node WHERE node_id = :id;
 -- name: node_list
 SELECT node_id, code, state, last_heartbeat,
        last_heartbeat IS NOT NULL
-       AND now() - last_heartbeat <= make_interval(secs => :timeout_s) AS alive
+       AND now() - last_heartbeat <= make_interval(secs => :timeout_s) AS alive,
+       state_changed_at, state_changed_by, state_note
   FROM node ORDER BY code;
 
 -- name: config_ensure_defaults

@@ -47,8 +47,9 @@ SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin, msg_
 -- name: conv_insert_response
 -- The response (nothing on a duplicate or through a node not in RUN, checked in the same
 -- statement), and its request; no row when the request is unknown in this conversation.
--- prepare: text, text, text, timestamptz, text, bigint, boolean, text, text[]
+-- prepare: text, text, text, timestamptz, text, bigint, boolean, text, text[], text
 -- $7: the response is its request's last. $8: its corr (NULL: none), kept as envelope.
+-- $10: the traceparent of the span taking it in (its send continues that trace).
 -- $9: the origins of the caller's key (NULL: every one): a request of another origin is
 -- unknown, as one that does not exist. The last column returned: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
@@ -63,14 +64,15 @@ ins AS (
                          service_name, operation_name, object_id, entity_type,
                          correlation_id, process_id, payload, source_system, state,
                          failed_error_code, failed_desc, node_id,
-                         parent_msg_id, parent_binding_type, response_last, envelope)
+                         parent_msg_id, parent_binding_type, response_last, envelope,
+                         trace_parent)
     SELECT $4, now(), now(), 'conversation', 'response', $2, r.entity_type, $1, $3, $5,
            'bridge.response',
            CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
            CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
            $6, r.msg_id, 'HARD', $7,
-           CASE WHEN $8 IS NOT NULL THEN json_build_object('corr', $8)::text END
+           CASE WHEN $8 IS NOT NULL THEN json_build_object('corr', $8)::text END, $10
       FROM r
      WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
     ON CONFLICT (correlation_id, source_system) DO NOTHING

@@ -18,15 +18,16 @@
 -- first and holds the others back (worker.messages.batches). One already stored under its
 -- (correlation_id, source_system), or twice in the arrays, is inserted once. The k-th of a
 -- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
+-- $23: the traceparent of the span storing them, or NULL (worker.core.tracing).
 -- Returns msg_id, correlation_id, source_system and state of each inserted, and whether it
 -- waits for its due time.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint, boolean, boolean
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint, boolean, boolean, text
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
                      guaranteed_order, exclude_failed_state, node_id,
                      receive_timestamp, last_process_timestamp, state, failed_count,
-                     due_at, priority, fair_at)
+                     due_at, priority, fair_at, trace_parent)
 SELECT f.ts, f.service, f.operation, f.object_id, f.entity_type, f.correlation_id,
        f.process_id, f.payload, f.envelope, f.source_system, f.parent, f.binding, f.funnel,
        f.component, f.guaranteed, f.exclude_failed, $20, now(), now(),
@@ -37,7 +38,8 @@ SELECT f.ts, f.service, f.operation, f.object_id, f.entity_type, f.correlation_i
             ELSE f.due_at END,
        f.priority,
        CASE WHEN f.funnel IS NULL THEN now()
-            ELSE orderly_fair_at(f.funnel, f.component, f.rank) END
+            ELSE orderly_fair_at(f.funnel, f.component, f.rank) END,
+       $23
   FROM (SELECT i.*, d.due_at,
                row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n) AS rank,
                $22 AND i.funnel IS NOT NULL AND d.due_at IS NULL
@@ -152,7 +154,7 @@ UPDATE message m
 RETURNING m.state, m.msg_id, m.service_name, m.operation_name, m.correlation_id,
           m.source_system, m.msg_timestamp, m.payload, m.object_id, m.entity_type,
           m.process_id, m.funnel_value, m.failed_count, m.custom_data, m.wait_res_id,
-          m.processing_pid, m.last_process_timestamp,
+          m.processing_pid, m.last_process_timestamp, m.trace_parent,
           -- the newest processed (OK) message of the same object, newer than this one; the
           -- object is (object_id, entity_type), or (object_id, operation) without a type
           (SELECT o.msg_id FROM message o

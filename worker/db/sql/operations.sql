@@ -4,7 +4,8 @@
 -- tenant's message is not found, in the statement that reads or writes it.
 
 -- name: messages_list
--- Messages matching every filter given (NULL: any), oldest msg_timestamp first or, with
+-- Messages matching every filter given (NULL: any; :cid_like a correlation id's prefix or
+-- part, ix_message_correlation_pattern serving a prefix), oldest msg_timestamp first or, with
 -- :newest, newest msg_id first; a page of them. due_at: when a waiting message is due (a
 -- scheduled NEW one, a retry), NULL when it waits for no time.
 SELECT msg_id, state, service_name, operation_name, correlation_id, source_system,
@@ -17,6 +18,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
    AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
+   AND (CAST(:cid_like AS text) IS NULL OR correlation_id LIKE :cid_like)
    AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
    AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
    AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))
@@ -32,6 +34,7 @@ SELECT state, count(*) AS n
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
    AND (CAST(:cid AS text) IS NULL OR correlation_id = :cid)
+   AND (CAST(:cid_like AS text) IS NULL OR correlation_id LIKE :cid_like)
    AND (CAST(:since AS timestamptz) IS NULL OR msg_timestamp >= :since)
    AND (CAST(:until AS timestamptz) IS NULL OR msg_timestamp < :until)
    AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])))

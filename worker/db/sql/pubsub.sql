@@ -171,11 +171,12 @@ SELECT v.version FROM event_type_version v WHERE v.event_type_id = :event_type_i
 -- inserted while it drains or is stopped.
 INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
                    payload, publisher_id, user_id, impersonator_id, published_at, deliver_at,
-                   expires_at, unroutable, idempotency_key, idempotency_hash)
+                   expires_at, unroutable, idempotency_key, idempotency_hash, trace_parent)
 SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer), k,
        CAST(p AS jsonb), CAST(:publisher_id AS bigint), CAST(:user_id AS text),
        CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u,
-       CAST(:idempotency_key AS text), CAST(:idempotency_hash AS text)
+       CAST(:idempotency_key AS text), CAST(:idempotency_hash AS text),
+       CAST(:trace_parent AS text)
   FROM unnest(CAST(:correlation_ids AS text[]), CAST(:tokens AS text[]),
               CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
               CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
@@ -479,7 +480,8 @@ claimed AS (
               COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts, r.name AS room,
               e.token, d.order_value, e.deliver_at > e.published_at AS delayed,
               s.max_in_flight, s.failures > 0 OR s.probe_at IS NOT NULL AS unhealthy,
-              s.rate_per_s, s.burst, s.probe_at IS NOT NULL AS probe, d.claimed_at),
+              s.rate_per_s, s.burst, s.probe_at IS NOT NULL AS probe, e.trace_parent,
+              d.claimed_at),
 queued AS (
     INSERT INTO queue_message (delivery_id, attempt, message, routing_key, start_time, state)
     SELECT delivery_id, attempt, CAST(payload AS text), routing_key, claimed_at, 'In process'
@@ -487,7 +489,7 @@ queued AS (
 SELECT delivery_id, attempt, event_id, correlation_id, routing_key, payload, "user",
        impersonator, deliver_at, expires_at, version, subscription_id, kind, push_url,
        handler, timeout_ms, delay_ms, multiplier, attempts, room, token, order_value, delayed,
-       max_in_flight, unhealthy, rate_per_s, burst, probe
+       max_in_flight, unhealthy, rate_per_s, burst, probe, trace_parent
   FROM claimed;
 
 -- name: deliveries_hold_back

@@ -15,7 +15,7 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- conversation row's envelope is NULL or {"corr": ...} (conv_insert_request/_response); a
 -- response's removal an operator scheduled is the latest REMOVE_AT entry of its audit.
 SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type, m.state,
-       m.failed_count, m.custom_data, m.payload, m.response_last,
+       m.failed_count, m.custom_data, m.payload, m.response_last, m.trace_parent,
        CAST(m.envelope AS json) ->> 'corr' AS corr,
        (SELECT CAST(a.e ->> 'remove_at_ms' AS bigint)
           FROM jsonb_array_elements(m.audit) WITH ORDINALITY AS a(e, n)

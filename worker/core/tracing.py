@@ -1,0 +1,169 @@
+"""Traces: OpenTelemetry spans across orderly's processes (the ``otel`` extra).
+
+Tracing is on in a process when the extra is installed and the standard variables ask for an
+exporter (``OTEL_TRACES_EXPORTER`` = ``otlp`` or ``console``, or an
+``OTEL_EXPORTER_OTLP_ENDPOINT``/``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), unless
+``OTEL_SDK_DISABLED=true``; the exporter, its endpoint, headers, batch delays and the resource
+(``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``) are read by OpenTelemetry's SDK from the
+same variables. Off, every function here is a no-op that costs a flag test.
+
+A trace runs from the producer to the receiving endpoint through what orderly stores: the W3C
+``traceparent`` of the span that took a message, event or conversation response in is kept
+with it (``message.trace_parent``, ``event.trace_parent``, the response's hash), so that the
+worker that runs its handler or sends it, whenever that is, continues the same trace; every
+outbound POST carries the ``traceparent`` of its own span.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+    INSTALLED = True
+except ImportError:  # the otel extra is not installed
+    INSTALLED = False
+
+TRACEPARENT = "traceparent"
+_enabled = False
+
+
+def wanted(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the standard variables ask for traces to be exported."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def configure(service_name: str) -> bool:
+    """Start exporting this process's spans, if :func:`wanted` (once per process; later calls
+    keep the first one's setup). ``service_name`` unless ``OTEL_SERVICE_NAME`` says another.
+    Whether tracing is on."""
+    global _enabled
+    if _enabled or not wanted():
+        return _enabled
+    if not INSTALLED:
+        log.warning("OTEL_* asks for traces, but the otel extra is not installed: no traces")
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    exporter: Any
+    if exporter_name == "console":
+        exporter = ConsoleSpanExporter()
+    elif exporter_name == "otlp":
+        protocol = os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        )
+        if protocol != "http/protobuf":
+            raise ValueError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: orderly[otel] exports over"
+                " http/protobuf (send to a collector's port 4318)"
+            )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    else:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: otlp, console or none")
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    # Its worker thread is started again in a forked child (Celery's pool).
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _enabled = True
+    return True
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def current_parent() -> str | None:
+    """The ``traceparent`` of the span running now (what a stored item continues), or None."""
+    if not _enabled:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get(TRACEPARENT)
+
+
+def inject(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with the running span's ``traceparent`` (and ``tracestate``) added."""
+    if _enabled:
+        propagate.inject(headers)
+    return headers
+
+
+def _context_of(traceparent: str | None) -> Any:
+    return None if not traceparent else propagate.extract({TRACEPARENT: traceparent})
+
+
+def span_context(traceparent: str) -> Any:
+    """The span a stored ``traceparent`` names (for a link; invalid when it is malformed)."""
+    return trace.get_current_span(_context_of(traceparent)).get_span_context()
+
+
+def link(current: Any, traceparent: str | None) -> None:
+    """Link the span ``current`` (from :func:`span`) to a stored one (a batch's claim to each
+    message it took); nothing when either is missing or malformed."""
+    if current is None or not traceparent:
+        return
+    found = span_context(traceparent)
+    if found.is_valid:
+        current.add_link(found)
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    *,
+    parent: str | None = None,
+    kind: str = "internal",
+    attributes: Mapping[str, str | int | float | bool | None] | None = None,
+    links: Sequence[str | None] = (),
+) -> Iterator[Any]:
+    """A span around the block, the current one inside it: a child of ``parent`` (a stored
+    ``traceparent``) when given, else of the span running now; ``links`` to other stored
+    ones. An exception raised inside is recorded on it and raised on."""
+    if not _enabled:
+        yield None
+        return
+    tracer = trace.get_tracer("orderly")
+    found = [span_context(tp) for tp in links if tp]
+    with tracer.start_as_current_span(
+        name,
+        context=_context_of(parent),
+        kind=SpanKind[kind.upper()],
+        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+        links=[Link(c) for c in found if c.is_valid],
+    ) as current:
+        yield current
+
+
+def error_status(description: str) -> Any:
+    """A span's status for a failure (what an outbound POST got instead of a 2xx)."""
+    return Status(StatusCode.ERROR, description)
+
+
+def shutdown() -> None:
+    """Export what is buffered (a process about to exit)."""
+    if _enabled:
+        provider: Any = trace.get_tracer_provider()
+        with contextlib.suppress(Exception):
+            provider.force_flush(5_000)
