@@ -12,6 +12,7 @@ from celery.beat import Scheduler
 
 from orderly.beat.schedule import build_schedule, build_tickers
 from orderly.models import NodeState
+from orderly.worker import rebuild
 from orderly.worker.core.due import Ticker
 from orderly.worker.nodes import NodeFollower
 from orderly.worker.runtime import get_runtime
@@ -39,6 +40,7 @@ class ConfiguredScheduler(Scheduler):
         runtime = get_runtime()
         runtime.startup_check()
         runtime.count_totals()
+        rebuild.count_from_zero()  # beat's agent rebuilds Redis
         self.due, self.agents = build_tickers(runtime.config, runtime.settings, runtime)
         self.node = NodeFollower(
             runtime.engine,

@@ -28,7 +28,19 @@ workload = test_console.workload
 
 
 def _rows(seen: Console) -> list[int]:
-    return [int(r.get_attribute("data-msg-id") or 0) for r in seen.all("#messages tbody tr")]
+    """The list's rows, read at once (the live list may replace them between two reads)."""
+    found = seen.driver.execute_script(
+        "return [...document.querySelectorAll('#messages tbody tr')].map(r => r.dataset.msgId)"
+    )
+    return [int(i) for i in found if i]
+
+
+def _counts(seen: Console) -> dict[str, int]:
+    found = seen.driver.execute_script(
+        "return [...document.querySelectorAll('#counts .n')]"
+        ".map(e => [e.dataset.state, e.textContent])"
+    )
+    return {state: int(n) for state, n in found}
 
 
 def _go(seen: Console, typed: str) -> None:
@@ -78,8 +90,7 @@ def test_go_to_live_list_bulk_redrive_and_a_readable_traceback(
     stack.wait_state(late, "FAILED", timeout=60)
     seen.wait.until(lambda d: late in _rows(seen))
     assert seen.driver.execute_script("return window.__same_page") == 1
-    counts = {e.get_attribute("data-state"): int(e.text) for e in seen.all("#counts .n")}
-    assert counts["FAILED"] == 4
+    seen.wait.until(lambda d: _counts(seen)["FAILED"] == 4)
     seen.shot("daily-live")
 
     # Re-drive them all: the count first, then the note; an audit entry each.

@@ -522,6 +522,7 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
         for name, pattern, extra in (
             ("later", "later", {}),
             ("never", "bad", {"delivery_attempts": 0}),
+            ("now", "now", {}),
         ):
             sub = {"name": name, "kind": "PUSH", "push_url": f"{recorder.base}/{name}"}
             answer = http.post(
@@ -530,8 +531,10 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
             assert answer.status_code == 201, answer.text
             if name == "never":
                 never = str(answer.json()["subscription_id"])
+            if name == "now":
+                now_sub = str(answer.json()["subscription_id"])
         recorder.fail["/never"] = 1
-        for key, delay in (("later", 600_000), ("bad", 0)):
+        for key, delay in (("later", 600_000), ("bad", 0), ("now", 0)):
             body = {"routing_key": key, "payload": {}, "$delay": delay}
             assert http.post("/rooms/orders/events", json=body).status_code == 201
 
@@ -565,6 +568,8 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
         # PostgreSQL within ORDERLY_METRICS_FLUSH_S.
         script = {"service": "test", "operation": "script"}
 
+        sent = "orderly_deliveries_sent_total"
+
         def counted() -> bool:
             now = parse(http.get("/metrics").text)
             runs = ("orderly_messages_processed_total", "orderly_handler_duration_seconds_count")
@@ -576,6 +581,7 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
                 == 1
                 and found(now, "orderly_conversation_sends_total", channel="chat", outcome="sent")
                 == 1
+                and found(now, sent, subscription=now_sub, outcome="DELIVERED") == 1
             )
 
         wait_until(counted, timeout=30, what="the runs, sends and requests counted")

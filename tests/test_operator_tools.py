@@ -98,18 +98,22 @@ def test_every_failed_message_of_a_filter_is_redriven_once_its_count_is_confirme
     assert bulk.matching(db, found, bulk.Action.REDRIVE, None) == failed
     queue.clear()
 
-    # the count seen is not the count now: nothing is done
+    # what was seen is not what matches now: nothing is done
     with pytest.raises(InvalidMessage) as refused:
-        bulk.run(db, found, bulk.Action.REDRIVE, 4, {"note": "ledger fixed"}, queue.append)
+        bulk.run(db, found, bulk.Action.REDRIVE, failed[:4], {"note": "fixed"}, queue.append)
     assert refused.value.field == "expected" and "5 messages match now" in refused.value.problem
+    swapped = [*failed[:4], other]  # as many, but another one among them
+    with pytest.raises(InvalidMessage) as refused:
+        bulk.run(db, found, bulk.Action.REDRIVE, swapped, {"note": "fixed"}, queue.append)
+    assert "not the 5 confirmed (others)" in refused.value.problem
     assert set(_states(db, failed).values()) == {"FAILED"} and queue == []
     # no note: refused before the first
     with pytest.raises(InvalidMessage):
-        bulk.run(db, found, bulk.Action.REDRIVE, 5, {}, queue.append)
+        bulk.run(db, found, bulk.Action.REDRIVE, failed, {}, queue.append)
     assert set(_states(db, failed).values()) == {"FAILED"}
 
     done = bulk.run(
-        db, found, bulk.Action.REDRIVE, 5, {"note": "ledger fixed"}, queue.append, key="ops"
+        db, found, bulk.Action.REDRIVE, failed, {"note": "ledger fixed"}, queue.append, key="ops"
     )
     assert done.done == failed and done.refused == {}
     assert _states(db, failed) == dict.fromkeys(failed, "IN_QUEUE")
@@ -132,7 +136,7 @@ def test_every_waiting_message_of_a_filter_is_cancelled_and_a_filter_needs_its_s
     with pytest.raises(InvalidMessage):  # FAILED ones are not cancelled
         bulk.matching(db, operations.message_filter(state="FAILED"), bulk.Action.CANCEL, None)
     found = operations.message_filter(state="NEW")
-    done = bulk.run(db, found, bulk.Action.CANCEL, 3, {"note": "wrong batch"}, queue.append)
+    done = bulk.run(db, found, bulk.Action.CANCEL, ids, {"note": "wrong batch"}, queue.append)
     assert done.done == ids
     assert _states(db, ids) == dict.fromkeys(ids, "CANCEL")
     assert all(row(db, i).audit[-1]["note"] == "wrong batch" for i in ids)

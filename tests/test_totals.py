@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -221,3 +222,82 @@ def test_requests_are_counted_by_their_route_template_and_status(
     assert counted[("unmatched", "404")] == 1  # whatever path a client makes up
     timed = "orderly_http_request_duration_seconds_count"
     assert value(samples, timed, method="GET", route="/messages/{msg_id}") == 2
+
+
+def test_an_operation_and_an_endpoint_have_their_failure_series_from_their_first_count(
+    db: Engine,
+) -> None:
+    """At 0 before the first failure, so that an alert on the increase sees that one."""
+    from orderly.worker.messages.processing import Outcome
+    from orderly.worker.pubsub.delivery import _counted
+
+    TALLY.attach(Totals(db).add, 60.0)
+    proc = batch_processor_for(db)
+    proc.count([(_claimed("billing", "charge"), Outcome.OK)])
+    assert _counted({7: "DELIVERED", 8: "LOST_CLAIM"}, {7: 3, 8: 3}, [7, 8]) == [
+        "DELIVERED",
+        "LOST_CLAIM",
+    ]
+    TALLY.flush()
+    samples = scraped(db)
+    runs = "orderly_messages_processed_total"
+    assert value(samples, runs, service="billing", operation="charge", outcome="OK") == 1
+    assert value(samples, runs, service="billing", operation="charge", outcome="FAILED") == 0
+    sends = "orderly_deliveries_sent_total"
+    assert value(samples, sends, subscription="3", outcome="DELIVERED") == 1
+    assert value(samples, sends, subscription="3", outcome="DEAD") == 0
+    assert not [k for k in samples if k[0] == sends and dict(k[1])["outcome"] == "LOST_CLAIM"]
+
+
+def _claimed(service: str, operation: str) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(service_name=service, operation_name=operation)
+
+
+def batch_processor_for(db: Engine) -> Any:
+    from tests.helpers import processor
+
+    return processor(db)
+
+
+def _flush_in_child() -> None:
+    TALLY.add(LATE_RESPONSES)
+    TALLY.flush()  # its own lock: not the one the parent's thread held at the fork
+    os._exit(0)
+
+
+def test_a_fork_while_a_flush_is_under_way_does_not_hang_the_child(db: Engine) -> None:
+    TALLY.attach(Totals(db).add, 60.0)
+    holding = threading.Event()
+    release = threading.Event()
+
+    def slow_flush() -> None:
+        with TALLY._flushing:  # as a flush writing to PostgreSQL holds it
+            holding.set()
+            release.wait(30)
+
+    flusher = threading.Thread(target=slow_flush)
+    flusher.start()
+    holding.wait(10)
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_flush_in_child)
+        child.start()
+        child.join(20)
+        assert child.exitcode == 0, "the child hung on its parent's lock"
+    finally:
+        release.set()
+        flusher.join()
+    assert value(scraped(db), "orderly_late_responses_total") == 1
+
+
+def test_a_made_up_method_is_counted_as_other(client: TestClient, db: Engine) -> None:
+    for method in ("PWN1", "PWN2", "GET"):
+        client.request(method, "/health")
+    TALLY.flush()
+    methods = {
+        dict(labels)["method"]
+        for (name, labels), _ in scraped(db).items()
+        if name == "orderly_http_requests_total"
+    }
+    assert methods == {"OTHER", "GET"}

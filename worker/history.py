@@ -1,7 +1,9 @@
 """The message store over the last hour or day, in buckets: what arrived, what ended OK or
 FAILED, and the backlog (messages not final) at the end of each bucket. The backlog is
 counted back from now: the messages not final now, less what arrived after a bucket, plus
-what ended after it (a message purged meanwhile is not counted; purges keep recent rows)."""
+what ended after it. An approximation where rows moved since: a message purged meanwhile is
+not counted (purges keep recent rows), and one that ended in the window and was re-driven
+since counts as not ended then."""
 
 from __future__ import annotations
 

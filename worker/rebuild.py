@@ -167,6 +167,17 @@ def rebuild(
     return report
 
 
+# Why a rebuild ran (check's reasons, without their details; or forced by an operator).
+REASONS = ("the marker is missing", "a rebuild did not finish", "the server restarted", "forced")
+
+
+def count_from_zero() -> None:
+    """Every reason's rebuild series, at 0 until the first: an alert on its increase sees the
+    first rebuild of each (but one in the very first flush, as a fresh Redis's)."""
+    for reason in REASONS:
+        TALLY.add(REDIS_REBUILDS, reason, amount=0)
+
+
 def _rebuild(
     engine: Engine,
     conversations: Conversations,

@@ -144,9 +144,19 @@ class Tally:
         self._sink: Sink | None = None
         self._interval_s = 1.0
         self._wake = threading.Event()
-        self._pid = 0  # the process counting (a forked child starts anew)
+        self._pid = 0  # the process whose thread flushes
         self._running = False  # its flush thread is started
         self._flushing = threading.Lock()  # held while increments are on their way
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's pending increments are the parent's to flush, its
+        thread did not come along, and its locks may have been held by that thread."""
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._wake = threading.Event()
+        self._pending = {}
+        self._pid, self._running = os.getpid(), False
 
     def attach(self, sink: Sink, interval_s: float) -> None:
         with self._lock:
@@ -177,20 +187,13 @@ class Tally:
 
     def _record(self, increments: Mapping[Series, float]) -> None:
         with self._lock:
-            pid = os.getpid()
-            if self._pid != pid:
-                # A forked child: its parent's pending increments are the parent's to flush,
-                # and the parent's thread did not come along.
-                if self._pid:
-                    self._pending.clear()
-                self._pid, self._running = pid, False
             for series, amount in increments.items():
                 self._pending[series] = self._pending.get(series, 0.0) + amount
             if self._sink is None:
                 return
             if not self._running:
                 self._running = True
-                self._wake = threading.Event()
+                self._wake, self._pid = threading.Event(), os.getpid()
                 threading.Thread(target=self._run, name="orderly-totals", daemon=True).start()
         self._wake.set()
 

@@ -227,14 +227,14 @@ async def bulk_run(request: Request, viewer: Signed) -> Response:
 
     def call() -> bulk.BulkResult:
         action = _action(fields.get("action") or "")
-        expected = fields.get("expected") or ""
-        if not expected.isdigit():
-            raise InvalidMessage("expected", "must be the count confirmed")
+        expected = (fields.get("expected") or "").split(",")
+        if not all(i.isdigit() and len(i) <= 18 for i in expected):
+            raise InvalidMessage("expected", "must be the ids confirmed")
         return bulk.run(
             runtime.engine,
             operations.message_filter(**given),
             action,
-            int(expected),
+            [int(i) for i in expected],
             {"note": fields.get("note")},
             runtime.broker.enqueue_processing,
             key=viewer.key.name,

@@ -45,8 +45,10 @@ async def prometheus_metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-# A request no route matched is counted under this route (its path is the client's to choose).
+# A request no route matched is counted under this route (its path is the client's to choose),
+# and a method not of HTTP's usual ones under OTHER (a client may send any token there).
 UNMATCHED = "unmatched"
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class CountRequests:
@@ -73,7 +75,8 @@ class CountRequests:
             await self.app(scope, receive, watch)
         finally:
             route = getattr(scope.get("route"), "path", None) or UNMATCHED
-            method = str(scope.get("method", ""))
+            method = scope.get("method", "")
+            method = method if method in METHODS else "OTHER"
             TALLY.add(HTTP_REQUESTS, method, route, str(status))
             TALLY.observe(HTTP_SECONDS, method, route, seconds=time.perf_counter() - started)
 

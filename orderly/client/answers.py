@@ -30,13 +30,30 @@ class MessageState(enum.StrEnum):
 
 
 class Answer(BaseModel):
-    """An answer's fields as attributes, and by name as well (``row["state"]``)."""
+    """An answer's fields as attributes, and read by name as a mapping's are as well
+    (``row["state"]``, ``row.get("state")``, ``"state" in row``, ``dict(row)``): code written
+    for the plain dicts the client returned before keeps working."""
 
     def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
+        if name not in self.keys():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        """The fields' names: the model's, then any extra ones the answer brought."""
+        return [*type(self).model_fields, *(self.model_extra or {})]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.keys() else default
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, name) for name in self.keys()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.keys()
 
 
 class _Open(Answer):

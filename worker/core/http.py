@@ -322,13 +322,15 @@ class OutboundHttp:
         own whose ``traceparent`` it sends (worker.core.tracing)."""
         if not tracing.enabled():
             return self._post(url, content, timeout_ms, headers or {}, signed_as)
-        where = httpx.URL(url)
-        attributes = {
-            "http.request.method": "POST",
-            "server.address": where.host,
-            "server.port": where.port,
-            "url.full": str(where.copy_with(query=None, fragment=None)),
-        }
+        attributes: dict[str, str | int | None] = {"http.request.method": "POST"}
+        try:  # what the span names of the target: never its credentials or query
+            where = httpx.URL(url)
+            shown = where.copy_with(username=None, password=None, query=None, fragment=None)
+            attributes.update(
+                {"server.address": where.host, "server.port": where.port, "url.full": str(shown)}
+            )
+        except Exception:  # a malformed URL: _post says why, as with tracing off
+            pass
         with tracing.span("POST", kind="client", attributes=attributes) as span:
             sent = tracing.inject(dict(headers or {}))
             reply = self._post(url, content, timeout_ms, sent, signed_as)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -62,29 +63,34 @@ def configure(service_name: str) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
-    exporter: Any
-    if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
-    elif exporter_name == "otlp":
-        protocol = os.environ.get(
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-        )
-        if protocol != "http/protobuf":
-            raise ValueError(
-                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: orderly[otel] exports over"
-                " http/protobuf (send to a collector's port 4318)"
-            )
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    wanted_exporters = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    )
+    exporters: list[Any] = []
+    for name in (n.strip() for n in wanted_exporters.split(",")):
+        if name == "console":
+            exporters.append(ConsoleSpanExporter())
+        elif name == "otlp" and protocol == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter()
-    else:
-        raise ValueError(f"OTEL_TRACES_EXPORTER={exporter_name!r}: otlp, console or none")
+            exporters.append(OTLPSpanExporter())
+        elif name == "otlp":
+            log.error(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=%s: orderly[otel] exports OTLP over http/protobuf"
+                " only (a collector's port 4318); no OTLP export",
+                protocol,
+            )
+        elif name != "none":
+            log.error("OTEL_TRACES_EXPORTER names %r: otlp, console or none; ignored", name)
+    if not exporters:
+        return False
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     provider = TracerProvider(resource=Resource.create(attributes))
     # Its worker thread is started again in a forked child (Celery's pool).
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _enabled = True
     return True
@@ -119,14 +125,31 @@ def span_context(traceparent: str) -> Any:
     return trace.get_current_span(_context_of(traceparent)).get_span_context()
 
 
-def link(current: Any, traceparent: str | None) -> None:
-    """Link the span ``current`` (from :func:`span`) to a stored one (a batch's claim to each
-    message it took); nothing when either is missing or malformed."""
-    if current is None or not traceparent:
+def now_ns() -> int:
+    """A span's start, for :func:`record` (0 while tracing is off)."""
+    return time.time_ns() if _enabled else 0
+
+
+def record(
+    name: str,
+    start_ns: int,
+    *,
+    links: Sequence[str | None] = (),
+    attributes: Mapping[str, str | int | float | bool | None] | None = None,
+) -> None:
+    """A span of the running one that began at ``start_ns`` (:func:`now_ns`) and ends now:
+    made once it turns out worth keeping (a claim that took something), linked to stored
+    ones."""
+    if not _enabled or not start_ns:
         return
-    found = span_context(traceparent)
-    if found.is_valid:
-        current.add_link(found)
+    found = [span_context(tp) for tp in links if tp]
+    made = trace.get_tracer("orderly").start_span(
+        name,
+        start_time=start_ns,
+        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+        links=[Link(c) for c in found if c.is_valid],
+    )
+    made.end()
 
 
 @contextlib.contextmanager

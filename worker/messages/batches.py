@@ -212,12 +212,15 @@ def process_batch(
     results, and how many messages were due at the claim. Children go to ``enqueue``, and so
     do released messages not taken up here."""
     with prepared_connection(processor.engine) as conn:
-        with tracing.span("claim") as span:
-            claimed, due = claim_due(
-                conn, processor.node_id, size, processor.postponed_s(), processor.rates
+        started = tracing.now_ns()
+        claimed, due = claim_due(
+            conn, processor.node_id, size, processor.postponed_s(), processor.rates
+        )
+        if claimed:  # a span of a claim that took something, linked to their traces
+            links = [c.trace_parent for c in claimed]
+            tracing.record(
+                "claim", started, links=links, attributes={"orderly.claimed": len(claimed)}
             )
-            for c in claimed:  # the traces of the messages it took
-                tracing.link(span, c.trace_parent)
         # What its outcomes released and it did not take up waits IN_QUEUE for the woken
         # worker's next claim, in line (beat's wake-up covers a worker that stops looking).
         results = _rounds(processor, conn, claimed, size, enqueue, budget_s, hand_over=False)
@@ -465,4 +468,8 @@ def _run(
         results = [
             ProcessResult(r.msg_id, why[r.msg_id]) if r.msg_id in lost else r for r in results
         ]
+    if held:  # written now: counted with what became of them
+        ran = {c.msg_id: c for c in claimed}
+        wrote = {msg_id for msg_id, _ in held}
+        processor.count([(ran[r.msg_id], r.outcome) for r in results if r.msg_id in wrote])
     return results, left, released

@@ -1,9 +1,9 @@
 """Operator commands on every message a filter selects: re-drive the FAILED or CANCEL ones,
 cancel the ones not yet final.
 
-The filter must name a state the command applies to, and the operator confirms the count
-first (:func:`matching`): :func:`run` refuses when another number matches by then, so that a
-change nobody saw is not applied. Each message then goes through the one-message command
+The filter must name a state the command applies to, and the operator confirms what it
+selects first (:func:`matching`): :func:`run` refuses when other messages match by then, so
+that a change nobody saw is not applied. Each message then goes through the one-message command
 (worker.messages.operations: its own transaction, funnel locks, HARD family, audit entry
 with the note), so a bulk command is exactly that many single ones; a message whose state
 changed in between is named as refused, the others go on.
@@ -72,7 +72,7 @@ def run(
     engine: Engine,
     found: MessageFilter,
     action: Action,
-    expected: int,
+    expected: Sequence[int],
     data: Any,
     enqueue: Callable[[int], None],
     *,
@@ -80,13 +80,16 @@ def run(
     owns: Owns | None = None,
     announce: Callable[[Sequence[int]], object] | None = None,
 ) -> BulkResult:
-    """Apply ``action`` to each message ``found`` selects, once ``expected`` (the count the
-    operator confirmed) still matches; ``data`` holds the note every audit entry gets."""
+    """Apply ``action`` to each message ``found`` selects, once they are still ``expected``
+    (the ids the operator confirmed, oldest first); ``data`` holds the note every audit entry
+    gets."""
     ids = matching(engine, found, action, owns)
-    if len(ids) != expected:
+    if ids != list(expected):
         raise InvalidMessage(
             "expected",
-            f"{len(ids)} messages match now, not the {expected} confirmed: look at them again",
+            f"{len(ids)} messages match now, not the {len(expected)} confirmed"
+            + (" (others)" if len(ids) == len(expected) else "")
+            + ": look at them again",
         )
     operations.check_command(data, key)  # a missing note refuses it before the first one
     result = BulkResult(action)

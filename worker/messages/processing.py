@@ -26,8 +26,8 @@ import enum
 import logging
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
@@ -43,6 +43,7 @@ from orderly.worker.db.prepared import PreparedConnection
 from orderly.worker.messages import store
 from orderly.worker.messages.abort import AbortWatch
 from orderly.worker.messages.backend import HandlerBackend
+from orderly.worker.messages.failure_log import log_failure
 from orderly.worker.messages.handlers import (
     ExternalResponse,
     Handler,
@@ -240,8 +241,18 @@ class Processor:
             result = self._handle(conn, ctx, claimed, held)
             if span is not None:
                 span.set_attribute("orderly.outcome", result.outcome.value)
-        TALLY.add(MESSAGES_PROCESSED, ctx.service, ctx.operation, result.outcome.value)
+        if held is None or not held or held[-1][0] != ctx.msg_id:
+            self.count([(claimed, result.outcome)])  # written: a held OK is counted once it is
         return result
+
+    def count(self, outcomes: Sequence[tuple[Claimed, Outcome]]) -> None:
+        """Handler runs whose outcome is written, by service, operation and outcome; the
+        operation's FAILED series is there from its first run (at 0), so that an alert on its
+        increase sees the first failure."""
+        for claimed, outcome in outcomes:
+            labels = (claimed.service_name, claimed.operation_name)
+            TALLY.add(MESSAGES_PROCESSED, *labels, outcome.value)
+            TALLY.add(MESSAGES_PROCESSED, *labels, Outcome.FAILED.value, amount=0)
 
     def _handle(
         self,
@@ -263,7 +274,7 @@ class Processor:
         if handler is None:
             desc = f"no handler registered for {ctx.service}.{ctx.operation}"
             result = self._finish(conn, ctx, "FAILED", code=ERROR_NO_HANDLER, desc=desc)
-            _log_failure(ctx, result.outcome, ERROR_NO_HANDLER, desc, ctx.failed_count + 1, 0, None)
+            log_failure(ctx, result.outcome, ERROR_NO_HANDLER, desc, ctx.failed_count + 1, 0, None)
             return result
         try:
             self._call_handler(handler, ctx)
@@ -340,7 +351,7 @@ class Processor:
             limit=policy.attempts,
             due_ms=due_ms,
         )
-        _log_failure(ctx, result.outcome, code, desc, attempt, due_ms, error)
+        log_failure(ctx, result.outcome, code, desc, attempt, due_ms, error)
         return result
 
     def _finish(
@@ -470,45 +481,6 @@ class Processor:
         if node_state == "STOPPED" and msg_state in ("NEW", "IN_QUEUE"):
             return ProcessResult(msg_id, Outcome.NODE_STOPPED)
         return ProcessResult(msg_id, Outcome.NOT_CLAIMABLE, f"message is {msg_state}")
-
-
-def _log_failure(
-    ctx: MessageContext,
-    outcome: Outcome,
-    code: str,
-    desc: str,
-    attempt: int,
-    due_ms: int,
-    error: BaseException | None,
-) -> None:
-    """One line per failed try, with the message's ids as fields: WARNING while it will be
-    tried again (with the next due time), ERROR with the traceback when it failed for good."""
-    first = desc.splitlines()[0] if desc else ""
-    if outcome is Outcome.PARTLY_FAILED:
-        due = datetime.now(UTC) + timedelta(milliseconds=due_ms)
-        with logs.bound(error_code=code, attempt=attempt, next_due_at=due.isoformat()):
-            log.warning(
-                "message %s (%s.%s) failed, try %d: %s: %s; tried again at %s",
-                ctx.msg_id,
-                ctx.service,
-                ctx.operation,
-                attempt,
-                code,
-                first,
-                due.isoformat(timespec="seconds"),
-            )
-    elif outcome is Outcome.FAILED:
-        with logs.bound(error_code=code, attempt=attempt):
-            log.error(
-                "message %s (%s.%s) FAILED after try %d: %s: %s",
-                ctx.msg_id,
-                ctx.service,
-                ctx.operation,
-                attempt,
-                code,
-                first,
-                exc_info=(type(error), error, error.__traceback__) if error is not None else None,
-            )
 
 
 def _child_correlation(ctx: MessageContext, n: int) -> str:

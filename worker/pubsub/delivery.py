@@ -202,6 +202,7 @@ def _record(
     endpoints its failures disabled."""
     states = dict.fromkeys(delivery_ids, "NOT_CLAIMABLE")
     disabled: list[Disabled] = []
+    endpoint = {d.claimed.delivery_id: d.claimed.subscription_id for d in done}
     # The common case, deliveries sent without an ordering key, is recorded for the whole
     # batch at once.
     plain = [
@@ -215,10 +216,11 @@ def _record(
             "starts": [d.started for d in plain],  # each try's own start
             "memory": [d.memory for d in plain],
         }
+        sent = [d.claimed for d in plain]
         with conn.begin():
-            endpoints.lock_for_settle(conn, _written([d.claimed for d in plain], failing=False))
+            endpoints.lock_for_settle(conn, endpoints.written(sent, failing=False))
             held = {int(r.delivery_id) for r in conn.execute(sql("deliveries_delivered"), values)}
-            _ended(conn, endpoints, [d.claimed for d in plain])
+            endpoints.ended(conn, sent)
             endpoints.healed(
                 conn,
                 [
@@ -232,15 +234,15 @@ def _record(
         recorded = set(ids)
         done = [d for d in done if d.claimed.delivery_id not in recorded]
     if not done:
-        return [states[i] for i in delivery_ids], disabled
-    written = _written([d.claimed for d in done], failing=True)
+        return _counted(states, endpoint, delivery_ids), disabled
+    written = endpoints.written([d.claimed for d in done], failing=True)
     try:
         with conn.begin():
             conn.execute(sql("async_commit"))
             endpoints.lock_for_settle(conn, written)
             for d in done:
                 states[d.claimed.delivery_id] = _settle(conn, d, claim, clock, endpoints, disabled)
-            _ended(conn, endpoints, [d.claimed for d in done])
+            endpoints.ended(conn, [d.claimed for d in done])
     except Exception:
         # One bad delivery must not hold back the batch: again, one savepoint each, and the
         # one that cannot be recorded is dead-lettered with the reason.
@@ -258,29 +260,21 @@ def _record(
                 except Exception as exc:
                     log.exception("recording delivery %s failed", d.claimed.delivery_id)
                     states[d.claimed.delivery_id] = _dead_letter(conn, d, claim, exc)
-            _ended(conn, endpoints, [d.claimed for d in done])
-    return [states[i] for i in delivery_ids], disabled
+            endpoints.ended(conn, [d.claimed for d in done])
+    return _counted(states, endpoint, delivery_ids), disabled
 
 
-def _written(claimed: list[Claimed], *, failing: bool) -> list[int]:
-    """The endpoints a settlement of these may write: every PUSH one when sends may have
-    failed (``failing``), else the unhealthy ones (healed) and those with max_in_flight."""
-    return [
-        c.subscription_id
-        for c in claimed
-        if c.max_in_flight is not None
-        or (c.kind == SubscriptionKind.PUSH.value and (failing or c.unhealthy))
-    ]
+_SETTLED = frozenset({"DELIVERED", "PENDING", "DEAD", "EXPIRED"})
 
 
-def _ended(conn: Connection, endpoints: Endpoints, claimed: list[Claimed]) -> None:
-    """Sends that ended free their endpoint's room (max_in_flight) for as many waiting."""
-    ended: dict[int, int] = {}
-    for c in claimed:
-        if c.max_in_flight is not None:
-            ended[c.subscription_id] = ended.get(c.subscription_id, 0) + 1
-    for subscription_id, n in sorted(ended.items()):
-        endpoints.release(conn, subscription_id, n)
+def _counted(states: dict[int, str], endpoint: dict[int, int], order: list[int]) -> list[str]:
+    """The batch's outcomes in ``order``, each committed one counted by its endpoint (whose
+    DEAD series is there from its first send, at 0: an alert on its increase sees the first)."""
+    for delivery_id, state in states.items():
+        if state in _SETTLED and delivery_id in endpoint:
+            TALLY.add(DELIVERIES, str(endpoint[delivery_id]), state)
+            TALLY.add(DELIVERIES, str(endpoint[delivery_id]), "DEAD", amount=0)
+    return [states[i] for i in order]
 
 
 def deliver(
@@ -437,10 +431,7 @@ def _set_state(
             "memory": d.memory,
         },
     )
-    held = done.first() is not None
-    if held:
-        TALLY.add(DELIVERIES, str(c.subscription_id), state)
-    return held
+    return done.first() is not None
 
 
 def _settle(

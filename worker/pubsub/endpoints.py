@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from orderly.models.keys import RateKeys
+from orderly.models.pubsub import SubscriptionKind
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.inputs import parse_input
@@ -45,6 +46,22 @@ class EndpointPolicy:
     circuit_failures: int = 5
     probe_max_ms: int = 600_000
     disable_after_s: float = 432_000.0
+
+
+class Sending(Protocol):
+    """A claimed delivery as its settlement sees its endpoint."""
+
+    @property
+    def subscription_id(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def unhealthy(self) -> bool: ...
+
+    @property
+    def max_in_flight(self) -> int | None: ...
 
 
 class Paced(Protocol):
@@ -172,6 +189,26 @@ class Endpoints:
         token is there, not after the probe's hold."""
         for p, wait_ms in probes:
             conn.execute(sql("endpoint_open"), {"s": p.subscription_id, "wait_ms": wait_ms})
+
+    @staticmethod
+    def written(claimed: Sequence[Sending], *, failing: bool) -> list[int]:
+        """The endpoints a settlement of these may write: every PUSH one when sends may have
+        failed (``failing``), else the unhealthy ones (healed) and those with max_in_flight."""
+        return [
+            c.subscription_id
+            for c in claimed
+            if c.max_in_flight is not None
+            or (c.kind == SubscriptionKind.PUSH and (failing or c.unhealthy))
+        ]
+
+    def ended(self, conn: Connection, claimed: Sequence[Sending]) -> None:
+        """Sends that ended free their endpoint's room (max_in_flight) for as many waiting."""
+        ended: dict[int, int] = {}
+        for c in claimed:
+            if c.max_in_flight is not None:
+                ended[c.subscription_id] = ended.get(c.subscription_id, 0) + 1
+        for subscription_id, n in sorted(ended.items()):
+            self.release(conn, subscription_id, n)
 
     def release(self, conn: Connection, subscription_id: int, ended: int) -> None:
         """``ended`` sends of an endpoint with max_in_flight are over: as many waiting ones go."""

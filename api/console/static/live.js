@@ -17,7 +17,8 @@ async function refresh(status) {
   const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
   for (const part of liveParts(document)) {
     const found = fresh.getElementById(part.id);
-    if (found) part.replaceChildren(...found.childNodes);
+    // only what changed is replaced: a part as it was keeps its elements (and the focus)
+    if (found && found.innerHTML !== part.innerHTML) part.replaceChildren(...found.childNodes);
   }
   status.textContent = `refreshed at ${new Date().toLocaleTimeString()}`;
 }

@@ -4,7 +4,8 @@
 -- Per bucket of [:t0, :t1) (epoch seconds, :n buckets, 0 first): messages that arrived
 -- (receive_timestamp), that ended OK, FAILED, or final at all (OK, FAILED, CANCEL, by their
 -- last_process_timestamp); and, in every row, how many are not final now (the backlog at
--- :t1). One scan of the rows of the window.
+-- :t1). Neither time is indexed (an index would cost every insert): each call reads the
+-- message table twice; the console runs it when its figures page is opened, not on a timer.
 WITH buckets AS (SELECT generate_series(0, CAST(:n AS integer) - 1) AS i),
 arrived AS (
     SELECT width_bucket(extract(epoch FROM receive_timestamp), :t0, :t1, :n) - 1 AS i,
