@@ -123,11 +123,12 @@ case "$cmd" in
     ;;
   bench)
     ensure_spark_deps
+    ensure_apt wrk wrk
     ensure_services
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database >/dev/null
     name=intake
-    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling|outbound) name=$1; shift ;; esac
+    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling|outbound|front_door) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   image)

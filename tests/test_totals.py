@@ -121,8 +121,8 @@ def test_the_flush_thread_writes_within_its_interval_and_only_when_something_was
     totals = Totals(db)
 
     def sink(increments: Mapping[Series, float]) -> None:
-        writes.append(len(increments))
         totals.add(increments)
+        writes.append(len(increments))  # once written
 
     tally = Tally()
     tally.attach(sink, 0.05)

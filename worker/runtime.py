@@ -256,8 +256,14 @@ class Runtime:
         )
 
     def intake(
-        self, enqueue: Callable[[int], None], wake: Callable[[], object] | None = None
+        self,
+        enqueue: Callable[[int], None],
+        wake: Callable[[], object] | None = None,
+        *,
+        grouped: bool = False,
     ) -> Intake:
+        """Intake through this node; ``grouped``: concurrent single submits share commits
+        (ORDERLY_INTAKE_GROUP_MAX; the API's many request threads)."""
         return Intake(
             self.engine,
             node_id=self.node_id,
@@ -265,6 +271,7 @@ class Runtime:
             registry=self.registry,
             max_payload_bytes=self.settings.max_payload_bytes,
             wake=wake,
+            group_max=self.settings.intake_group_max if grouped else 0,
         )
 
     @property

@@ -84,7 +84,9 @@ async def _heartbeat(runtime: Runtime) -> None:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     runtime: Runtime = app.state.runtime
     runtime.startup_check()
-    app.state.intake = runtime.intake(runtime.broker.enqueue_processing, runtime.wake_processing)
+    app.state.intake = runtime.intake(
+        runtime.broker.enqueue_processing, runtime.wake_processing, grouped=True
+    )
     app.state.heartbeat = asyncio.create_task(_heartbeat(runtime))
     # What start-up made lives as long as the process: kept out of the collector's reach, so
     # that a full collection (which refusals' garbage brings on) no longer walks it, a pause

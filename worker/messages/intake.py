@@ -37,9 +37,11 @@ from orderly.worker.core import owners, tracing
 from orderly.worker.core.errors import (
     ConflictingMessage,
     InvalidMessage,
+    OrderlyError,
     ServiceUnavailable,
     first_line,
 )
+from orderly.worker.core.group_commit import GroupCommit
 from orderly.worker.core.inputs import parse_input, parse_timestamp
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
@@ -212,6 +214,12 @@ def insert_many(
 HAND_OVER_AGAIN_S = 1.0
 
 
+def groupable(message: MessageIn) -> bool:
+    """A message a group of submits takes: no parent to check, no funnel to hold back under
+    its lock at once (those go alone, as before)."""
+    return message.parent_msg_id is None and message.funnel_value is None
+
+
 def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
     with prepared_connection(engine) as conn:
         store.hand_over_later(conn, msg_ids, HAND_OVER_AGAIN_S)
@@ -271,6 +279,7 @@ class Intake:
         registry: HandlerRegistry,
         max_payload_bytes: int,
         wake: Callable[[], object] | None = None,
+        group_max: int = 0,
     ) -> None:
         self._engine = engine
         self._node_id = node_id
@@ -278,6 +287,10 @@ class Intake:
         self._wake = wake
         self._registry = registry
         self._max_payload_bytes = max_payload_bytes
+        # Concurrent submits of plain messages share one INSERT and COMMIT (0: each its own).
+        self._group: GroupCommit[tuple[MessageIn, str | None], SubmitResult] | None = (
+            GroupCommit(self._write_group, group_max) if group_max > 0 else None
+        )
 
     def _parse(self, data: Any) -> MessageIn:
         return parse_message(
@@ -291,9 +304,68 @@ class Intake:
         message = self._parse(data)
         _require_owned(owns, message)
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
+            if self._group is not None and groupable(message):
+                return self._group.run((message, tracing.current_parent()))
             result = self._store(message, owns)
             self._hand_over([result])
         return result
+
+    def _write_group(
+        self, items: Sequence[tuple[MessageIn, str | None]]
+    ) -> list[SubmitResult | BaseException]:
+        """Submits that came together (worker.core.group_commit): one INSERT and one COMMIT
+        for all, then one hand-over; each its own result, or its own refusal (another message
+        under its ids, a node refusing input). Should the statement fail, each is stored on
+        its own instead, so that one cannot fail the others."""
+        messages = [m for m, _ in items]
+        found: list[SubmitResult | BaseException] = []
+        try:
+            with prepared_connection(self._engine) as conn:
+                conn.execute("BEGIN")
+                try:
+                    rows = store.insert(
+                        conn,
+                        [new_message(m) for m in messages],
+                        self._node_id,
+                        require_run=True,
+                        hold=False,
+                        traces=[t for _, t in items],
+                    )
+                    by_ids = {(r.correlation_id, r.source_system): r for r in rows}
+                    for m in messages:
+                        row = by_ids.pop((m.correlation_id, m.source_system), None)
+                        found.append(self._inserted(row) if row else self._existing_or(conn, m))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+        except Exception:
+            log.exception("a group of %d submits failed; storing each on its own", len(items))
+            found = [self._alone(m) for m in messages]
+        stored = [r for r in found if isinstance(r, SubmitResult)]
+        try:
+            self._hand_over(stored)
+        except ServiceUnavailable as exc:  # stored: told as a single submit is
+            return [exc if isinstance(r, SubmitResult) and r.created else r for r in found]
+        return found
+
+    @staticmethod
+    def _inserted(row: Inserted) -> SubmitResult:
+        return SubmitResult(row.msg_id, MessageState(row.state), True, row.scheduled)
+
+    def _existing_or(
+        self, conn: PreparedConnection, message: MessageIn
+    ) -> SubmitResult | Exception:
+        try:
+            return self._existing(conn, message)
+        except OrderlyError as exc:
+            return exc
+
+    def _alone(self, message: MessageIn) -> SubmitResult | Exception:
+        try:
+            return self._store(message, None)
+        except Exception as exc:
+            return exc
 
     def submit_many(self, items: Any, owns: Owns | None = None) -> list[SubmitResult]:
         """Store up to MAX_BATCH messages at once, each idempotent as with ``submit``; the

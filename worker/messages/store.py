@@ -182,14 +182,17 @@ def insert(
     *,
     require_run: bool,
     hold: bool,
+    traces: Sequence[str | None] | None = None,
 ) -> list[Inserted]:
     """Insert messages NEW in one statement, in order: each one inserted (one already stored
     under its ids is not). ``require_run``: new input, refused unless the node is in RUN.
     ``hold``, for one message alone with a funnel: inserted under its funnel's lock and held
     back at once (POSTPONED) when its funnel does not let it go yet, so that a release cannot
-    miss it. Otherwise they are stored NEW without a lock, and the claim decides."""
+    miss it. Otherwise they are stored NEW without a lock, and the claim decides. ``traces``:
+    each one's traceparent (default: the span running now)."""
     columns = [[getattr(row, name) for row in rows] for name in _COLUMNS]
-    traced = tracing.current_parent()  # what the messages' handlers will continue
+    # what each message's handler will continue: its own span's, or the one storing them all
+    traced = list(traces) if traces is not None else [tracing.current_parent()] * len(rows)
     if not hold or len(rows) != 1 or rows[0].funnel_value is None:
         return conn.all(
             Inserted, "orderly_insert_messages", *columns, node_id, require_run, False, traced

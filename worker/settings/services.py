@@ -73,6 +73,15 @@ class ServiceSettings(Section):
         description="Processes of `orderly api` (uvicorn's --workers): one serves requests on "
         "one core; more share the port.",
     )
+    intake_group_max: int = Field(
+        256,
+        ge=0,
+        le=1000,
+        validation_alias="ORDERLY_INTAKE_GROUP_MAX",
+        description="At most this many single submits (POST /messages without a parent or a "
+        "funnel) that arrive together in one API process are stored with one INSERT and one "
+        "COMMIT, each answered after it (group commit); 0: each its own transaction.",
+    )
     api_host: str = Field(
         "127.0.0.1",
         validation_alias="ORDERLY_API_HOST",

@@ -18,10 +18,10 @@
 -- first and holds the others back (worker.messages.batches). One already stored under its
 -- (correlation_id, source_system), or twice in the arrays, is inserted once. The k-th of a
 -- funnel in the arrays takes the k-th place after the funnel's last (orderly_fair_at).
--- $23: the traceparent of the span storing them, or NULL (worker.core.tracing).
+-- $23: each one's traceparent, the span that took it in, or NULL (worker.core.tracing).
 -- Returns msg_id, correlation_id, source_system and state of each inserted, and whether it
 -- waits for its due time.
--- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint, boolean, boolean, text
+-- prepare: timestamptz[], text[], text[], text[], text[], text[], text[], text[], text[], text[], bigint[], text[], text[], text[], boolean[], boolean[], bigint[], timestamptz[], integer[], bigint, boolean, boolean, text[]
 INSERT INTO message (msg_timestamp, service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, envelope, source_system,
                      parent_msg_id, parent_binding_type, funnel_value, funnel_component_id,
@@ -39,18 +39,19 @@ SELECT f.ts, f.service, f.operation, f.object_id, f.entity_type, f.correlation_i
        f.priority,
        CASE WHEN f.funnel IS NULL THEN now()
             ELSE orderly_fair_at(f.funnel, f.component, f.rank) END,
-       $23
+       f.trace
   FROM (SELECT i.*, d.due_at,
                row_number() OVER (PARTITION BY i.funnel, i.component ORDER BY i.n) AS rank,
                $22 AND i.funnel IS NOT NULL AND d.due_at IS NULL
                AND orderly_funnel_blocked(NULL, i.funnel, i.component, i.ts, i.guaranteed,
                                           i.exclude_failed) AS held
           FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                      $17, $18, $19)
+                      $17, $18, $19, $23)
                WITH ORDINALITY
                AS i(ts, service, operation, object_id, entity_type, correlation_id,
                     process_id, payload, envelope, source_system, parent, binding, funnel,
-                    component, guaranteed, exclude_failed, delay_ms, not_before, priority, n),
+                    component, guaranteed, exclude_failed, delay_ms, not_before, priority,
+                    trace, n),
                LATERAL (SELECT CASE WHEN i.not_before > now() THEN i.not_before
                                     WHEN i.delay_ms > 0
                                     THEN now() + make_interval(secs => i.delay_ms / 1000.0)

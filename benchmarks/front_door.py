@@ -1,0 +1,167 @@
+"""The front door: POST /messages answered by orderly's API against the floor of a durable
+intake, both driven by a non-Python load generator (wrk, Debian's package).
+
+Measured in one run, each with two uvicorn processes (one per core):
+
+- ``durable``: a bare ASGI app doing one INSERT and one COMMIT per request with the same
+  driver (benchmarks/peer_apps/durable_app.py): the floor orderly is held to;
+- ``orderly``: the API with concurrent single submits sharing commits (group commit,
+  ORDERLY_INTAKE_GROUP_MAX), and ``orderly-single`` with each submit its own transaction
+  (ORDERLY_INTAKE_GROUP_MAX=0), as before group commit.
+
+Each at 1 connection and at 16, for a fixed time; requests per second and the server's CPU per
+request (its uvicorn processes, from /proc). Every answer must be a 201 (a message stored
+and committed). The last line is one JSON object.
+
+    ./run.sh bench front_door [--quick] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import prepare, use_bench_services
+from benchmarks.peers import _children, _ticks
+from tooling.apikeys import bearer
+from tooling.processes import BIN, Managed, ProcessGroup, free_port, wait_http
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "wrk" / "post_messages.lua"
+PROCESSES = 2
+TICK_S = os.sysconf("SC_CLK_TCK")
+# The API's own limits would refuse a load generator's rate: lifted for the run.
+UNLIMITED = {
+    "ORDERLY_RATE_ADDRESS_PER_S": "1000000",
+    "ORDERLY_RATE_ADDRESS_BURST": "1000000",
+    "ORDERLY_RATE_KEY_PER_S": "1000000",
+    "ORDERLY_RATE_KEY_BURST": "1000000",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    system: str
+    connections: int
+    requests: int
+    seconds: float
+    cpu_s: float
+    non_201: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000 * self.cpu_s / max(self.requests, 1)
+
+
+def _cpu(managed: Managed) -> int:
+    return sum(_ticks(p) for p in _children(managed.proc.pid))
+
+
+def _wrk(port: int, connections: int, seconds: float, key: str) -> tuple[int, float, int]:
+    """wrk's requests, seconds and non-201 answers."""
+    threads, whole_s = min(2, connections), max(1, round(seconds))  # wrk takes whole seconds
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{whole_s}s", "-s", str(SCRIPT),
+            f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex[:8]]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, "KEY": key}, check=True
+    )
+    found = re.search(r"(\d+) requests in ([\d.]+)(m?s)", done.stdout)
+    if found is None:
+        raise RuntimeError(f"wrk said: {done.stdout} {done.stderr}")
+    requests, took = int(found.group(1)), float(found.group(2))
+    took = took / 1000 if found.group(3) == "ms" else took
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
+    refused = int(bad.group(1)) if bad else 0
+    refused += done.stderr.count("status ")  # a 200 (a duplicate) is not a new message either
+    return requests, took, refused
+
+
+def _measure(managed: Managed, port: int, system: str, conns: int, secs: float, key: str) -> Run:
+    _wrk(port, conns, min(1.0, secs), key)  # warm: connections, prepared statements
+    before = _cpu(managed)
+    requests, took, bad = _wrk(port, conns, secs, key)
+    cpu = (_cpu(managed) - before) / TICK_S
+    return Run(system, conns, requests, took, cpu, bad)
+
+
+def _durable(group: ProcessGroup) -> tuple[Managed, int]:
+    port = free_port()
+    dsn = os.environ["ORDERLY_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
+    argv = [str(BIN / "uvicorn"), "benchmarks.peer_apps.durable_app:app", "--port", str(port),
+            "--log-level", "warning", "--no-access-log", "--workers", str(PROCESSES)]  # fmt: skip
+    managed = group.start("durable", argv, extra_env={"DURABLE_DATABASE_URL": dsn})
+    wait_http(f"http://127.0.0.1:{port}/", managed, 60)
+    return managed, port
+
+
+def _orderly(group: ProcessGroup, name: str, grouped: bool) -> tuple[Managed, int]:
+    port = free_port()
+    env = {**UNLIMITED, "ORDERLY_INTAKE_GROUP_MAX": "256" if grouped else "0"}
+    managed = group.start_api(port, name=name, extra_env=env, workers=PROCESSES)
+    wait_http(f"http://127.0.0.1:{port}/health", managed, 60)
+    return managed, port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    seconds = 3.0 if args.quick else args.seconds
+    if shutil.which("wrk") is None:
+        raise SystemExit("front_door needs wrk (Debian's package wrk)")
+    use_bench_services()
+    _, group = prepare()
+    from orderly.worker.runtime import get_runtime
+
+    key = bearer(get_runtime().engine)["Authorization"].removeprefix("Bearer ")
+    runs: list[Run] = []
+    try:
+        for system in ("durable", "orderly", "orderly-single"):
+            if system == "durable":
+                managed, port = _durable(group)
+            else:
+                managed, port = _orderly(group, system, grouped=system == "orderly")
+            for conns in (1, 16):
+                run = _measure(managed, port, system, conns, seconds, key)
+                runs.append(run)
+                print(
+                    f"{system:15} {conns:3} connections: {run.rps:8.0f} requests/s, "
+                    f"{run.cpu_ms:6.3f} ms server CPU a request, {run.non_201} not 201",
+                    flush=True,
+                )
+            group.stop(managed)
+    finally:
+        group.stop_all()
+    by = {(r.system, r.connections): r for r in runs}
+    figures = {
+        "durable_rps_c1": round(by["durable", 1].rps, 1),
+        "durable_rps_c16": round(by["durable", 16].rps, 1),
+        "api_rps_c1": round(by["orderly", 1].rps, 1),
+        "api_rps_c16": round(by["orderly", 16].rps, 1),
+        "api_single_rps_c16": round(by["orderly-single", 16].rps, 1),
+        "api_server_cpu_ms": round(by["orderly", 16].cpu_ms, 3),
+        "api_server_cpu_ms_c1": round(by["orderly", 1].cpu_ms, 3),
+        "durable_server_cpu_ms": round(by["durable", 16].cpu_ms, 3),
+        "api_vs_durable_bare": round(by["orderly", 16].rps / by["durable", 16].rps, 3),
+        "api_vs_durable_bare_c1": round(by["orderly", 1].rps / by["durable", 1].rps, 3),
+        "group_commit_gain_c16": round(by["orderly", 16].rps / by["orderly-single", 16].rps, 3),
+        "non_201": sum(r.non_201 for r in runs),
+        "seconds_each": seconds,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

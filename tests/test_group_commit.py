@@ -1,0 +1,135 @@
+"""Group commit (worker.core.group_commit) and the API's submits through it: calls that come
+together are written at once, each told its own outcome only after the write; a lone call is
+written at once; one item's refusal is its own; against the real PostgreSQL, concurrent
+submits all stored, duplicates and conflicts told apart, a broker that is down told to every
+message it did not get."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import Engine
+
+from orderly.worker.core.errors import ConflictingMessage, ServiceUnavailable
+from orderly.worker.core.group_commit import GroupCommit
+from orderly.worker.messages.intake import Intake, SubmitResult
+from orderly.worker.runtime import get_runtime
+from tests.helpers import message
+
+
+class Writer:
+    """A write that takes a while and records each group it got."""
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.groups: list[list[int]] = []
+        self.seconds = seconds
+        self.lock = threading.Lock()
+
+    def __call__(self, items: Sequence[int]) -> list[int | BaseException]:
+        with self.lock:
+            self.groups.append(list(items))
+        time.sleep(self.seconds)
+        return [ValueError(f"odd {i}") if i % 7 == 3 else i * 10 for i in items]
+
+
+def test_a_lone_call_is_written_at_once_on_its_own() -> None:
+    writer = Writer(0)
+    group = GroupCommit(writer, max_batch=50)
+    assert group.run(2) == 20
+    assert group.run(4) == 40
+    assert writer.groups == [[2], [4]]
+
+
+def test_calls_that_come_together_share_writes_and_each_gets_its_own_outcome() -> None:
+    writer = Writer(0.02)
+    group = GroupCommit(writer, max_batch=16)
+
+    def call(i: int) -> int | str:
+        try:
+            return group.run(i)
+        except ValueError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(call, range(200)))
+    assert got == [f"odd {i}" if i % 7 == 3 else i * 10 for i in range(200)]
+    written = sorted(i for g in writer.groups for i in g)
+    assert written == list(range(200))  # each once
+    assert max(len(g) for g in writer.groups) <= 16
+    assert len(writer.groups) < 100  # shared: far fewer writes than calls
+
+
+def test_a_write_that_fails_fails_its_whole_group_and_the_next_goes_on() -> None:
+    calls: list[Sequence[int]] = []
+
+    def write(items: Sequence[int]) -> list[int | BaseException]:
+        calls.append(items)
+        if 13 in items:
+            raise ConnectionError("PostgreSQL went away")
+        return list(items)
+
+    group = GroupCommit(write, max_batch=8)
+    with pytest.raises(ConnectionError):
+        group.run(13)
+    assert group.run(5) == 5
+
+
+def _intake(db: Engine, queue: list[int], wake: Callable[[], object] | None = None) -> Intake:
+    runtime = get_runtime()
+    return Intake(
+        db,
+        node_id=runtime.node_id,
+        enqueue=queue.append,
+        registry=runtime.registry,
+        max_payload_bytes=10_000,
+        wake=wake or (lambda: None),
+        group_max=64,
+    )
+
+
+def test_concurrent_submits_are_all_stored_and_duplicates_and_conflicts_told_apart(
+    db: Engine, queue: list[int]
+) -> None:
+    intake = _intake(db, queue)
+    bodies = [message(i) for i in range(120)]
+    bodies += [message(5), message(6)]  # the same messages again: 200, the same msg_id
+    bodies += [message(7, payload='{"other": true}')]  # another one under 7's ids: 409
+
+    def submit(body: dict[str, object]) -> SubmitResult | ConflictingMessage:
+        try:
+            return intake.submit(body)
+        except ConflictingMessage as exc:
+            return exc
+
+    with ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(submit, bodies))
+    # one of the two messages under 7's ids was stored, the other refused
+    sevens = [results[7], results[122]]
+    assert sum(isinstance(r, ConflictingMessage) for r in sevens) == 1
+    stored = [r for r in results if isinstance(r, SubmitResult)]
+    assert len({r.msg_id for r in stored}) == 120
+    for again, first in ((results[120], results[5]), (results[121], results[6])):
+        assert isinstance(again, SubmitResult) and isinstance(first, SubmitResult)
+        assert again.msg_id == first.msg_id  # the same message: the same answer
+        assert [again.created, first.created].count(True) == 1
+    from tests.helpers import count_messages
+
+    assert count_messages(db) == 120
+
+
+def test_a_broker_that_is_down_is_told_to_the_messages_it_did_not_get(
+    db: Engine, queue: list[int]
+) -> None:
+    def down() -> object:
+        raise ConnectionError("broker away")
+
+    intake = _intake(db, queue, wake=down)
+    with pytest.raises(ServiceUnavailable) as refused:
+        intake.submit(message(1))
+    assert "stored and will be processed" in str(refused.value)
+    again = intake.submit(message(1))  # stored: the same message again is told so
+    assert not again.created
