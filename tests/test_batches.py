@@ -22,7 +22,8 @@ from orderly.worker.core.scripts import as_text
 from orderly.worker.handlers import HandlerRegistry, MessageContext, registry
 from orderly.worker.messages import timeouts, watchdogs
 from orderly.worker.messages.batches import BATCH_KIND, Pace, WokenRun, process_batch, run_woken
-from orderly.worker.messages.intake import MAX_BATCH, Intake
+from orderly.worker.messages.inputs import MAX_BATCH
+from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome, Processor
 from orderly.worker.messages.wake import Wake
 from orderly.worker.runtime import get_runtime

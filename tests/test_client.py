@@ -30,7 +30,7 @@ from orderly.client import (
 from orderly.client.answers import ConversationDeleted, MessageDetail, Replayed
 from orderly.models import NodeState
 from orderly.worker import nodes
-from orderly.worker.messages.intake import MessageIn
+from orderly.worker.messages.inputs import MessageIn
 from tests.helpers import api_key, message, wait_until
 from tests.stack import Stack
 from tooling.sink import Sink

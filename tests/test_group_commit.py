@@ -6,6 +6,7 @@ message it did not get."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -121,15 +122,94 @@ def test_concurrent_submits_are_all_stored_and_duplicates_and_conflicts_told_apa
     assert count_messages(db) == 120
 
 
-def test_a_broker_that_is_down_is_told_to_the_messages_it_did_not_get(
+def _together(intake: Intake, bodies: list[dict[str, object]]) -> list[object]:
+    """Submitted at once from as many threads, each its outcome (a result or what it raised)."""
+    start = threading.Barrier(len(bodies))
+
+    def submit(body: dict[str, object]) -> object:
+        start.wait()
+        try:
+            return intake.submit(body)
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(submit, bodies))
+
+
+def _counting(intake: Intake) -> list[int]:
+    """The sizes of the groups ``intake`` writes from now on."""
+    sizes: list[int] = []
+    group = intake._group
+    assert group is not None
+    write = group._write
+
+    def counted(items: Sequence[object]) -> Sequence[object]:
+        sizes.append(len(items))
+        return write(items)  # type: ignore[arg-type]
+
+    group._write = counted  # type: ignore[assignment]
+    return sizes
+
+
+def test_submits_that_come_together_are_written_together(db: Engine, queue: list[int]) -> None:
+    intake = _intake(db, queue)
+    sizes = _counting(intake)
+    for round_ in range(5):
+        got = _together(intake, [message(100 * round_ + i) for i in range(16)])
+        assert all(isinstance(r, SubmitResult) and r.created for r in got)
+    assert sum(sizes) == 80 and max(sizes) > 1  # shared, not one write each
+
+
+def test_a_broker_that_is_down_is_told_to_each_message_it_did_not_get(
     db: Engine, queue: list[int]
 ) -> None:
     def down() -> object:
         raise ConnectionError("broker away")
 
     intake = _intake(db, queue, wake=down)
-    with pytest.raises(ServiceUnavailable) as refused:
-        intake.submit(message(1))
-    assert "stored and will be processed" in str(refused.value)
+    sizes = _counting(intake)
+    later = message(99, delay_ms=60_000)  # scheduled: nobody is woken for it now
+    got = _together(intake, [message(i) for i in range(8)] + [later])
+    assert max(sizes) > 1
+    refused = [r for r in got[:8] if isinstance(r, ServiceUnavailable)]
+    assert len(refused) == 8
+    named = [re.findall(r"messages? \[?([\d, ]+)\]? (?:is|are) stored", str(r)) for r in refused]
+    assert all(len(n) == 1 and n[0].isdigit() for n in named)  # its own message, no other
+    assert len({n[0] for n in named}) == 8
+    assert isinstance(got[8], SubmitResult) and got[8].created and got[8].scheduled
     again = intake.submit(message(1))  # stored: the same message again is told so
     assert not again.created
+
+
+def test_a_node_that_refuses_input_refuses_each_of_a_group(db: Engine, queue: list[int]) -> None:
+    from orderly.models import NodeState
+    from orderly.worker import nodes
+    from orderly.worker.core.errors import NodeNotAccepting
+
+    intake = _intake(db, queue)
+    nodes.set_state(db, get_runtime().settings.node_code, NodeState.HANDLES_EXISTING_MESSAGES)
+    got = _together(intake, [message(i) for i in range(6)])
+    assert all(isinstance(r, NodeNotAccepting) for r in got)
+    from tests.helpers import count_messages
+
+    assert count_messages(db) == 0
+
+
+def test_each_row_of_one_insert_keeps_its_own_trace_parent(db: Engine) -> None:
+    from sqlalchemy import text
+
+    from orderly.worker.db.prepared import prepared_connection
+    from orderly.worker.messages import store
+    from orderly.worker.messages.inputs import MessageIn
+    from orderly.worker.messages.intake import new_message
+
+    parents = ["00-" + "a" * 32 + "-" + "b" * 16 + "-01", None]
+    rows = [new_message(MessageIn.model_validate(message(i))) for i in range(2)]
+    with prepared_connection(db) as conn:
+        store.insert(
+            conn, rows, get_runtime().node_id, require_run=False, hold=False, traces=parents
+        )
+    with db.connect() as conn:
+        found = conn.execute(text("SELECT trace_parent FROM message ORDER BY msg_id")).scalars()
+        assert list(found) == parents

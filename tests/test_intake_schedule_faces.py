@@ -21,7 +21,7 @@ from orderly.client import AsyncClient, Conflict, ConflictingMessage, Invalid
 from orderly.client.answers import MessageDetail
 from orderly.client.errors import error_for
 from orderly.worker.celery import PROCESS_QUEUE
-from orderly.worker.messages.intake import MAX_DELAY_MS
+from orderly.worker.messages.inputs import MAX_DELAY_MS
 from tests.helpers import OrderlyCli, count_messages, message
 
 DAY_MS = 86_400_000

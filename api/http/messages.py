@@ -17,7 +17,7 @@ from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body
 from orderly.api.http.contract import body, conflict
 from orderly.models import MessageState
 from orderly.worker.messages import operations
-from orderly.worker.messages.intake import MessageBatchIn, MessageIn, batch_items
+from orderly.worker.messages.inputs import MessageBatchIn, MessageIn, batch_items
 from orderly.worker.messages.operations import CommandIn, ResponseIn
 
 router = APIRouter()

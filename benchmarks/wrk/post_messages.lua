@@ -20,10 +20,17 @@ request = function()
     run, tid, counter)
   return wrk.format("POST", "/messages", headers, body)
 end
-errors = 0
+-- Every answer that is not a 201 (a duplicate's 200 too) is counted, per thread, and the
+-- total printed at the end as "not 201: N" (the first three of each thread shown).
+not_201 = 0
 response = function(status, headers, body)
   if status ~= 201 then
-    errors = errors + 1
-    if errors <= 3 then io.stderr:write("status " .. status .. " " .. body .. "\n") end
+    not_201 = not_201 + 1
+    if not_201 <= 3 then io.stderr:write("status " .. status .. " " .. body .. "\n") end
   end
+end
+function done(summary, latency, requests)
+  local total = 0
+  for _, thread in ipairs(threads) do total = total + thread:get("not_201") end
+  io.write(string.format("not 201: %d\n", total))
 end

@@ -53,13 +53,28 @@ class GroupCommit(Generic[Item, Out]):
             leading = not self._writing
             self._writing = True
         if not leading:
-            me.ready.wait()
+            self._wait(me)
         if me.lead or leading:
             self._lead()
         found = me.outcome
         if isinstance(found, BaseException):
             raise found
         return found  # type: ignore[return-value]
+
+    def _wait(self, me: _Waiting[Item, Out]) -> None:
+        """Until this caller has its outcome or the lead. Interrupted (a BaseException in this
+        thread), it leaves the queue, or, handed the lead already, writes its group first:
+        nobody else would."""
+        try:
+            me.ready.wait()
+        except BaseException:
+            with self._lock:
+                queued = me in self._queue and not me.lead
+                if queued:
+                    self._queue.remove(me)
+            if not queued and me.lead:
+                self._lead()
+            raise
 
     def _lead(self) -> None:
         """Write one group (this caller's among it), answer it, pass the lead on."""

@@ -17,18 +17,8 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StringConstraints,
-    field_validator,
-)
 from sqlalchemy import Engine
 
 from orderly.models import MessageState
@@ -42,97 +32,15 @@ from orderly.worker.core.errors import (
     first_line,
 )
 from orderly.worker.core.group_commit import GroupCommit
-from orderly.worker.core.inputs import parse_input, parse_timestamp
+from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
 from orderly.worker.messages.handlers import HandlerRegistry
+from orderly.worker.messages.inputs import MAX_BATCH, MessageIn
 from orderly.worker.messages.store import Inserted, NewMessage
 
 log = logging.getLogger(__name__)
-
-# The most messages one ``submit_many`` takes.
-MAX_BATCH = 1000
-
-# The longest a message may be scheduled ahead (a year and a day), and the priority range.
-MAX_DELAY_MS = 366 * 86_400_000
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-
-Name = Annotated[
-    str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=100)
-]
-LongName = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)]
-
-
-Payload = str | dict[str, Any] | list[Any]
-
-
-class MessageFields(BaseModel):
-    """What a message says of its work, as a producer gives it: submitted (MessageIn), or as
-    a schedule's template (worker.messages.schedules)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    service: Name
-    operation: Name
-    source_system: Name
-    payload: Payload
-    object_id: Name | None = None
-    entity_type: Name | None = None
-    process_id: Name | None = None
-    funnel_value: LongName | None = None
-    funnel_component_id: LongName | None = None
-    guaranteed_order: StrictBool = False
-    exclude_failed_state: StrictBool = False
-
-
-class MessageIn(MessageFields):
-    """A message as a producer submits it."""
-
-    correlation_id: Name
-    msg_timestamp: datetime
-    parent_msg_id: Annotated[StrictInt, Field(gt=0)] | None = None
-    envelope: str | None = None
-    # Scheduling: processed no earlier than ``delay_ms`` after intake, or than ``not_before``
-    # (one of the two); the message waits durably in the store (its row's due time).
-    delay_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_MS)] | None = None
-    not_before: datetime | None = None
-    # Claims take higher priority first; funnel and guaranteed-order rules win over it.
-    priority: Annotated[StrictInt, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
-
-    @field_validator("msg_timestamp", "not_before", mode="before")
-    @classmethod
-    def _timestamp(cls, value: Any) -> datetime | None:
-        return None if value is None else parse_timestamp(value)
-
-    @property
-    def payload_text(self) -> str:
-        if isinstance(self.payload, str):
-            return self.payload
-        return json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False)
-
-
-class MessageBatchIn(BaseModel):
-    """Messages submitted together (``POST /messages:batch``, ``Intake.submit_many``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    messages: Annotated[list[MessageIn], Field(min_length=1, max_length=MAX_BATCH)]
-
-
-def batch_items(data: Any) -> list[Any]:
-    """The items of a batch body ``{"messages": [...]}``, each validated by ``submit_many``."""
-    if not isinstance(data, dict):
-        raise InvalidMessage("body", f"must be a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - {"messages"})
-    if unknown:
-        raise InvalidMessage(unknown[0], "extra inputs are not permitted")
-    if "messages" not in data:
-        raise InvalidMessage("messages", "missing")
-    items = data["messages"]
-    if not isinstance(items, list):
-        raise InvalidMessage("messages", f"must be a list, got {type(items).__name__}")
-    return items
 
 
 @dataclass(frozen=True)
@@ -214,6 +122,22 @@ def insert_many(
 HAND_OVER_AGAIN_S = 1.0
 
 
+class _Alone:
+    """A grouped submit its caller stores itself (worker.messages.intake.Intake.submit)."""
+
+
+ALONE = _Alone()
+
+
+def _not_handed(new: list[int], exc: Exception) -> ServiceUnavailable:
+    stored = f"message {new[0]} is" if len(new) == 1 else f"messages {new} are"
+    return ServiceUnavailable(
+        "broker",
+        f"{first_line(exc)}; {stored} stored and will be processed when the broker "
+        "answers again (submitting again answers 200 with the same msg_id)",
+    )
+
+
 def groupable(message: MessageIn) -> bool:
     """A message a group of submits takes: no parent to check, no funnel to hold back under
     its lock at once (those go alone, as before)."""
@@ -288,7 +212,7 @@ class Intake:
         self._registry = registry
         self._max_payload_bytes = max_payload_bytes
         # Concurrent submits of plain messages share one INSERT and COMMIT (0: each its own).
-        self._group: GroupCommit[tuple[MessageIn, str | None], SubmitResult] | None = (
+        self._group: GroupCommit[tuple[MessageIn, str | None], SubmitResult | _Alone] | None = (
             GroupCommit(self._write_group, group_max) if group_max > 0 else None
         )
 
@@ -305,49 +229,66 @@ class Intake:
         _require_owned(owns, message)
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
             if self._group is not None and groupable(message):
-                return self._group.run((message, tracing.current_parent()))
-            result = self._store(message, owns)
+                found = self._group.run((message, tracing.current_parent()))
+                if isinstance(found, SubmitResult):
+                    return found
+            result = self._store(message, owns)  # alone: as without a group
             self._hand_over([result])
         return result
 
     def _write_group(
         self, items: Sequence[tuple[MessageIn, str | None]]
-    ) -> list[SubmitResult | BaseException]:
+    ) -> list[SubmitResult | _Alone | BaseException]:
         """Submits that came together (worker.core.group_commit): one INSERT and one COMMIT
-        for all, then one hand-over; each its own result, or its own refusal (another message
-        under its ids, a node refusing input). Should the statement fail, each is stored on
-        its own instead, so that one cannot fail the others."""
-        messages = [m for m, _ in items]
-        found: list[SubmitResult | BaseException] = []
+        for all (in key order: two groups never wait for each other's rows in turn), then one
+        hand-over; each its own result, or its own refusal (another message under its ids, a
+        node refusing input, a broker that did not take it). A group of one is stored as
+        without a group (one INSERT, autocommit) while the others queue; every one of a group
+        whose statement failed is stored by its own caller instead (ALONE): its own
+        connection, its own error, in parallel."""
+        if len(items) == 1:  # the caller's own (a group of one is its leader's): one INSERT
+            try:
+                result = self._store(items[0][0], None)
+                self._hand_over([result])
+                return [result]
+            except Exception as exc:
+                return [exc]
+        order = sorted(items, key=lambda i: (i[0].source_system, i[0].correlation_id))
+        found: list[SubmitResult | _Alone | BaseException] = []
         try:
             with prepared_connection(self._engine) as conn:
                 conn.execute("BEGIN")
                 try:
                     rows = store.insert(
                         conn,
-                        [new_message(m) for m in messages],
+                        [new_message(m) for m, _ in order],
                         self._node_id,
                         require_run=True,
                         hold=False,
-                        traces=[t for _, t in items],
+                        traces=[t for _, t in order],
                     )
                     by_ids = {(r.correlation_id, r.source_system): r for r in rows}
-                    for m in messages:
+                    for m, _ in items:
                         row = by_ids.pop((m.correlation_id, m.source_system), None)
                         found.append(self._inserted(row) if row else self._existing_or(conn, m))
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-        except Exception:
-            log.exception("a group of %d submits failed; storing each on its own", len(items))
-            found = [self._alone(m) for m in messages]
-        stored = [r for r in found if isinstance(r, SubmitResult)]
-        try:
-            self._hand_over(stored)
-        except ServiceUnavailable as exc:  # stored: told as a single submit is
-            return [exc if isinstance(r, SubmitResult) and r.created else r for r in found]
-        return found
+        except Exception as exc:
+            log.warning(
+                "a group of %d submits failed (%s): each alone", len(items), first_line(exc)
+            )
+            return [ALONE] * len(items)
+        new, failed = self._wake_new([r for r in found if isinstance(r, SubmitResult)])
+        if failed is None:
+            return found
+        return [
+            _not_handed([r.msg_id], failed)
+            if isinstance(r, SubmitResult) and r.msg_id in new
+            else r
+            for r in found
+        ]
 
     @staticmethod
     def _inserted(row: Inserted) -> SubmitResult:
@@ -359,12 +300,6 @@ class Intake:
         try:
             return self._existing(conn, message)
         except OrderlyError as exc:
-            return exc
-
-    def _alone(self, message: MessageIn) -> SubmitResult | Exception:
-        try:
-            return self._store(message, None)
-        except Exception as exc:
             return exc
 
     def submit_many(self, items: Any, owns: Owns | None = None) -> list[SubmitResult]:
@@ -399,13 +334,20 @@ class Intake:
         could not be handed over waits POSTPONED: beat's ticker hands it to the broker again
         once it answers (or, should even that fail, repair takes up the NEW message).
         The producer is told; submitting again answers 200."""
+        new, failed = self._wake_new(results)
+        if failed is not None:
+            raise _not_handed(new, failed) from failed
+
+    def _wake_new(self, results: Sequence[SubmitResult]) -> tuple[list[int], Exception | None]:
+        """The new messages due now among ``results``, and why they could not be handed over
+        (None: they were, or there were none)."""
         new = [
             r.msg_id
             for r in results
             if r.created and r.state is MessageState.NEW and not r.scheduled
         ]
         if not new:
-            return
+            return new, None
         try:
             if self._wake is not None:
                 self._wake()
@@ -419,12 +361,8 @@ class Intake:
                 hand_over_later(self._engine, new)
             except Exception:
                 log.exception("messages %s: left NEW for repair", new)
-            stored = f"message {new[0]} is" if len(new) == 1 else f"messages {new} are"
-            raise ServiceUnavailable(
-                "broker",
-                f"{first_line(exc)}; {stored} stored and will be processed when the broker "
-                "answers again (submitting again answers 200 with the same msg_id)",
-            ) from exc
+            return new, exc
+        return new, None
 
     def _store(self, message: MessageIn, owns: Owns | None) -> SubmitResult:
         with prepared_connection(self._engine) as conn:

@@ -70,14 +70,8 @@ from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.queries import sql
 from orderly.worker.messages.handlers import HandlerRegistry
-from orderly.worker.messages.intake import (
-    LongName,
-    MessageFields,
-    Name,
-    Payload,
-    SubmitResult,
-    parse_message,
-)
+from orderly.worker.messages.inputs import LongName, MessageFields, Name, Payload
+from orderly.worker.messages.intake import SubmitResult, parse_message
 
 log = logging.getLogger(__name__)
 
