@@ -25,6 +25,7 @@ from orderly.worker.core.errors import UnknownAck
 from orderly.worker.delivery import response_headers
 from orderly.worker.runtime import get_runtime
 from orderly.worker.settings import get_settings
+from orderly.worker.totals import TALLY
 from tests.helpers import ManualClock, api_key
 from tests.test_conversations import Harness, make
 
@@ -77,7 +78,9 @@ def api(
 @contextlib.contextmanager
 def postgresql_calls(engine: Engine) -> Iterator[list[str]]:
     """Every connection the engine hands out and every statement it runs meanwhile (observed
-    through SQLAlchemy's events, nothing replaced)."""
+    through SQLAlchemy's events, nothing replaced), for the requests alone: the metrics'
+    background writes (worker.totals) stop for the rest of the test."""
+    TALLY.detach()
     seen: list[str] = []
 
     def checkout(*_: Any) -> None:
