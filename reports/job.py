@@ -259,6 +259,14 @@ def run_report(
     """Run one report. A ``spark`` session given is used and left running (tests, the
     benchmark); otherwise one is started and stopped."""
 
+    attributes = {"orderly.incremental": options.incremental, "spark.master": options.master}
+    with tracing.span("report", attributes=attributes):  # a refused report's too, with why
+        return _report(options, settings, engine, spark)
+
+
+def _report(
+    options: ReportOptions, settings: Settings | None, engine: Engine | None, spark: Any
+) -> ReportResult:
     started = time.monotonic()
     # Bad options are named before what the environment lacks (the jar, the server).
     if options.lag < timedelta(0):
@@ -272,9 +280,7 @@ def run_report(
 
         engine = engine_for(settings.database_url)
     try:
-        attributes = {"orderly.incremental": options.incremental, "spark.master": options.master}
-        with tracing.span("report", attributes=attributes):
-            return _run(options, settings, jdbc, engine, spark, started)
+        return _run(options, settings, jdbc, engine, spark, started)
     finally:
         if own_engine and engine is not None:
             engine.dispose()

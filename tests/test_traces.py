@@ -2,7 +2,7 @@
 a worker export to an OTLP receiver the test runs, and one trace runs from the producer's
 ``traceparent`` through the API request, intake, the broker hop, the handler or the send, to
 the receiving endpoint, for a stored message, a conversation response and a published event;
-the Spark report has its span. And the switch: the standard variables, off by default."""
+the report has its span. And the switch: the standard variables, off by default."""
 
 from __future__ import annotations
 
@@ -153,12 +153,14 @@ def test_a_published_events_trace_reaches_its_push_endpoint(
     assert receiver.calls("/push")[0].headers["traceparent"] == f"00-{trace_id}-{post.span_id}-01"
 
 
-def test_the_spark_report_has_its_span(
+def test_the_report_has_its_span_and_a_refused_one_says_why(
     db: object, receiver: Receiver, cli: OrderlyCli, tmp_path: Path
 ) -> None:
-    env = {**OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.base}
+    # Refused before Spark starts (no JDBC driver there): its span is exported all the same.
+    missing = str(tmp_path / "no-such-driver.jar")
+    env = {**OTEL, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.base, "ORDERLY_REPORT_JDBC_JAR": missing}
     done = cli("report", "--output-dir", str(tmp_path), env=env)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr
     wait_until(
         lambda: any(s.name == "report" for s in receiver.spans()),
         timeout=30,
@@ -166,6 +168,7 @@ def test_the_spark_report_has_its_span(
     )
     report = one(receiver.spans(), name="report")
     assert report.service == "orderly-report" and report.parent_id == ""
+    assert report.attributes["orderly.incremental"] is False
 
 
 def test_tracing_is_off_unless_the_standard_variables_ask_for_it() -> None:
