@@ -221,9 +221,11 @@ def queue() -> list[int]:
     return []
 
 
-def make_intake(db: Engine, queue: list[int], wake: Callable[[], object] | None = None) -> Intake:
+def make_intake(
+    db: Engine, queue: list[int], wake: Callable[[], object] | None = None, group_max: int = 0
+) -> Intake:
     """Intake through this process's node, enqueuing into ``queue`` instead of the broker
-    (and waking through ``wake``, when given)."""
+    (and waking through ``wake``, when given; ``group_max``: submits share commits)."""
     runtime = get_runtime()
     return Intake(
         db,
@@ -232,6 +234,7 @@ def make_intake(db: Engine, queue: list[int], wake: Callable[[], object] | None 
         registry=runtime.registry,
         max_payload_bytes=10_000,
         wake=wake,
+        group_max=group_max,
     )
 
 

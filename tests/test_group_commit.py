@@ -19,6 +19,7 @@ from orderly.worker.core.errors import ConflictingMessage, ServiceUnavailable
 from orderly.worker.core.group_commit import GroupCommit
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.runtime import get_runtime
+from tests.conftest import make_intake
 from tests.helpers import message
 
 
@@ -80,16 +81,7 @@ def test_a_write_that_fails_fails_its_whole_group_and_the_next_goes_on() -> None
 
 
 def _intake(db: Engine, queue: list[int], wake: Callable[[], object] | None = None) -> Intake:
-    runtime = get_runtime()
-    return Intake(
-        db,
-        node_id=runtime.node_id,
-        enqueue=queue.append,
-        registry=runtime.registry,
-        max_payload_bytes=10_000,
-        wake=wake or (lambda: None),
-        group_max=64,
-    )
+    return make_intake(db, queue, wake or (lambda: None), group_max=64)
 
 
 def test_concurrent_submits_are_all_stored_and_duplicates_and_conflicts_told_apart(

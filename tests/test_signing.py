@@ -17,7 +17,7 @@ from orderly.worker.conversations import Delivery, Head
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.core.http import HttpOptions, OutboundHttp, SignedAs
 from orderly.worker.delivery import HttpSender
-from orderly.worker.pubsub.delivery import Claimed
+from orderly.worker.pubsub.claims import Claimed
 from orderly.worker.signing import SigningSecrets
 from tests.helpers import LOOPBACK
 from tests.test_http_client import _Server, server  # noqa: F401 (the recording server)

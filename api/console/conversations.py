@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
@@ -133,29 +133,21 @@ def _note(fields: Form) -> dict[str, Any]:
     return {"note": fields.get("note")}
 
 
-@router.post("/conversations/{conversation_id}/requests/{request_id}/awaited")
-async def request_awaited(
-    request: Request, viewer: Signed, conversation_id: str, request_id: str
+@router.post("/conversations/{conversation_id}/{kind}/{ident}/awaited")
+async def set_awaited(
+    request: Request,
+    viewer: Signed,
+    conversation_id: str,
+    kind: Literal["requests", "responses"],
+    ident: str,
 ) -> Response:
-    """setAwaitedByRequestId: the request's PENDING responses AWAITED."""
+    """setAwaitedByRequestId (a request's PENDING responses) or setAwaitedByResponseId (the
+    response, if PENDING): AWAITED."""
+    which = {"request_id" if kind == "requests" else "response_id": ident}
 
     def call(runtime: Runtime, fields: Form, key: str) -> Any:
         return runtime.conversations.set_awaited(
-            conversation_id, _note(fields), request_id=request_id, key=key, owns=viewer.key.owns
-        )
-
-    return await _operate(request, viewer, conversation_id, call, _awaited_said)
-
-
-@router.post("/conversations/{conversation_id}/responses/{response_id}/awaited")
-async def response_awaited(
-    request: Request, viewer: Signed, conversation_id: str, response_id: str
-) -> Response:
-    """setAwaitedByResponseId: the response AWAITED, if PENDING."""
-
-    def call(runtime: Runtime, fields: Form, key: str) -> Any:
-        return runtime.conversations.set_awaited(
-            conversation_id, _note(fields), response_id=response_id, key=key, owns=viewer.key.owns
+            conversation_id, _note(fields), **which, key=key, owns=viewer.key.owns
         )
 
     return await _operate(request, viewer, conversation_id, call, _awaited_said)

@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import psycopg2  # type: ignore[import-untyped]
 
+from benchmarks.peer_apps.asgi_app import answer, body_of
+
 _local = threading.local()
 DSN = os.environ.get("DURABLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/orderly_bench")
 
@@ -47,22 +49,9 @@ def _insert(body: bytes) -> int:
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    body = b""
-    more = True
-    while more:
-        message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
+    body = await body_of(receive)
     if scope["method"] == "GET":  # its health check
-        status, answer = 200, b"{}"
-    else:
-        msg_id = await anyio.to_thread.run_sync(_insert, body)
-        status, answer = 201, json.dumps({"msg_id": msg_id, "state": "NEW"}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": answer})
+        await answer(send, 200, b"{}")
+        return
+    msg_id = await anyio.to_thread.run_sync(_insert, body)
+    await answer(send, 201, json.dumps({"msg_id": msg_id, "state": "NEW"}).encode())

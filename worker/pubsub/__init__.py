@@ -32,14 +32,9 @@ from orderly.worker.pubsub.admin import (
     update_room,
     update_subscription,
 )
+from orderly.worker.pubsub.claims import Attempt, Claimed, Push
 from orderly.worker.pubsub.consumers import Consumers, consumers
-from orderly.worker.pubsub.delivery import (
-    Attempt,
-    Claimed,
-    Push,
-    deliver,
-    deliver_batch,
-)
+from orderly.worker.pubsub.delivery import deliver, deliver_batch
 from orderly.worker.pubsub.due import due_deliveries, upkeep
 from orderly.worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
 from orderly.worker.pubsub.publish import (

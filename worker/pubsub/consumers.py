@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orderly.worker.pubsub.delivery import Claimed
+    from orderly.worker.pubsub.claims import Claimed
 
 ConsumerHandler = Callable[["Claimed"], None]
 
