@@ -39,15 +39,18 @@ ensure_spark_deps() {
 
 ensure_services() {
   if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    # A cluster that is still starting (or recovering) answers pg_isready with "rejecting
+    # connections" and pg_ctlcluster with "already running" (exit 2): wait for it below.
     log "starting PostgreSQL"
-    as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start \
+      || log "PostgreSQL's cluster is already running; waiting for it to accept connections"
   fi
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     log "starting Redis"
     as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
       --appendonly no
   fi
-  for _ in $(seq 1 50); do
+  for _ in $(seq 1 300); do
     pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && return 0
     sleep 0.2
   done
