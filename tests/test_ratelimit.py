@@ -1,7 +1,9 @@
 """The token bucket (worker/lua/rate_take.lua, worker/core/ratelimit.py) against the real Redis,
 on times the test gives: a bucket gives its burst, refuses with the exact wait, refills at its
 rate and no further, expires when full again; parallel takes from threads never get more than
-the burst; the API's limiter fails open while Redis is down and asks it again after a pause."""
+the burst; the API's limiter leases a fast bucket's tokens (one Redis take for many requests,
+never more than the bucket gave, a refusal shared) and fails open while Redis is down and asks
+it again after a pause."""
 
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ import pytest
 import redis
 
 from orderly.models.keys import RateKeys
-from orderly.worker.core.ratelimit import FAIL_OPEN_PAUSE_S, Buckets, Limit, Limiter, take
+from orderly.worker.core.ratelimit import (
+    FAIL_OPEN_PAUSE_S,
+    LEASE_HELD_S,
+    Buckets,
+    Limit,
+    Limiter,
+    lease_size,
+    take,
+)
 from tests.conftest import TEST_REDIS_URL
 from tests.helpers import ManualClock
 from tooling.servers import RedisServer
@@ -171,3 +181,92 @@ def test_the_limiter_fails_open_while_redis_is_down_and_asks_again_after_a_pause
     assert asyncio.run(scenario()) == [True, False, True, True, True, False]
     warnings = [r for r in caplog.records if "rate limits not applied" in r.getMessage()]
     assert len(warnings) == 1  # once, not per request
+
+
+def _tokens(client: redis.Redis, key: str = KEY) -> float:
+    return float(client.hget(key, "tokens") or -1)
+
+
+def test_a_fast_bucket_is_leased_one_redis_take_for_many_requests(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock()
+    limiter = Limiter(TEST_REDIS_URL, clock)
+    fast = Limit(per_s=1_000, burst=2_000)
+    lease = lease_size(fast)
+    assert lease == 20  # 20 ms of its rate
+
+    async def takes(n: int) -> list[bool]:
+        return [(await limiter.take(KEY, fast)).allowed for _ in range(n)]
+
+    assert asyncio.run(takes(1)) == [True]
+    assert _tokens(redis_client) == 2_000 - lease  # the lease was spent in Redis at once
+    assert asyncio.run(takes(lease - 1)) == [True] * (lease - 1)
+    assert _tokens(redis_client) == 2_000 - lease  # handed out here: Redis not asked
+    assert asyncio.run(takes(1)) == [True]
+    assert _tokens(redis_client) == 2_000 - 2 * lease
+
+
+def test_a_slow_bucket_is_taken_one_token_a_request(redis_client: redis.Redis) -> None:
+    limiter = Limiter(TEST_REDIS_URL, ManualClock())
+    slow = Limit(per_s=50, burst=100)
+    assert lease_size(slow) == 1
+
+    async def scenario() -> None:
+        for n in range(1, 4):
+            assert (await limiter.take(KEY, slow)).allowed
+            assert _tokens(redis_client) == 100 - n
+
+    asyncio.run(scenario())
+
+
+def test_processes_leasing_together_never_get_more_than_the_bucket_gave(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock()  # stands still: nothing refills
+    limit = Limit(per_s=1_000, burst=90)  # a lease of 20; the last one finds 10
+    limiters = [Limiter(TEST_REDIS_URL, clock) for _ in range(3)]
+
+    async def scenario() -> list[int]:
+        asks = [limiter.take(KEY, limit) for _ in range(60) for limiter in limiters]
+        verdicts = await asyncio.gather(*asks)
+        return [sum(v.allowed for v in verdicts), len(verdicts)]
+
+    allowed, asked = asyncio.run(scenario())
+    assert (allowed, asked) == (90, 180)
+    assert _tokens(redis_client) == 0
+
+
+def test_requests_waiting_for_one_lease_share_its_refusal(redis_server: RedisServer) -> None:
+    limiter = Limiter(redis_server.url, ManualClock())  # a server of its own: its asks counted
+    limit = Limit(per_s=1_000, burst=40)
+
+    async def scenario() -> list[bool]:
+        verdicts = await asyncio.gather(*(limiter.take(KEY, limit) for _ in range(100)))
+        return [v.allowed for v in verdicts]
+
+    seen = asyncio.run(scenario())
+    assert seen == [True] * 40 + [False] * 60
+    with redis_server.client() as client:
+        stats = client.info("commandstats")["cmdstat_evalsha"]
+    # one ask a lease (10 tokens, a quarter of the burst) and the one refused: 60 waited for it
+    # (the first EVALSHA fails, the script not loaded yet, and is sent again)
+    assert stats["calls"] - stats["failed_calls"] == 5
+
+
+def test_a_lease_unused_for_its_time_is_dropped_not_handed_out(
+    redis_client: redis.Redis,
+) -> None:
+    clock = ManualClock()
+    limiter = Limiter(TEST_REDIS_URL, clock)
+    limit = Limit(per_s=1_000, burst=2_000)
+
+    async def take_one() -> bool:
+        return (await limiter.take(KEY, limit)).allowed
+
+    assert asyncio.run(take_one())
+    assert _tokens(redis_client) == 2_000 - 20
+    clock.advance(LEASE_HELD_S)  # 19 tokens left in the lease, now too old
+    redis_client.delete(KEY)  # a full bucket again: the next take must ask
+    assert asyncio.run(take_one())
+    assert _tokens(redis_client) == 2_000 - 20

@@ -32,6 +32,13 @@ FAIL_OPEN_PAUSE_S = 1.0
 FAIL_OPEN_WARN_EVERY_S = 30.0
 # A limiter's Redis calls give up after this: a slow Redis must not hold every request.
 REDIS_TIMEOUT_S = 0.5
+# A limiter's lease (Limiter): a bucket's tokens for this long at its rate, at most this many,
+# taken at once; the unused dropped after LEASE_HELD_S; leases held at most LEASES_HELD (an
+# address flood costs their Redis takes, never memory).
+LEASE_S = 0.02
+LEASE_MAX = 64
+LEASE_HELD_S = 1.0
+LEASES_HELD = 10_000
 # Connections of a limiter to Redis: takes beyond them wait for one (a take holds it for one
 # round trip), so that a burst of requests queues instead of opening a connection each.
 REDIS_CONNECTIONS = 32
@@ -64,6 +71,8 @@ class Verdict:
 
 
 UNLIMITED = Verdict(True, 0.0, 0)
+# A token of a lease this process holds (the bucket's count not asked).
+LEASED = Verdict(True, 0.0, 0)
 
 
 def _call(bucket_key: str, limit: Limit, cost: int, at_ms: int) -> Call:
@@ -135,10 +144,21 @@ def take(client: redis.Redis, bucket_key: str, limit: Limit, at_ms: int, cost: i
 
 
 class Limiter:
-    """The buckets of an API process, taken from on its event loop. When Redis cannot be
-    reached or refuses, every take is allowed (fail open: the API goes on serving, unlimited,
-    rather than refusing everyone) and logged; Redis is then left alone for
-    :data:`FAIL_OPEN_PAUSE_S`."""
+    """The buckets of an API process, taken from on its event loop.
+
+    A bucket whose rate is high leases: one take from Redis gets up to :func:`lease_size`
+    tokens (what the bucket gives in :data:`LEASE_S`, at most :data:`LEASE_MAX`), which this
+    process hands out one a request, so that a busy client costs one Redis call per lease
+    instead of one per request. The bucket stays shared and exact: leased tokens are spent in
+    Redis when taken, and those still unused after :data:`LEASE_HELD_S` are dropped, so every
+    process together never passes more than the bucket gave; near the limit a process may
+    hold a few tokens while another is refused. While one request of a bucket asks Redis, the
+    others of that bucket wait for its answer (a refusal answers them all). A bucket too slow
+    for a lease of two is taken from one token a request, as it always was.
+
+    When Redis cannot be reached or refuses, every take is allowed (fail open: the API goes
+    on serving, unlimited, rather than refusing everyone) and logged; Redis is then left alone
+    for :data:`FAIL_OPEN_PAUSE_S`."""
 
     def __init__(self, url: str, clock: Clock, timeout_s: float = REDIS_TIMEOUT_S) -> None:
         self._url = url
@@ -148,6 +168,10 @@ class Limiter:
         self._bound: tuple[asyncio.AbstractEventLoop, AsyncScript] | None = None
         self._paused_until = float("-inf")
         self._warned_at = float("-inf")
+        # bucket -> (tokens of its lease left, until when on the monotonic clock)
+        self._leases: dict[str, tuple[int, float]] = {}
+        # bucket -> the answer its asker will have (None: ask again): while one asks Redis
+        self._asking: dict[str, asyncio.Future[Verdict | None]] = {}
 
     def _script_on_this_loop(self) -> AsyncScript:
         loop = asyncio.get_running_loop()
@@ -163,18 +187,74 @@ class Limiter:
             self._bound = (loop, client.register_script(source(lua.RATE_TAKE)))
         return self._bound[1]
 
-    async def take(self, bucket_key: str, limit: Limit, cost: int = 1) -> Verdict:
+    async def take(self, bucket_key: str, limit: Limit) -> Verdict:
+        """One token of ``bucket_key``: from this process's lease when it holds one, else from
+        Redis."""
         if limit.unlimited:
             return UNLIMITED
-        call = _call(bucket_key, limit, cost, now_ms(self._clock))
+        most = lease_size(limit)
+        if most == 1:
+            return (await self._ask(bucket_key, limit, None))[0]
+        while True:
+            if self._from_lease(bucket_key):
+                return LEASED
+            asking = self._asking.get(bucket_key)
+            if asking is None:
+                break
+            theirs = await asyncio.shield(asking)
+            if theirs is not None and not theirs.allowed:
+                return theirs
+        answered: asyncio.Future[Verdict | None] = asyncio.get_running_loop().create_future()
+        self._asking[bucket_key] = answered
+        answer: Verdict | None = None  # cancelled before an answer: the others ask again
+        try:
+            verdict, taken = await self._ask(bucket_key, limit, most)
+            if taken > 1:
+                self._lease(bucket_key, taken - 1)
+            answer = verdict
+        finally:
+            del self._asking[bucket_key]
+            answered.set_result(answer)
+        return verdict
+
+    def _from_lease(self, bucket_key: str) -> bool:
+        held = self._leases.get(bucket_key)
+        if held is None:
+            return False
+        left, until = held
+        if self._clock.monotonic() >= until:
+            del self._leases[bucket_key]  # dropped: spent in Redis, never handed out
+            return False
+        if left <= 1:
+            del self._leases[bucket_key]
+        else:
+            self._leases[bucket_key] = (left - 1, until)
+        return True
+
+    def _lease(self, bucket_key: str, tokens: int) -> None:
+        if len(self._leases) >= LEASES_HELD:
+            self._leases.pop(next(iter(self._leases)))  # the oldest: its tokens dropped
+        self._leases[bucket_key] = (tokens, self._clock.monotonic() + LEASE_HELD_S)
+
+    async def _ask(self, bucket_key: str, limit: Limit, most: int | None) -> tuple[Verdict, int]:
+        """Redis's verdict on one token (up to ``most``) and how many it gave."""
         if self._clock.monotonic() < self._paused_until:
-            return UNLIMITED
+            return UNLIMITED, 1
+        call = lua.rate_take_call(
+            bucket=bucket_key,
+            rate_per_s=limit.per_s,
+            burst=limit.burst,
+            cost=1,
+            now_ms=now_ms(self._clock),
+            most=most,
+        )
         try:
             reply = await self._script_on_this_loop()(keys=call.keys, args=call.args)
         except (redis.RedisError, OSError) as exc:
             self._fail_open(exc)
-            return UNLIMITED
-        return _verdict(reply)
+            return UNLIMITED, 1
+        taken = lua.rate_taken(reply)
+        return Verdict(taken.allowed, taken.retry_after_ms / 1000, taken.remaining), taken.taken
 
     def _fail_open(self, exc: Exception) -> None:
         now = self._clock.monotonic()
@@ -182,3 +262,9 @@ class Limiter:
         if now - self._warned_at >= FAIL_OPEN_WARN_EVERY_S:
             self._warned_at = now
             log.warning("rate limits not applied (Redis: %s): requests pass unlimited", exc)
+
+
+def lease_size(limit: Limit) -> int:
+    """Tokens an API process takes from ``limit``'s bucket at once: what it gives in
+    :data:`LEASE_S`, at most :data:`LEASE_MAX` and a quarter of its burst; 1 for a slow one."""
+    return max(1, min(LEASE_MAX, int(limit.per_s * LEASE_S), limit.burst // 4))

@@ -87,14 +87,19 @@ class RateTaken:
     allowed: bool
     retry_after_ms: int  # 0 when allowed, else until the cost would be there again
     remaining: int  # tokens left, rounded down
+    taken: int  # tokens taken: the cost, or up to ``most`` (0 when refused)
 
 
-def rate_take_call(*, bucket: str, rate_per_s: float, burst: int, cost: int, now_ms: int) -> Call:
-    """One take from a bucket, for the caller's client to run (the API's is an asyncio one)."""
-    return Call("rate_take", keys=(bucket,), args=(repr(float(rate_per_s)), burst, cost, now_ms))
+def rate_take_call(
+    *, bucket: str, rate_per_s: float, burst: int, cost: int, now_ms: int, most: int | None = None
+) -> Call:
+    """One take from a bucket, for the caller's client to run (the API's is an asyncio one):
+    ``cost`` tokens, or as many as are there up to ``most`` once the cost is."""
+    args: tuple[str | int, ...] = (repr(float(rate_per_s)), burst, cost, now_ms)
+    return Call("rate_take", keys=(bucket,), args=args if most is None else (*args, most))
 
 
 def rate_taken(reply: Any) -> RateTaken:
-    """rate_take.lua's reply: {allowed, retry after (ms), tokens left}."""
-    allowed, retry_ms, remaining = (int(v) for v in reply)
-    return RateTaken(allowed == 1, retry_ms, remaining)
+    """rate_take.lua's reply: {allowed, retry after (ms), tokens left, tokens taken}."""
+    allowed, retry_ms, remaining, taken = (int(v) for v in reply)
+    return RateTaken(allowed == 1, retry_ms, remaining, taken)
