@@ -1,16 +1,16 @@
 """Group commit (worker.core.group_commit) and the API's submits through it: calls that come
 together are written at once, each told its own outcome only after the write; a lone call is
-written at once; one item's refusal is its own; against the real PostgreSQL, concurrent
-submits all stored, duplicates and conflicts told apart, a broker that is down told to every
-message it did not get."""
+written at once; one item's refusal is its own; a call cancelled while queued is not written;
+against the real PostgreSQL, concurrent submits all stored, duplicates and conflicts told
+apart, a broker that is down told to every message it did not get."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import Engine
@@ -41,8 +41,8 @@ class Writer:
 def test_a_lone_call_is_written_at_once_on_its_own() -> None:
     writer = Writer(0)
     group = GroupCommit(writer, max_batch=50)
-    assert group.run(2) == 20
-    assert group.run(4) == 40
+    assert asyncio.run(group.run(2)) == 20
+    assert asyncio.run(group.run(4)) == 40
     assert writer.groups == [[2], [4]]
 
 
@@ -50,14 +50,16 @@ def test_calls_that_come_together_share_writes_and_each_gets_its_own_outcome() -
     writer = Writer(0.02)
     group = GroupCommit(writer, max_batch=16)
 
-    def call(i: int) -> int | str:
+    async def call(i: int) -> int | str:
         try:
-            return group.run(i)
+            return await group.run(i)
         except ValueError as exc:
             return str(exc)
 
-    with ThreadPoolExecutor(32) as pool:
-        got = list(pool.map(call, range(200)))
+    async def calls() -> list[int | str]:
+        return list(await asyncio.gather(*(call(i) for i in range(200))))
+
+    got = asyncio.run(calls())
     assert got == [f"odd {i}" if i % 7 == 3 else i * 10 for i in range(200)]
     written = sorted(i for g in writer.groups for i in g)
     assert written == list(range(200))  # each once
@@ -76,8 +78,27 @@ def test_a_write_that_fails_fails_its_whole_group_and_the_next_goes_on() -> None
 
     group = GroupCommit(write, max_batch=8)
     with pytest.raises(ConnectionError):
-        group.run(13)
-    assert group.run(5) == 5
+        asyncio.run(group.run(13))
+    assert asyncio.run(group.run(5)) == 5
+
+
+def test_a_call_cancelled_while_queued_is_not_written() -> None:
+    writer = Writer(0.2)
+    group = GroupCommit(writer, max_batch=8)
+
+    async def scenario() -> int:
+        first = asyncio.create_task(group.run(1))
+        while not writer.groups:  # the first group is being written
+            await asyncio.sleep(0.001)
+        queued = asyncio.create_task(group.run(2))
+        await asyncio.sleep(0)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        return await first
+
+    assert asyncio.run(scenario()) == 10
+    assert writer.groups == [[1]]  # 2 never written
 
 
 def _intake(db: Engine, queue: list[int], wake: Callable[[], object] | None = None) -> Intake:
@@ -92,14 +113,16 @@ def test_concurrent_submits_are_all_stored_and_duplicates_and_conflicts_told_apa
     bodies += [message(5), message(6)]  # the same messages again: 200, the same msg_id
     bodies += [message(7, payload='{"other": true}')]  # another one under 7's ids: 409
 
-    def submit(body: dict[str, object]) -> SubmitResult | ConflictingMessage:
+    async def submit(body: dict[str, object]) -> SubmitResult | ConflictingMessage:
         try:
-            return intake.submit(body)
+            return await intake.submit_together(body)
         except ConflictingMessage as exc:
             return exc
 
-    with ThreadPoolExecutor(24) as pool:
-        results = list(pool.map(submit, bodies))
+    async def submits() -> list[SubmitResult | ConflictingMessage]:
+        return list(await asyncio.gather(*(submit(b) for b in bodies)))
+
+    results = asyncio.run(submits())
     # one of the two messages under 7's ids was stored, the other refused
     sevens = [results[7], results[122]]
     assert sum(isinstance(r, ConflictingMessage) for r in sevens) == 1
@@ -115,18 +138,17 @@ def test_concurrent_submits_are_all_stored_and_duplicates_and_conflicts_told_apa
 
 
 def _together(intake: Intake, bodies: list[dict[str, object]]) -> list[object]:
-    """Submitted at once from as many threads, each its outcome (a result or what it raised)."""
-    start = threading.Barrier(len(bodies))
+    """Submitted at once on one event loop (the API's), each its outcome (a result or what it
+    raised)."""
 
-    def submit(body: dict[str, object]) -> object:
-        start.wait()
-        try:
-            return intake.submit(body)
-        except Exception as exc:
-            return exc
+    async def submits() -> list[object]:
+        return list(
+            await asyncio.gather(
+                *(intake.submit_together(b) for b in bodies), return_exceptions=True
+            )
+        )
 
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        return list(pool.map(submit, bodies))
+    return asyncio.run(submits())
 
 
 def _counting(intake: Intake) -> list[int]:

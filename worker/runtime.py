@@ -263,7 +263,7 @@ class Runtime:
         grouped: bool = False,
     ) -> Intake:
         """Intake through this node; ``grouped``: concurrent single submits share commits
-        (ORDERLY_INTAKE_GROUP_MAX; the API's many request threads)."""
+        (ORDERLY_INTAKE_GROUP_MAX; the API's requests, Intake.submit_together)."""
         return Intake(
             self.engine,
             node_id=self.node_id,

@@ -111,6 +111,12 @@ def parse_json(raw: bytes, limit: int) -> Any:
 THREAD_BYTES = 65_536
 
 
+async def small_body(request: Request) -> bool:
+    """Whether the request's body is small enough to be validated on the event loop (it is
+    read once: a body read before costs nothing again)."""
+    return len(await request.body()) <= THREAD_BYTES
+
+
 async def json_body(request: Request, limit: int | None = None) -> Any:
     """The request's JSON body, read strictly; at most ``limit`` bytes (default: one
     message's payload limit and its envelope)."""

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, Producer
-from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body
+from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body, small_body
 from orderly.api.http.contract import body, conflict
 from orderly.models import MessageState
 from orderly.worker.messages import operations
@@ -43,7 +43,10 @@ async def submit(intake: AppIntake, request: Request, key: Producer) -> JSONResp
     ``not_before``); 200 the same message stored before; 409 another message holds its
     (correlation_id, source_system)."""
     data = await json_body(request)
-    result = await run_in_threadpool(intake.submit, data, key.owns)
+    if await small_body(request):  # with the others submitted now: one commit (group commit)
+        result = await intake.submit_together(data, key.owns)
+    else:
+        result = await run_in_threadpool(intake.submit, data, key.owns)
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},

@@ -1,35 +1,31 @@
 """Group commit: calls that arrive together are written in one transaction, each answered only
 after that transaction committed.
 
-Many threads (an API process's request threads) call :meth:`GroupCommit.run` with one item
-each. The first to find nobody writing becomes the leader: it takes every item queued so far
-(up to ``max_batch``), writes them with one ``write`` call (one statement, one commit), hands
-each caller its own outcome, and passes the lead to the first caller still queued, which does
-the same with what queued up meanwhile. No thread of its own and no timer: a lone call is
-written at once, as before; under load each commit carries what arrived while the previous
-one was written, so commits per second stay bounded while items per second grow.
+Coroutines of one event loop (an API process's requests) await :meth:`GroupCommit.run` with
+one item each. The first to find nobody writing starts the writer: a task that takes every
+item queued so far (up to ``max_batch``), writes them with one ``write`` call in a thread (one
+statement, one commit), answers each caller, and goes on with whatever queued meanwhile until
+nothing is left. No timer: a lone call is written at once, as before; under load each commit
+carries what arrived while the previous one was written, so commits per second stay bounded
+while items per second grow. A waiting caller costs a future, not a thread: one thread hop a
+group, not one a request.
 
 ``write`` returns one outcome per item, in order: a result, or the exception that item's
-caller raises. When ``write`` itself raises, every caller of that group raises it.
+caller raises. When ``write`` itself raises, every caller of that group raises it. A caller
+cancelled while its item is still queued takes it out (nothing of it is written); once its
+group is being written, the write goes on and its outcome is dropped.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import anyio.to_thread
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
-
-
-@dataclass
-class _Waiting(Generic[Item, Out]):
-    item: Item
-    ready: threading.Event = field(default_factory=threading.Event)
-    lead: bool = False  # woken to write the next group, not with an outcome
-    outcome: Out | BaseException | None = None
 
 
 class GroupCommit(Generic[Item, Out]):
@@ -40,60 +36,49 @@ class GroupCommit(Generic[Item, Out]):
             raise ValueError("max_batch must be at least 1")
         self._write = write
         self._max_batch = max_batch
-        self._lock = threading.Lock()
-        self._queue: list[_Waiting[Item, Out]] = []
-        self._writing = False
+        self._queue: list[tuple[Item, asyncio.Future[Out]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
-    def run(self, item: Item) -> Out:
+    async def run(self, item: Item) -> Out:
         """``item`` written with whatever else is queued; its own outcome (raised, if an
         exception)."""
-        me: _Waiting[Item, Out] = _Waiting(item)
-        with self._lock:
-            self._queue.append(me)
-            leading = not self._writing
-            self._writing = True
-        if not leading:
-            self._wait(me)
-        if me.lead or leading:
-            self._lead()
-        found = me.outcome
-        if isinstance(found, BaseException):
-            raise found
-        return found  # type: ignore[return-value]
-
-    def _wait(self, me: _Waiting[Item, Out]) -> None:
-        """Until this caller has its outcome or the lead. Interrupted (a BaseException in this
-        thread), it leaves the queue, or, handed the lead already, writes its group first:
-        nobody else would."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Out] = loop.create_future()
+        self._queue.append((item, answer))
+        if self._writer is None:
+            self._writer = loop.create_task(self._write_all())
         try:
-            me.ready.wait()
-        except BaseException:
-            with self._lock:
-                queued = me in self._queue and not me.lead
-                if queued:
-                    self._queue.remove(me)
-            if not queued and me.lead:
-                self._lead()
+            return await answer
+        except asyncio.CancelledError:
+            # Not taken yet: never written.
+            self._queue = [(i, a) for i, a in self._queue if a is not answer]
             raise
 
-    def _lead(self) -> None:
-        """Write one group (this caller's among it), answer it, pass the lead on."""
-        with self._lock:
-            group, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+    async def _write_all(self) -> None:
+        """Write group after group until nothing is queued."""
+        group: list[tuple[Item, asyncio.Future[Out]]] = []
         try:
-            outcomes: Sequence[Out | BaseException] = self._write([w.item for w in group])
-            if len(outcomes) != len(group):
-                raise RuntimeError(f"{len(outcomes)} outcomes for a group of {len(group)}")
-        except BaseException as exc:  # every caller of the group learns it
-            outcomes = [exc] * len(group)
+            while self._queue:
+                group = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                items = [item for item, _ in group]
+                try:
+                    outcomes = await anyio.to_thread.run_sync(self._write, items)
+                    if len(outcomes) != len(group):
+                        raise RuntimeError(f"{len(outcomes)} outcomes for a group of {len(group)}")
+                except Exception as exc:  # every caller of the group learns it
+                    outcomes = [exc] * len(group)
+                for (_, answer), outcome in zip(group, outcomes, strict=True):
+                    if answer.done():  # its caller was cancelled meanwhile
+                        continue
+                    if isinstance(outcome, BaseException):
+                        answer.set_exception(outcome)
+                    else:
+                        answer.set_result(outcome)
         finally:
-            with self._lock:
-                nxt = self._queue[0] if self._queue else None
-                self._writing = nxt is not None
-            if nxt is not None:
-                nxt.lead = True
-                nxt.ready.set()
-        for waiting, outcome in zip(group, outcomes, strict=True):
-            waiting.outcome = outcome
-            waiting.lead = False
-            waiting.ready.set()
+            self._writer = None
+            # The writer itself cancelled (its loop closing): nobody waits for ever.
+            for _, answer in group + self._queue:
+                if not answer.done():
+                    answer.set_exception(RuntimeError("the group's writer was stopped"))
+            self._queue.clear()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio.to_thread
 from sqlalchemy import Engine
 
 from orderly.models import MessageState
@@ -228,12 +229,29 @@ class Intake:
         message = self._parse(data)
         _require_owned(owns, message)
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
-            if self._group is not None and groupable(message):
-                found = self._group.run((message, tracing.current_parent()))
+            return self._store_handed(message, owns)
+
+    async def submit_together(self, data: Any, owns: Owns | None = None) -> SubmitResult:
+        """``submit`` for a coroutine (the API's): a plain message (no parent, no funnel) is
+        stored with those submitted at the same time in one INSERT and one COMMIT (group
+        commit, ``group_max``; worker.core.group_commit), each answered after it; any other,
+        or without a group, alone in a thread, as ``submit``. Validated on the caller's loop:
+        for bodies of a few kilobytes."""
+        if self._group is None:
+            return await anyio.to_thread.run_sync(self.submit, data, owns)
+        message = self._parse(data)
+        _require_owned(owns, message)
+        with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
+            if groupable(message):
+                found = await self._group.run((message, tracing.current_parent()))
                 if isinstance(found, SubmitResult):
                     return found
-            result = self._store(message, owns)  # alone: as without a group
-            self._hand_over([result])
+            # alone: as without a group (its own connection, its own error)
+            return await anyio.to_thread.run_sync(self._store_handed, message, owns)
+
+    def _store_handed(self, message: MessageIn, owns: Owns | None) -> SubmitResult:
+        result = self._store(message, owns)
+        self._hand_over([result])
         return result
 
     def _write_group(
@@ -245,7 +263,7 @@ class Intake:
         node refusing input, a broker that did not take it). A group of one is stored as
         without a group (one INSERT, autocommit) while the others queue; every one of a group
         whose statement failed is stored by its own caller instead (ALONE): its own
-        connection, its own error, in parallel."""
+        connection, its own error, in parallel threads."""
         if len(items) == 1:  # the caller's own (a group of one is its leader's): one INSERT
             try:
                 result = self._store(items[0][0], None)

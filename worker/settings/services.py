@@ -80,8 +80,8 @@ class ServiceSettings(Section):
         validation_alias="ORDERLY_INTAKE_GROUP_MAX",
         description="At most this many single submits (POST /messages without a parent or a "
         "funnel) that arrive together in one API process are stored with one INSERT and one "
-        "COMMIT, each answered after it (group commit; the API runs at most 40 at once per "
-        "process, its thread pool); 0: each its own transaction.",
+        "COMMIT, each answered after it (group commit; a waiting request holds no thread); "
+        "0: each its own transaction in a thread.",
     )
     api_host: str = Field(
         "127.0.0.1",
