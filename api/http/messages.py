@@ -12,12 +12,14 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import Operator, Producer
+from orderly.api.http.auth import Operator, Producer, checks_key, key_of
 from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body, small_body
 from orderly.api.http.contract import body, conflict
 from orderly.models import MessageState
+from orderly.worker import keys
 from orderly.worker.messages import operations
 from orderly.worker.messages.inputs import MessageBatchIn, MessageIn, batch_items
+from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.operations import CommandIn, ResponseIn
 
 router = APIRouter()
@@ -36,12 +38,15 @@ CONFLICTING = (
     "/messages",
     responses={**answers(a.Accepted, created=True, repeat=True), **conflict(CONFLICTING)},
     status_code=201,
-    openapi_extra=body("MessageIn", MessageIn),
+    openapi_extra={**body("MessageIn", MessageIn), **checks_key(keys.PRODUCE)},
 )
-async def submit(intake: AppIntake, request: Request, key: Producer) -> JSONResponse:
+async def submit(request: Request) -> JSONResponse:
     """One message: 201 stored now (due at once, or scheduled by ``delay_ms`` or
     ``not_before``); 200 the same message stored before; 409 another message holds its
     (correlation_id, source_system)."""
+    # The busiest route: its key checked and its intake taken without dependencies.
+    key = await key_of(request, keys.PRODUCE)
+    intake: Intake = request.app.state.intake
     data = await json_body(request)
     if await small_body(request):  # with the others submitted now: one commit (group commit)
         result = await intake.submit_together(data, key.owns)
