@@ -227,3 +227,40 @@ def test_each_row_of_one_insert_keeps_its_own_trace_parent(db: Engine) -> None:
     with db.connect() as conn:
         found = conn.execute(text("SELECT trace_parent FROM message ORDER BY msg_id")).scalars()
         assert list(found) == parents
+
+
+def test_a_group_stored_before_its_lookups_failed_tells_the_stored_theirs(
+    db: Engine, queue: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's one INSERT commits on its own: when looking up a duplicate fails after it,
+    the messages it stored are answered 201 and only the duplicate's caller goes on alone."""
+    import psycopg2
+
+    from orderly.worker.messages import store
+    from orderly.worker.messages.inputs import MessageIn
+    from tests.helpers import count_messages
+
+    intake = _intake(db, queue)
+    first = intake.submit(message(1))
+    sizes = _counting(intake)
+
+    def lost(*args: object) -> None:
+        raise psycopg2.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "find", lost)
+    alone: list[str] = []
+    store_alone = intake._store
+
+    def recorded(m: MessageIn, owns: object) -> SubmitResult:
+        alone.append(m.correlation_id)
+        return store_alone(m, None)
+
+    monkeypatch.setattr(intake, "_store", recorded)
+    got = _together(intake, [message(1), message(2), message(3)])
+    assert sizes == [3]  # one group
+    assert alone == [str(message(1)["correlation_id"])]  # the others are not stored again
+    assert isinstance(got[0], psycopg2.OperationalError)  # alone, its lookup failed again
+    new = [r for r in got[1:] if isinstance(r, SubmitResult)]
+    assert len(new) == 2 and all(r.created for r in new)
+    assert first.msg_id not in {r.msg_id for r in new}
+    assert count_messages(db) == 3

@@ -257,8 +257,8 @@ class Intake:
     def _write_group(
         self, items: Sequence[tuple[MessageIn, str | None]]
     ) -> list[SubmitResult | _Alone | BaseException]:
-        """Submits that came together (worker.core.group_commit): one INSERT and one COMMIT
-        for all (in key order: two groups never wait for each other's rows in turn), then one
+        """Submits that came together (worker.core.group_commit): one INSERT for all, in
+        autocommit (in key order: two groups never wait for each other's rows in turn), then one
         hand-over; each its own result, or its own refusal (another message under its ids, a
         node refusing input, a broker that did not take it). A group of one is stored as
         without a group (one INSERT, autocommit) while the others queue; every one of a group
@@ -272,32 +272,35 @@ class Intake:
             except Exception as exc:
                 return [exc]
         order = sorted(items, key=lambda i: (i[0].source_system, i[0].correlation_id))
+        inserted: dict[tuple[str, str], Inserted] | None = None
         found: list[SubmitResult | _Alone | BaseException] = []
         try:
             with prepared_connection(self._engine) as conn:
-                conn.execute("BEGIN")
-                try:
-                    rows = store.insert(
-                        conn,
-                        [new_message(m) for m, _ in order],
-                        self._node_id,
-                        require_run=True,
-                        hold=False,
-                        traces=[t for _, t in order],
-                    )
-                    by_ids = {(r.correlation_id, r.source_system): r for r in rows}
-                    for m, _ in items:
-                        row = by_ids.pop((m.correlation_id, m.source_system), None)
-                        found.append(self._inserted(row) if row else self._existing_or(conn, m))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                # One statement in autocommit: atomic and durable on its own, without a BEGIN
+                # and a COMMIT on the group's way.
+                rows = store.insert(
+                    conn,
+                    [new_message(m) for m, _ in order],
+                    self._node_id,
+                    require_run=True,
+                    hold=False,
+                    traces=[t for _, t in order],
+                )
+                inserted = {(r.correlation_id, r.source_system): r for r in rows}
+                for m, _ in items:
+                    row = inserted.get((m.correlation_id, m.source_system))
+                    found.append(self._inserted(row) if row else self._existing_or(conn, m))
         except Exception as exc:
             log.warning(
                 "a group of %d submits failed (%s): each alone", len(items), first_line(exc)
             )
-            return [ALONE] * len(items)
+            if inserted is None:  # nothing stored
+                return [ALONE] * len(items)
+            # Stored: the inserted are told so; the others look again on their own.
+            found = [
+                self._inserted(row) if row else ALONE
+                for row in (inserted.get((m.correlation_id, m.source_system)) for m, _ in items)
+            ]
         new, failed = self._wake_new([r for r in found if isinstance(r, SubmitResult)])
         if failed is None:
             return found
