@@ -234,7 +234,7 @@ def test_a_group_stored_before_its_lookups_failed_tells_the_stored_theirs(
 ) -> None:
     """The group's one INSERT commits on its own: when looking up a duplicate fails after it,
     the messages it stored are answered 201 and only the duplicate's caller goes on alone."""
-    import psycopg2
+    import psycopg2  # type: ignore[import-untyped]
 
     from orderly.worker.messages import store
     from orderly.worker.messages.inputs import MessageIn
