@@ -15,15 +15,24 @@ from orderly.worker.messages.intake import Intake
 from orderly.worker.runtime import Runtime
 
 
-async def app_runtime(request: Request) -> Runtime:
+def runtime_of(request: Request) -> Runtime:
+    """The app's runtime (a busy route's, taken without a dependency)."""
     runtime: Runtime = request.app.state.runtime
     return runtime
 
 
-async def app_intake(request: Request) -> Intake:
+async def app_runtime(request: Request) -> Runtime:
+    return runtime_of(request)
+
+
+def intake_of(request: Request) -> Intake:
     """The intake the lifespan built (it needs the Celery face, imported at startup)."""
     intake: Intake = request.app.state.intake
     return intake
+
+
+async def app_intake(request: Request) -> Intake:
+    return intake_of(request)
 
 
 AppRuntime = Annotated[Runtime, Depends(app_runtime)]

@@ -14,10 +14,11 @@ from starlette.concurrency import run_in_threadpool
 
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
-from orderly.api.http.auth import Operator, Producer, ack_header
-from orderly.api.http.common import AppRuntime, json_body
+from orderly.api.http.auth import Operator, ack_header, checks_key, key_of
+from orderly.api.http.common import AppRuntime, json_body, runtime_of
 from orderly.api.http.contract import body
 from orderly.api.http.ratelimit import limits_of
+from orderly.worker import keys
 from orderly.worker.channels import ACK_TOKEN_FORM
 from orderly.worker.conversations.model import RequestIn, ResponseIn
 from orderly.worker.conversations.operations import AwaitedDateIn, OperatorIn, RemovalIn
@@ -32,11 +33,11 @@ acks = APIRouter()
     "/conversations/{conversation_id}/requests",
     responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
-    openapi_extra=body("ConversationRequestIn", RequestIn),
+    openapi_extra={**body("ConversationRequestIn", RequestIn), **checks_key(keys.PRODUCE)},
 )
-async def register_request(
-    runtime: AppRuntime, conversation_id: str, request: Request, key: Producer
-) -> JSONResponse:
+async def register_request(conversation_id: str, request: Request) -> JSONResponse:
+    key = await key_of(request, keys.PRODUCE)  # a busy route: no dependencies (auth.key_of)
+    runtime = runtime_of(request)
     data = await json_body(request)
     result = await run_in_threadpool(
         runtime.conversations.register_request, conversation_id, data, key.owns
@@ -51,11 +52,11 @@ async def register_request(
     "/conversations/{conversation_id}/responses",
     responses=answers(a.Accepted, created=True, repeat=True),
     status_code=201,
-    openapi_extra=body("ConversationResponseIn", ResponseIn),
+    openapi_extra={**body("ConversationResponseIn", ResponseIn), **checks_key(keys.PRODUCE)},
 )
-async def add_response(
-    runtime: AppRuntime, conversation_id: str, request: Request, key: Producer
-) -> JSONResponse:
+async def add_response(conversation_id: str, request: Request) -> JSONResponse:
+    key = await key_of(request, keys.PRODUCE)
+    runtime = runtime_of(request)
     data = await json_body(request)
     result = await run_in_threadpool(
         runtime.conversations.add_response,

@@ -13,13 +13,19 @@ from starlette.concurrency import run_in_threadpool
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, Producer, checks_key, key_of
-from orderly.api.http.common import AppIntake, AppRuntime, RowId, json_body, small_body
+from orderly.api.http.common import (
+    AppIntake,
+    AppRuntime,
+    RowId,
+    intake_of,
+    json_body,
+    small_body,
+)
 from orderly.api.http.contract import body, conflict
 from orderly.models import MessageState
 from orderly.worker import keys
 from orderly.worker.messages import operations
 from orderly.worker.messages.inputs import MessageBatchIn, MessageIn, batch_items
-from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.operations import CommandIn, ResponseIn
 
 router = APIRouter()
@@ -46,7 +52,7 @@ async def submit(request: Request) -> JSONResponse:
     (correlation_id, source_system)."""
     # The busiest route: its key checked and its intake taken without dependencies.
     key = await key_of(request, keys.PRODUCE)
-    intake: Intake = request.app.state.intake
+    intake = intake_of(request)
     data = await json_body(request)
     if await small_body(request):  # with the others submitted now: one commit (group commit)
         result = await intake.submit_together(data, key.owns)
