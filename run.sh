@@ -131,7 +131,7 @@ case "$cmd" in
     ensure_venv
     "$VENV/bin/orderly" migrate --create-database >/dev/null
     name=intake
-    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling|outbound|front_door) name=$1; shift ;; esac
+    case "${1:-}" in intake|peers|profile|ordered_delivery|fanout|delayed|funnel|tracking|report|faults|purge|abuse|scheduling|outbound|front_door|light_load) name=$1; shift ;; esac
     exec "$VENV/bin/python" -m "benchmarks.$name" "$@"
     ;;
   image)

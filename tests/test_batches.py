@@ -5,6 +5,8 @@ take-back on timeout, and batch intake (all or nothing, idempotent)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ from orderly.worker.messages.batches import BATCH_KIND, Pace, WokenRun, process_
 from orderly.worker.messages.inputs import MAX_BATCH
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome, Processor
-from orderly.worker.messages.wake import Wake
+from orderly.worker.messages.wake import Holder, Wake
 from orderly.worker.runtime import get_runtime
 from orderly.worker.tracking import Tracker, TrackingPolicy, snapshot
 from tests.conftest import make_intake
@@ -62,6 +64,7 @@ class Run:
         self.helpers = 0
         self.now = 0.0
         self.sleeps = 0
+        self.waits = 0
         self.meanwhile: list[Any] = []
 
     def monotonic(self) -> float:
@@ -76,6 +79,16 @@ class Run:
         if self.meanwhile:
             self.meanwhile.pop(0)()
 
+    def wait(self, holder: Holder, seconds: float) -> None:
+        """A wait for a poke: a producer submitting meanwhile ends it at once (a millisecond
+        on), else it runs its whole time."""
+        self.waits += 1
+        if self.meanwhile:
+            self.meanwhile.pop(0)()
+            self.now += 0.001
+        else:
+            self.now += seconds
+
     def _owner(self) -> None:
         self.owners += 1
 
@@ -88,7 +101,7 @@ class Run:
         return run_woken(
             proc, limit, ignore, waker=self.waker, owner=owner,
             send_owner=self._owner, send_helper=self._helper,
-            pace=pace, clock=self, sleep=self.sleep,
+            pace=pace, clock=self, sleep=self.sleep, wait=self.wait,
         )  # fmt: skip
 
 
@@ -290,10 +303,11 @@ def test_the_woken_worker_keeps_its_wake_up_while_messages_keep_coming(
     done = run(batch_processor(db, redis_client), 10)
     assert len(done.results) == 3 and woken.sent == 1
     assert done.claims[:2] == [2, 1]  # the look after the sleep found the third
-    assert set(done.claims[2:]) == {0}
-    # It waited linger_s after the last message it found (polls of poll_s), then let go of
-    # the mark and looked once more: the next submission wakes a worker again.
-    assert run.now >= Pace().linger_s and run.sleeps >= 10
+    assert set(done.claims[2:]) == {0} and len(done.claims) <= 5
+    # It waited linger_s after the last message it found (waits for a poke, the rest of the
+    # linger each: no polls), then let go of the mark and looked once more: the next
+    # submission wakes a worker again.
+    assert run.now >= Pace().linger_s and run.sleeps == 2 and 1 <= run.waits <= 2
     assert run.waker.value() is None
     plain_intake.submit(message(4))
     assert woken.sent == 2 and run.owners == 0 and run.helpers == 0
@@ -500,3 +514,30 @@ def test_a_node_that_accepts_no_input_refuses_a_batch(
     with pytest.raises(NodeNotAccepting):
         plain_intake.submit_many([message(1), message(2)])
     assert count_messages(db) == 0 and woken.sent == 0
+
+
+def test_a_looking_worker_is_poked_by_a_submission_not_polling(redis_client: redis.Redis) -> None:
+    """The woken worker's wait between claims (Holder.wait, a BLPOP) ends when a submission
+    finds it looking; while busy, a submission sends a task instead; at most one poke waits."""
+    waker = Wake(redis_client, "test:wake")
+    sent: list[int] = []
+    holder = waker.hold()  # looking
+    assert not holder.wait(0.05)  # nothing came: the wait ran out
+    assert not waker.wake(lambda: sent.append(1)) and not waker.wake(lambda: sent.append(1))
+    assert redis_client.llen("test:wake:pokes") == 1 and sent == []
+    assert holder.wait(30) and not holder.wait(0.05)  # the poke, once
+
+    got: list[tuple[bool, float]] = []
+
+    def waiting() -> None:
+        t0 = time.monotonic()
+        got.append((holder.wait(30), time.monotonic() - t0))
+
+    waiter = threading.Thread(target=waiting)
+    waiter.start()
+    time.sleep(0.1)  # the worker waits meanwhile: a submission then ends its wait
+    assert not waker.wake(lambda: sent.append(1))
+    waiter.join(30)
+    assert got and got[0][0] and got[0][1] < 15  # poked, not timed out
+    assert holder.busy() and waker.wake(lambda: sent.append(1))
+    assert sent == [1] and redis_client.llen("test:wake:pokes") == 0

@@ -73,4 +73,4 @@ def test_a_call_with_another_key_count_is_refused() -> None:
         Call("advance", keys=("k",) * 7, args=())
     with pytest.raises(KeyError, match="no Lua script named 'advanc'"):
         Call("advanc", keys=(), args=())
-    assert Call("wake", keys=("mark",), args=(10_000,)).keys == ("mark",)
+    assert Call("wake", keys=("mark", "pokes"), args=(10_000,)).keys == ("mark", "pokes")

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from typing import Any
 
 from orderly.worker.core.errors import HandlerError
 from orderly.worker.core.limits import TimeLimitExceeded
@@ -134,6 +135,28 @@ def stamp(ctx: MessageContext) -> None:
     """Does nothing but keep when it started and ended (custom_data ``start,end``, epoch s)."""
     started = time.time()
     ctx.custom_data = f"{started:.6f},{time.time():.6f}"
+
+
+_latency: Any = None
+
+
+@registry.register("bench", "latency")
+def latency(ctx: MessageContext) -> None:
+    """Records how long after its send it started (benchmarks/light_load.py): the payload's
+    ``sent_at`` (epoch s), one RPUSH to the peers' Redis, as their ``stamp`` tasks do."""
+    global _latency
+    from benchmarks.peer_apps import REDIS_URL, started
+
+    if _latency is None:
+        import redis
+
+        _latency = redis.Redis.from_url(REDIS_URL)
+    payload = json.loads(ctx.payload)
+    started(_latency, float(payload["sent_at"]))
+    if "key" in payload:
+        from benchmarks.peer_apps import ORDER_KEY
+
+        _latency.rpush(ORDER_KEY + payload["key"], payload["n"])
 
 
 def _redis_list(key: str, value: str) -> None:

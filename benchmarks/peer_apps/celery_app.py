@@ -7,7 +7,7 @@ from __future__ import annotations
 import redis
 from celery import Celery
 
-from benchmarks.peer_apps import DONE_KEY, REDIS_URL
+from benchmarks.peer_apps import DONE_KEY, REDIS_URL, started
 
 app = Celery("peers", broker=REDIS_URL)
 app.conf.update(
@@ -32,6 +32,19 @@ def noop(n: int) -> None:
     if _done is None:
         _done = redis.Redis.from_url(REDIS_URL)
     _done.incr(DONE_KEY)
+
+
+@app.task(name="peers.stamp")  # type: ignore[untyped-decorator]
+def stamp(sent_at: float) -> None:
+    """Its start latency recorded (benchmarks/light_load.py)."""
+    global _done
+    if _done is None:
+        _done = redis.Redis.from_url(REDIS_URL)
+    started(_done, sent_at)
+
+
+def send_stamp(sent_at: float) -> None:
+    stamp.apply_async((sent_at,))
 
 
 def send(first: int, count: int) -> None:

@@ -7,7 +7,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from benchmarks.peer_apps import DONE_KEY, REDIS_URL
+from benchmarks.peer_apps import DONE_KEY, REDIS_URL, started
 
 broker = RedisBroker(url=REDIS_URL)  # type: ignore[no-untyped-call]
 dramatiq.set_broker(broker)
@@ -18,6 +18,16 @@ _done = redis.Redis.from_url(REDIS_URL)
 def noop(n: int) -> None:
     """Nothing, then counted done (one INCR)."""
     _done.incr(DONE_KEY)
+
+
+@dramatiq.actor(queue_name="peers")
+def stamp(sent_at: float) -> None:
+    """Its start latency recorded (benchmarks/light_load.py)."""
+    started(_done, sent_at)
+
+
+def send_stamp(sent_at: float) -> None:
+    stamp.send(sent_at)
 
 
 def send(first: int, count: int) -> None:

@@ -65,10 +65,10 @@ def lease_give_up(scripts: Scripts, *, lease: str, token: str) -> bool:
     return bool(scripts.run(Call("lease_give_up", keys=(lease,), args=(token,))))
 
 
-def wake(scripts: Scripts, *, mark: str, ttl_ms: int) -> bool:
+def wake(scripts: Scripts, *, mark: str, pokes: str, ttl_ms: int) -> bool:
     """Whether the caller must send a task: the mark was absent or its holder busy, and is
-    now 'woken'."""
-    return bool(int(scripts.run(Call("wake", keys=(mark,), args=(ttl_ms,)))))
+    now 'woken' (a looking holder is poked instead)."""
+    return bool(int(scripts.run(Call("wake", keys=(mark, pokes), args=(ttl_ms,)))))
 
 
 def wake_swap(scripts: Scripts, *, mark: str, expected: str, new: str, ttl_ms: int) -> bool:

@@ -185,11 +185,12 @@ class Pace:
 
     # No handler of a batch starts after this long.
     budget_s: float = BATCH_BUDGET_S
-    # After a claim that was not full: let more come before the next one (a claim that found
-    # one message costs as much as one that found fifty).
+    # After a claim that found some but was not full: let more come before the next one (a
+    # claim that found one message costs as much as one that found fifty).
     poll_s: float = 0.005
     # The woken worker (the owner of the wake-up) keeps looking this long after it last found
-    # a due message: a steady stream is claimed by one looping worker, not a task per message.
+    # a due message, waiting for submissions' pokes: a steady stream is claimed by one looping
+    # worker, not a task per message.
     linger_s: float = 0.05
     # Then it hands the wake-up over to a new task (fair to the other tasks of its queue).
     active_s: float = 5.0
@@ -328,15 +329,17 @@ def run_woken(
     pace: Pace = Pace(),
     clock: Clock = SYSTEM,
     sleep: Callable[[float], None] = time.sleep,
+    wait: Callable[[Holder, float], object] = Holder.wait,
 ) -> WokenRun:
     """What a woken worker does: claim and process due messages, batch after batch, while
     there are any. A claim that comes back full sends one helper (another worker joins; it
     stops at its first empty claim). The owner of the wake-up keeps its mark while it loops,
-    so that intake wakes no one else meanwhile; once nothing was due for ``pace.linger_s`` it
-    clears the mark and looks once more (what was committed before the clear is seen then;
-    what comes after wakes a worker of its own). After ``pace.active_s`` it hands the
-    wake-up over to a new task. A claim takes one message while some handler may run
-    unlimited (see the module's note)."""
+    so that intake wakes no one else meanwhile, and waits for a submission's poke while
+    nothing is due (``wait``; a claim that found some waits ``pace.poll_s`` for more); once
+    nothing was due for ``pace.linger_s`` it clears the mark and looks once more (what was
+    committed before the clear is seen then; what comes after wakes a worker of its own).
+    After ``pace.active_s`` it hands the wake-up over to a new task. A claim takes one
+    message while some handler may run unlimited (see the module's note)."""
     woken = _Woken(
         processor,
         claim_size(processor, limit),
@@ -347,6 +350,7 @@ def run_woken(
         pace,
         clock,
         sleep,
+        wait,
     )
     run = WokenRun()
     holder = waker.hold() if owner else None
@@ -370,6 +374,7 @@ class _Woken:
     pace: Pace
     clock: Clock
     sleep: Callable[[float], None]
+    wait: Callable[[Holder, float], object]
 
     def batch(self, run: WokenRun, holder: Holder | None = None) -> int:
         """One claim and its rounds; a holder is busy meanwhile (what comes then wakes
@@ -402,7 +407,11 @@ class _Woken:
                 continue
             if not due and (not owner or now - last_due >= pace.linger_s):
                 break
-            self.sleep(pace.poll_s)
+            if due or holder is None or not owner:
+                self.sleep(pace.poll_s)  # let more come: the next claim takes them together
+            else:
+                # Nothing due: until a submission pokes it, at most the rest of its linger.
+                self.wait(holder, pace.linger_s - (now - last_due))
         if holder is not None and _release(holder):
             self.batch(run)
 

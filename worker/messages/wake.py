@@ -15,6 +15,11 @@ sent nothing) is seen by that claim; one committed while it is busy, or after it
 wakes a worker of its own. The holder moves the mark only while it is still its own
 (``wake_swap.lua``, ``lease_give_up.lua``): a task woken while it was busy takes over.
 
+A worker looking between claims waits on a poke rather than a timer: a submission that finds
+it looking pushes one (``wake.lua``, in the same step), and its wait (a BLPOP) ends at once, so
+that a message is claimed as soon as it is committed and a worker waiting for more costs
+nothing while none comes.
+
 The mark expires: a wake-up whose task was lost is replaced by the next submission after
 that, and beat wakes a worker whenever messages have waited NEW for longer than a second
 (``orderly.beat.agents.wake_due``).
@@ -46,12 +51,13 @@ class Wake:
         self._client = client
         self._scripts = Scripts(client)
         self._key = key
+        self._pokes = f"{key}:pokes"
         self._ttl_ms = ttl_ms
 
     def wake(self, send: Callable[[], object]) -> bool:
         """Send a task (``send``) unless a worker is looking or one was woken already; whether
         one was sent. Raises what Redis or ``send`` raised (a mark it set is taken back)."""
-        if not lua.wake(self._scripts, mark=self._key, ttl_ms=self._ttl_ms):
+        if not lua.wake(self._scripts, mark=self._key, pokes=self._pokes, ttl_ms=self._ttl_ms):
             return False
         try:
             send()
@@ -78,6 +84,9 @@ class Wake:
         return lua.wake_swap(
             self._scripts, mark=self._key, expected=old, new=new, ttl_ms=self._ttl_ms
         )
+
+    def _wait_poke(self, seconds: float) -> bool:
+        return self._client.blpop([self._pokes], timeout=seconds) is not None
 
     def _give_up(self, value: str) -> bool:
         return RedisLease(self._scripts, self._key).give_up(value)
@@ -108,6 +117,10 @@ class Holder:
             self.held = self._wake._swap(self._state, new)
             self._state = new
         return self.held
+
+    def wait(self, seconds: float) -> bool:
+        """Looking: wait up to ``seconds`` for a submission's poke; whether one came."""
+        return self._wake._wait_poke(seconds)
 
     def release(self) -> bool:
         """Let go of the mark (if still held): from now on every submission wakes a worker.
