@@ -329,14 +329,15 @@ def run_woken(
     pace: Pace = Pace(),
     clock: Clock = SYSTEM,
     sleep: Callable[[float], None] = time.sleep,
-    wait: Callable[[Holder, float], object] = Holder.wait,
+    wait: Callable[[Holder, float], bool] = Holder.wait,
 ) -> WokenRun:
     """What a woken worker does: claim and process due messages, batch after batch, while
     there are any. A claim that comes back full sends one helper (another worker joins; it
     stops at its first empty claim). The owner of the wake-up keeps its mark while it loops,
-    so that intake wakes no one else meanwhile, and waits for a submission's poke while
-    nothing is due (``wait``; a claim that found some waits ``pace.poll_s`` for more); once
-    nothing was due for ``pace.linger_s`` it clears the mark and looks once more (what was
+    so that intake wakes no one else meanwhile, and claims again only when a submission poked
+    it (``wait``; after a claim that found some, ``pace.poll_s`` first, so that more come
+    together); once nothing was due for ``pace.linger_s`` it clears the mark and looks once
+    more (what was
     committed before the clear is seen then; what comes after wakes a worker of its own).
     After ``pace.active_s`` it hands the wake-up over to a new task. A claim takes one
     message while some handler may run unlimited (see the module's note)."""
@@ -374,7 +375,7 @@ class _Woken:
     pace: Pace
     clock: Clock
     sleep: Callable[[float], None]
-    wait: Callable[[Holder, float], object]
+    wait: Callable[[Holder, float], bool]
 
     def batch(self, run: WokenRun, holder: Holder | None = None) -> int:
         """One claim and its rounds; a holder is busy meanwhile (what comes then wakes
@@ -407,11 +408,16 @@ class _Woken:
                 continue
             if not due and (not owner or now - last_due >= pace.linger_s):
                 break
-            if due or holder is None or not owner:
+            if holder is None or not owner:
+                self.sleep(pace.poll_s)  # a helper, or the mark lost: look again soon
+                continue
+            if due:
                 self.sleep(pace.poll_s)  # let more come: the next claim takes them together
-            else:
-                # Nothing due: until a submission pokes it, at most the rest of its linger.
-                self.wait(holder, pace.linger_s - (now - last_due))
+            # Looking all along: nothing new is due unless a submission poked it. Claim when
+            # one did (at once if it came meanwhile), else at the end of the linger.
+            rest = pace.linger_s - (self.clock.monotonic() - last_due)
+            if rest <= 0 or not self.wait(holder, rest):
+                break
         if holder is not None and _release(holder):
             self.batch(run)
 
