@@ -6,7 +6,8 @@ orderly beside its peers in one run.
 Each system runs two worker processes, as benchmarks/peers.py starts them (Celery, dramatiq
 with 8 threads a process, procrastinate, orderly). After a few warm-up tasks, the workers are
 left alone for ``--idle`` seconds: the CPU of the workers, PostgreSQL and Redis meanwhile is
-``idle_cpu_pct`` (of one core). Then the producer (this process) sends one task a call at a
+``idle_cpu_pct`` (of one core; orderly's beat, which production runs beside its workers, is
+not started here: not counted). Then the producer (this process) sends one task a call at a
 steady ``--rate`` a second for ``--seconds``, each send at its time on the clock (not a sleep
 after the previous one), the send time in the task's arguments; each task, first thing, records
 how long after its send it started (one RPUSH, orderly's ``bench.latency`` handler alike).
@@ -29,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks.common import prepare, use_bench_services
-from benchmarks.peer_apps import LATENCY_KEY, REDIS_URL
+from benchmarks.peer_apps import LATENCY_KEY, ORDER_KEY, REDIS_URL
 
 use_bench_services()  # before the app modules read their settings
 
@@ -70,22 +71,34 @@ def _recorded(r: redis.Redis, want: int, system: System, workers: list[Any]) -> 
         time.sleep(0.01)
 
 
+def _forget(r: redis.Redis) -> None:
+    """The latencies and order records so far (the brokers' own keys in the same database are
+    left alone)."""
+    r.delete(LATENCY_KEY, *r.scan_iter(f"{ORDER_KEY}*"))
+
+
+def _warm(r: redis.Redis, send: Send, system: System, workers: list[Any]) -> None:
+    """A few tasks through, then forgotten: connections made, workers running."""
+    for i in range(WARM):
+        send(-1 - i, time.time())
+    _recorded(r, WARM, system, workers)
+    _forget(r)
+
+
 def measure(
     system: System, send: Send, r: redis.Redis, n: int, rate: float, idle_s: float
 ) -> dict[str, float]:
     system.reset()
-    r.flushdb()
+    _forget(r)
     workers = system.start_workers()
     roots = _roots(workers)
     try:
-        for i in range(WARM):
-            send(-1 - i, time.time())
-        _recorded(r, WARM, system, workers)
-        r.flushdb()
+        _warm(r, send, system, workers)
         meter = system.meter
         meter.start(roots)
         time.sleep(idle_s)
         idle = meter.stop(meter.sample(roots), idle_s)
+        _warm(r, send, system, workers)  # the meter closed the producer's pools
         meter.start(roots)
         start = time.perf_counter()
         for i in range(n):

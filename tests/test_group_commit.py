@@ -264,3 +264,53 @@ def test_a_group_stored_before_its_lookups_failed_tells_the_stored_theirs(
     assert len(new) == 2 and all(r.created for r in new)
     assert first.msg_id not in {r.msg_id for r in new}
     assert count_messages(db) == 3
+
+
+def test_the_same_ids_twice_in_one_group_are_told_apart(db: Engine, queue: list[int]) -> None:
+    """A group whose INSERT stores one row for ids submitted twice: the first submit is told
+    it was stored (201), the same message again is told so (200), another message under the
+    ids is refused (409), as if each came after."""
+    intake = _intake(db, queue)
+    sizes = _counting(intake)
+    other = message(1, payload='{"other": true}')
+    got = _together(intake, [message(1), message(2), message(1), other])
+    assert sizes == [4]  # one group
+    first, second, again, conflict = got
+    assert isinstance(first, SubmitResult) and first.created
+    assert isinstance(second, SubmitResult) and second.created
+    assert isinstance(again, SubmitResult) and not again.created
+    assert again.msg_id == first.msg_id
+    assert isinstance(conflict, ConflictingMessage)
+    from tests.helpers import count_messages
+
+    assert count_messages(db) == 2
+
+
+def test_a_group_of_one_keeps_its_own_trace_parent(
+    db: Engine, queue: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer stores a lone submit under that submit's trace parent, not the one of the
+    request that started the writer."""
+    import contextvars
+
+    from sqlalchemy import text
+
+    from orderly.worker.core import tracing
+
+    parent: contextvars.ContextVar[str | None] = contextvars.ContextVar("parent", default=None)
+    monkeypatch.setattr(tracing, "current_parent", parent.get)
+    intake = _intake(db, queue, wake=lambda: time.sleep(0.1))  # A's write takes a while
+
+    async def submit(i: int, trace: str) -> object:
+        parent.set(trace)
+        return await intake.submit_together(message(i))
+
+    async def scenario() -> None:
+        first = asyncio.create_task(submit(1, "trace-A"))
+        await asyncio.sleep(0.03)  # A's group of one is being written: B's is the next
+        await asyncio.gather(first, submit(2, "trace-B"))
+
+    asyncio.run(scenario())
+    with db.connect() as conn:
+        found = conn.execute(text("SELECT trace_parent FROM message ORDER BY msg_id")).scalars()
+        assert list(found) == ["trace-A", "trace-B"]

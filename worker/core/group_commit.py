@@ -13,12 +13,16 @@ group, not one a request.
 ``write`` returns one outcome per item, in order: a result, or the exception that item's
 caller raises. When ``write`` itself raises, every caller of that group raises it. A caller
 cancelled while its item is still queued takes it out (nothing of it is written); once its
-group is being written, the write goes on and its outcome is dropped.
+group is being written, the write goes on and its outcome is dropped. Should the writer task
+itself be cancelled (its loop closing) during a write, its callers are told so while the
+write may still complete in its thread: a caller submitting again is answered with what was
+stored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -46,7 +50,8 @@ class GroupCommit(Generic[Item, Out]):
         answer: asyncio.Future[Out] = loop.create_future()
         self._queue.append((item, answer))
         if self._writer is None:
-            self._writer = loop.create_task(self._write_all())
+            # In a context of its own: not this caller's (its trace, its log fields).
+            self._writer = loop.create_task(self._write_all(), context=contextvars.Context())
         try:
             return await answer
         except asyncio.CancelledError:

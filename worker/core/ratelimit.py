@@ -149,12 +149,14 @@ class Limiter:
     A bucket whose rate is high leases: one take from Redis gets up to :func:`lease_size`
     tokens (what the bucket gives in :data:`LEASE_S`, at most :data:`LEASE_MAX`), which this
     process hands out one a request, so that a busy client costs one Redis call per lease
-    instead of one per request. The bucket stays shared and exact: leased tokens are spent in
-    Redis when taken, and those still unused after :data:`LEASE_HELD_S` are dropped, so every
-    process together never passes more than the bucket gave; near the limit a process may
-    hold a few tokens while another is refused. While one request of a bucket asks Redis, the
-    others of that bucket wait for its answer (a refusal answers them all). A bucket too slow
-    for a lease of two is taken from one token a request, as it always was.
+    instead of one per request. The bucket stays shared: leased tokens are spent in Redis
+    when taken, and those still unused after :data:`LEASE_HELD_S` are dropped, so every
+    process together never uses more than the bucket gave; since a lease may be used up to
+    that long after it was taken, a burst can pass the bucket's by one lease per process, and
+    near the limit a process may hold a few tokens while another is refused. While one
+    request of a bucket asks Redis, the others of that bucket wait for its answer (a refusal
+    answers them all). A bucket too slow for a lease of two is taken from one token a
+    request, as it always was.
 
     When Redis cannot be reached or refuses, every take is allowed (fail open: the API goes
     on serving, unlimited, rather than refusing everyone) and logged; Redis is then left alone

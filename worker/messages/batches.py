@@ -334,10 +334,10 @@ def run_woken(
     """What a woken worker does: claim and process due messages, batch after batch, while
     there are any. A claim that comes back full sends one helper (another worker joins; it
     stops at its first empty claim). The owner of the wake-up keeps its mark while it loops,
-    so that intake wakes no one else meanwhile, and claims again only when a submission poked
-    it (``wait``; after a claim that found some, ``pace.poll_s`` first, so that more come
-    together); once nothing was due for ``pace.linger_s`` it clears the mark and looks once
-    more (what was
+    so that intake wakes no one else meanwhile: after a claim that found some, it claims again
+    ``pace.poll_s`` later (more come together); after one that found none, when a submission
+    pokes it (``wait``); once nothing was due for ``pace.linger_s`` it clears the mark and
+    looks once more (what was
     committed before the clear is seen then; what comes after wakes a worker of its own).
     After ``pace.active_s`` it hands the wake-up over to a new task. A claim takes one
     message while some handler may run unlimited (see the module's note)."""
@@ -408,15 +408,14 @@ class _Woken:
                 continue
             if not due and (not owner or now - last_due >= pace.linger_s):
                 break
-            if holder is None or not owner:
-                self.sleep(pace.poll_s)  # a helper, or the mark lost: look again soon
+            if due or holder is None or not owner:
+                # Let more come: the next claim takes them together (and what this claim left:
+                # released funnel messages past its budget, those it held back).
+                self.sleep(pace.poll_s)
                 continue
-            if due:
-                self.sleep(pace.poll_s)  # let more come: the next claim takes them together
-            # Looking all along: nothing new is due unless a submission poked it. Claim when
-            # one did (at once if it came meanwhile), else at the end of the linger.
-            rest = pace.linger_s - (self.clock.monotonic() - last_due)
-            if rest <= 0 or not self.wait(holder, rest):
+            # Nothing due and looking all along: nothing new is due unless a submission poked
+            # it. Claim when one did, else at the end of the linger (the last look).
+            if not self.wait(holder, pace.linger_s - (now - last_due)):
                 break
         if holder is not None and _release(holder):
             self.batch(run)

@@ -233,7 +233,7 @@ class Intake:
 
     async def submit_together(self, data: Any, owns: Owns | None = None) -> SubmitResult:
         """``submit`` for a coroutine (the API's): a plain message (no parent, no funnel) is
-        stored with those submitted at the same time in one INSERT and one COMMIT (group
+        stored with those submitted at the same time in one INSERT (its own commit: group
         commit, ``group_max``; worker.core.group_commit), each answered after it; any other,
         or without a group, alone in a thread, as ``submit``. Validated on the caller's loop:
         for bodies of a few kilobytes."""
@@ -264,9 +264,9 @@ class Intake:
         without a group (one INSERT, autocommit) while the others queue; every one of a group
         whose statement failed is stored by its own caller instead (ALONE): its own
         connection, its own error, in parallel threads."""
-        if len(items) == 1:  # the caller's own (a group of one is its leader's): one INSERT
+        if len(items) == 1:  # one INSERT, under its own trace parent (not the writer's)
             try:
-                result = self._store(items[0][0], None)
+                result = self._store(items[0][0], None, [items[0][1]])
                 self._hand_over([result])
                 return [result]
             except Exception as exc:
@@ -287,8 +287,11 @@ class Intake:
                     traces=[t for _, t in order],
                 )
                 inserted = {(r.correlation_id, r.source_system): r for r in rows}
+                # A row is its first submit's: a second one under the same ids is the same
+                # message again (200) or a conflict (409), as if it came after.
+                unclaimed = dict(inserted)
                 for m, _ in items:
-                    row = inserted.get((m.correlation_id, m.source_system))
+                    row = unclaimed.pop((m.correlation_id, m.source_system), None)
                     found.append(self._inserted(row) if row else self._existing_or(conn, m))
         except Exception as exc:
             log.warning(
@@ -297,9 +300,12 @@ class Intake:
             if inserted is None:  # nothing stored
                 return [ALONE] * len(items)
             # Stored: the inserted are told so; the others look again on their own.
+            unclaimed = dict(inserted)
             found = [
                 self._inserted(row) if row else ALONE
-                for row in (inserted.get((m.correlation_id, m.source_system)) for m, _ in items)
+                for row in (
+                    unclaimed.pop((m.correlation_id, m.source_system), None) for m, _ in items
+                )
             ]
         new, failed = self._wake_new([r for r in found if isinstance(r, SubmitResult)])
         if failed is None:
@@ -385,12 +391,20 @@ class Intake:
             return new, exc
         return new, None
 
-    def _store(self, message: MessageIn, owns: Owns | None) -> SubmitResult:
+    def _store(
+        self, message: MessageIn, owns: Owns | None, traces: Sequence[str | None] | None = None
+    ) -> SubmitResult:
+        """One message on a connection of its own; ``traces``: its trace parent when it is not
+        this thread's (a group's writer stores a group of one)."""
         with prepared_connection(self._engine) as conn:
-            return self._store_one(conn, message, owns)
+            return self._store_one(conn, message, owns, traces)
 
     def _store_one(
-        self, conn: PreparedConnection, message: MessageIn, owns: Owns | None
+        self,
+        conn: PreparedConnection,
+        message: MessageIn,
+        owns: Owns | None,
+        traces: Sequence[str | None] | None = None,
     ) -> SubmitResult:
         unknown_parent = InvalidMessage(
             "parent_msg_id", f"no message {message.parent_msg_id} exists"
@@ -402,7 +416,12 @@ class Intake:
                 raise unknown_parent
         try:
             inserted = store.insert(
-                conn, [new_message(message)], self._node_id, require_run=True, hold=True
+                conn,
+                [new_message(message)],
+                self._node_id,
+                require_run=True,
+                hold=True,
+                traces=traces,
             )
         except self._engine.dialect.loaded_dbapi.IntegrityError as exc:
             if "parent_msg_id" in str(exc):

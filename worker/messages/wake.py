@@ -28,6 +28,8 @@ that, and beat wakes a worker whenever messages have waited NEW for longer than 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Callable
 
 import redis
@@ -37,11 +39,15 @@ from orderly.worker import lua
 from orderly.worker.core.lease import RedisLease, new_token
 from orderly.worker.core.scripts import Scripts, as_text
 
+log = logging.getLogger(__name__)
+
 # Longer than a worker stays between two moves of its mark (every move renews it), short
 # enough that a lost wake-up is replaced soon.
 WAKE_TTL_MS = 10_000
 
 WOKEN = "woken"
+# The shortest wait for a poke (s).
+MIN_WAIT_S = 0.001
 
 
 class Wake:
@@ -86,7 +92,8 @@ class Wake:
         )
 
     def _wait_poke(self, seconds: float) -> bool:
-        return self._client.blpop([self._pokes], timeout=seconds) is not None
+        # At least a millisecond: a shorter timeout is 0, "for ever", to a Redis before 7.0.8.
+        return self._client.blpop([self._pokes], timeout=max(seconds, MIN_WAIT_S)) is not None
 
     def _give_up(self, value: str) -> bool:
         return RedisLease(self._scripts, self._key).give_up(value)
@@ -119,8 +126,14 @@ class Holder:
         return self.held
 
     def wait(self, seconds: float) -> bool:
-        """Looking: wait up to ``seconds`` for a submission's poke; whether one came."""
-        return self._wake._wait_poke(seconds)
+        """Looking: wait up to ``seconds`` for a submission's poke; whether one came. Redis
+        failing, it sleeps instead (and says none came): the next claim looks anyway."""
+        try:
+            return self._wake._wait_poke(seconds)
+        except redis.RedisError:
+            log.exception("waiting for a poke failed")
+            time.sleep(seconds)
+            return False
 
     def release(self) -> bool:
         """Let go of the mark (if still held): from now on every submission wakes a worker.

@@ -79,8 +79,8 @@ class ServiceSettings(Section):
         le=1000,
         validation_alias="ORDERLY_INTAKE_GROUP_MAX",
         description="At most this many single submits (POST /messages without a parent or a "
-        "funnel) that arrive together in one API process are stored with one INSERT and one "
-        "COMMIT, each answered after it (group commit; a waiting request holds no thread); "
+        "funnel) that arrive together in one API process are stored with one INSERT (one "
+        "commit), each answered after it (group commit; a waiting request holds no thread); "
         "0: each its own transaction in a thread.",
     )
     api_host: str = Field(
