@@ -77,10 +77,11 @@ def _forget(r: redis.Redis) -> None:
     r.delete(LATENCY_KEY, *r.scan_iter(f"{ORDER_KEY}*"))
 
 
-def _warm(r: redis.Redis, send: Send, system: System, workers: list[Any]) -> None:
-    """A few tasks through, then forgotten: connections made, workers running."""
+def _warm(r: redis.Redis, send: Send, system: System, workers: list[Any], first: int) -> None:
+    """A few tasks through (numbered ``first`` down, below the measured ones), then
+    forgotten: connections made, workers running."""
     for i in range(WARM):
-        send(-1 - i, time.time())
+        send(first - i, time.time())
     _recorded(r, WARM, system, workers)
     _forget(r)
 
@@ -93,12 +94,12 @@ def measure(
     workers = system.start_workers()
     roots = _roots(workers)
     try:
-        _warm(r, send, system, workers)
+        _warm(r, send, system, workers, -1)
         meter = system.meter
         meter.start(roots)
         time.sleep(idle_s)
         idle = meter.stop(meter.sample(roots), idle_s)
-        _warm(r, send, system, workers)  # the meter closed the producer's pools
+        _warm(r, send, system, workers, -1 - WARM)  # the meter closed the producer's pools
         meter.start(roots)
         start = time.perf_counter()
         for i in range(n):
