@@ -337,10 +337,10 @@ def run_woken(
     so that intake wakes no one else meanwhile: after a claim that found some, it claims again
     ``pace.poll_s`` later (more come together); after one that found none, when a submission
     pokes it (``wait``); once nothing was due for ``pace.linger_s`` it clears the mark and
-    looks once more (what was
-    committed before the clear is seen then; what comes after wakes a worker of its own).
-    After ``pace.active_s`` it hands the wake-up over to a new task. A claim takes one
-    message while some handler may run unlimited (see the module's note)."""
+    looks once more (what was committed before the clear is seen then; what comes after
+    wakes a worker of its own). After ``pace.active_s`` it hands the wake-up over to a new
+    task. A claim takes one message while some handler may run unlimited (see the module's
+    note)."""
     woken = _Woken(
         processor,
         claim_size(processor, limit),

@@ -15,10 +15,10 @@ sent nothing) is seen by that claim; one committed while it is busy, or after it
 wakes a worker of its own. The holder moves the mark only while it is still its own
 (``wake_swap.lua``, ``lease_give_up.lua``): a task woken while it was busy takes over.
 
-A worker looking between claims waits on a poke rather than a timer: a submission that finds
-it looking pushes one (``wake.lua``, in the same step), and its wait (a BLPOP) ends at once, so
-that a message is claimed as soon as it is committed and a worker waiting for more costs
-nothing while none comes.
+After a claim that found nothing, the looking worker waits on a poke rather than a timer: a
+submission that finds it looking pushes one (``wake.lua``, in the same step), and its wait (a
+BLPOP) ends at once, so that a message is claimed as soon as it is committed and a worker
+waiting for more costs nothing while none comes.
 
 The mark expires: a wake-up whose task was lost is replaced by the next submission after
 that, and beat wakes a worker whenever messages have waited NEW for longer than a second
