@@ -251,7 +251,7 @@ def test_a_group_stored_before_its_lookups_failed_tells_the_stored_theirs(
     alone: list[str] = []
     store_alone = intake._store
 
-    def recorded(m: MessageIn, owns: object) -> SubmitResult:
+    def recorded(m: MessageIn, owns: object, traces: object = None) -> SubmitResult:
         alone.append(m.correlation_id)
         return store_alone(m, None)
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
 async def body_of(receive: Any) -> bytes:
@@ -30,11 +33,25 @@ async def answer(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    body = await body_of(receive)
-    if scope["method"] == "GET":  # its health check
-        await answer(send, 200, b"{}")
-        return
-    await answer(send, 201, json.dumps({"msg_id": len(json.loads(body)), "state": "NEW"}).encode())
+def intake_app(msg_id_of: Callable[[bytes], Awaitable[int]]) -> App:
+    """A bare intake: each POSTed body answered 201 with ``msg_id_of(body)``; a GET (its
+    health check) answered 200."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = await body_of(receive)
+        if scope["method"] == "GET":
+            await answer(send, 200, b"{}")
+            return
+        msg_id = await msg_id_of(body)
+        await answer(send, 201, json.dumps({"msg_id": msg_id, "state": "NEW"}).encode())
+
+    return app
+
+
+async def _parsed(body: bytes) -> int:
+    return len(json.loads(body))
+
+
+app = intake_app(_parsed)

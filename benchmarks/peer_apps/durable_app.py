@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import psycopg2  # type: ignore[import-untyped]
 
-from benchmarks.peer_apps.asgi_app import answer, body_of
+from benchmarks.peer_apps.asgi_app import intake_app
 
 _local = threading.local()
 DSN = os.environ.get("DURABLE_DATABASE_URL", "postgresql://postgres@127.0.0.1/orderly_bench")
@@ -46,12 +46,8 @@ def _insert(body: bytes) -> int:
     return int(row[0]) if row else 0
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    body = await body_of(receive)
-    if scope["method"] == "GET":  # its health check
-        await answer(send, 200, b"{}")
-        return
-    msg_id = await anyio.to_thread.run_sync(_insert, body)
-    await answer(send, 201, json.dumps({"msg_id": msg_id, "state": "NEW"}).encode())
+async def _stored(body: bytes) -> int:
+    return await anyio.to_thread.run_sync(_insert, body)
+
+
+app = intake_app(_stored)

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 import redis.asyncio
@@ -75,16 +75,20 @@ UNLIMITED = Verdict(True, 0.0, 0)
 LEASED = Verdict(True, 0.0, 0)
 
 
-def _call(bucket_key: str, limit: Limit, cost: int, at_ms: int) -> Call:
+def _call(bucket_key: str, limit: Limit, cost: int, at_ms: int, most: int | None = None) -> Call:
     if not 1 <= cost <= limit.burst:
         raise ValueError(f"a cost of {cost} can never be taken from a bucket of {limit.burst}")
     return lua.rate_take_call(
-        bucket=bucket_key, rate_per_s=limit.per_s, burst=limit.burst, cost=cost, now_ms=at_ms
+        bucket=bucket_key,
+        rate_per_s=limit.per_s,
+        burst=limit.burst,
+        cost=cost,
+        now_ms=at_ms,
+        most=most,
     )
 
 
-def _verdict(reply: Any) -> Verdict:
-    taken = lua.rate_taken(reply)
+def _verdict(taken: lua.RateTaken) -> Verdict:
     return Verdict(taken.allowed, taken.retry_after_ms / 1000, taken.remaining)
 
 
@@ -101,7 +105,7 @@ class Buckets:
         if limit.unlimited:
             return UNLIMITED
         call = _call(bucket_key, limit, cost, at_ms)
-        return _verdict(self._script(keys=call.keys, args=call.args))
+        return _verdict(lua.rate_taken(self._script(keys=call.keys, args=call.args)))
 
     def take_each(self, takes: Sequence[tuple[str, Limit]], at_ms: int) -> list[Verdict]:
         """One token from each bucket (key, limit), in order, in one pipelined round trip; a
@@ -115,7 +119,7 @@ class Buckets:
                 call = _call(key, limit, 1, at_ms)
                 self._script(keys=call.keys, args=call.args, client=pipe)
         replies = iter(pipe.execute() if len(pipe) else [])
-        return [v if v is not None else _verdict(next(replies)) for v in verdicts]
+        return [v if v is not None else _verdict(lua.rate_taken(next(replies))) for v in verdicts]
 
     def refused(
         self, takes: Sequence[tuple[K, str, Limit]], at_ms: int, what: str
@@ -242,21 +246,14 @@ class Limiter:
         """Redis's verdict on one token (up to ``most``) and how many it gave."""
         if self._clock.monotonic() < self._paused_until:
             return UNLIMITED, 1
-        call = lua.rate_take_call(
-            bucket=bucket_key,
-            rate_per_s=limit.per_s,
-            burst=limit.burst,
-            cost=1,
-            now_ms=now_ms(self._clock),
-            most=most,
-        )
+        call = _call(bucket_key, limit, 1, now_ms(self._clock), most)
         try:
             reply = await self._script_on_this_loop()(keys=call.keys, args=call.args)
         except (redis.RedisError, OSError) as exc:
             self._fail_open(exc)
             return UNLIMITED, 1
         taken = lua.rate_taken(reply)
-        return Verdict(taken.allowed, taken.retry_after_ms / 1000, taken.remaining), taken.taken
+        return _verdict(taken), taken.taken
 
     def _fail_open(self, exc: Exception) -> None:
         now = self._clock.monotonic()

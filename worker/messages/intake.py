@@ -249,8 +249,10 @@ class Intake:
             # alone: as without a group (its own connection, its own error)
             return await anyio.to_thread.run_sync(self._store_handed, message, owns)
 
-    def _store_handed(self, message: MessageIn, owns: Owns | None) -> SubmitResult:
-        result = self._store(message, owns)
+    def _store_handed(
+        self, message: MessageIn, owns: Owns | None, traces: Sequence[str | None] | None = None
+    ) -> SubmitResult:
+        result = self._store(message, owns, traces)
         self._hand_over([result])
         return result
 
@@ -266,9 +268,7 @@ class Intake:
         connection, its own error, in parallel threads."""
         if len(items) == 1:  # one INSERT, under its own trace parent (not the writer's)
             try:
-                result = self._store(items[0][0], None, [items[0][1]])
-                self._hand_over([result])
-                return [result]
+                return [self._store_handed(items[0][0], None, [items[0][1]])]
             except Exception as exc:
                 return [exc]
         order = sorted(items, key=lambda i: (i[0].source_system, i[0].correlation_id))
