@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,16 +94,24 @@ def start_beat(group: ProcessGroup, tag: str) -> Managed:
 
 
 def sink_arrivals(
-    group: ProcessGroup, workers: list[Managed], sink: Sink, expected: int
+    group: ProcessGroup,
+    workers: list[Managed],
+    sink: Sink,
+    expected: int,
+    on_first: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Wait until the sink has ``expected`` POSTs (10 minutes at most); all of them."""
+    """Wait until the sink has ``expected`` POSTs (10 minutes at most); all of them.
+    ``on_first`` is called once the first ones are seen, with how many there are then."""
     deadline = time.monotonic() + 600
     arrivals: list[dict[str, Any]] = []
     while len(arrivals) < expected:
         if time.monotonic() > deadline or not all(w.alive() for w in workers):
             raise RuntimeError(f"deliveries stalled at {len(arrivals)}; see {group.log_dir}")
         time.sleep(0.02)
-        arrivals += sink.arrivals(since=len(arrivals))
+        seen = len(arrivals)
+        arrivals += sink.arrivals(since=seen)
+        if on_first is not None and not seen and arrivals:
+            on_first(len(arrivals))
     return arrivals
 
 
@@ -107,11 +119,22 @@ def reset_messages(r: redis.Redis) -> None:
     """Empty the message store tables of the bench database and its Redis DB."""
     from sqlalchemy import text
 
+    from orderly.worker.rebuild import rebuild
     from orderly.worker.runtime import get_runtime
 
     with get_runtime().engine.begin() as conn:
         conn.execute(text("TRUNCATE response, request, external_call, message RESTART IDENTITY"))
     r.flushdb()
+    # Mark the emptied Redis as holding what orderly put there (a rebuild of the empty store),
+    # as a fresh deployment's first beat does: else the next beat finds the markers missing and
+    # rebuilds whatever the benchmark has stored since, inside its timing.
+    runtime = get_runtime()
+    report = rebuild(runtime.engine, runtime.conversations, _no_drains, lambda: None, force=True)
+    assert report.done, report.summary()
+
+
+def _no_drains(conversation_id: str, token: str) -> None:
+    raise AssertionError(f"an empty store has no conversation to drain: {conversation_id}")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -134,3 +157,30 @@ def reset_pubsub(r: redis.Redis) -> None:
             )
         )
     r.flushdb()
+
+
+def wrk(
+    url: str, script: Path, connections: int, seconds: float, env: dict[str, str] | None = None
+) -> tuple[int, float, int]:
+    """A wrk run (Debian's package): its requests, seconds, and the answers its script
+    counted as wrong (it prints "not <status>: N") plus socket errors."""
+    threads, whole_s = min(2, connections), max(1, round(seconds))  # wrk takes whole seconds
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{whole_s}s", "-s", str(script),
+            url, "--", uuid.uuid4().hex[:8]]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=True
+    )
+    found = re.search(r"(\d+) requests in ([\d.]+)(m?s)", done.stdout)
+    if found is None:
+        raise RuntimeError(f"wrk said: {done.stdout} {done.stderr}")
+    requests, took = int(found.group(1)), float(found.group(2))
+    took = took / 1000 if found.group(3) == "ms" else took
+    counted = re.search(r"not \d+: (\d+)", done.stdout)
+    if counted is None:
+        raise RuntimeError(f"wrk's script said nothing of its answers: {done.stdout}")
+    wrong = int(counted.group(1))
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
+                       done.stdout)  # fmt: skip
+    if errors is not None:
+        wrong += sum(int(n) for n in errors.groups())
+    return requests, took, wrong

@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import subprocess
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import prepare, use_bench_services
+from benchmarks.common import prepare, use_bench_services, wrk
 from benchmarks.peers import _children, _ticks
 from tooling.apikeys import bearer
 from tooling.processes import BIN, Managed, ProcessGroup, free_port, wait_http
@@ -71,27 +68,9 @@ def _cpu(managed: Managed) -> int:
 
 
 def _wrk(port: int, connections: int, seconds: float, key: str) -> tuple[int, float, int]:
-    """wrk's requests, seconds and non-201 answers."""
-    threads, whole_s = min(2, connections), max(1, round(seconds))  # wrk takes whole seconds
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{whole_s}s", "-s", str(SCRIPT),
-            f"http://127.0.0.1:{port}", "--", uuid.uuid4().hex[:8]]  # fmt: skip
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env={**os.environ, "KEY": key}, check=True
-    )
-    found = re.search(r"(\d+) requests in ([\d.]+)(m?s)", done.stdout)
-    if found is None:
-        raise RuntimeError(f"wrk said: {done.stdout} {done.stderr}")
-    requests, took = int(found.group(1)), float(found.group(2))
-    took = took / 1000 if found.group(3) == "ms" else took
-    counted = re.search(r"not 201: (\d+)", done.stdout)
-    if counted is None:
-        raise RuntimeError(f"wrk's script said nothing of its answers: {done.stdout}")
-    refused = int(counted.group(1))  # a 200 (a duplicate) is not a new message either
-    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
-                       done.stdout)  # fmt: skip
-    if errors is not None:
-        refused += sum(int(n) for n in errors.groups())
-    return requests, took, refused
+    """wrk's requests, seconds and answers that were not a 201 (a duplicate's 200 is no new
+    message either)."""
+    return wrk(f"http://127.0.0.1:{port}", SCRIPT, connections, seconds, {"KEY": key})
 
 
 def _measure(managed: Managed, port: int, system: str, conns: int, secs: float, key: str) -> Run:

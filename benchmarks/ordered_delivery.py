@@ -20,6 +20,8 @@ import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
@@ -30,6 +32,7 @@ from benchmarks.common import (
     start_beat,
     start_workers,
     use_bench_services,
+    wrk,
 )
 
 use_bench_services()  # before the app modules read their settings
@@ -40,18 +43,20 @@ use_bench_services()  # before the app modules read their settings
 os.environ.setdefault("AURA_QUEUE_MANAGER_MESSAGE_TTL", "600000")
 
 import redis  # noqa: E402
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
 
 from benchmarks import peers  # noqa: E402
+from benchmarks.peer_apps import REDIS_URL as PEERS_REDIS  # noqa: E402
 from orderly.worker.celery import DELIVER_QUEUE, enqueue_drain  # noqa: E402
 from orderly.worker.channels import Channel, put_channel  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
-from tooling.processes import ProcessGroup, wait_http  # noqa: E402
+from tooling.processes import Managed, ProcessGroup, wait_http  # noqa: E402
 from tooling.sink import Sink  # noqa: E402
 from tooling.workload import Workload, check, generate  # noqa: E402
 
 ORIGIN = "bench"
 WORKERS = 2
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk" / "post_sink.lua"
 
 
 def preload(workload: Workload) -> None:
@@ -110,22 +115,110 @@ def release_ms(arrivals: Iterable[Mapping[str, Any]], after: str) -> list[float]
     return out
 
 
+@dataclass
+class Delivered:
+    per_s: float
+    cpu_ms: float  # all-in CPU per delivery (peers.Meter), from the first POST on
+    arrivals: list[dict[str, Any]]
+
+
+def timed(
+    group: ProcessGroup,
+    meter: peers.Meter,
+    roots: list[Managed],
+    sink: Sink,
+    expected: int,
+) -> Delivered:
+    """The sink's arrivals, with what they cost from the first POST seen to the last: the
+    workers' start-up is not counted, and neither are the deliveries seen with the first."""
+    first: list[int] = []
+
+    def started(seen: int) -> None:
+        first.append(seen)
+        meter.start([w.proc.pid for w in roots])
+
+    arrivals = sink_arrivals(group, roots, sink, expected, started)
+    cpu_then = meter.sample([w.proc.pid for w in roots])
+    elapsed = arrivals[-1]["t_arrival"] - arrivals[0]["t_arrival"]
+    cost = meter.stop(cpu_then, elapsed)
+    counted = max(1, expected - first[0])
+    return Delivered(expected / elapsed, cost.cpu_s * 1000 / counted, arrivals)
+
+
 def deliver(
-    group: ProcessGroup, r: redis.Redis, sink: Sink, workload: Workload, tag: str
-) -> tuple[float, list[dict[str, Any]]]:
+    group: ProcessGroup, meter: peers.Meter, sink: Sink, workload: Workload, tag: str
+) -> Delivered:
     """Start the workers on the preloaded conversations; deliveries/s, first POST to last."""
     beat = start_beat(group, tag)
     workers = start_workers(group, tag, DELIVER_QUEUE, WORKERS)
-    arrivals = sink_arrivals(group, workers, sink, workload.responses)
+    done = timed(group, meter, [*workers, beat], sink, workload.responses)
     for w in [*workers, beat]:
         group.stop(w)
-    elapsed = arrivals[-1]["t_arrival"] - arrivals[0]["t_arrival"]
-    return workload.responses / elapsed, arrivals
+    return done
+
+
+def in_conversation_order(workload: Workload) -> list[tuple[str, str, str]]:
+    """(conversation, request, response) as the responses arrive, but each one the next of
+    its conversation in order: the peer is given them already ordered (it has no way to
+    hold a response that came before its predecessor)."""
+    due: dict[str, list[tuple[str, str]]] = {
+        cid: [(rid, sid) for rid, sids in turns for sid in sids]
+        for cid, turns in workload.turns.items()
+    }
+    return [
+        (e.conversation_id, *due[e.conversation_id].pop(0))
+        for e in workload.events
+        if e.kind == "response"
+    ]
+
+
+def deliver_procrastinate(
+    group: ProcessGroup, proc: peers.Procrastinate, sink: Sink, workload: Workload
+) -> Delivered:
+    """The same responses as procrastinate jobs POSTing to the sink, deferred one a call
+    (a ``lock`` is set per job) with ``lock=<conversation id>`` before its workers start."""
+    proc.reset()
+    task = proc.tasks.deliver
+    with proc.app.open():
+        for cid, rid, sid in in_conversation_order(workload):
+            body = {
+                "conversation_id": cid,
+                "request_id": rid,
+                "response_id": sid,
+                "payload": {"text": "hello"},
+            }
+            task.configure(lock=cid).defer(url=sink.url, body=body)
+    workers = proc.start_workers()
+    done = timed(group, proc.meter, workers, sink, workload.responses)
+    for w in workers:
+        group.stop(w)
+    return done
+
+
+def sink_floor(sink: Sink, seconds: float) -> tuple[float, float]:
+    """The sink's own POST rate from a tight loop on one connection: wrk (its ceiling), and
+    orderly's outbound client (worker.core.http, what a delivery POSTs with) from Python."""
+    requests, took, wrong = wrk(sink.url, WRK_SCRIPT, 1, seconds)
+    if wrong:
+        raise RuntimeError(f"the sink answered {wrong} of wrk's POSTs with another status")
+    http = get_runtime().http
+    body = {"conversation_id": "loop", "request_id": "q", "payload": {"text": "hello"}}
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n += 1
+        reply = http.post_json(
+            sink.url, body | {"response_id": f"r{n}"}, timeout_ms=5000, headers={}
+        )
+        if reply.status != 200:
+            raise RuntimeError(f"the sink answered {reply.describe()}")
+    python = n / (time.perf_counter() - t0)
+    sink.reset()
+    return requests / took, python
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a run under 60 s")
+    parser.add_argument("--quick", action="store_true", help="a run of about 2 minutes")
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
@@ -134,53 +227,85 @@ def main() -> None:
 
     runtime = get_runtime()
     r, group = prepare()
-    rates: list[float] = []
+    peers.setup_peers_db()
+    pg_admin = create_engine(peers.PEERS_URL.set(database="postgres"))
+    meter = peers.Meter(r, pg_admin, [runtime.engine])
+    peers_redis = redis.Redis.from_url(PEERS_REDIS)
+    proc = peers.Procrastinate(group, peers_redis, peers.Meter(peers_redis, pg_admin, []))
+    proc.meter.engines.append(proc.engine)
+    mine: list[Delivered] = []
+    theirs: list[Delivered] = []
     noop_rates: list[float] = []
-    releases: list[float] = []
     redis_per_msg: list[float] = []
     pg_per_msg: list[float] = []
-    violations = 0
+    violations = peer_violations = 0
     with Sink() as sink:
         put_channel(runtime.engine, Channel(ORIGIN, sink.url, 100, 2.0, 3, 5000))
         try:
+            wrk_per_s, python_per_s = sink_floor(sink, 3.0 if args.quick else 10.0)
+            print(
+                f"sink floor: {wrk_per_s:.0f} POSTs/s from wrk, {python_per_s:.0f}/s from "
+                "orderly's client in a Python loop (one connection each)",
+                flush=True,
+            )
             for round_no in range(1, rounds + 1):
                 reset_messages(r)
                 sink.reset()
                 workload = generate(seed=round_no, conversations=conversations)
                 before = counters(r)
                 preload(workload)
-                rate, arrivals = deliver(group, r, sink, workload, f"orderly{round_no}")
+                done = deliver(group, meter, sink, workload, f"orderly{round_no}")
                 after = counters(r)
-                verdict = check(workload, arrivals)
+                verdict = check(workload, done.arrivals)
                 violations += verdict.order_violations + len(verdict.missing)
                 if not verdict.ok:
                     print(f"order check: {verdict.violations[:3]} missing {verdict.missing[:3]}")
-                rates.append(rate)
-                releases += release_ms(arrivals, "t_responded")
+                mine.append(done)
                 redis_per_msg.append((after[0] - before[0]) / workload.responses)
                 pg_per_msg.append((after[1] - before[1]) / workload.responses)
+
+                sink.reset()
+                peer = deliver_procrastinate(group, proc, sink, workload)
+                verdict = check(workload, peer.arrivals)
+                peer_violations += verdict.order_violations + len(verdict.missing)
+                theirs.append(peer)
 
                 reset_messages(r)
                 n = workload.responses
                 noop_rates.append(peers.plain_celery_rate(group, n))
                 print(
                     f"round {round_no}: {n} responses in {conversations} conversations: "
-                    f"{rate:.0f} deliveries/s; plain Celery no-op {noop_rates[-1]:.0f} tasks/s "
-                    f"(2 worker processes); {redis_per_msg[-1]:.1f} Redis commands "
-                    f"and {pg_per_msg[-1]:.2f} PostgreSQL statements per delivery",
+                    f"{done.per_s:.0f} deliveries/s at {done.cpu_ms:.2f} ms CPU each; "
+                    f"procrastinate lock= {peer.per_s:.0f}/s at {peer.cpu_ms:.2f} ms; "
+                    f"plain Celery no-op {noop_rates[-1]:.0f} tasks/s (2 worker processes); "
+                    f"{redis_per_msg[-1]:.1f} Redis commands and {pg_per_msg[-1]:.2f} "
+                    "PostgreSQL statements per delivery",
                     flush=True,
                 )
-            async_release = measure_async_release(group, r, sink)
+            async_release = measure_async_release(group, meter, sink)
         finally:
             group.stop_all()
             r.close()
 
-    deliveries_per_s = statistics.median(rates)
+    deliveries_per_s = statistics.median(d.per_s for d in mine)
+    peer_per_s = statistics.median(d.per_s for d in theirs)
     noop_per_s = statistics.median(noop_rates)
+    releases = [ms for d in mine for ms in release_ms(d.arrivals, "t_responded")]
+    peer_releases = [ms for d in theirs for ms in release_ms(d.arrivals, "t_responded")]
     figures = {
         "conversations": conversations,
         "rounds": rounds,
         "deliveries_per_s": round(deliveries_per_s, 1),
+        "cpu_ms_per_delivery": round(statistics.median(d.cpu_ms for d in mine), 3),
+        "sink_wrk_per_s": round(wrk_per_s, 1),
+        "sink_python_per_s": round(python_per_s, 1),
+        "conversations_vs_sink": round(deliveries_per_s / wrk_per_s, 3),
+        "procrastinate_lock_per_s": round(peer_per_s, 1),
+        "procrastinate_cpu_ms_per_delivery": round(statistics.median(d.cpu_ms for d in theirs), 3),
+        "procrastinate_release_p50_ms": round(pct(peer_releases, 0.50), 2),
+        "procrastinate_release_p99_ms": round(pct(peer_releases, 0.99), 2),
+        "procrastinate_order_violations": peer_violations,
+        "vs_procrastinate_lock": round(deliveries_per_s / peer_per_s, 3),
         "celery_noop_per_s": round(noop_per_s, 1),
         "ratio": round(deliveries_per_s / noop_per_s, 3),
         "release_p50_ms": round(pct(releases, 0.50), 2),
@@ -192,7 +317,9 @@ def main() -> None:
         "order_violations": violations,
     }
     print(
-        f"medians: {deliveries_per_s:.0f} deliveries/s vs plain Celery {noop_per_s:.0f}/s; "
+        f"medians: {deliveries_per_s:.0f} deliveries/s "
+        f"({figures['conversations_vs_sink']} of the sink's {wrk_per_s:.0f} POSTs/s), "
+        f"procrastinate lock= {peer_per_s:.0f}/s, plain Celery no-op {noop_per_s:.0f}/s; "
         f"release p50 {figures['release_p50_ms']} ms, p99 {figures['release_p99_ms']} ms "
         f"(after an ACK: p50 {figures['release_ack_p50_ms']} ms, "
         f"p99 {figures['release_ack_p99_ms']} ms)",
@@ -201,13 +328,13 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def measure_async_release(group: ProcessGroup, r: redis.Redis, sink: Sink) -> list[float]:
+def measure_async_release(group: ProcessGroup, meter: peers.Meter, sink: Sink) -> list[float]:
     """Every delivery answered 202 and ACKed through the API at once: ACK -> next POST.
 
     Four conversations of twenty responses, one API process: the figure is the release
     itself (API, Redis, broker, worker), not the backlog of a saturated API.
     """
-    reset_messages(r)
+    reset_messages(meter.r)
     sink.reset()
     port = 18900
     api = group.start_api(port, name="bench-api", extra_env={"ORDERLY_NODE_CODE": "bench-api"})
@@ -215,7 +342,7 @@ def measure_async_release(group: ProcessGroup, r: redis.Redis, sink: Sink) -> li
     sink.configure(p_async=1.0, ack_delay_ms=[0, 0], orderly_url=f"http://127.0.0.1:{port}")
     workload = generate(seed=99, conversations=4, requests=(5, 5), responses=(4, 4))
     preload(workload)
-    _, arrivals = deliver(group, r, sink, workload, "ack")
+    deliver(group, meter, sink, workload, "ack")
     # Wait for the ACK of the last one, so the figures are complete.
     time.sleep(0.5)
     arrivals = sink.arrivals()
