@@ -60,6 +60,7 @@ from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
 from benchmarks import funnel  # noqa: E402
 from orderly.worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
+from orderly.worker.messages.pipeline import Pipeline  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.apikeys import bearer  # noqa: E402
 from tooling.processes import ROOT, Managed, ProcessGroup, free_port, wait_http  # noqa: E402
@@ -67,7 +68,7 @@ from tooling.processes import ROOT, Managed, ProcessGroup, free_port, wait_http 
 BIN = Path(sys.executable).parent
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 TICK = os.sysconf("SC_CLK_TCK")
-PLAIN = ("celery", "dramatiq", "procrastinate", "orderly_1by1", "orderly")
+PLAIN = ("celery", "dramatiq", "procrastinate", "orderly_1by1", "orderly_pipelined", "orderly")
 PEERS = ("celery", "dramatiq", "procrastinate")
 # procrastinate's database, reached through psycopg2 by the benchmark itself
 PEERS_URL = make_url(PEERS_DSN).set(drivername="postgresql+psycopg2")
@@ -113,6 +114,7 @@ class Cost:
     cpu_s: float
     pg_commits: int
     redis_cmds: int
+    producer_cpu_s: float = 0.0  # this process's: the producer (and the benchmark's polls)
 
 
 class Meter:
@@ -184,8 +186,8 @@ class Meter:
             engine.dispose()
         commits = self._settled_commits() - self.commits0
         ticks = sum(t - self.cpu0.get(p, 0) for p, t in cpu_then.items())
-        cpu = ticks / TICK + (time.process_time() - self.self0)
-        return Cost(seconds, cpu, commits, cmds - self.own_redis)
+        producer = time.process_time() - self.self0
+        return Cost(seconds, ticks / TICK + producer, commits, cmds - self.own_redis, producer)
 
 
 def figures(n: int, cost: Cost, *, extra_redis: int = 0) -> dict[str, float]:
@@ -196,6 +198,7 @@ def figures(n: int, cost: Cost, *, extra_redis: int = 0) -> dict[str, float]:
         "cpu_ms_per_msg": round(cost.cpu_s * 1000 / n, 3),
         "pg_commits_per_msg": round(cost.pg_commits / n, 3),
         "redis_cmds_per_msg": round(cost.redis_cmds / n - extra_redis, 3),
+        "producer_cpu_ms_per_msg": round(cost.producer_cpu_s * 1000 / n, 3),
     }
 
 
@@ -433,6 +436,24 @@ class OrderlyOneByOne(Orderly):
             self.intake.submit(body(self.run, i))
 
 
+class OrderlyPipelined(Orderly):
+    """orderly's producer handing over one message per call without waiting for its commit
+    (``Pipeline.submit``: the calls made meanwhile share commits), as Celery's and dramatiq's
+    sends return once their broker has the task; each message is answered after its commit,
+    and every one is before the producer is done."""
+
+    name = "orderly_pipelined"
+
+    def __init__(self, group: ProcessGroup, r: redis.Redis, meter: Meter) -> None:
+        super().__init__(group, r, meter)
+        self.grouped = self.runtime.intake(enqueue_processing, wake_processing, grouped=True)
+
+    def submit(self, first: int, count: int) -> None:
+        with Pipeline(self.grouped) as pipeline:
+            for i in range(first, first + count):
+                pipeline.submit(body(self.run, i))
+
+
 def body(run: str, i: int) -> dict[str, object]:
     return {
         "service": "bench",
@@ -649,6 +670,11 @@ def main() -> None:
     parser.add_argument("--per-key", type=int, default=None)
     parser.add_argument("--posts", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None, help="messages of batch intake")
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="without the front door, light-load and conversation benchmarks after it",
+    )
     args = parser.parse_args()
     n = args.messages or (600 if args.quick else 20000)
     # Not 1,000 keys: procrastinate's lock check grows with the queue's depth (1,000 x 20
@@ -673,6 +699,7 @@ def main() -> None:
         "procrastinate": Procrastinate(group, r, meters["peers"]),
         "orderly": Orderly(group, orderly_redis, meters["orderly"]),
         "orderly_1by1": OrderlyOneByOne(group, orderly_redis, meters["orderly"]),
+        "orderly_pipelined": OrderlyPipelined(group, orderly_redis, meters["orderly"]),
     }
     meters["peers"].engines.append(systems["procrastinate"].engine)  # type: ignore[attr-defined]
     out: dict[str, Any] = {
@@ -695,10 +722,11 @@ def main() -> None:
             scenarios[mode]["orderly_ratios"] = {
                 f"vs_{p}": ratio(o, scenarios[mode][p]["per_s"]) for p in PEERS
             }
-            single = scenarios[mode]["orderly_1by1"]["per_s"]
-            scenarios[mode]["orderly_1by1_ratios"] = {
-                f"vs_{p}": ratio(single, scenarios[mode][p]["per_s"]) for p in PEERS
-            }
+            for producer in ("orderly_1by1", "orderly_pipelined"):
+                single = scenarios[mode][producer]["per_s"]
+                scenarios[mode][f"{producer}_ratios"] = {
+                    f"vs_{p}": ratio(single, scenarios[mode][p]["per_s"]) for p in PEERS
+                }
 
         total = keys * per_key
         proc = systems["procrastinate"]
@@ -751,6 +779,7 @@ def main() -> None:
         group.stop_all()
 
     plain = [scenarios[m] for m in ("plain_queued", "plain_submitting")]
+    live = scenarios["plain_submitting"]
     ordered = [scenarios[m] for m in ("ordered_queued", "ordered_submitting")]
     out["scenarios"] = scenarios
     out |= {
@@ -777,8 +806,57 @@ def main() -> None:
         "redis_cmds_per_msg": max(
             s[o]["redis_cmds_per_msg"] for s in plain for o in ("orderly", "orderly_1by1")
         ),
+        # Submitting while consuming, one message a call (as Celery and dramatiq send).
+        "live_vs_celery": live["orderly_pipelined_ratios"]["vs_celery"],
+        "live_vs_dramatiq": live["orderly_pipelined_ratios"]["vs_dramatiq"],
+        "live_producer_cpu_ms": live["orderly_pipelined"]["producer_cpu_ms_per_msg"],
+        # The same, each submit waiting for its own commit (Intake.submit).
+        "live_waiting_vs_celery": live["orderly_1by1_ratios"]["vs_celery"],
+        "live_waiting_vs_dramatiq": live["orderly_1by1_ratios"]["vs_dramatiq"],
+        # Ordered against plain CPU per message, one a call: the higher of the two modes.
+        "ordered_cpu_vs_plain": max(
+            ratio(o["orderly_1by1"]["cpu_ms_per_msg"], p["orderly_1by1"]["cpu_ms_per_msg"])
+            for o, p in zip(ordered, plain, strict=True)
+        ),
     }
+    if not args.alone:
+        out |= parts(args.quick)
     print(json.dumps(out))
+
+
+# The benchmarks run after this one's scenarios, each in a process of its own (their last
+# line is their figures), and the figures of theirs the summary takes: its name, theirs.
+PARTS = {
+    "front_door": {
+        "api_vs_durable_bare": "api_vs_durable_bare",
+        "api_server_cpu_ms": "api_server_cpu_ms",
+    },
+    "light_load": {
+        "paced_p50_vs_celery": "paced_p50_vs_celery",
+        "paced_p99_vs_dramatiq": "paced_p99_vs_dramatiq",
+    },
+    "ordered_delivery": {
+        "conversations_vs_sink": "conversations_vs_sink",
+        "conversations_vs_procrastinate_lock": "vs_procrastinate_lock",
+    },
+}
+
+
+def parts(quick: bool) -> dict[str, Any]:
+    """Run the front door, light-load and conversation benchmarks; their figures."""
+    found: dict[str, Any] = {}
+    for name, keys in PARTS.items():
+        argv = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if quick else [])]
+        print(f"--- {' '.join(argv[1:])}", flush=True)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+        lines = done.stdout.strip().splitlines()
+        print("\n".join(lines[:-1]), flush=True)
+        if done.returncode or not lines:
+            raise RuntimeError(f"benchmarks.{name} failed: {done.stderr[-2000:]}")
+        figures = json.loads(lines[-1])
+        found[name] = figures
+        found |= {mine: figures[theirs] for mine, theirs in keys.items()}
+    return found
 
 
 if __name__ == "__main__":

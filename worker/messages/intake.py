@@ -222,12 +222,26 @@ class Intake:
             data, max_payload_bytes=self._max_payload_bytes, registry=self._registry
         )
 
+    @property
+    def grouped(self) -> bool:
+        """Whether concurrent single submits share commits (``group_max`` above 0)."""
+        return self._group is not None
+
+    def validate(self, data: Any, owns: Owns | None = None) -> MessageIn:
+        """The message ``data`` is, or InvalidMessage naming every bad field; a message of a
+        source system ``owns`` does not hold is refused (404)."""
+        message = self._parse(data)
+        _require_owned(owns, message)
+        return message
+
     def submit(self, data: Any, owns: Owns | None = None) -> SubmitResult:
         """Store one message (idempotent on correlation_id and source_system). ``owns``: the
         caller's objects; a message of another source system is refused (404) before
         anything is stored."""
-        message = self._parse(data)
-        _require_owned(owns, message)
+        return self.store(self.validate(data, owns), owns)
+
+    def store(self, message: MessageIn, owns: Owns | None = None) -> SubmitResult:
+        """Store one validated message (:meth:`validate`) on its own, as ``submit``."""
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
             return self._store_handed(message, owns)
 
@@ -239,8 +253,13 @@ class Intake:
         for bodies of a few kilobytes."""
         if self._group is None:
             return await anyio.to_thread.run_sync(self.submit, data, owns)
-        message = self._parse(data)
-        _require_owned(owns, message)
+        return await self.store_together(self.validate(data, owns), owns)
+
+    async def store_together(self, message: MessageIn, owns: Owns | None = None) -> SubmitResult:
+        """Store one validated message as ``submit_together`` does (the intake must be
+        grouped)."""
+        if self._group is None:
+            raise RuntimeError("store_together needs an intake with group commit (group_max)")
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
             if groupable(message):
                 found = await self._group.run((message, tracing.current_parent()))

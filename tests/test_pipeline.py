@@ -1,0 +1,138 @@
+"""The pipelined submit (worker.messages.pipeline) against the real PostgreSQL: every message
+handed over is stored and answered after its commit, handed-over messages share commits, a bad
+message raises at once with nothing stored, a conflict is its own message's answer, a funnel's
+message waits for those before it, and close waits for every one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from sqlalchemy import Engine
+
+from orderly.worker.core.errors import ConflictingMessage, InvalidMessage
+from orderly.worker.messages.intake import Intake, SubmitResult
+from orderly.worker.messages.pipeline import Pipeline
+from tests.conftest import make_intake
+from tests.helpers import count_messages, message
+
+
+def _grouped(db: Engine, queue: list[int]) -> Intake:
+    return make_intake(db, queue, lambda: None, group_max=64)
+
+
+def _slow_groups(intake: Intake, gate: threading.Event) -> list[int]:
+    """The sizes of the groups ``intake`` writes; each write waits for ``gate`` first."""
+    sizes: list[int] = []
+    group = intake._group
+    assert group is not None
+    write = group._write
+
+    def held(items: Sequence[object]) -> Sequence[object]:
+        sizes.append(len(items))
+        gate.wait(30)
+        return write(items)  # type: ignore[arg-type]
+
+    group._write = held  # type: ignore[assignment]
+    return sizes
+
+
+def test_every_message_handed_over_is_stored_and_they_share_commits(
+    db: Engine, queue: list[int]
+) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    sizes = _slow_groups(intake, gate)
+    with Pipeline(intake) as pipeline:
+        futures = [pipeline.submit(message(i)) for i in range(150)]
+        assert not any(f.done() for f in futures)  # nothing answered before its commit
+        # Wait (a condition, not a time) until the rest queue behind the held first write.
+        assert intake._group is not None
+        deadline = time.monotonic() + 30
+        while sum(sizes) + len(intake._group._queue) < 150 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+    results = [f.result(0) for f in futures]
+    assert all(isinstance(r, SubmitResult) and r.created for r in results)
+    assert len({r.msg_id for r in results}) == 150
+    assert count_messages(db) == 150
+    # The first group held the writer while the rest queued: they went in shared writes.
+    assert sum(sizes) == 150 and len(sizes) <= 1 + 3  # the held group, then by 64
+
+
+def test_a_bad_message_raises_at_once_and_nothing_of_it_is_stored(
+    db: Engine, queue: list[int]
+) -> None:
+    with Pipeline(_grouped(db, queue)) as pipeline:
+        with pytest.raises(InvalidMessage) as refused:
+            pipeline.submit(message(1, service="no-such-service"))
+        assert refused.value.field == "service"
+        with pytest.raises(InvalidMessage):
+            pipeline.submit({"service": "test"})
+    assert count_messages(db) == 0
+
+
+def test_duplicates_and_conflicts_are_each_their_own_answer(db: Engine, queue: list[int]) -> None:
+    with Pipeline(_grouped(db, queue)) as pipeline:
+        first = pipeline.submit(message(1)).result(30)
+        again = pipeline.submit(message(1))
+        other = pipeline.submit(message(1, payload='{"other": true}'))
+        fine = pipeline.submit(message(2))
+    assert first.created and again.result(0).msg_id == first.msg_id
+    assert not again.result(0).created
+    with pytest.raises(ConflictingMessage):
+        other.result(0)
+    assert fine.result(0).created
+    assert count_messages(db) == 2
+
+
+def test_a_funnel_message_waits_for_those_handed_over_before_it(
+    db: Engine, queue: list[int]
+) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    _slow_groups(intake, gate)
+    with Pipeline(intake) as pipeline:
+        before = [pipeline.submit(message(i)) for i in range(5)]
+        threading.Timer(0.2, gate.set).start()
+        funnel = pipeline.submit(message(9, funnel_value="crm:f1", guaranteed_order=True))
+        # By the time the funnel's message is answered, every earlier one is.
+        assert funnel.done() and all(f.done() for f in before)
+    assert funnel.result(0).created
+    assert count_messages(db) == 6
+
+
+def test_a_closed_pipeline_takes_nothing_and_a_pipeline_needs_group_commit(
+    db: Engine, queue: list[int]
+) -> None:
+    pipeline = Pipeline(_grouped(db, queue))
+    pipeline.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pipeline.submit(message(1))
+    with pytest.raises(ValueError, match="group commit"):
+        Pipeline(make_intake(db, queue))
+    assert count_messages(db) == 0
+
+
+def test_in_flight_messages_are_bounded(db: Engine, queue: list[int]) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    _slow_groups(intake, gate)
+    with Pipeline(intake, max_pending=3) as pipeline:
+        handed: list[object] = []
+
+        def produce() -> None:
+            handed.extend(pipeline.submit(message(i)) for i in range(6))
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            producer.join(0.5)
+            assert producer.is_alive() and len(handed) == 3  # the fourth waits for a slot
+        finally:
+            gate.set()
+        producer.join(30)
+        assert len(handed) == 6
+    assert count_messages(db) == 6

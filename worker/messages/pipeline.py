@@ -1,0 +1,126 @@
+"""Submits that do not wait for their commit: a producer hands over one message a call and goes
+on, and the messages handed over meanwhile are stored together.
+
+:class:`Pipeline` validates each message in the caller's thread (a bad one raises at once,
+nothing of it queued) and returns a :class:`concurrent.futures.Future`, answered with the
+message's :class:`SubmitResult` (or what refused it: a conflict, a node refusing input, a
+broker that is down) only after the transaction that stored it committed. The storing is the
+API's group commit (``Intake.store_together``, worker.core.group_commit) on an event loop of
+the pipeline's own thread: every message handed over while a group is being written goes into
+the next one. A future answered is as durable as ``Intake.submit`` returning.
+
+Plain messages may commit in any order among those in flight, as concurrent submits do. A
+message with a parent or a funnel waits until everything handed over before it is answered,
+then is stored on its own in the caller's thread: a funnel's messages keep the order they were
+submitted in. At most ``max_pending`` messages are in flight; a submit beyond that waits for a
+slot. ``close`` (the end of a ``with`` block) waits for every future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import threading
+from types import TracebackType
+from typing import Any
+
+from orderly.worker.core.owners import Owns
+from orderly.worker.messages.intake import Intake, SubmitResult, groupable
+
+
+class Pipeline:
+    def __init__(self, intake: Intake, max_pending: int = 10_000) -> None:
+        if not intake.grouped:
+            raise ValueError("a pipeline needs an intake with group commit: intake(grouped=True)")
+        if max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        self._intake = intake
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[SubmitResult]] = set()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="orderly-pipeline", daemon=True
+        )
+        self._thread.start()
+
+    def submit(
+        self, data: Any, owns: Owns | None = None
+    ) -> concurrent.futures.Future[SubmitResult]:
+        """Hand over one message; its future is answered once it is stored. Raises
+        InvalidMessage (nothing queued) for a message that is not valid."""
+        if self._closed:
+            raise RuntimeError("the pipeline is closed")
+        message = self._intake.validate(data, owns)
+        answer: concurrent.futures.Future[SubmitResult] = concurrent.futures.Future()
+        if not groupable(message):
+            self.wait()  # what came before it is stored first
+            try:
+                answer.set_result(self._intake.store(message, owns))
+            except Exception as exc:
+                answer.set_exception(exc)
+            return answer
+        self._slots.acquire()
+        with self._lock:
+            self._pending.add(answer)
+        answer.add_done_callback(self._done)
+        # The task runs in the caller's context: its trace is the message's parent.
+        context = contextvars.copy_context()
+
+        def start() -> None:
+            task = self._loop.create_task(
+                self._intake.store_together(message, owns), context=context
+            )
+            task.add_done_callback(functools.partial(_settle, answer))
+
+        self._loop.call_soon_threadsafe(start)
+        return answer
+
+    def _done(self, answer: concurrent.futures.Future[SubmitResult]) -> None:
+        with self._lock:
+            self._pending.discard(answer)
+        self._slots.release()
+
+    def wait(self) -> None:
+        """Until every message handed over so far is answered."""
+        while True:
+            with self._lock:
+                pending = list(self._pending)
+            if not pending:
+                return
+            concurrent.futures.wait(pending)
+
+    def close(self) -> None:
+        """Wait for every message handed over, then stop the pipeline's thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self.wait()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _settle(
+    answer: concurrent.futures.Future[SubmitResult], task: asyncio.Task[SubmitResult]
+) -> None:
+    if task.cancelled():
+        answer.set_exception(RuntimeError("the pipeline stopped before the message was stored"))
+    elif (exc := task.exception()) is not None:
+        answer.set_exception(exc)
+    else:
+        answer.set_result(task.result())
