@@ -37,16 +37,20 @@ import redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from orderly.worker.celery import PROCESS_QUEUE, enqueue_processing, wake_processing  # noqa: E402
+from orderly.worker.messages.pipeline import Pipeline  # noqa: E402
 from orderly.worker.runtime import get_runtime  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
 
 BASE_TS = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def submit(funnels: int, per_funnel: int, ordered: bool, batch: int = 1) -> dict[str, int]:
+def submit(
+    funnels: int, per_funnel: int, ordered: bool, batch: int = 1, *, pipelined: bool = False
+) -> dict[str, int]:
     """Store every message, round-robin over the funnels, ``batch`` a call (1: ``submit``,
-    more: ``submit_many``); how many were stored NEW and POSTPONED."""
-    intake = get_runtime().intake(enqueue_processing, wake_processing)
+    more: ``submit_many``; ``pipelined``: one a call through a ``Pipeline``); how many were
+    stored NEW and POSTPONED."""
+    intake = get_runtime().intake(enqueue_processing, wake_processing, grouped=pipelined)
     run = uuid.uuid4().hex[:6]
     stored = {"NEW": 0, "POSTPONED": 0}
     bodies: list[dict[str, object]] = []
@@ -63,6 +67,12 @@ def submit(funnels: int, per_funnel: int, ordered: bool, batch: int = 1) -> dict
             if ordered:
                 body.update(funnel_value=f"funnel-{f}", guaranteed_order=True)
             bodies.append(body)
+    if pipelined:
+        with Pipeline(intake) as pipeline:
+            futures = [pipeline.submit(body) for body in bodies]
+        for future in futures:
+            stored[future.result().state.value] += 1
+        return stored
     if batch <= 1:
         for body in bodies:
             stored[intake.submit(body).state.value] += 1

@@ -1,7 +1,8 @@
 """The pipelined submit (worker.messages.pipeline) against the real PostgreSQL: every message
 handed over is stored and answered after its commit, handed-over messages share commits, a bad
 message raises at once with nothing stored, a conflict is its own message's answer, a funnel's
-message waits for those before it, and close waits for every one."""
+messages go in groups (stored NEW), a child message waits for those before it, and close waits
+for every one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import Engine
 
+from orderly.models import MessageState
 from orderly.worker.core.errors import ConflictingMessage, InvalidMessage
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.messages.pipeline import Pipeline
@@ -48,11 +50,7 @@ def test_every_message_handed_over_is_stored_and_they_share_commits(
     with Pipeline(intake) as pipeline:
         futures = [pipeline.submit(message(i)) for i in range(150)]
         assert not any(f.done() for f in futures)  # nothing answered before its commit
-        # Wait (a condition, not a time) until the rest queue behind the held first write.
-        assert intake._group is not None
-        deadline = time.monotonic() + 30
-        while sum(sizes) + len(intake._group._queue) < 150 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _queued(intake, sizes, 150)  # the rest behind the held first write
         gate.set()
     results = [f.result(0) for f in futures]
     assert all(isinstance(r, SubmitResult) and r.created for r in results)
@@ -88,20 +86,46 @@ def test_duplicates_and_conflicts_are_each_their_own_answer(db: Engine, queue: l
     assert count_messages(db) == 2
 
 
-def test_a_funnel_message_waits_for_those_handed_over_before_it(
+def _queued(intake: Intake, sizes: list[int], n: int) -> None:
+    """Wait (a condition, not a time) until ``n`` are in the held write or queued behind it."""
+    assert intake._group is not None
+    deadline = time.monotonic() + 30
+    while sum(sizes) + len(intake._group._queue) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_child_message_waits_for_those_handed_over_before_it(
     db: Engine, queue: list[int]
 ) -> None:
     intake = _grouped(db, queue)
+    parent = intake.submit(message(1)).msg_id
     gate = threading.Event()
     _slow_groups(intake, gate)
     with Pipeline(intake) as pipeline:
-        before = [pipeline.submit(message(i)) for i in range(5)]
+        before = [pipeline.submit(message(i)) for i in range(2, 6)]
         threading.Timer(0.2, gate.set).start()
-        funnel = pipeline.submit(message(9, funnel_value="crm:f1", guaranteed_order=True))
-        # By the time the funnel's message is answered, every earlier one is.
-        assert funnel.done() and all(f.done() for f in before)
-    assert funnel.result(0).created
+        child = pipeline.submit(message(9, parent_msg_id=parent))
+        # By the time the child is answered (its parent checked), every earlier one is.
+        assert child.done() and all(f.done() for f in before)
+    assert child.result(0).created and child.result(0).state is MessageState.NEW
     assert count_messages(db) == 6
+
+
+def test_a_funnels_messages_go_in_groups_stored_new(db: Engine, queue: list[int]) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    sizes = _slow_groups(intake, gate)
+    with Pipeline(intake) as pipeline:
+        futures = [
+            pipeline.submit(message(i, funnel_value="crm:f1", guaranteed_order=True))
+            for i in range(40)
+        ]
+        _queued(intake, sizes, 40)
+        gate.set()
+    results = [f.result(0) for f in futures]
+    # NEW, as in a batch: the claim holds back all but the funnel's first.
+    assert all(r.created and r.state is MessageState.NEW for r in results)
+    assert sum(sizes) == 40 and len(sizes) <= 2
 
 
 def test_a_closed_pipeline_takes_nothing_and_a_pipeline_needs_group_commit(

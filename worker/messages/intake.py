@@ -255,13 +255,16 @@ class Intake:
             return await anyio.to_thread.run_sync(self.submit, data, owns)
         return await self.store_together(self.validate(data, owns), owns)
 
-    async def store_together(self, message: MessageIn, owns: Owns | None = None) -> SubmitResult:
+    async def store_together(
+        self, message: MessageIn, owns: Owns | None = None, *, funnels: bool = False
+    ) -> SubmitResult:
         """Store one validated message as ``submit_together`` does (the intake must be
-        grouped)."""
+        grouped). ``funnels``: a funnel's message joins the group too, stored NEW as in a batch
+        (the claim holds it back while an earlier one of its funnel is in flight)."""
         if self._group is None:
             raise RuntimeError("store_together needs an intake with group commit (group_max)")
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
-            if groupable(message):
+            if groupable(message) or (funnels and batchable(message)):
                 found = await self._group.run((message, tracing.current_parent()))
                 if isinstance(found, SubmitResult):
                     return found

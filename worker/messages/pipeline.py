@@ -9,11 +9,15 @@ API's group commit (``Intake.store_together``, worker.core.group_commit) on an e
 the pipeline's own thread: every message handed over while a group is being written goes into
 the next one. A future answered is as durable as ``Intake.submit`` returning.
 
-Plain messages may commit in any order among those in flight, as concurrent submits do. A
-message with a parent or a funnel waits until everything handed over before it is answered,
-then is stored on its own in the caller's thread: a funnel's messages keep the order they were
-submitted in. At most ``max_pending`` messages are in flight; a submit beyond that waits for a
-slot. ``close`` (the end of a ``with`` block) waits for every future.
+One writer stores the groups one after another, in the order the messages were handed over.
+A funnel's message goes in a group too, stored NEW as in a batch (``Intake.submit_many``): the
+claim holds it back while an earlier one of its funnel (by ``msg_timestamp``) is in flight,
+so its state is NEW where a lone submit may answer POSTPONED. Should a group's statement fail,
+its messages are stored each on its own, in parallel: their order among themselves is then that
+of concurrent submits. A message with a parent waits until everything handed over before it is
+answered, then is stored on its own in the caller's thread (its parent is checked by its own
+insert). At most ``max_pending`` messages are in flight; a submit beyond that waits for a slot.
+``close`` (the end of a ``with`` block) waits for every future.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from orderly.worker.core.owners import Owns
-from orderly.worker.messages.intake import Intake, SubmitResult, groupable
+from orderly.worker.messages.intake import Intake, SubmitResult, batchable
 
 
 class Pipeline:
@@ -56,7 +60,7 @@ class Pipeline:
             raise RuntimeError("the pipeline is closed")
         message = self._intake.validate(data, owns)
         answer: concurrent.futures.Future[SubmitResult] = concurrent.futures.Future()
-        if not groupable(message):
+        if not batchable(message):
             self.wait()  # what came before it is stored first
             try:
                 answer.set_result(self._intake.store(message, owns))
@@ -72,7 +76,7 @@ class Pipeline:
 
         def start() -> None:
             task = self._loop.create_task(
-                self._intake.store_together(message, owns), context=context
+                self._intake.store_together(message, owns, funnels=True), context=context
             )
             task.add_done_callback(functools.partial(_settle, answer))
 
