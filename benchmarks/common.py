@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -129,6 +130,7 @@ def reset_messages(r: redis.Redis) -> None:
     # as a fresh deployment's first beat does: else the next beat finds the markers missing and
     # rebuilds whatever the benchmark has stored since, inside its timing.
     runtime = get_runtime()
+    logging.getLogger("orderly.worker.rebuild").setLevel(logging.ERROR)  # its summary: noise here
     report = rebuild(runtime.engine, runtime.conversations, _no_drains, lambda: None, force=True)
     assert report.done, report.summary()
 
