@@ -10,10 +10,11 @@ from the first POST seen. Against it, in the same run:
 
 - the sink's own POST rate from a tight loop on one connection: wrk (``conversations_vs_sink``
   is the deliveries/s over it), and orderly's outbound client from a Python loop;
-- procrastinate (two workers, ``--concurrency 4``) POSTing the same responses from a task
-  deferred with ``lock=<conversation id>``, its ordering feature: given each conversation's
-  responses already in order (it cannot hold one that came early), at most
-  PEER_CONVERSATIONS conversations;
+- procrastinate (two workers, ``--concurrency 4``, polling every 50 ms: peers.LOCK_POLLING_S)
+  POSTing the same responses from a task deferred with ``lock=<conversation id>``, its ordering
+  feature: given each conversation's responses already in order (it cannot hold one that came
+  early), at most PEER_CONVERSATIONS conversations (orderly is timed again on the same ones
+  for ``vs_procrastinate_lock``);
 - plain Celery no-op tasks/s (benchmarks/peers.py: tuned, two worker processes), timed the
   same way (full queue, first taken to last done).
 
@@ -210,8 +211,9 @@ def deliver_procrastinate(
 
 
 def sink_floor(sink: Sink, seconds: float) -> tuple[float, float]:
-    """The sink's own POST rate from a tight loop on one connection: wrk (its ceiling), and
-    orderly's outbound client (worker.core.http, what a delivery POSTs with) from Python."""
+    """The sink's own POST rate from a tight loop on one connection: wrk (a client that costs
+    next to nothing), and orderly's outbound client (worker.core.http, what a delivery POSTs
+    with) from a Python loop in this process, the sink's (so sharing its interpreter)."""
     requests, took, wrong = wrk(sink.url, WRK_SCRIPT, 1, seconds)
     if wrong:
         raise RuntimeError(f"the sink answered {wrong} of wrk's POSTs with another status")
@@ -247,8 +249,10 @@ def main() -> None:
     peers_redis = redis.Redis.from_url(PEERS_REDIS)
     proc = peers.Procrastinate(group, peers_redis, peers.Meter(peers_redis, pg_admin, []))
     proc.meter.engines.append(proc.engine)
+    proc.polling_s = peers.LOCK_POLLING_S
     mine: list[Delivered] = []
     theirs: list[Delivered] = []
+    mine_same: list[Delivered] = []  # orderly on the peer's workload
     noop_rates: list[float] = []
     redis_per_msg: list[float] = []
     pg_per_msg: list[float] = []
@@ -281,7 +285,17 @@ def main() -> None:
                 sink.reset()
                 theirs_too = workload
                 if conversations > PEER_CONVERSATIONS:
+                    # orderly again on the peer's workload, for the ratio between them
                     theirs_too = generate(seed=round_no, conversations=PEER_CONVERSATIONS)
+                    reset_messages(r)
+                    preload(theirs_too)
+                    same = deliver(group, meter, sink, theirs_too, f"same{round_no}")
+                    verdict = check(theirs_too, same.arrivals)
+                    violations += verdict.order_violations + len(verdict.missing)
+                    sink.reset()
+                else:
+                    same = done
+                mine_same.append(same)
                 peer = deliver_procrastinate(group, proc, sink, theirs_too)
                 verdict = check(theirs_too, peer.arrivals)
                 peer_violations += verdict.order_violations + len(verdict.missing)
@@ -307,6 +321,7 @@ def main() -> None:
 
     deliveries_per_s = statistics.median(d.per_s for d in mine)
     peer_per_s = statistics.median(d.per_s for d in theirs)
+    same_per_s = statistics.median(d.per_s for d in mine_same)
     noop_per_s = statistics.median(noop_rates)
     releases = [ms for d in mine for ms in release_ms(d.arrivals, "t_responded")]
     peer_releases = [ms for d in theirs for ms in release_ms(d.arrivals, "t_responded")]
@@ -324,7 +339,8 @@ def main() -> None:
         "procrastinate_release_p50_ms": round(pct(peer_releases, 0.50), 2),
         "procrastinate_release_p99_ms": round(pct(peer_releases, 0.99), 2),
         "procrastinate_order_violations": peer_violations,
-        "vs_procrastinate_lock": round(deliveries_per_s / peer_per_s, 3),
+        "same_workload_per_s": round(same_per_s, 1),
+        "vs_procrastinate_lock": round(same_per_s / peer_per_s, 3),
         "celery_noop_per_s": round(noop_per_s, 1),
         "ratio": round(deliveries_per_s / noop_per_s, 3),
         "release_p50_ms": round(pct(releases, 0.50), 2),

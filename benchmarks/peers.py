@@ -166,6 +166,7 @@ class Meter:
 
     def start(self, roots: Iterable[int] = ()) -> None:
         self.own_redis = 0
+        self.self1 = 0.0
         self.cpu0 = self._cpu(roots)
         self.self0 = time.process_time()
         self.commits0 = self._commits()
@@ -177,7 +178,8 @@ class Meter:
             self.cpu0.setdefault(pid, ticks)
 
     def sample(self, roots: Iterable[int]) -> dict[int, int]:
-        """The watched processes' CPU now (before some of them stop)."""
+        """The watched processes' CPU now (before some of them stop), this one's with it."""
+        self.self1 = time.process_time()
         return self._cpu(roots)
 
     def stop(self, cpu_then: dict[int, int], seconds: float) -> Cost:
@@ -186,7 +188,7 @@ class Meter:
             engine.dispose()
         commits = self._settled_commits() - self.commits0
         ticks = sum(t - self.cpu0.get(p, 0) for p, t in cpu_then.items())
-        producer = time.process_time() - self.self0
+        producer = self.self1 - self.self0
         return Cost(seconds, ticks / TICK + producer, commits, cmds - self.own_redis, producer)
 
 
@@ -319,11 +321,18 @@ class Dramatiq(RedisCounted):
         return int(self.r.llen("dramatiq:peers"))
 
 
+# procrastinate's workers wait for a NOTIFY of a new job, else poll (every 5 s by default); a
+# job behind a lock becomes fetchable when its predecessor ends, with no NOTIFY: with locks its
+# workers poll this often instead (twice its rate, or more, in these runs).
+LOCK_POLLING_S = 0.05
+
+
 class Procrastinate(System):
     name = "procrastinate"
 
     def __init__(self, group: ProcessGroup, r: redis.Redis, meter: Meter) -> None:
         super().__init__(group, r, meter)
+        self.polling_s: float | None = None  # None: procrastinate's default
         from benchmarks.peer_apps import procrastinate_app
 
         self.app = procrastinate_app.app
@@ -352,6 +361,8 @@ class Procrastinate(System):
         app = "benchmarks.peer_apps.procrastinate_app.app"
         argv = [str(BIN / "procrastinate"), "--app", app, "--log-level", "warning",
                 "worker", "--concurrency", "4", "-q", "peers"]  # fmt: skip
+        if self.polling_s is not None:
+            argv += ["--fetch-job-polling-interval", str(self.polling_s)]
         # Its command does not look in the working directory for the app: name it.
         env = {"PYTHONPATH": str(ROOT)}
         return [self.group.start(f"procrastinate-{i}", argv, env) for i in range(2)]
@@ -450,8 +461,9 @@ class OrderlyPipelined(Orderly):
 
     def submit(self, first: int, count: int) -> None:
         with Pipeline(self.grouped) as pipeline:
-            for i in range(first, first + count):
-                pipeline.submit(body(self.run, i))
+            futures = [pipeline.submit(body(self.run, i)) for i in range(first, first + count)]
+        for future in futures:
+            future.result()  # each stored (a refusal raises here)
 
 
 def body(run: str, i: int) -> dict[str, object]:
@@ -731,6 +743,7 @@ def main() -> None:
         total = keys * per_key
         proc = systems["procrastinate"]
         assert isinstance(proc, Procrastinate)
+        proc.polling_s = LOCK_POLLING_S
         orderly = systems["orderly"]
         assert isinstance(orderly, Orderly)
         for mode, run in (
@@ -853,17 +866,28 @@ PARTS = {
 
 
 def parts(quick: bool) -> dict[str, Any]:
-    """Run the front door, light-load and conversation benchmarks; their figures."""
+    """Run the front door, light-load and conversation benchmarks (their output shown as it
+    comes); their figures. One that fails is recorded as such, and the others still run."""
     found: dict[str, Any] = {}
     for name, keys in PARTS.items():
         argv = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if quick else [])]
         print(f"--- {' '.join(argv[1:])}", flush=True)
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
-        lines = done.stdout.strip().splitlines()
-        print("\n".join(lines[:-1]), flush=True)
-        if done.returncode or not lines:
-            raise RuntimeError(f"benchmarks.{name} failed: {done.stderr[-2000:]}")
-        figures = json.loads(lines[-1])
+        last = ""
+        with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True) as part:
+            assert part.stdout is not None
+            for line in part.stdout:
+                if last:
+                    print(last, end="", flush=True)
+                last = line
+        try:
+            if part.returncode:
+                raise ValueError(f"exit code {part.returncode}")
+            figures = json.loads(last)
+        except ValueError as exc:
+            print(last, end="", flush=True)
+            found[name] = {"failed": str(exc)}
+            found |= dict.fromkeys(keys)
+            continue
         found[name] = figures
         found |= {mine: figures[theirs] for mine, theirs in keys.items()}
     return found

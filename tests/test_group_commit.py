@@ -314,3 +314,27 @@ def test_a_group_of_one_keeps_its_own_trace_parent(
     with db.connect() as conn:
         found = conn.execute(text("SELECT trace_parent FROM message ORDER BY msg_id")).scalars()
         assert list(found) == ["trace-A", "trace-B"]
+
+
+def test_a_group_commit_serves_one_event_loop_at_a_time() -> None:
+    gate = threading.Event()
+
+    def held(items: Sequence[int]) -> list[int | BaseException]:
+        gate.wait(30)
+        return list(items)
+
+    group: GroupCommit[int, int] = GroupCommit(held)
+    first: list[int] = []
+    other = threading.Thread(target=lambda: first.append(asyncio.run(group.run(1))))
+    other.start()
+    try:
+        deadline = time.monotonic() + 30
+        while group._writer is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match="one event loop"):
+            asyncio.run(group.run(2))  # another loop while the first one's writer runs
+    finally:
+        gate.set()
+        other.join(30)
+    assert first == [1]
+    assert asyncio.run(group.run(3)) == 3  # its writer done: another loop may use it

@@ -100,14 +100,26 @@ def test_a_child_message_waits_for_those_handed_over_before_it(
     intake = _grouped(db, queue)
     parent = intake.submit(message(1)).msg_id
     gate = threading.Event()
-    _slow_groups(intake, gate)
+    sizes = _slow_groups(intake, gate)
+    returned = threading.Event()
     with Pipeline(intake) as pipeline:
         before = [pipeline.submit(message(i)) for i in range(2, 6)]
-        threading.Timer(0.2, gate.set).start()
+        _queued(intake, sizes, 4)
+        early: list[bool] = []
+
+        def open_gate() -> None:
+            early.append(returned.is_set())  # the child's submit has not come back yet
+            gate.set()
+
+        threading.Timer(0.2, open_gate).start()
         child = pipeline.submit(message(9, parent_msg_id=parent))
+        returned.set()
         # By the time the child is answered (its parent checked), every earlier one is.
         assert child.done() and all(f.done() for f in before)
-    assert child.result(0).created and child.result(0).state is MessageState.NEW
+    assert early == [False]
+    got = child.result(0)
+    assert got.created and got.state is MessageState.NEW
+    assert got.msg_id > max(f.result(0).msg_id for f in before)  # stored after them
     assert count_messages(db) == 6
 
 
@@ -144,19 +156,52 @@ def test_in_flight_messages_are_bounded(db: Engine, queue: list[int]) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
     _slow_groups(intake, gate)
+    handed: list[object] = []
     with Pipeline(intake, max_pending=3) as pipeline:
-        handed: list[object] = []
 
         def produce() -> None:
-            handed.extend(pipeline.submit(message(i)) for i in range(6))
+            for i in range(6):
+                handed.append(pipeline.submit(message(i)))
 
         producer = threading.Thread(target=produce)
         producer.start()
         try:
-            producer.join(0.5)
-            assert producer.is_alive() and len(handed) == 3  # the fourth waits for a slot
+            deadline = time.monotonic() + 30
+            while len(handed) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            producer.join(0.3)  # a while longer: the fourth still waits for a slot
+            assert producer.is_alive() and len(handed) == 3
         finally:
             gate.set()
         producer.join(30)
-        assert len(handed) == 6
-    assert count_messages(db) == 6
+    assert len(handed) == 6 and count_messages(db) == 6
+
+
+def test_a_future_cannot_be_cancelled_and_close_waits_for_it(db: Engine, queue: list[int]) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    _slow_groups(intake, gate)
+    with Pipeline(intake) as pipeline:
+        handed = pipeline.submit(message(1))
+        assert not handed.cancel()
+        threading.Timer(0.2, gate.set).start()
+    assert handed.result(0).created and count_messages(db) == 1
+
+
+def test_a_callback_may_not_wait_for_the_pipeline(db: Engine, queue: list[int]) -> None:
+    intake = _grouped(db, queue)
+    gate = threading.Event()
+    _slow_groups(intake, gate)
+    refused: list[BaseException] = []
+    with Pipeline(intake) as pipeline:
+
+        def callback(_: object) -> None:
+            try:
+                pipeline.wait()
+            except RuntimeError as exc:
+                refused.append(exc)
+
+        pipeline.submit(message(1)).add_done_callback(callback)  # before it is answered
+        gate.set()
+    assert len(refused) == 1 and "callback" in str(refused[0])
+    assert count_messages(db) == 1

@@ -47,6 +47,9 @@ class GroupCommit(Generic[Item, Out]):
         """``item`` written with whatever else is queued; its own outcome (raised, if an
         exception)."""
         loop = asyncio.get_running_loop()
+        if self._writer is not None and self._writer.get_loop() is not loop:
+            # Its queue and writer belong to one loop at a time (an API process's, a pipeline's).
+            raise RuntimeError("a group commit serves one event loop at a time")
         answer: asyncio.Future[Out] = loop.create_future()
         self._queue.append((item, answer))
         if self._writer is None:

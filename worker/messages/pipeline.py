@@ -9,15 +9,21 @@ API's group commit (``Intake.store_together``, worker.core.group_commit) on an e
 the pipeline's own thread: every message handed over while a group is being written goes into
 the next one. A future answered is as durable as ``Intake.submit`` returning.
 
-One writer stores the groups one after another, in the order the messages were handed over.
-A funnel's message goes in a group too, stored NEW as in a batch (``Intake.submit_many``): the
-claim holds it back while an earlier one of its funnel (by ``msg_timestamp``) is in flight,
-so its state is NEW where a lone submit may answer POSTPONED. Should a group's statement fail,
-its messages are stored each on its own, in parallel: their order among themselves is then that
-of concurrent submits. A message with a parent waits until everything handed over before it is
-answered, then is stored on its own in the caller's thread (its parent is checked by its own
-insert). At most ``max_pending`` messages are in flight; a submit beyond that waits for a slot.
-``close`` (the end of a ``with`` block) waits for every future.
+One writer stores the groups one after another, in the order they were handed over; inside a
+group the rows are inserted in key order (source system, correlation id), so msg_ids follow
+that order. A funnel's message goes in a group too, stored NEW as in a batch
+(``Intake.submit_many``: the claim holds it back while an earlier one of its funnel, by
+``msg_timestamp`` then msg_id, is in flight); a group of one is stored as a lone submit, and
+may be answered POSTPONED. Should a group's statement fail, its messages are stored each on its
+own, side by side, while the next group goes on: their order is then that of concurrent
+submits. A message with a parent waits until everything handed over before it is answered,
+then is stored on its own in the caller's thread (its parent is checked by its own insert; it
+takes no slot). At most ``max_pending`` messages are in flight; a submit beyond that waits for
+a slot. ``close`` (the end of a ``with`` block) waits for every future.
+
+A future's callbacks run on the pipeline's thread: they must be quick, and may not submit,
+wait or close (that raises). A future cannot be cancelled. The pipeline owns its intake's group
+commit while it runs: an intake serves one pipeline (or one API process) at a time.
 """
 
 from __future__ import annotations
@@ -46,20 +52,32 @@ class Pipeline:
         self._pending: set[concurrent.futures.Future[SubmitResult]] = set()
         self._closed = False
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="orderly-pipeline", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="orderly-pipeline", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            # Stopped by close(), or the loop itself failed: nothing waits for ever.
+            with self._lock:
+                self._closed = True
+                left = list(self._pending)
+            for answer in left:
+                _fail(answer, "the pipeline stopped before the message was stored")
 
     def submit(
         self, data: Any, owns: Owns | None = None
     ) -> concurrent.futures.Future[SubmitResult]:
         """Hand over one message; its future is answered once it is stored. Raises
-        InvalidMessage (nothing queued) for a message that is not valid."""
+        InvalidMessage (nothing queued) for a message that is not valid. Not from the
+        pipeline's own thread (a future's callback): a submit that waits would stop it."""
+        self._not_on_own_thread("submit")
         if self._closed:
             raise RuntimeError("the pipeline is closed")
         message = self._intake.validate(data, owns)
         answer: concurrent.futures.Future[SubmitResult] = concurrent.futures.Future()
+        answer.set_running_or_notify_cancel()  # a caller's cancel() cannot drop it now
         if not batchable(message):
             self.wait()  # what came before it is stored first
             try:
@@ -69,6 +87,9 @@ class Pipeline:
             return answer
         self._slots.acquire()
         with self._lock:
+            if self._closed:
+                self._slots.release()
+                raise RuntimeError("the pipeline is closed")
             self._pending.add(answer)
         answer.add_done_callback(self._done)
         # The task runs in the caller's context: its trace is the message's parent.
@@ -80,7 +101,10 @@ class Pipeline:
             )
             task.add_done_callback(functools.partial(_settle, answer))
 
-        self._loop.call_soon_threadsafe(start)
+        try:
+            self._loop.call_soon_threadsafe(start)
+        except RuntimeError:  # the loop closed meanwhile
+            _fail(answer, "the pipeline stopped before the message was stored")
         return answer
 
     def _done(self, answer: concurrent.futures.Future[SubmitResult]) -> None:
@@ -88,20 +112,24 @@ class Pipeline:
             self._pending.discard(answer)
         self._slots.release()
 
+    def _not_on_own_thread(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"{what} from a future's callback would stop the pipeline")
+
     def wait(self) -> None:
-        """Until every message handed over so far is answered."""
-        while True:
-            with self._lock:
-                pending = list(self._pending)
-            if not pending:
-                return
-            concurrent.futures.wait(pending)
+        """Until every message handed over before this call is answered."""
+        self._not_on_own_thread("wait")
+        with self._lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending)
 
     def close(self) -> None:
         """Wait for every message handed over, then stop the pipeline's thread."""
-        if self._closed:
-            return
-        self._closed = True
+        self._not_on_own_thread("close")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # no submit is taken from now on
         self.wait()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -119,11 +147,18 @@ class Pipeline:
         self.close()
 
 
+def _fail(answer: concurrent.futures.Future[SubmitResult], why: str) -> None:
+    if not answer.done():
+        answer.set_exception(RuntimeError(why))
+
+
 def _settle(
     answer: concurrent.futures.Future[SubmitResult], task: asyncio.Task[SubmitResult]
 ) -> None:
+    if answer.done():  # failed already (the pipeline stopping)
+        return
     if task.cancelled():
-        answer.set_exception(RuntimeError("the pipeline stopped before the message was stored"))
+        _fail(answer, "the pipeline stopped before the message was stored")
     elif (exc := task.exception()) is not None:
         answer.set_exception(exc)
     else:
