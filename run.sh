@@ -3,7 +3,7 @@
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
 #   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
 #   ./run.sh fast [pytest args]    ruff, mypy and every test but the end-to-end ones (< 1 min)
-#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge, abuse, scheduling, outbound
+#   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge, abuse, scheduling, outbound, front_door, light_load
 #   ./run.sh image [--rebuild-base]  build the container image on a local Debian base and run it (podman)
 set -euo pipefail
 cd "$(dirname "$0")"
