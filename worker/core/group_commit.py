@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
-
-import anyio.to_thread
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
@@ -42,6 +41,10 @@ class GroupCommit(Generic[Item, Out]):
         self._max_batch = max_batch
         self._queue: list[tuple[Item, asyncio.Future[Out]]] = []
         self._writer: asyncio.Task[None] | None = None
+        # The writes' own thread (started at the first): one write at a time, never waiting
+        # for a thread shared with other work (anyio's also looks through every task of the
+        # loop at each call, thousands while a pipeline has them in flight).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="orderly-group-commit")
 
     async def run(self, item: Item) -> Out:
         """``item`` written with whatever else is queued; its own outcome (raised, if an
@@ -71,7 +74,8 @@ class GroupCommit(Generic[Item, Out]):
                 del self._queue[: self._max_batch]
                 items = [item for item, _ in group]
                 try:
-                    outcomes = await anyio.to_thread.run_sync(self._write, items)
+                    loop = asyncio.get_running_loop()
+                    outcomes = await loop.run_in_executor(self._thread, self._write, items)
                     if len(outcomes) != len(group):
                         raise RuntimeError(f"{len(outcomes)} outcomes for a group of {len(group)}")
                 except Exception as exc:  # every caller of the group learns it

@@ -33,10 +33,12 @@ import concurrent.futures
 import contextvars
 import functools
 import threading
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from orderly.worker.core.owners import Owns
+from orderly.worker.messages.inputs import MessageIn
 from orderly.worker.messages.intake import Intake, SubmitResult, batchable
 
 
@@ -50,6 +52,9 @@ class Pipeline:
         self._slots = threading.BoundedSemaphore(max_pending)
         self._lock = threading.Lock()
         self._pending: set[concurrent.futures.Future[SubmitResult]] = set()
+        # Handed over, not yet started on the loop; one wake-up of the loop takes them all.
+        self._handed: list[_Handed] = []
+        self._scheduled = False
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="orderly-pipeline", daemon=True)
@@ -86,26 +91,32 @@ class Pipeline:
                 answer.set_exception(exc)
             return answer
         self._slots.acquire()
+        answer.add_done_callback(self._done)
+        # The task runs in the caller's context: its trace is the message's parent.
+        handed = _Handed(message, owns, contextvars.copy_context(), answer)
         with self._lock:
             if self._closed:
                 self._slots.release()
                 raise RuntimeError("the pipeline is closed")
             self._pending.add(answer)
-        answer.add_done_callback(self._done)
-        # The task runs in the caller's context: its trace is the message's parent.
-        context = contextvars.copy_context()
-
-        def start() -> None:
-            task = self._loop.create_task(
-                self._intake.store_together(message, owns, funnels=True), context=context
-            )
-            task.add_done_callback(functools.partial(_settle, answer))
-
-        try:
-            self._loop.call_soon_threadsafe(start)
-        except RuntimeError:  # the loop closed meanwhile
-            _fail(answer, "the pipeline stopped before the message was stored")
+            self._handed.append(handed)
+            schedule, self._scheduled = not self._scheduled, True
+        if schedule:
+            try:
+                self._loop.call_soon_threadsafe(self._start)
+            except RuntimeError:  # the loop closed meanwhile
+                _fail(answer, "the pipeline stopped before the message was stored")
         return answer
+
+    def _start(self) -> None:
+        """On the loop: a task for each message handed over since the last start."""
+        with self._lock:
+            handed, self._handed, self._scheduled = self._handed, [], False
+        for h in handed:
+            task = self._loop.create_task(
+                self._intake.store_together(h.message, h.owns, funnels=True), context=h.context
+            )
+            task.add_done_callback(functools.partial(_settle, h.answer))
 
     def _done(self, answer: concurrent.futures.Future[SubmitResult]) -> None:
         with self._lock:
@@ -145,6 +156,14 @@ class Pipeline:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Handed:
+    message: MessageIn
+    owns: Owns | None
+    context: contextvars.Context
+    answer: concurrent.futures.Future[SubmitResult]
 
 
 def _fail(answer: concurrent.futures.Future[SubmitResult], why: str) -> None:
