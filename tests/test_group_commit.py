@@ -215,8 +215,8 @@ def test_each_row_of_one_insert_keeps_its_own_trace_parent(db: Engine) -> None:
 
     from orderly.worker.db.prepared import prepared_connection
     from orderly.worker.messages import store
+    from orderly.worker.messages.admission import new_message
     from orderly.worker.messages.inputs import MessageIn
-    from orderly.worker.messages.intake import new_message
 
     parents = ["00-" + "a" * 32 + "-" + "b" * 16 + "-01", None]
     rows = [new_message(MessageIn.model_validate(message(i))) for i in range(2)]

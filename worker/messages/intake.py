@@ -13,7 +13,6 @@ lock, those that may not go yet). The HTTP API, the CLI and the Python API are t
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,13 +32,20 @@ from orderly.worker.core.errors import (
     first_line,
 )
 from orderly.worker.core.group_commit import GroupCommit
-from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
+from orderly.worker.messages.admission import (
+    batchable,
+    differs,
+    groupable,
+    new_message,
+    parse_message,
+    require_owned,
+)
 from orderly.worker.messages.handlers import HandlerRegistry
 from orderly.worker.messages.inputs import MAX_BATCH, MessageIn
-from orderly.worker.messages.store import Inserted, NewMessage
+from orderly.worker.messages.store import Inserted
 
 log = logging.getLogger(__name__)
 
@@ -52,59 +58,6 @@ class SubmitResult:
     # Stored to wait for its due time (``delay_ms``, ``not_before``): beat's ticker wakes a
     # worker for it then (worker.messages.due), not intake.
     scheduled: bool = False
-
-
-def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistry) -> MessageIn:
-    """Validate raw input; raise InvalidMessage naming every bad field."""
-    message = parse_input(MessageIn, data)
-    size = len(message.payload_text.encode("utf-8"))
-    if size > max_payload_bytes:
-        raise InvalidMessage(
-            "payload", f"{size} bytes is over the limit of {max_payload_bytes} bytes"
-        )
-    if registry.get(message.service, message.operation) is None:
-        if not registry.has_service(message.service):
-            raise InvalidMessage("service", f"unknown service {message.service!r}")
-        raise InvalidMessage(
-            "operation", f"unknown operation {message.operation!r} of service {message.service!r}"
-        )
-    if message.exclude_failed_state and not message.guaranteed_order:
-        raise InvalidMessage("exclude_failed_state", "only meaningful with guaranteed_order true")
-    if message.delay_ms is not None and message.not_before is not None:
-        raise InvalidMessage("not_before", "give delay_ms or not_before, not both")
-    return message
-
-
-def new_message(message: MessageIn, binding: str | None = None) -> NewMessage:
-    """What the store keeps of a message (a child's binding to its parent: ``binding``)."""
-    return NewMessage(
-        msg_timestamp=message.msg_timestamp,
-        service=message.service,
-        operation=message.operation,
-        object_id=message.object_id,
-        entity_type=message.entity_type,
-        correlation_id=message.correlation_id,
-        process_id=message.process_id,
-        payload=message.payload_text,
-        envelope=message.envelope,
-        source_system=message.source_system,
-        parent_msg_id=message.parent_msg_id,
-        binding=binding or ("HARD" if message.parent_msg_id is not None else None),
-        funnel_value=message.funnel_value,
-        funnel_component_id=message.funnel_component_id,
-        guaranteed_order=message.guaranteed_order,
-        exclude_failed_state=message.exclude_failed_state,
-        delay_ms=message.delay_ms,
-        not_before=message.not_before,
-        priority=message.priority,
-    )
-
-
-def batchable(message: MessageIn) -> bool:
-    """Whether a message is stored with others in one statement: one without a parent (whose
-    existence its own insert checks). A funnel's messages are stored NEW that way; the claim
-    holds back under the funnel's lock those that may not go yet (worker.messages.batches)."""
-    return message.parent_msg_id is None
 
 
 def insert_many(
@@ -139,55 +92,9 @@ def _not_handed(new: list[int], exc: Exception) -> ServiceUnavailable:
     )
 
 
-def groupable(message: MessageIn) -> bool:
-    """A message a group of submits takes: no parent to check, no funnel to hold back under
-    its lock at once (those go alone, as before)."""
-    return message.parent_msg_id is None and message.funnel_value is None
-
-
 def hand_over_later(engine: Engine, msg_ids: list[int]) -> None:
     with prepared_connection(engine) as conn:
         store.hand_over_later(conn, msg_ids, HAND_OVER_AGAIN_S)
-
-
-def _same_payload(stored: str, given: str) -> bool:
-    """Equal texts, or equal JSON values (a client may order an object's keys otherwise)."""
-    if stored == given:
-        return True
-    try:
-        return bool(json.loads(stored) == json.loads(given))
-    except ValueError:
-        return False
-
-
-def _differs(message: MessageIn, service: str, operation: str, payload: str) -> str:
-    """What a submission under stored ids changes ("" when it is the same message again)."""
-    changed = [
-        name
-        for name, same in (
-            ("service", message.service == service),
-            ("operation", message.operation == operation),
-            ("payload", _same_payload(payload, message.payload_text)),
-        )
-        if not same
-    ]
-    return " and ".join(changed)
-
-
-def _require_owned(owns: Owns | None, message: MessageIn) -> None:
-    """What a bound key may submit: messages of its source systems (else 404, as if the
-    source system did not exist), in funnels named after one of them (``<source system>:...``)
-    so that no tenant's message can hold up another's funnel."""
-    owners.require_source_system(owns, message.source_system)
-    funnel = message.funnel_value
-    if owns is None or funnel is None:
-        return
-    if not any(funnel.startswith(f"{s}:") for s in owns.source_systems):
-        raise InvalidMessage(
-            "funnel_value",
-            f"{funnel!r}: a bound key's funnel values begin with one of its source "
-            f"systems and a colon (e.g. '{message.source_system}:{funnel}')",
-        )
 
 
 class Intake:
@@ -231,7 +138,7 @@ class Intake:
         """The message ``data`` is, or InvalidMessage naming every bad field; a message of a
         source system ``owns`` does not hold is refused (404)."""
         message = self._parse(data)
-        _require_owned(owns, message)
+        require_owned(owns, message)
         return message
 
     def submit(self, data: Any, owns: Owns | None = None) -> SubmitResult:
@@ -370,7 +277,7 @@ class Intake:
             raise InvalidMessage(*problems[0], *problems[1:])
         for i, message in enumerate(messages):
             try:
-                _require_owned(owns, message)
+                require_owned(owns, message)
             except InvalidMessage as exc:
                 raise InvalidMessage(f"messages[{i}].{exc.field}", exc.problem) from None
         with tracing.span("intake", attributes={"orderly.messages": len(messages)}):
@@ -463,10 +370,10 @@ class Intake:
         found = store.find(conn, message.correlation_id, message.source_system)
         if found is None:
             raise nodes.refusal(conn, self._node_id)
-        differs = _differs(message, found.service_name, found.operation_name, found.payload)
-        if differs:
+        changed = differs(message, found.service_name, found.operation_name, found.payload)
+        if changed:
             raise ConflictingMessage(
-                found.msg_id, message.correlation_id, message.source_system, differs
+                found.msg_id, message.correlation_id, message.source_system, changed
             )
         return SubmitResult(found.msg_id, MessageState(found.state), created=False)
 

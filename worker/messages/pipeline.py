@@ -38,8 +38,9 @@ from types import TracebackType
 from typing import Any
 
 from orderly.worker.core.owners import Owns
+from orderly.worker.messages.admission import batchable
 from orderly.worker.messages.inputs import MessageIn
-from orderly.worker.messages.intake import Intake, SubmitResult, batchable
+from orderly.worker.messages.intake import Intake, SubmitResult
 
 
 class Pipeline:

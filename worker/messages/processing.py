@@ -42,6 +42,7 @@ from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
 from orderly.worker.db.prepared import PreparedConnection
 from orderly.worker.messages import store
 from orderly.worker.messages.abort import AbortWatch
+from orderly.worker.messages.admission import new_message, parse_message
 from orderly.worker.messages.backend import HandlerBackend
 from orderly.worker.messages.failure_log import log_failure
 from orderly.worker.messages.handlers import (
@@ -51,7 +52,6 @@ from orderly.worker.messages.handlers import (
     MessageContext,
     Retry,
 )
-from orderly.worker.messages.intake import new_message, parse_message
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.store import Claimed, parse_ids
 from orderly.worker.totals import HANDLER_SECONDS, MESSAGES_PROCESSED, TALLY

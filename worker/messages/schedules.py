@@ -69,9 +69,10 @@ from orderly.worker.core.errors import (
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.queries import sql
+from orderly.worker.messages.admission import parse_message
 from orderly.worker.messages.handlers import HandlerRegistry
 from orderly.worker.messages.inputs import LongName, MessageFields, Name, Payload
-from orderly.worker.messages.intake import SubmitResult, parse_message
+from orderly.worker.messages.intake import SubmitResult
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ SETTABLE = ("cron", "time_zone", *TEMPLATE, "enabled")
 
 _PLACEHOLDER = re.compile(r"\{\{(instant|name)\}\}")
 
-# Validates a message as the intake would (worker.messages.intake.parse_message); raises
+# Validates a message as the intake would (worker.messages.admission.parse_message); raises
 # InvalidMessage naming the bad fields.
 MessageCheck = Callable[[dict[str, Any]], object]
 Submit = Callable[[dict[str, Any]], SubmitResult]
