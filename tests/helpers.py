@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from orderly.worker import keys
 from orderly.worker.core.addresses import AddressPolicy
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.handlers import HandlerRegistry
+from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
 from tooling.processes import BIN
 
@@ -191,3 +193,21 @@ def take_due(engine: Engine, postponed_s: int = 5, wake: Callable[[], object] | 
     from orderly.worker.messages.due import due_messages
 
     return drain(due_messages(engine, wake or (lambda: None), postponed_s), 1000)
+
+
+def group_writes(intake: Intake, gate: threading.Event | None = None) -> list[int]:
+    """The sizes of the groups ``intake`` writes from now on (each recorded as its write
+    starts); with ``gate``, each write waits for it first (30 s at most)."""
+    sizes: list[int] = []
+    group = intake._group
+    assert group is not None
+    write = group._write
+
+    def recorded(items: Sequence[object]) -> Sequence[object]:
+        sizes.append(len(items))
+        if gate is not None:
+            gate.wait(30)
+        return write(items)  # type: ignore[arg-type]
+
+    group._write = recorded  # type: ignore[assignment]
+    return sizes

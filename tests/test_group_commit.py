@@ -20,7 +20,7 @@ from orderly.worker.core.group_commit import GroupCommit
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.runtime import get_runtime
 from tests.conftest import make_intake
-from tests.helpers import message
+from tests.helpers import group_writes, message
 
 
 class Writer:
@@ -151,24 +151,9 @@ def _together(intake: Intake, bodies: list[dict[str, object]]) -> list[object]:
     return asyncio.run(submits())
 
 
-def _counting(intake: Intake) -> list[int]:
-    """The sizes of the groups ``intake`` writes from now on."""
-    sizes: list[int] = []
-    group = intake._group
-    assert group is not None
-    write = group._write
-
-    def counted(items: Sequence[object]) -> Sequence[object]:
-        sizes.append(len(items))
-        return write(items)  # type: ignore[arg-type]
-
-    group._write = counted  # type: ignore[assignment]
-    return sizes
-
-
 def test_submits_that_come_together_are_written_together(db: Engine, queue: list[int]) -> None:
     intake = _intake(db, queue)
-    sizes = _counting(intake)
+    sizes = group_writes(intake)
     for round_ in range(5):
         got = _together(intake, [message(100 * round_ + i) for i in range(16)])
         assert all(isinstance(r, SubmitResult) and r.created for r in got)
@@ -182,7 +167,7 @@ def test_a_broker_that_is_down_is_told_to_each_message_it_did_not_get(
         raise ConnectionError("broker away")
 
     intake = _intake(db, queue, wake=down)
-    sizes = _counting(intake)
+    sizes = group_writes(intake)
     later = message(99, delay_ms=60_000)  # scheduled: nobody is woken for it now
     got = _together(intake, [message(i) for i in range(8)] + [later])
     assert max(sizes) > 1
@@ -242,7 +227,7 @@ def test_a_group_stored_before_its_lookups_failed_tells_the_stored_theirs(
 
     intake = _intake(db, queue)
     first = intake.submit(message(1))
-    sizes = _counting(intake)
+    sizes = group_writes(intake)
 
     def lost(*args: object) -> None:
         raise psycopg2.OperationalError("server closed the connection unexpectedly")
@@ -271,7 +256,7 @@ def test_the_same_ids_twice_in_one_group_are_told_apart(db: Engine, queue: list[
     it was stored (201), the same message again is told so (200), another message under the
     ids is refused (409), as if each came after."""
     intake = _intake(db, queue)
-    sizes = _counting(intake)
+    sizes = group_writes(intake)
     other = message(1, payload='{"other": true}')
     got = _together(intake, [message(1), message(2), message(1), other])
     assert sizes == [4]  # one group

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import Engine
@@ -18,27 +17,11 @@ from orderly.worker.core.errors import ConflictingMessage, InvalidMessage
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.messages.pipeline import Pipeline
 from tests.conftest import make_intake
-from tests.helpers import count_messages, message
+from tests.helpers import count_messages, group_writes, message
 
 
 def _grouped(db: Engine, queue: list[int]) -> Intake:
     return make_intake(db, queue, lambda: None, group_max=64)
-
-
-def _slow_groups(intake: Intake, gate: threading.Event) -> list[int]:
-    """The sizes of the groups ``intake`` writes; each write waits for ``gate`` first."""
-    sizes: list[int] = []
-    group = intake._group
-    assert group is not None
-    write = group._write
-
-    def held(items: Sequence[object]) -> Sequence[object]:
-        sizes.append(len(items))
-        gate.wait(30)
-        return write(items)  # type: ignore[arg-type]
-
-    group._write = held  # type: ignore[assignment]
-    return sizes
 
 
 def test_every_message_handed_over_is_stored_and_they_share_commits(
@@ -46,7 +29,7 @@ def test_every_message_handed_over_is_stored_and_they_share_commits(
 ) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
-    sizes = _slow_groups(intake, gate)
+    sizes = group_writes(intake, gate)
     with Pipeline(intake) as pipeline:
         futures = [pipeline.submit(message(i)) for i in range(150)]
         assert not any(f.done() for f in futures)  # nothing answered before its commit
@@ -100,7 +83,7 @@ def test_a_child_message_waits_for_those_handed_over_before_it(
     intake = _grouped(db, queue)
     parent = intake.submit(message(1)).msg_id
     gate = threading.Event()
-    sizes = _slow_groups(intake, gate)
+    sizes = group_writes(intake, gate)
     returned = threading.Event()
     with Pipeline(intake) as pipeline:
         before = [pipeline.submit(message(i)) for i in range(2, 6)]
@@ -126,7 +109,7 @@ def test_a_child_message_waits_for_those_handed_over_before_it(
 def test_a_funnels_messages_go_in_groups_stored_new(db: Engine, queue: list[int]) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
-    sizes = _slow_groups(intake, gate)
+    sizes = group_writes(intake, gate)
     with Pipeline(intake) as pipeline:
         futures = [
             pipeline.submit(message(i, funnel_value="crm:f1", guaranteed_order=True))
@@ -155,7 +138,7 @@ def test_a_closed_pipeline_takes_nothing_and_a_pipeline_needs_group_commit(
 def test_in_flight_messages_are_bounded(db: Engine, queue: list[int]) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
-    _slow_groups(intake, gate)
+    group_writes(intake, gate)
     handed: list[object] = []
     with Pipeline(intake, max_pending=3) as pipeline:
 
@@ -180,7 +163,7 @@ def test_in_flight_messages_are_bounded(db: Engine, queue: list[int]) -> None:
 def test_a_future_cannot_be_cancelled_and_close_waits_for_it(db: Engine, queue: list[int]) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
-    _slow_groups(intake, gate)
+    group_writes(intake, gate)
     with Pipeline(intake) as pipeline:
         handed = pipeline.submit(message(1))
         assert not handed.cancel()
@@ -191,7 +174,7 @@ def test_a_future_cannot_be_cancelled_and_close_waits_for_it(db: Engine, queue: 
 def test_a_callback_may_not_wait_for_the_pipeline(db: Engine, queue: list[int]) -> None:
     intake = _grouped(db, queue)
     gate = threading.Event()
-    _slow_groups(intake, gate)
+    group_writes(intake, gate)
     refused: list[BaseException] = []
     with Pipeline(intake) as pipeline:
 
