@@ -161,14 +161,18 @@ def reset_pubsub(r: redis.Redis) -> None:
     r.flushdb()
 
 
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk" / "post.lua"
+
+
 def wrk(
-    url: str, script: Path, connections: int, seconds: float, env: dict[str, str] | None = None
+    url: str, kind: str, connections: int, seconds: float, env: dict[str, str] | None = None
 ) -> tuple[int, float, int]:
-    """A wrk run (Debian's package): its requests, seconds, and the answers its script
-    counted as wrong (it prints "not <status>: N") plus socket errors."""
+    """A wrk run (Debian's package) of benchmarks/wrk/post.lua's ``kind`` of POST
+    ("messages", "sink"): its requests, seconds, and the answers other than the kind's
+    expected status plus socket errors."""
     threads, whole_s = min(2, connections), max(1, round(seconds))  # wrk takes whole seconds
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{whole_s}s", "-s", str(script),
-            url, "--", uuid.uuid4().hex[:8]]  # fmt: skip
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{whole_s}s", "-s", str(WRK_SCRIPT),
+            url, "--", uuid.uuid4().hex[:8], kind]  # fmt: skip
     done = subprocess.run(
         argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=True
     )

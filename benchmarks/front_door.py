@@ -25,15 +25,12 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from benchmarks.common import prepare, use_bench_services, wrk
 from benchmarks.peers import _children, _ticks
 from tooling.apikeys import bearer
 from tooling.processes import BIN, Managed, ProcessGroup, free_port, wait_http
 
-HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "wrk" / "post_messages.lua"
 PROCESSES = 2
 TICK_S = os.sysconf("SC_CLK_TCK")
 # The API's own limits would refuse a load generator's rate: lifted for the run.
@@ -70,7 +67,7 @@ def _cpu(managed: Managed) -> int:
 def _wrk(port: int, connections: int, seconds: float, key: str) -> tuple[int, float, int]:
     """wrk's requests, seconds and answers that were not a 201 (a duplicate's 200 is no new
     message either)."""
-    return wrk(f"http://127.0.0.1:{port}", SCRIPT, connections, seconds, {"KEY": key})
+    return wrk(f"http://127.0.0.1:{port}", "messages", connections, seconds, {"KEY": key})
 
 
 def _measure(managed: Managed, port: int, system: str, conns: int, secs: float, key: str) -> Run:

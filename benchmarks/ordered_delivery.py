@@ -32,7 +32,6 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
@@ -67,7 +66,6 @@ from tooling.workload import Workload, check, generate  # noqa: E402
 
 ORIGIN = "bench"
 WORKERS = 2
-WRK_SCRIPT = Path(__file__).resolve().parent / "wrk" / "post_sink.lua"
 # procrastinate's fetch slows with the depth of its queue when jobs carry locks (4,000
 # conversations, 30,000 jobs queued: 339 delivered in ten minutes): it is given at most this
 # many conversations, which favours it.
@@ -214,7 +212,7 @@ def sink_floor(sink: Sink, seconds: float) -> tuple[float, float]:
     """The sink's own POST rate from a tight loop on one connection: wrk (a client that costs
     next to nothing), and orderly's outbound client (worker.core.http, what a delivery POSTs
     with) from a Python loop in this process, the sink's (so sharing its interpreter)."""
-    requests, took, wrong = wrk(sink.url, WRK_SCRIPT, 1, seconds)
+    requests, took, wrong = wrk(sink.url, "sink", 1, seconds)
     if wrong:
         raise RuntimeError(f"the sink answered {wrong} of wrk's POSTs with another status")
     http = get_runtime().http
