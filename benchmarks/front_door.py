@@ -9,7 +9,10 @@ Measured in one run, each with two uvicorn processes (one per core):
   ORDERLY_INTAKE_GROUP_MAX), and ``orderly-single`` with each submit its own transaction
   (ORDERLY_INTAKE_GROUP_MAX=0), as before group commit.
 
-Each at 1 connection and at 16, for a fixed time, on emptied tables; requests per second and
+Each at 1 connection and at 16, for a fixed time, on emptied tables; then, on ``orderly`` and
+``orderly-single`` at 16 connections, the other busy producer routes: conversation requests
+(ten to a conversation), conversation responses (to 1,000 waiting requests in turn) and
+publishes (to a room with one push subscription). Requests per second and
 the server's CPU per request (its uvicorn processes, from /proc; the database's and Redis's
 CPU are not counted, for either). Every answer must be a 201 (a message stored and
 committed): any other answer, or a socket error, fails the run. The last line is one JSON
@@ -64,18 +67,62 @@ def _cpu(managed: Managed) -> int:
     return sum(_ticks(p) for p in _children(managed.proc.pid))
 
 
-def _wrk(port: int, connections: int, seconds: float, key: str) -> tuple[int, float, int]:
+# The other busy producer routes (benchmarks/wrk/post.lua's kinds), each at 16 connections.
+ROUTES = ("requests", "responses", "events")
+WAITING = 1000  # requests waiting for the "responses" kind's responses
+
+
+def _wrk(
+    port: int, connections: int, seconds: float, key: str, kind: str
+) -> tuple[int, float, int]:
     """wrk's requests, seconds and answers that were not a 201 (a duplicate's 200 is no new
     message either)."""
-    return wrk(f"http://127.0.0.1:{port}", "messages", connections, seconds, {"KEY": key})
+    return wrk(f"http://127.0.0.1:{port}", kind, connections, seconds, {"KEY": key})
 
 
-def _measure(managed: Managed, port: int, system: str, conns: int, secs: float, key: str) -> Run:
-    _wrk(port, conns, min(1.0, secs), key)  # warm: connections, prepared statements
+def _measure(
+    managed: Managed,
+    port: int,
+    system: str,
+    conns: int,
+    secs: float,
+    key: str,
+    kind: str = "messages",
+) -> Run:
+    _wrk(port, conns, min(1.0, secs), key, kind)  # warm: connections, prepared statements
     before = _cpu(managed)
-    requests, took, bad = _wrk(port, conns, secs, key)
+    requests, took, bad = _wrk(port, conns, secs, key, kind)
     cpu = (_cpu(managed) - before) / TICK_S
-    return Run(system, conns, requests, took, cpu, bad)
+    name = system if kind == "messages" else f"{system} {kind}"
+    return Run(name, conns, requests, took, cpu, bad)
+
+
+def _routes_setup() -> None:
+    """What the other routes' requests need: the origin "bench" (a channel to a closed
+    port: nothing is delivered, no worker runs), requests q-i waiting in conversations
+    bench-i, and the room "bench" with one push subscription."""
+    from orderly.worker import pubsub
+    from orderly.worker.channels import Channel, put_channel
+    from orderly.worker.core.addresses import AddressPolicy
+    from orderly.worker.core.errors import InvalidMessage
+    from orderly.worker.runtime import get_runtime
+
+    runtime = get_runtime()
+    put_channel(runtime.engine, Channel("bench", "http://127.0.0.1:9/", 100, 2.0, 3, 5000))
+    for i in range(WAITING):
+        runtime.conversations.register_request(
+            f"bench-{i}", {"request_id": f"q-{i}", "origin": "bench"}
+        )
+    try:
+        pubsub.create_room(runtime.engine, {"name": "bench"})
+        pubsub.create_subscription(
+            runtime.engine,
+            "bench",
+            {"name": "push", "kind": "PUSH", "push_url": "http://127.0.0.1:9/"},
+            policy=AddressPolicy.parse("127.0.0.1"),
+        )
+    except InvalidMessage:  # made by an earlier system's turn
+        pass
 
 
 def _fresh() -> None:
@@ -128,11 +175,15 @@ def main() -> None:
                 managed, port = _durable(group)
             else:
                 managed, port = _orderly(group, system, grouped=system == "orderly")
-            for conns in (1, 16):
-                run = _measure(managed, port, system, conns, seconds, key)
+            measured = [(conns, "messages") for conns in (1, 16)]
+            if system != "durable":
+                _routes_setup()
+                measured += [(16, kind) for kind in ROUTES]
+            for conns, kind in measured:
+                run = _measure(managed, port, system, conns, seconds, key, kind)
                 runs.append(run)
                 print(
-                    f"{system:15} {conns:3} connections: {run.rps:8.0f} requests/s, "
+                    f"{run.system:25} {conns:3} connections: {run.rps:8.0f} requests/s, "
                     f"{run.cpu_ms:6.3f} ms server CPU a request, {run.non_201} not 201",
                     flush=True,
                 )
@@ -152,6 +203,14 @@ def main() -> None:
         "api_vs_durable_bare": round(by["orderly", 16].rps / by["durable", 16].rps, 3),
         "api_vs_durable_bare_c1": round(by["orderly", 1].rps / by["durable", 1].rps, 3),
         "group_commit_gain_c16": round(by["orderly", 16].rps / by["orderly-single", 16].rps, 3),
+        **{f"api_{kind}_rps_c16": round(by[f"orderly {kind}", 16].rps, 1) for kind in ROUTES},
+        **{f"api_{kind}_cpu_ms": round(by[f"orderly {kind}", 16].cpu_ms, 3) for kind in ROUTES},
+        **{
+            f"group_commit_gain_{kind}": round(
+                by[f"orderly {kind}", 16].rps / by[f"orderly-single {kind}", 16].rps, 3
+            )
+            for kind in ROUTES
+        },
         "non_201": sum(r.non_201 for r in runs),
         "seconds_each": seconds,
     }

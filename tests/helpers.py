@@ -20,6 +20,7 @@ from orderly.models import Message
 from orderly.models.keys import BridgeKeys, RateKeys
 from orderly.worker import keys
 from orderly.worker.core.addresses import AddressPolicy
+from orderly.worker.core.group_commit import GroupCommit
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.handlers import HandlerRegistry
 from orderly.worker.messages.intake import Intake
@@ -195,11 +196,14 @@ def take_due(engine: Engine, postponed_s: int = 5, wake: Callable[[], object] | 
     return drain(due_messages(engine, wake or (lambda: None), postponed_s), 1000)
 
 
-def group_writes(intake: Intake, gate: threading.Event | None = None) -> list[int]:
-    """The sizes of the groups ``intake`` writes from now on (each recorded as its write
-    starts); with ``gate``, each write waits for it first (30 s at most)."""
+def group_writes(
+    writer: Intake | GroupCommit[Any, Any], gate: threading.Event | None = None
+) -> list[int]:
+    """The sizes of the groups ``writer`` (an intake's group commit, or another) writes from
+    now on (each recorded as its write starts); with ``gate``, each write waits for it first
+    (30 s at most)."""
     sizes: list[int] = []
-    group = intake._group
+    group = writer._group if isinstance(writer, Intake) else writer
     assert group is not None
     write = group._write
 
@@ -209,5 +213,5 @@ def group_writes(intake: Intake, gate: threading.Event | None = None) -> list[in
             gate.wait(30)
         return write(items)  # type: ignore[arg-type]
 
-    group._write = recorded  # type: ignore[assignment]
+    group._write = recorded
     return sizes

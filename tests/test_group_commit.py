@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine
 
 from orderly.worker.core.errors import ConflictingMessage, ServiceUnavailable
-from orderly.worker.core.group_commit import GroupCommit
+from orderly.worker.core.group_commit import Alone, GroupCommit
 from orderly.worker.messages.intake import Intake, SubmitResult
 from orderly.worker.runtime import get_runtime
 from tests.conftest import make_intake
@@ -50,13 +50,13 @@ def test_calls_that_come_together_share_writes_and_each_gets_its_own_outcome() -
     writer = Writer(0.02)
     group = GroupCommit(writer, max_batch=16)
 
-    async def call(i: int) -> int | str:
+    async def call(i: int) -> int | str | Alone:
         try:
             return await group.run(i)
         except ValueError as exc:
             return str(exc)
 
-    async def calls() -> list[int | str]:
+    async def calls() -> list[int | str | Alone]:
         return list(await asyncio.gather(*(call(i) for i in range(200))))
 
     got = asyncio.run(calls())
@@ -86,7 +86,7 @@ def test_a_call_cancelled_while_queued_is_not_written() -> None:
     writer = Writer(0.2)
     group = GroupCommit(writer, max_batch=8)
 
-    async def scenario() -> int:
+    async def scenario() -> int | Alone:
         first = asyncio.create_task(group.run(1))
         while not writer.groups:  # the first group is being written
             await asyncio.sleep(0.001)
@@ -309,7 +309,7 @@ def test_a_group_commit_serves_one_event_loop_at_a_time() -> None:
         return list(items)
 
     group: GroupCommit[int, int] = GroupCommit(held)
-    first: list[int] = []
+    first: list[int | Alone] = []
     other = threading.Thread(target=lambda: first.append(asyncio.run(group.run(1))))
     other.start()
     try:

@@ -36,12 +36,14 @@ from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
 from orderly.worker.messages.rates import StartRates
 from orderly.worker.messages.wake import Wake
+from orderly.worker.pubsub import schemas
 from orderly.worker.pubsub.endpoints import (
     SYSTEM_ROOM,
     EndpointPolicy,
     Endpoints,
     publish_system_event,
 )
+from orderly.worker.pubsub.publish_group import GroupedPublisher
 from orderly.worker.pubsub.waiting import PullWaiters
 from orderly.worker.settings import Settings, get_settings
 from orderly.worker.signing import SigningSecrets
@@ -252,6 +254,22 @@ class Runtime:
             self.settings,
             node_id=self.node_id,
             channels=self.channels,
+            clock=self.clock,
+        )
+
+    @cached_property
+    def publisher(self) -> GroupedPublisher:
+        """The API's publishes through this node; concurrent ones share commits
+        (ORDERLY_INTAKE_GROUP_MAX)."""
+        return GroupedPublisher(
+            self.engine,
+            lambda due: self.broker.enqueue_event_deliveries(due),
+            node_id=self.node_id,
+            secret=self.settings.token_secret,
+            token_ttl_ms=self.settings.token_ttl_ms,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            schema_limits=schemas.configured_limits(self.settings),
+            group_max=self.settings.intake_group_max,
             clock=self.clock,
         )
 

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
 from orderly.api.http.auth import Operator, ack_header, checks_key, key_of
-from orderly.api.http.common import AppRuntime, json_body, runtime_of
+from orderly.api.http.common import AppRuntime, json_body, runtime_of, small_body
 from orderly.api.http.contract import body
 from orderly.api.http.ratelimit import limits_of
 from orderly.worker import keys
@@ -39,9 +39,14 @@ async def register_request(conversation_id: str, request: Request) -> JSONRespon
     key = await key_of(request, keys.PRODUCE)  # a busy route: no dependencies (auth.key_of)
     runtime = runtime_of(request)
     data = await json_body(request)
-    result = await run_in_threadpool(
-        runtime.conversations.register_request, conversation_id, data, key.owns
-    )
+    if await small_body(request):  # with the others registered now: one commit
+        result = await runtime.conversations.register_request_together(
+            conversation_id, data, key.owns
+        )
+    else:  # validated in a thread
+        result = await run_in_threadpool(
+            runtime.conversations.register_request, conversation_id, data, key.owns
+        )
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},
@@ -58,13 +63,15 @@ async def add_response(conversation_id: str, request: Request) -> JSONResponse:
     key = await key_of(request, keys.PRODUCE)
     runtime = runtime_of(request)
     data = await json_body(request)
-    result = await run_in_threadpool(
-        runtime.conversations.add_response,
-        conversation_id,
-        data,
-        runtime.broker.enqueue_drain,
-        key.owns,
-    )
+    enqueue = runtime.broker.enqueue_drain
+    if await small_body(request):  # with the others added now: one commit
+        result = await runtime.conversations.add_response_together(
+            conversation_id, data, enqueue, key.owns
+        )
+    else:
+        result = await run_in_threadpool(
+            runtime.conversations.add_response, conversation_id, data, enqueue, key.owns
+        )
     return JSONResponse(
         status_code=201 if result.created else 200,
         content={"msg_id": result.msg_id, "state": result.state.value},

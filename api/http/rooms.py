@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-import logging
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -15,12 +14,12 @@ from starlette.concurrency import run_in_threadpool
 from orderly.api.http import answers as a
 from orderly.api.http.answers import answers
 from orderly.api.http.auth import Consumer, caller, checks_key, key_of, requires
-from orderly.api.http.common import AppRuntime, RowId, json_body, runtime_of
+from orderly.api.http.common import AppRuntime, RowId, json_body, runtime_of, small_body
 from orderly.api.http.contract import body
 from orderly.worker import keys, pubsub
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.keys import Principal
-from orderly.worker.pubsub import endpoints, replay, schemas, waiting
+from orderly.worker.pubsub import endpoints, replay, waiting
 from orderly.worker.pubsub.admin import (
     EventTypeIn,
     PublisherIn,
@@ -31,8 +30,6 @@ from orderly.worker.pubsub.admin import (
 )
 from orderly.worker.pubsub.publish import PublishIn
 from orderly.worker.pubsub.pull import MAX_PULL, PulledAckIn, VisibilityIn
-
-log = logging.getLogger("orderly.api")
 
 router = APIRouter()
 
@@ -189,29 +186,20 @@ async def publish(room: str, request: Request) -> JSONResponse:
     key = await key_of(request, keys.publish_scope(room))  # a busy route: no dependencies
     runtime = runtime_of(request)
     data = await json_body(request)
-    result, due = await run_in_threadpool(
-        functools.partial(
-            pubsub.publish,
-            runtime.engine,
-            room,
-            data,
-            secret=runtime.settings.token_secret,
-            token_ttl_ms=runtime.settings.token_ttl_ms,
-            node_id=runtime.node_id,
-            idempotency_key=request.headers.get("Idempotency-Key"),
-            max_payload_bytes=runtime.settings.max_payload_bytes,
-            caller=key.name,
-            may_impersonate=key.allows(keys.IMPERSONATE),
-            schema_limits=schemas.configured_limits(runtime.settings),
+    publisher = runtime.publisher
+    given: dict[str, Any] = {
+        "idempotency_key": request.headers.get("Idempotency-Key"),
+        "caller": key.name,
+        "may_impersonate": key.allows(keys.IMPERSONATE),
+    }
+    if await small_body(request):  # with the others published now: one commit
+        result = await publisher.publish(room, data, **given)
+    else:  # checked in a thread
+        result = await run_in_threadpool(
+            functools.partial(publisher.publish_alone, room, data, **given)
         )
-    )
     if result.pulled:
         await run_in_threadpool(waiting.announce, runtime.redis, result.pulled)
-    try:
-        pubsub.hand_off(due, runtime.broker.enqueue_event_deliveries)
-    except Exception:
-        # Stored: the ticker sends them once their lease runs out.
-        log.exception("event %s stored but not enqueued", result.event_id)
     return JSONResponse(
         # 200: a publish with this Idempotency-Key stored the event before
         status_code=201 if result.created else 200,

@@ -14,8 +14,10 @@ is the one object the faces use.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import anyio.to_thread
 from sqlalchemy import Engine
 
 from orderly.models.keys import BridgeKeys
@@ -47,6 +49,7 @@ from orderly.worker.core import tracing
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.due import ShardedDueSets
+from orderly.worker.core.group_commit import GroupCommit
 from orderly.worker.core.owners import Owns
 from orderly.worker.settings import Settings
 
@@ -91,6 +94,18 @@ class Conversations:
         clock: Clock = SYSTEM,
     ) -> None:
         self.ctx = Context(engine, client, settings, node_id, channels, clock)
+        # The API's concurrent requests and responses share commits (0: each its own).
+        group_max = settings.intake_group_max
+        self._requests = (
+            GroupCommit(functools.partial(intake.store_requests, self.ctx), group_max)
+            if group_max > 0
+            else None
+        )
+        self._responses = (
+            GroupCommit(functools.partial(intake.store_responses, self.ctx), group_max)
+            if group_max > 0
+            else None
+        )
 
     @property
     def keys(self) -> BridgeKeys:
@@ -122,6 +137,31 @@ class Conversations:
             "intake response", attributes={"orderly.conversation_id": conversation_id}
         ):
             return intake.add_response(self.ctx, conversation_id, data, enqueue, owns)
+
+    async def register_request_together(
+        self, conversation_id: str, data: Any, owns: Owns | None = None
+    ) -> Registered:
+        """``register_request`` for a coroutine (the API's): validated on the caller's loop,
+        stored with the requests registered at the same time in one INSERT (group commit,
+        ORDERLY_INTAKE_GROUP_MAX; worker.core.group_commit), each answered after it; alone in
+        a thread when not grouped or not settled by the group's statement."""
+        with tracing.span("intake request", attributes={_CONVERSATION: conversation_id}):
+            new = intake.parse_request(self.ctx, conversation_id, data, owns)
+            alone = functools.partial(intake.store_request, self.ctx, new, owns)
+            if self._requests is None:
+                return await anyio.to_thread.run_sync(alone)
+            return await self._requests.run_or_alone((new, owns), alone)
+
+    async def add_response_together(
+        self, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
+    ) -> Registered:
+        """``add_response`` for a coroutine, as :meth:`register_request_together`."""
+        with tracing.span("intake response", attributes={_CONVERSATION: conversation_id}):
+            new = intake.parse_response(self.ctx, conversation_id, data)  # under its span
+            alone = functools.partial(intake.store_response, self.ctx, new, enqueue, owns)
+            if self._responses is None:
+                return await anyio.to_thread.run_sync(alone)
+            return await self._responses.run_or_alone((new, owns, enqueue), alone)
 
     def can_send(self, conversation_id: str, response_id: str) -> Gate:
         """canSendConversationMessage: may this response go out now, by the order alone?"""

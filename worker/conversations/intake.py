@@ -3,7 +3,10 @@ truth), then the seed's structures in Redis (register_request.lua, add_response.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,10 +27,13 @@ from orderly.worker.conversations.model import (
     payload_text,
 )
 from orderly.worker.core import owners, tracing
-from orderly.worker.core.errors import InvalidMessage, NotFound, UnknownRequest
+from orderly.worker.core.errors import InvalidMessage, NotFound, OrderlyError, UnknownRequest
+from orderly.worker.core.group_commit import ALONE, Alone
 from orderly.worker.core.inputs import parse_input
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.owners import Owns
+from orderly.worker.core.scripts import Call
+from orderly.worker.db.prepared import PreparedConnection
 
 log = logging.getLogger(__name__)
 
@@ -36,33 +42,65 @@ def _ms(ctx: Context, moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment else ctx.now_ms()
 
 
+@dataclass(frozen=True)
+class NewRequest:
+    """A request as given, validated (:func:`parse_request`)."""
+
+    conversation_id: str
+    request: RequestIn
+    payload: str
+    timestamp_ms: int
+
+    @property
+    def moment(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class NewResponse:
+    """A response as given, validated (:func:`parse_response`)."""
+
+    conversation_id: str
+    response: ResponseIn
+    payload: str
+    timestamp_ms: int
+    now_ms: int
+    traced: str | None  # the span taking it in: its send continues this trace
+
+    @property
+    def moment(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
+
+
+def parse_request(
+    ctx: Context, conversation_id: str, data: Any, owns: Owns | None = None
+) -> NewRequest:
+    """The request ``data`` is, or InvalidMessage naming the bad field; an origin ``owns``
+    does not hold is not found. Reads nothing (a coroutine may call it)."""
+    check_conversation_id(conversation_id)
+    req = parse_input(RequestIn, data)
+    owners.require_origin(owns, req.origin)
+    payload = payload_text(req.payload, ctx.settings.max_payload_bytes)
+    return NewRequest(conversation_id, req, payload, _ms(ctx, req.timestamp))
+
+
 def register_request(
     ctx: Context, conversation_id: str, data: Any, owns: Owns | None = None
 ) -> Registered:
     """createConversationRegister: the request waits (WAITING) for its responses. ``owns``:
     the caller's objects; an origin of another's, or a conversation that holds a request of
     another's origin, is not found, and nothing is written."""
-    check_conversation_id(conversation_id)
-    req = parse_input(RequestIn, data)
-    owners.require_origin(owns, req.origin)
+    return store_request(ctx, parse_request(ctx, conversation_id, data, owns), owns)
+
+
+def store_request(ctx: Context, new: NewRequest, owns: Owns | None = None) -> Registered:
+    """Store one request (:func:`parse_request`) on its own, as :func:`register_request`."""
+    conversation_id, req, timestamp_ms = new.conversation_id, new.request, new.timestamp_ms
     ctx.channels.get(req.origin)  # UnknownChannel before anything is written
-    payload = payload_text(req.payload, ctx.settings.max_payload_bytes)
-    timestamp_ms = _ms(ctx, req.timestamp)
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    moment = new.moment
     with ctx.pg() as conn:
-        row = conn.one(
-            rows.Inserted,
-            "conv_insert_request",
-            req.request_id,
-            conversation_id,
-            req.origin,
-            moment,
-            payload,
-            ctx.node_id,
-            req.corr,
-            owners.origins(owns),
-            before=("conv_lock", [conversation_id]),
-        )
+        inserted = _insert_requests(ctx, conn, [(new, owns)])
+        row = inserted[0] if inserted else None
         if row is None:
             found = conn.one(rows.Stored, "conv_find", req.request_id, REQUEST_SOURCE)
             if found is None:
@@ -108,9 +146,21 @@ def _register_in_redis(
     msg_id: int,
     corr: str | None,
 ) -> None:
+    call = _request_call(ctx, conversation_id, origin, request_id, timestamp_ms, msg_id, corr)
+    lua.register_request(ctx.scripts, call)
+
+
+def _request_call(
+    ctx: Context,
+    conversation_id: str,
+    origin: str,
+    request_id: str,
+    timestamp_ms: int,
+    msg_id: int,
+    corr: str | None,
+) -> Call:
     k = ctx.keys
-    lua.register_request(
-        ctx.scripts,
+    return lua.register_request_call(
         request=k.request(conversation_id, request_id),
         request_list=k.request_list(conversation_id),
         request_seq=k.request_seq(conversation_id),
@@ -126,65 +176,84 @@ def _register_in_redis(
     )
 
 
-def add_response(
-    ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
-) -> Registered:
-    """markPendingConversationRegister: the response joins its conversation's order.
-    ``owns``: the caller's objects; a request of another origin is unknown (nothing written)."""
+def parse_response(ctx: Context, conversation_id: str, data: Any) -> NewResponse:
+    """The response ``data`` is, or InvalidMessage naming the bad field. Reads nothing (a
+    coroutine may call it); the trace it continues is the caller's."""
     check_conversation_id(conversation_id)
     res = parse_input(ResponseIn, data)
     payload = payload_text(res.payload, ctx.settings.max_payload_bytes)
     now_ms = ctx.now_ms()
     timestamp_ms = _ms(ctx, res.timestamp) if res.timestamp else now_ms
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
-    traced = tracing.current_parent()  # its send continues this trace
+    return NewResponse(
+        conversation_id, res, payload, timestamp_ms, now_ms, tracing.current_parent()
+    )
+
+
+def add_response(
+    ctx: Context, conversation_id: str, data: Any, enqueue: Enqueue, owns: Owns | None = None
+) -> Registered:
+    """markPendingConversationRegister: the response joins its conversation's order.
+    ``owns``: the caller's objects; a request of another origin is unknown (nothing written)."""
+    return store_response(ctx, parse_response(ctx, conversation_id, data), enqueue, owns)
+
+
+def store_response(
+    ctx: Context, new: NewResponse, enqueue: Enqueue, owns: Owns | None = None
+) -> Registered:
+    """Store one response (:func:`parse_response`) on its own, as :func:`add_response`."""
+    res, conversation_id = new.response, new.conversation_id
     with ctx.pg() as conn:
-        inserted = conn.one(
-            rows.ResponseInserted,
-            "conv_insert_response",
-            res.response_id,
-            res.request_id,
-            conversation_id,
-            moment,
-            payload,
-            ctx.node_id,
-            res.last,
-            res.corr,
-            owners.origins(owns),
-            traced,
-        )
+        inserted = _insert_responses(ctx, conn, [(new, owns)])[0].found()
         if inserted is None:
             raise UnknownRequest(res.request_id, conversation_id)
-        request_msg_id, request_state = inserted.request_msg_id, inserted.request_state
-        origin, request_ts, request_done = (
-            inserted.origin,
-            inserted.request_ts,
-            inserted.request_done,
-        )
-        created = inserted.msg_id is not None
-        if inserted.msg_id is not None:
-            msg_id, state = inserted.msg_id, str(inserted.state)
-        else:
+        if inserted.msg_id is None:
             found = conn.one(rows.Stored, "conv_find", res.response_id, RESPONSE_SOURCE)
             if found is None:
                 raise nodes.refusal(conn, ctx.node_id)
-            if found.request_msg_id != request_msg_id:
+            if found.request_msg_id != inserted.request_msg_id:
                 raise InvalidMessage(
                     "response_id",
                     f"{res.response_id!r} already belongs to another request",
                 )
-            msg_id, state, age_ms = found.msg_id, found.state, found.age_ms
-            if state != MessageState.IN_QUEUE or age_ms >= ctx.settings.awaited_message_ttl:
-                return Registered(int(msg_id), MessageState(state), created=False)
+            if (
+                found.state != MessageState.IN_QUEUE
+                or found.age_ms >= ctx.settings.awaited_message_ttl
+            ):
+                return Registered(int(found.msg_id), MessageState(found.state), created=False)
             # Still queued: a repeat after a failure between the row and Redis puts it
             # there now (the script answers DUPLICATE if it is there already).
+            return _queue_response(ctx, new, inserted, found.msg_id, found.state, enqueue, False)
+    return _queue_response(ctx, new, inserted, inserted.msg_id, str(inserted.state), enqueue, True)
+
+
+def _queue_response(
+    ctx: Context,
+    new: NewResponse,
+    inserted: rows.ResponseInserted,
+    msg_id: int,
+    state: str,
+    enqueue: Enqueue,
+    created: bool,
+) -> Registered:
+    """The stored response (``msg_id`` in ``state``; its request as ``inserted`` found it)
+    joins its conversation's order in Redis (add_response.lua); a drain is started when it
+    took the conversation's lease."""
     if state == MessageState.CANCEL:
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
     token = new_token()
+    added = lua.add_response(ctx.scripts, _response_call(ctx, new, inserted, msg_id, token))
+    return _response_queued(ctx, new, inserted, msg_id, token, added, enqueue, created)
+
+
+def _response_call(
+    ctx: Context, new: NewResponse, inserted: rows.ResponseInserted, msg_id: int, token: str
+) -> Call:
+    """add_response.lua's call for the stored response; ``token``: the conversation's lease
+    token should it take the lease."""
+    res, conversation_id = new.response, new.conversation_id
     k = ctx.keys
     shard = k.shard(conversation_id)
-    added = lua.add_response(
-        ctx.scripts,
+    return lua.add_response_call(
         request=shard.request(res.request_id),
         response=shard.response(res.response_id),
         response_order=k.response_list(conversation_id),
@@ -193,32 +262,47 @@ def add_response(
         request_seq=k.request_seq(conversation_id),
         drain_lease=k.drain_lease(conversation_id),
         conversation_id=conversation_id,
-        origin=origin,
+        origin=inserted.origin,
         request_id=res.request_id,
         response_id=res.response_id,
         member=min_message_info(res.request_id, res.response_id, conversation_id),
-        response_timestamp_ms=timestamp_ms,
-        task_item=payload,
+        response_timestamp_ms=new.timestamp_ms,
+        task_item=new.payload,
         msg_id=msg_id,
-        request_msg_id=request_msg_id,
+        request_msg_id=inserted.request_msg_id,
         last=bool(res.last),
-        now_ms=now_ms,
+        now_ms=new.now_ms,
         message_ttl_ms=ctx.settings.message_ttl,
         awaited_message_ttl_ms=ctx.settings.awaited_message_ttl,
         blocked_limit_ms=ctx.blocked_ms,
-        request_timestamp_ms=int(request_ts.timestamp() * 1000),
+        request_timestamp_ms=int(inserted.request_ts.timestamp() * 1000),
         lease_token=token,
         lease_ms=ctx.lease_ms,
-        request_completed=bool(request_done),
+        request_completed=bool(inserted.request_done),
         corr=res.corr,
-        trace_parent=traced,
+        trace_parent=new.traced,
     )
+
+
+def _response_queued(
+    ctx: Context,
+    new: NewResponse,
+    inserted: rows.ResponseInserted,
+    msg_id: int,
+    token: str,
+    added: lua.ResponseAdded,
+    enqueue: Enqueue,
+    created: bool,
+) -> Registered:
+    """What add_response.lua's answer (``added``) leads to: a cancelled group's response
+    cancelled, a late one or a callback logged, a drain started with the lease it took."""
+    res = new.response
     if added.code is lua.AddCode.CANCELLED:
         # The group was cancelled between the insert and now.
         with ctx.pg() as conn:
             conn.run(
                 "conv_group_cancel",
-                request_msg_id,
+                inserted.request_msg_id,
                 ERROR_CANCELLED,
                 "its request was cancelled",
             )
@@ -231,13 +315,155 @@ def add_response(
             res.request_id,
             added.late_ms,
         )
-    elif request_state != MessageState.WAITING_FOR_RES:
+    elif inserted.request_state != MessageState.WAITING_FOR_RES:
         log.info(
             "response %s is a callback for request %s (%s)",
             res.response_id,
             res.request_id,
-            request_state,
+            inserted.request_state,
         )
     if added.lease_taken:
-        enqueue(conversation_id, token)
+        enqueue(new.conversation_id, token)
     return Registered(int(msg_id), MessageState.IN_QUEUE, created=created)
+
+
+# Group commit (worker.core.group_commit): the API's requests and responses arriving together
+# are inserted with one statement each group, in the order they came, then put in Redis one by
+# one. What the statement does not settle (a repeat, an unknown request, a conversation with
+# another caller's request, a node refusing input, a failed statement) is stored by its own
+# caller after it, on its own (ALONE), as without a group.
+
+Outcome = Registered | Alone | Exception
+
+
+def store_requests(ctx: Context, items: Sequence[tuple[NewRequest, Owns | None]]) -> list[Outcome]:
+    """The requests of a group (:func:`store_request` for each, one INSERT for all)."""
+    out: list[Outcome] = [ALONE] * len(items)
+    callers: dict[str, tuple[str, ...] | None] = {}
+    grouped: list[int] = []
+    for i, (new, owns) in enumerate(items):
+        try:
+            ctx.channels.get(new.request.origin)  # UnknownChannel before anything is written
+        except OrderlyError as exc:
+            out[i] = exc
+            continue
+        origins = owners.origins(owns)
+        caller = None if origins is None else tuple(origins)
+        # One statement sees a new conversation as empty for each of its rows: requests of
+        # other callers' to one conversation go alone, after it (conv_lock, in turn).
+        if callers.setdefault(new.conversation_id, caller) == caller:
+            grouped.append(i)
+    if not grouped:
+        return out
+    try:
+        with ctx.pg() as conn:
+            found = _insert_requests(ctx, conn, [items[i] for i in grouped])
+    except Exception as exc:
+        log.warning("a group of %d requests failed (%s): each alone", len(grouped), exc)
+        return out
+    inserted = {row.request_id: row.msg_id for row in found}
+    stored: list[tuple[int, int, Call]] = []
+    for i in grouped:
+        new = items[i][0]
+        msg_id = inserted.pop(new.request.request_id, None)
+        if msg_id is None:
+            continue  # a repeat (or the second of a group), another's conversation: alone
+        req = new.request
+        call = _request_call(
+            ctx, new.conversation_id, req.origin, req.request_id, new.timestamp_ms, msg_id,
+            req.corr,
+        )  # fmt: skip
+        stored.append((i, msg_id, call))
+    # In Redis in one round trip (a server's); one that fails is stored: a repeat registers it
+    replies = lua.register_request_each(ctx.scripts, [call for _, _, call in stored])
+    for (i, msg_id, _), reply in zip(stored, replies, strict=True):
+        if isinstance(reply, Exception):
+            out[i] = reply
+        else:
+            out[i] = Registered(msg_id, MessageState.WAITING_FOR_RES, created=True)
+    return out
+
+
+def store_responses(
+    ctx: Context, items: Sequence[tuple[NewResponse, Owns | None, Enqueue]]
+) -> list[Outcome]:
+    """The responses of a group (:func:`store_response` for each, one INSERT for all)."""
+    try:
+        with ctx.pg() as conn:
+            found = _insert_responses(ctx, conn, [(new, owns) for new, owns, _ in items])
+    except Exception as exc:
+        log.warning("a group of %d responses failed (%s): each alone", len(items), exc)
+        return [ALONE] * len(items)
+    out: list[Outcome] = [ALONE] * len(items)
+    taken: set[str] = set()
+    queued: list[tuple[int, rows.ResponseInserted, int, str, Call]] = []
+    for i, ((new, _, _), row) in enumerate(zip(items, found, strict=True)):
+        response_id = new.response.response_id
+        inserted = row.found()
+        if inserted is None or row.msg_id is None or response_id in taken:
+            continue  # a repeat, an unknown request, a node refusing input: alone
+        taken.add(response_id)
+        if row.state == MessageState.CANCEL:
+            out[i] = Registered(row.msg_id, MessageState.CANCEL, created=True)
+            continue
+        token = new_token()
+        queued.append(
+            (i, inserted, row.msg_id, token, _response_call(ctx, new, inserted, row.msg_id, token))
+        )
+    # In Redis in one round trip (a server's); one that fails is stored: a repeat queues it
+    replies = lua.add_response_each(ctx.scripts, [call for *_, call in queued])
+    for (i, inserted, msg_id, token, _), added in zip(queued, replies, strict=True):
+        new, _, enqueue = items[i]
+        try:
+            if isinstance(added, Exception):
+                raise added
+            out[i] = _response_queued(ctx, new, inserted, msg_id, token, added, enqueue, True)
+        except Exception as exc:
+            out[i] = exc
+    return out
+
+
+def _insert_requests(
+    ctx: Context, conn: PreparedConnection, items: Sequence[tuple[NewRequest, Owns | None]]
+) -> list[rows.RequestInserted]:
+    """Insert requests in one statement, under their conversations' locks: those inserted."""
+    news = [new for new, _ in items]
+    return conn.all(
+        rows.RequestInserted,
+        "conv_insert_requests",
+        [n.request.request_id for n in news],
+        [n.conversation_id for n in news],
+        [n.request.origin for n in news],
+        [n.moment for n in news],
+        [n.payload for n in news],
+        ctx.node_id,
+        [n.request.corr for n in news],
+        [_origins_json(owns) for _, owns in items],
+        before=("conv_lock_all", [sorted({n.conversation_id for n in news})]),
+    )
+
+
+def _insert_responses(
+    ctx: Context, conn: PreparedConnection, items: Sequence[tuple[NewResponse, Owns | None]]
+) -> list[rows.GroupedResponse]:
+    """Insert responses in one statement: one row each, in order."""
+    news = [new for new, _ in items]
+    return conn.all(
+        rows.GroupedResponse,
+        "conv_insert_responses",
+        [n.response.response_id for n in news],
+        [n.response.request_id for n in news],
+        [n.conversation_id for n in news],
+        [n.moment for n in news],
+        [n.payload for n in news],
+        ctx.node_id,
+        [n.response.last for n in news],
+        [n.response.corr for n in news],
+        [_origins_json(owns) for _, owns in items],
+        [n.traced for n in news],
+    )
+
+
+def _origins_json(owns: Owns | None) -> str | None:
+    origins = owners.origins(owns)
+    return None if origins is None else json.dumps(origins)

@@ -8,10 +8,11 @@ from datetime import datetime
 
 
 @dataclass(frozen=True)
-class Inserted:
-    """A request row inserted."""
+class RequestInserted:
+    """``conv_insert_requests``: a request inserted."""
 
     msg_id: int
+    request_id: str
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,7 @@ class Stored:
 
 @dataclass(frozen=True)
 class ResponseInserted:
-    """``conv_insert_response``: the response inserted (msg_id None: not inserted) and its
-    request."""
+    """A response inserted (msg_id None: not inserted) and its request, known."""
 
     msg_id: int | None
     state: str | None
@@ -39,6 +39,35 @@ class ResponseInserted:
     origin: str
     request_ts: datetime
     request_done: bool
+
+
+@dataclass(frozen=True)
+class GroupedResponse:
+    """``conv_insert_responses``: one row for each response of a group, in order; the
+    response inserted (msg_id None: not inserted) and its request (None: unknown)."""
+
+    msg_id: int | None
+    state: str | None
+    request_msg_id: int | None
+    request_state: str | None
+    origin: str | None
+    request_ts: datetime | None
+    request_done: bool | None
+
+    def found(self) -> ResponseInserted | None:
+        """The response (msg_id None: not inserted) and its request; None: the request is
+        unknown."""
+        if (
+            self.request_msg_id is None
+            or self.request_state is None
+            or self.origin is None
+            or self.request_ts is None
+        ):
+            return None
+        return ResponseInserted(
+            self.msg_id, self.state, self.request_msg_id, self.request_state, self.origin,
+            self.request_ts, bool(self.request_done),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ carries what arrived while the previous one was written, so commits per second s
 while items per second grow. A waiting caller costs a future, not a thread: one thread hop a
 group, not one a request.
 
-``write`` returns one outcome per item, in order: a result, or the exception that item's
-caller raises. When ``write`` itself raises, every caller of that group raises it. A caller
+``write`` returns one outcome per item, in order: a result, the exception that item's
+caller raises, or :data:`ALONE`: the caller stores it on its own instead (:meth:`run_or_alone`;
+what a group's one statement does not settle: a repeat, an unknown reference, a failed
+group). When ``write`` itself raises, every caller of that group raises it. A caller
 cancelled while its item is still queued takes it out (nothing of it is written); once its
 group is being written, the write goes on and its outcome is dropped. Should the writer task
 itself be cancelled (its loop closing) during a write, its callers are told so while the
@@ -27,33 +29,44 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+import anyio.to_thread
+
 Item = TypeVar("Item")
 Out = TypeVar("Out")
 
 
+class Alone:
+    """An item of a group its caller stores on its own (:meth:`GroupCommit.run_or_alone`)."""
+
+
+ALONE = Alone()
+
+
 class GroupCommit(Generic[Item, Out]):
     def __init__(
-        self, write: Callable[[Sequence[Item]], Sequence[Out | BaseException]], max_batch: int = 500
+        self,
+        write: Callable[[Sequence[Item]], Sequence[Out | Alone | BaseException]],
+        max_batch: int = 500,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._write = write
         self._max_batch = max_batch
-        self._queue: list[tuple[Item, asyncio.Future[Out]]] = []
+        self._queue: list[tuple[Item, asyncio.Future[Out | Alone]]] = []
         self._writer: asyncio.Task[None] | None = None
         # The writes' own thread (started at the first): one write at a time, never waiting
         # for a thread shared with other work (anyio's also looks through every task of the
         # loop at each call, thousands while a pipeline has them in flight).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="orderly-group-commit")
 
-    async def run(self, item: Item) -> Out:
+    async def run(self, item: Item) -> Out | Alone:
         """``item`` written with whatever else is queued; its own outcome (raised, if an
         exception)."""
         loop = asyncio.get_running_loop()
         if self._writer is not None and self._writer.get_loop() is not loop:
             # Its queue and writer belong to one loop at a time (an API process's, a pipeline's).
             raise RuntimeError("a group commit serves one event loop at a time")
-        answer: asyncio.Future[Out] = loop.create_future()
+        answer: asyncio.Future[Out | Alone] = loop.create_future()
         self._queue.append((item, answer))
         if self._writer is None:
             # In a context of its own: not this caller's (its trace, its log fields).
@@ -65,9 +78,20 @@ class GroupCommit(Generic[Item, Out]):
             self._queue = [(i, a) for i, a in self._queue if a is not answer]
             raise
 
+    async def run_or_alone(
+        self, item: Item, alone: Callable[[], Out], *, grouped: bool = True
+    ) -> Out:
+        """``item`` written with the others (``grouped``), or on its own by ``alone`` in a
+        worker thread when it is not (``grouped`` False) or its group answered ALONE."""
+        if grouped:
+            found = await self.run(item)
+            if not isinstance(found, Alone):
+                return found
+        return await anyio.to_thread.run_sync(alone)
+
     async def _write_all(self) -> None:
         """Write group after group until nothing is queued."""
-        group: list[tuple[Item, asyncio.Future[Out]]] = []
+        group: list[tuple[Item, asyncio.Future[Out | Alone]]] = []
         try:
             while self._queue:
                 group = self._queue[: self._max_batch]

@@ -128,11 +128,12 @@ class Scripts:
                 raise
             raise mapped from None
 
-    def run_each(self, calls: Sequence[Call]) -> list[Any]:
+    def run_each(self, calls: Sequence[Call], *, each_error: bool = False) -> list[Any]:
         """Every call, in one pipelined round trip per server (a Redis Cluster's client
         pipelines no scripts: each node's calls go in a pipeline of that node's own). A call
         its server could not run there (the script not loaded yet, its slot moved) runs again
-        on its own, through the client."""
+        on its own, through the client. A call that fails raises, or with ``each_error`` is
+        answered with its exception (as :meth:`run` raises it) in its place."""
         replies: list[Any] = [None] * len(calls)
         for indexes, client in self._by_server([call.keys[0] for call in calls]):
             pipe = client.pipeline(transaction=False)
@@ -146,10 +147,17 @@ class Scripts:
                 replies[i] = reply
         done = []
         for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, _AGAIN):
-                reply = self.run(call)
-            elif isinstance(reply, Exception):
-                raise reply
+            try:
+                if isinstance(reply, _AGAIN):
+                    reply = self.run(call)
+                elif isinstance(reply, redis.ResponseError):
+                    raise from_script_error(str(reply)) or reply
+                elif isinstance(reply, Exception):
+                    raise reply
+            except Exception as exc:
+                if not each_error:
+                    raise
+                reply = exc
             done.append(reply)
         return done
 

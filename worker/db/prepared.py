@@ -93,9 +93,16 @@ class PreparedConnection:
         found = self._cursor.fetchone() if self._cursor.description is not None else None
         return None if found is None else row_type(*_picked(row_type, self._columns(), found))
 
-    def all(self, row_type: type[R], name: str, *args: Any) -> list[R]:
-        """Execute a prepared statement; every row as ``row_type`` (built by column name)."""
-        self._send(name, args, "", ())
+    def all(
+        self,
+        row_type: type[R],
+        name: str,
+        *args: Any,
+        before: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[R]:
+        """Execute a prepared statement (after ``before``, as :meth:`run`); every row as
+        ``row_type`` (built by column name)."""
+        self._send_after(name, args, before)
         if self._cursor.description is None:
             return []
         columns = self._columns()

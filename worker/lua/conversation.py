@@ -44,8 +44,22 @@ class Settled:
 # --- intake -----------------------------------------------------------------------------------
 
 
-def register_request(
-    scripts: Scripts,
+def register_request(scripts: Scripts, call: Call) -> bool:
+    """Whether the request was registered (:func:`register_request_call`; False: it was
+    already)."""
+    return bool(scripts.run(call))
+
+
+def register_request_each(scripts: Scripts, calls: Sequence[Call]) -> list[bool | Exception]:
+    """Requests registered (:func:`register_request_call`), in one round trip per server; one
+    that failed answers its exception."""
+    return [
+        reply if isinstance(reply, Exception) else bool(reply)
+        for reply in scripts.run_each(calls, each_error=True)
+    ]
+
+
+def register_request_call(
     *,
     request: str,
     request_list: str,
@@ -59,9 +73,9 @@ def register_request(
     message_ttl_ms: int,
     awaited_message_ttl_ms: int,
     corr: str | None,
-) -> bool:
-    """Whether the request was registered (False: it was already)."""
-    call = Call(
+) -> Call:
+    """register_request.lua's call; its reply: 1 registered, 0 registered already."""
+    return Call(
         "register_request",
         keys=(request, request_list, request_seq),
         args=(
@@ -76,7 +90,6 @@ def register_request(
             corr or "",
         ),
     )
-    return bool(scripts.run(call))
 
 
 class AddCode(enum.StrEnum):
@@ -92,8 +105,27 @@ class ResponseAdded:
     late_ms: int | None  # a late response: how long after its request's MESSAGE_TTL it came
 
 
-def add_response(
-    scripts: Scripts,
+def add_response(scripts: Scripts, call: Call) -> ResponseAdded:
+    """One response added (:func:`add_response_call`)."""
+    return _added(scripts.run(call))
+
+
+def add_response_each(scripts: Scripts, calls: Sequence[Call]) -> list[ResponseAdded | Exception]:
+    """Responses added (:func:`add_response_call`), in one round trip per server; one that
+    failed answers its exception."""
+    return [
+        reply if isinstance(reply, Exception) else _added(reply)
+        for reply in scripts.run_each(calls, each_error=True)
+    ]
+
+
+def _added(reply: Sequence[Any]) -> ResponseAdded:
+    code, taken, late_ms = reply
+    late = as_text(late_ms)
+    return ResponseAdded(AddCode(as_text(code)), bool(int(taken)), int(late) if late else None)
+
+
+def add_response_call(
     *,
     request: str,
     response: str,
@@ -122,8 +154,8 @@ def add_response(
     request_completed: bool,
     corr: str | None,
     trace_parent: str | None = None,
-) -> ResponseAdded:
-    call = Call(
+) -> Call:
+    return Call(
         "add_response",
         keys=(
             request,
@@ -157,9 +189,6 @@ def add_response(
             trace_parent or "",
         ),
     )
-    code, taken, late_ms = scripts.run(call)
-    late = as_text(late_ms)
-    return ResponseAdded(AddCode(as_text(code)), bool(int(taken)), int(late) if late else None)
 
 
 # --- the gate ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ lock, those that may not go yet). The HTTP API, the CLI and the Python API are t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from orderly.worker.core.errors import (
     ServiceUnavailable,
     first_line,
 )
-from orderly.worker.core.group_commit import GroupCommit
+from orderly.worker.core.group_commit import ALONE, Alone, GroupCommit
 from orderly.worker.core.owners import Owns
 from orderly.worker.db.prepared import PreparedConnection, prepared_connection
 from orderly.worker.messages import store
@@ -76,13 +77,6 @@ def insert_many(
 HAND_OVER_AGAIN_S = 1.0
 
 
-class _Alone:
-    """A grouped submit its caller stores itself (worker.messages.intake.Intake.submit)."""
-
-
-ALONE = _Alone()
-
-
 def _not_handed(new: list[int], exc: Exception) -> ServiceUnavailable:
     stored = f"message {new[0]} is" if len(new) == 1 else f"messages {new} are"
     return ServiceUnavailable(
@@ -120,7 +114,7 @@ class Intake:
         self._registry = registry
         self._max_payload_bytes = max_payload_bytes
         # Concurrent submits of plain messages share one INSERT and COMMIT (0: each its own).
-        self._group: GroupCommit[tuple[MessageIn, str | None], SubmitResult | _Alone] | None = (
+        self._group: GroupCommit[tuple[MessageIn, str | None], SubmitResult] | None = (
             GroupCommit(self._write_group, group_max) if group_max > 0 else None
         )
 
@@ -171,12 +165,12 @@ class Intake:
         if self._group is None:
             raise RuntimeError("store_together needs an intake with group commit (group_max)")
         with tracing.span("intake", attributes={"orderly.correlation_id": message.correlation_id}):
-            if groupable(message) or (funnels and batchable(message)):
-                found = await self._group.run((message, tracing.current_parent()))
-                if isinstance(found, SubmitResult):
-                    return found
             # alone: as without a group (its own connection, its own error)
-            return await anyio.to_thread.run_sync(self._store_handed, message, owns)
+            return await self._group.run_or_alone(
+                (message, tracing.current_parent()),
+                functools.partial(self._store_handed, message, owns),
+                grouped=groupable(message) or (funnels and batchable(message)),
+            )
 
     def _store_handed(
         self, message: MessageIn, owns: Owns | None, traces: Sequence[str | None] | None = None
@@ -187,7 +181,7 @@ class Intake:
 
     def _write_group(
         self, items: Sequence[tuple[MessageIn, str | None]]
-    ) -> list[SubmitResult | _Alone | BaseException]:
+    ) -> list[SubmitResult | Alone | BaseException]:
         """Submits that came together (worker.core.group_commit): one INSERT for all, in
         autocommit (in key order: two groups never wait for each other's rows in turn), then one
         hand-over; each its own result, or its own refusal (another message under its ids, a
@@ -202,7 +196,7 @@ class Intake:
                 return [exc]
         order = sorted(items, key=lambda i: (i[0].source_system, i[0].correlation_id))
         inserted: dict[tuple[str, str], Inserted] | None = None
-        found: list[SubmitResult | _Alone | BaseException] = []
+        found: list[SubmitResult | Alone | BaseException] = []
         try:
             with prepared_connection(self._engine) as conn:
                 # One statement in autocommit: atomic and durable on its own, without a BEGIN

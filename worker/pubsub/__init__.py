@@ -36,10 +36,10 @@ from orderly.worker.pubsub.claims import Attempt, Claimed, Push
 from orderly.worker.pubsub.consumers import Consumers, consumers
 from orderly.worker.pubsub.delivery import deliver, deliver_batch
 from orderly.worker.pubsub.due import due_deliveries, upkeep
+from orderly.worker.pubsub.event_rows import QUEUED_LEASE_S
 from orderly.worker.pubsub.logs import exception_get, exception_list, published_log, queue_log
 from orderly.worker.pubsub.publish import (
     BATCH,
-    QUEUED_LEASE_S,
     Published,
     PublishIn,
     hand_off,

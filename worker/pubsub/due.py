@@ -11,7 +11,8 @@ from sqlalchemy import Engine
 from orderly.worker.core.due import PgDueIndex
 from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.db.queries import sql
-from orderly.worker.pubsub.publish import BATCH, QUEUED_LEASE_S
+from orderly.worker.pubsub.event_rows import QUEUED_LEASE_S
+from orderly.worker.pubsub.publish import BATCH
 
 
 def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:

@@ -78,10 +78,11 @@ class ServiceSettings(Section):
         ge=0,
         le=1000,
         validation_alias="ORDERLY_INTAKE_GROUP_MAX",
-        description="At most this many single submits (POST /messages without a parent or a "
-        "funnel) that arrive together in one API process are stored with one INSERT (one "
-        "commit), each answered after it (group commit; a waiting request holds no thread); "
-        "0: each its own transaction in a thread.",
+        description="At most this many requests of one kind that arrive together in one API "
+        "process are stored with one commit, each answered after it (group commit; a waiting "
+        "request holds no thread): single submits (POST /messages without a parent or a "
+        "funnel) and conversation requests and responses with one INSERT, publishes without "
+        "an Idempotency-Key in one transaction; 0: each its own transaction in a thread.",
     )
     api_host: str = Field(
         "127.0.0.1",

@@ -1,12 +1,6 @@
 -- Conversation rows in the message store: requests, responses and their outcomes.
 -- Redis holds the order (worker/lua); PostgreSQL the durable truth.
 
--- name: conv_lock
--- Sent before conv_insert_request in its transaction: a request of a bound key and another
--- tenant's, both first in a new conversation, cannot both see it empty.
--- prepare: text
-SELECT pg_advisory_xact_lock(hashtextextended('conversation:' || $1, 0));
-
 -- name: conv_foreign_request
 -- Whether the conversation holds a request of an origin not among $2 (a bound key's).
 -- prepare: text, text[]
@@ -15,27 +9,43 @@ SELECT 1 AS foreign_request FROM message
    AND entity_type <> ALL($2)
  LIMIT 1;
 
--- name: conv_insert_request
--- New input: only through a node in RUN, checked in the same statement (as
--- orderly_insert_messages); nothing is inserted on a duplicate or a node that refuses input.
--- $8: the origins of the caller's key (NULL: every one): such a key joins no conversation
--- that holds a request of another origin (conv_lock, sent first, holds out a concurrent one).
--- $7: the request's corr (NULL: none), kept as {"corr": ...} in envelope.
--- prepare: text, text, text, timestamptz, text, bigint, text, text[]
+-- name: conv_lock_all
+-- Sent before conv_insert_requests in its transaction, the locks of its conversations in key
+-- order (two groups never wait for each other's in turn): a request of a bound key and
+-- another tenant's, both first in a new conversation, cannot both see it empty.
+-- prepare: text[]
+SELECT pg_advisory_xact_lock(k)
+  FROM (SELECT DISTINCT hashtextextended('conversation:' || c, 0) AS k
+          FROM unnest($1) AS u(c) ORDER BY 1) s;
+
+-- name: conv_insert_requests
+-- New requests (one, or a group submitted together), sent after conv_lock_all, inserted in
+-- the order given: the request ids inserted. Only through a node in RUN, checked in the same
+-- statement (as orderly_insert_messages); nothing is inserted on a duplicate or a node that
+-- refuses input. $7: each one's corr (NULL: none), kept as {"corr": ...} in envelope. $8: each
+-- one's caller's origins as a JSON array (NULL: every one): such a caller joins no
+-- conversation that holds a request of another origin. Two requests of one new conversation
+-- with different callers' origins are never in one statement (it sees the conversation as it
+-- was before it).
+-- prepare: text[], text[], text[], timestamptz[], text[], bigint, text[], text[]
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, source_system, state, node_id,
                      envelope)
-SELECT $4, now(), now(), 'conversation', 'request', $1, $3, $1, $2, $5,
-       'bridge.request', 'WAITING_FOR_RES', $6,
-       CASE WHEN $7 IS NOT NULL THEN json_build_object('corr', $7)::text END
+SELECT i.ts, now(), now(), 'conversation', 'request', i.request_id, i.origin, i.request_id,
+       i.conversation_id, i.payload, 'bridge.request', 'WAITING_FOR_RES', $6,
+       CASE WHEN i.corr IS NOT NULL THEN json_build_object('corr', i.corr)::text END
+  FROM unnest($1, $2, $3, $4, $5, $7, $8)
+       WITH ORDINALITY AS i(request_id, conversation_id, origin, ts, payload, corr, origins, n)
  WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
-   AND ($8 IS NULL OR NOT EXISTS (
+   AND (i.origins IS NULL OR NOT EXISTS (
         SELECT 1 FROM message o
-         WHERE o.service_name = 'conversation' AND o.process_id = $2
-           AND o.source_system = 'bridge.request' AND o.entity_type <> ALL($8)))
+         WHERE o.service_name = 'conversation' AND o.process_id = i.conversation_id
+           AND o.source_system = 'bridge.request'
+           AND o.entity_type NOT IN (SELECT json_array_elements_text(i.origins::json))))
+ ORDER BY i.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id;
+RETURNING msg_id, correlation_id AS request_id;
 
 -- name: conv_find
 -- prepare: text, text
@@ -44,21 +54,30 @@ SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin, msg_
        extract(epoch FROM now() - receive_timestamp) * 1000 AS age_ms
   FROM message WHERE correlation_id = $1 AND source_system = $2;
 
--- name: conv_insert_response
--- The response (nothing on a duplicate or through a node not in RUN, checked in the same
--- statement), and its request; no row when the request is unknown in this conversation.
--- prepare: text, text, text, timestamptz, text, bigint, boolean, text, text[], text
--- $7: the response is its request's last. $8: its corr (NULL: none), kept as envelope.
--- $10: the traceparent of the span taking it in (its send continues that trace).
--- $9: the origins of the caller's key (NULL: every one): a request of another origin is
--- unknown, as one that does not exist. The last column returned: the request was
+-- name: conv_insert_responses
+-- New responses (one, or a group submitted together), inserted in the order given, each
+-- IN_QUEUE under its request (CANCEL with it), only through a node in RUN (checked in the same
+-- statement): one row each, in that order, with the response inserted (msg_id NULL: not
+-- inserted: a repeat, its request unknown, or the node not in RUN) and its request (NULL:
+-- unknown in that conversation, or of an origin the caller does not hold). Two with one
+-- response id both name the inserted row: the first is it. request_done: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
--- without a final response. A response whose request is gone from Redis is late unless the
+-- without a final response; a response whose request is gone from Redis is late unless the
 -- request completed (add_response.lua).
-WITH r AS (
-    SELECT msg_id, state, process_id, entity_type, msg_timestamp, custom_data FROM message
-     WHERE correlation_id = $2 AND source_system = 'bridge.request'
-       AND process_id = $3 AND ($9 IS NULL OR entity_type = ANY($9))),
+-- prepare: text[], text[], text[], timestamptz[], text[], bigint, boolean[], text[], text[], text[]
+-- $9: each one's caller's origins as a JSON array (NULL: every one); $10: each one's
+-- traceparent.
+WITH i AS (
+    SELECT * FROM unnest($1, $2, $3, $4, $5, $7, $8, $9, $10)
+      WITH ORDINALITY AS i(response_id, request_id, conversation_id, ts, payload, last, corr,
+                           origins, trace, n)),
+r AS (
+    SELECT i.n, m.msg_id, m.state, m.entity_type, m.msg_timestamp, m.custom_data
+      FROM i JOIN message m
+        ON m.correlation_id = i.request_id AND m.source_system = 'bridge.request'
+       AND m.process_id = i.conversation_id
+       AND (i.origins IS NULL
+            OR m.entity_type IN (SELECT json_array_elements_text(i.origins::json)))),
 ins AS (
     INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                          service_name, operation_name, object_id, entity_type,
@@ -66,22 +85,25 @@ ins AS (
                          failed_error_code, failed_desc, node_id,
                          parent_msg_id, parent_binding_type, response_last, envelope,
                          trace_parent)
-    SELECT $4, now(), now(), 'conversation', 'response', $2, r.entity_type, $1, $3, $5,
-           'bridge.response',
+    SELECT i.ts, now(), now(), 'conversation', 'response', i.request_id, r.entity_type,
+           i.response_id, i.conversation_id, i.payload, 'bridge.response',
            CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
            CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
-           $6, r.msg_id, 'HARD', $7,
-           CASE WHEN $8 IS NOT NULL THEN json_build_object('corr', $8)::text END, $10
-      FROM r
+           $6, r.msg_id, 'HARD', i.last,
+           CASE WHEN i.corr IS NOT NULL THEN json_build_object('corr', i.corr)::text END,
+           i.trace
+      FROM i JOIN r USING (n)
      WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
+     ORDER BY i.n
     ON CONFLICT (correlation_id, source_system) DO NOTHING
-    RETURNING msg_id, state)
+    RETURNING msg_id, state, correlation_id)
 SELECT ins.msg_id, ins.state, r.msg_id AS request_msg_id, r.state AS request_state,
        r.entity_type AS origin, r.msg_timestamp AS request_ts,
        r.state IN ('OK', 'FAILED')
          AND r.custom_data IS DISTINCT FROM 'closed without a final response' AS request_done
-  FROM r LEFT JOIN ins ON true;
+  FROM i LEFT JOIN r USING (n) LEFT JOIN ins ON ins.correlation_id = i.response_id
+ ORDER BY i.n;
 
 -- name: conv_ok
 -- prepare: bigint[], text

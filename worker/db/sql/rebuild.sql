@@ -12,7 +12,7 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- responses not yet delivered (queued, AWAITED, or sent and waiting for their ACK), with
 -- their ages (ms, by PostgreSQL's clock) so that Redis times can be rebuilt on the caller's.
 -- A request comes with the count of its responses and the age of its latest one. A
--- conversation row's envelope is NULL or {"corr": ...} (conv_insert_request/_response); a
+-- conversation row's envelope is NULL or {"corr": ...} (conv_insert_requests/_responses); a
 -- response's removal an operator scheduled is the latest REMOVE_AT entry of its audit.
 SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type, m.state,
        m.failed_count, m.custom_data, m.payload, m.response_last, m.trace_parent,
