@@ -89,3 +89,33 @@ def test_every_bad_field_is_listed(client: TestClient, db: Engine) -> None:
     fields = {e["field"] for e in answer.json()["errors"]}
     assert fields == {"source_system", "guaranteed_order"}
     assert count_messages(db) == 0
+
+
+def test_a_client_gone_before_its_body_is_read_is_no_failure(
+    client: TestClient, db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body never comes (the client disconnected): nothing stored, no 500 sent, and no
+    error logged as if the API had failed."""
+    sent: list[dict[str, Any]] = []
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/messages", "raw_path": b"/messages", "root_path": "",
+        "query_string": b"", "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
+        "headers": [
+            (b"authorization", client.headers["Authorization"].encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"120"),
+        ],
+    }  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with caplog.at_level("DEBUG", logger="orderly.api"):
+        client.portal.call(client.app, scope, receive, send)  # type: ignore[union-attr, arg-type, call-arg]
+    assert sent == [] and count_messages(db) == 0
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    assert any("disconnected" in r.getMessage() for r in caplog.records)

@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orderly.worker.core.errors import (
@@ -188,7 +189,8 @@ def _handler(status: int, field: Field) -> Callable[[Request, Exception], Awaita
 class ContainErrors:
     """Any other exception: a 500 in the errors shape, logged, and nothing re-raised, so the
     server keeps the client's connection open (an exception escaping the app makes it close
-    the connection after the 500). A NUL character in the path or the query (no name or id
+    the connection after the 500); a client gone before its body was read is no failure (not
+    logged as one). A NUL character in the path or the query (no name or id
     holds one, and PostgreSQL refuses it) is a 400 before any route runs."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -213,6 +215,9 @@ class ContainErrors:
 
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:
+            # The client went away before its body was read: nothing failed, nobody to answer.
+            log.debug("%s %s: the client disconnected", scope.get("method"), scope.get("path"))
         except Exception:
             if started:
                 raise
