@@ -30,6 +30,7 @@ from orderly.worker.pubsub.publish import Published
 from orderly.worker.pubsub.publish_group import GroupedPublisher
 from tests.helpers import group_writes
 from tests.test_conversations import SINK, Harness, make
+from tooling.servers import RedisServer
 
 T = TypeVar("T")
 
@@ -223,3 +224,69 @@ def test_a_publish_with_an_idempotency_key_is_stored_alone_and_once(
     first, again = asyncio.run(twice())
     assert first.created and not again.created and again.event_id == first.event_id
     assert [d for batch in handed for d in batch] == first.deliveries
+
+
+def test_a_key_cannot_register_in_another_tenants_conversation_through_a_group(
+    h: Harness,
+) -> None:
+    """The same request id in another tenant's conversation and in the caller's own, in one
+    group: the statement refuses the first and inserts the second; the first, stored alone
+    after it, is refused (its id is taken now: as if it came second), the second is 201, and
+    nothing joins the other tenant's conversation in Redis."""
+    put_channel(h.engine, Channel("other", SINK, 10, 2.0, 2, 1000))
+    mine, theirs = Owns(origins=frozenset({"chat"})), Owns(origins=frozenset({"other"}))
+    h.conv.register_request("victim", {"request_id": "v1", "origin": "other"}, theirs)
+    calls = [
+        lambda: h.conv.register_request_together(
+            "victim", {"request_id": "x", "origin": "chat"}, mine
+        ),
+        lambda: h.conv.register_request_together(
+            "own", {"request_id": "x", "origin": "chat"}, mine
+        ),
+    ]
+    answers, sizes = together(h.conv._requests, calls)
+    assert sizes == [2]
+    assert isinstance(answers[0], InvalidMessage) and "'own'" in str(answers[0]), answers[0]
+    assert isinstance(answers[1], Registered) and answers[1].created, answers[1]
+    assert h.redis.lrange(h.k.request_list("victim"), 0, -1) == [
+        h.k.request("victim", "v1").encode()
+    ]
+    found = _rows(h.engine, "SELECT process_id FROM message WHERE correlation_id = 'x'")
+    assert [r.process_id for r in found] == ["own"]
+
+
+def test_redis_down_fails_only_those_of_a_group_that_need_it(
+    db: Engine, redis_server: RedisServer
+) -> None:
+    """Redis stops between the group's rows and their scripts: the stored ones answer the
+    error (a repeat puts them in Redis), the others are answered as alone (their refusals
+    need no Redis)."""
+    client = redis_server.client()
+    h = make(db, client, intake_group_max=64)
+    h.request("c1", "r1")
+    put_channel(h.engine, Channel("gone", SINK, 10, 2.0, 2, 1000))
+    body = {"request_id": "r1", "response_id": "s1", "payload": {}}
+    unknown = {"request_id": "nope", "response_id": "s2", "payload": {}}
+    assert h.conv._responses is not None
+    gate = threading.Event()
+    sizes = group_writes(h.conv._responses, gate)
+
+    async def run() -> list[Any]:
+        tasks = [
+            asyncio.ensure_future(h.conv.add_response_together("c1", body, h.enqueue)),
+            asyncio.ensure_future(h.conv.add_response_together("c1", unknown, h.enqueue)),
+        ]
+        while len(h.conv._responses._queue) + sum(sizes) < 2:  # type: ignore[union-attr]
+            await asyncio.sleep(0.001)
+        redis_server.stop()
+        gate.set()
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+    answers = asyncio.run(run())
+    assert isinstance(answers[0], redis.ConnectionError), answers[0]
+    assert isinstance(answers[1], UnknownRequest), answers[1]
+    stored = _rows(db, "SELECT state FROM message WHERE correlation_id = 's1'")
+    assert [r.state for r in stored] == ["IN_QUEUE"]  # stored: its repeat queues it
+    redis_server.start()
+    again = h.conv.add_response("c1", body, h.enqueue)
+    assert not again.created and h.redis.exists(h.k.response("c1", "s1"))

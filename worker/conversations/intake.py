@@ -361,11 +361,13 @@ def store_requests(ctx: Context, items: Sequence[tuple[NewRequest, Owns | None]]
     except Exception as exc:
         log.warning("a group of %d requests failed (%s): each alone", len(grouped), exc)
         return out
-    inserted = {row.request_id: row.msg_id for row in found}
+    # A row is the item's of its request id and conversation (another with that id, in
+    # another conversation, may have been refused by the statement: it is not this one).
+    inserted = {(row.request_id, row.conversation_id): row.msg_id for row in found}
     stored: list[tuple[int, int, Call]] = []
     for i in grouped:
         new = items[i][0]
-        msg_id = inserted.pop(new.request.request_id, None)
+        msg_id = inserted.pop((new.request.request_id, new.conversation_id), None)
         if msg_id is None:
             continue  # a repeat (or the second of a group), another's conversation: alone
         req = new.request
@@ -375,7 +377,11 @@ def store_requests(ctx: Context, items: Sequence[tuple[NewRequest, Owns | None]]
         )  # fmt: skip
         stored.append((i, msg_id, call))
     # In Redis in one round trip (a server's); one that fails is stored: a repeat registers it
-    replies = lua.register_request_each(ctx.scripts, [call for _, _, call in stored])
+    replies: list[bool | Exception]
+    try:
+        replies = lua.register_request_each(ctx.scripts, [call for _, _, call in stored])
+    except Exception as exc:  # the round trip itself: those stored answer it, no others
+        replies = [exc] * len(stored)
     for (i, msg_id, _), reply in zip(stored, replies, strict=True):
         if isinstance(reply, Exception):
             out[i] = reply
@@ -411,7 +417,11 @@ def store_responses(
             (i, inserted, row.msg_id, token, _response_call(ctx, new, inserted, row.msg_id, token))
         )
     # In Redis in one round trip (a server's); one that fails is stored: a repeat queues it
-    replies = lua.add_response_each(ctx.scripts, [call for *_, call in queued])
+    replies: list[lua.ResponseAdded | Exception]
+    try:
+        replies = lua.add_response_each(ctx.scripts, [call for *_, call in queued])
+    except Exception as exc:  # the round trip itself: those stored answer it, no others
+        replies = [exc] * len(queued)
     for (i, inserted, msg_id, token, _), added in zip(queued, replies, strict=True):
         new, _, enqueue = items[i]
         try:

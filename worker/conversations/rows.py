@@ -13,6 +13,7 @@ class RequestInserted:
 
     msg_id: int
     request_id: str
+    conversation_id: str
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ def store(
     idempotency_hash: str | None = None,
     named: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[int, str]], list[tuple[int, int, bool]]]:
-    """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at) and
+    """Insert events (dicts of correlation_id, token, routing_key, payload, deliver_at, and
+    trace_parent when not the span running now) and
     their deliveries; ``[(event_id, correlation_id)]`` and ``[(delivery_id, event_id, due)]``
     where due means handed to the broker after the commit (not delayed, not pulled).
 
@@ -84,6 +85,7 @@ def store(
             "the event matches handler subscriptions, whose consumers take only events "
             "signed with it; set it (the workers' value) and publish again",
         )
+    current = tracing.current_parent()
     inserted = conn.execute(
         sql("events_insert"),
         {
@@ -104,7 +106,9 @@ def store(
             "node_id": node_id,
             "idempotency_key": idempotency_key,
             "idempotency_hash": idempotency_hash,
-            "trace_parent": tracing.current_parent(),  # each delivery's send continues it
+            # each delivery's send continues its publish's trace (the span running now, or
+            # the one its publish was taken in, when stored with others: group commit)
+            "trace_parents": [e.get("trace_parent", current) for e in events],
         },
     ).all()
     if not inserted and events and node_id is not None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 from sqlalchemy import Connection, Engine
 
 from orderly.worker import tokens
+from orderly.worker.core import tracing
 from orderly.worker.core.clock import SYSTEM, Clock, utcnow
 from orderly.worker.core.errors import Forbidden, InvalidMessage
 from orderly.worker.core.inputs import parse_input
@@ -100,6 +101,7 @@ class NewPublish:
     pub: PublishIn
     payload_text: str
     idempotency_key: str | None = None
+    trace_parent: str | None = None  # the span it was taken in: its deliveries continue it
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def parse_publish(
             )
     if idempotency_key is not None and not _KEY.fullmatch(idempotency_key):
         raise InvalidMessage("Idempotency-Key", "1 to 200 printable ASCII characters")
-    return NewPublish(room_name, pub, payload_text, idempotency_key)
+    return NewPublish(room_name, pub, payload_text, idempotency_key, tracing.current_parent())
 
 
 def publish(
@@ -330,6 +332,7 @@ def route(
         "payload": pub.payload,
         "payload_text": new.payload_text,
         "deliver_at": deliver_at,
+        "trace_parent": new.trace_parent,
     }
     return Routed(
         event,

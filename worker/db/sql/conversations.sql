@@ -20,7 +20,7 @@ SELECT pg_advisory_xact_lock(k)
 
 -- name: conv_insert_requests
 -- New requests (one, or a group submitted together), sent after conv_lock_all, inserted in
--- the order given: the request ids inserted. Only through a node in RUN, checked in the same
+-- the order given: those inserted (ids and conversations). Only through a node in RUN, checked in the same
 -- statement (as orderly_insert_messages); nothing is inserted on a duplicate or a node that
 -- refuses input. $7: each one's corr (NULL: none), kept as {"corr": ...} in envelope. $8: each
 -- one's caller's origins as a JSON array (NULL: every one): such a caller joins no
@@ -45,7 +45,7 @@ SELECT i.ts, now(), now(), 'conversation', 'request', i.request_id, i.origin, i.
            AND o.entity_type NOT IN (SELECT json_array_elements_text(i.origins::json))))
  ORDER BY i.n
 ON CONFLICT (correlation_id, source_system) DO NOTHING
-RETURNING msg_id, correlation_id AS request_id;
+RETURNING msg_id, correlation_id AS request_id, process_id AS conversation_id;
 
 -- name: conv_find
 -- prepare: text, text

@@ -166,7 +166,8 @@ SELECT v.version FROM event_type_version v WHERE v.event_type_id = :event_type_i
  ORDER BY v.version;
 
 -- name: events_insert
--- Events from parallel arrays (one row per index), returning their ids by correlation id.
+-- Events from parallel arrays (one row per index: each with the traceparent of the publish
+-- that made it), returning their ids by correlation id.
 -- With :node_id, only through that node in RUN (checked in the same statement): nothing is
 -- inserted while it drains or is stopped.
 INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routing_key,
@@ -175,12 +176,12 @@ INSERT INTO event (correlation_id, token, room_id, event_type_id, version, routi
 SELECT c, t, :room_id, CAST(:event_type_id AS bigint), CAST(:version AS integer), k,
        CAST(p AS jsonb), CAST(:publisher_id AS bigint), CAST(:user_id AS text),
        CAST(:impersonator_id AS text), :published_at, d, CAST(:expires_at AS timestamptz), u,
-       CAST(:idempotency_key AS text), CAST(:idempotency_hash AS text),
-       CAST(:trace_parent AS text)
+       CAST(:idempotency_key AS text), CAST(:idempotency_hash AS text), tp
   FROM unnest(CAST(:correlation_ids AS text[]), CAST(:tokens AS text[]),
               CAST(:routing_keys AS text[]), CAST(:payloads AS text[]),
-              CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]))
-       AS x(c, t, k, p, d, u)
+              CAST(:deliver_ats AS timestamptz[]), CAST(:unroutables AS boolean[]),
+              CAST(:trace_parents AS text[]))
+       AS x(c, t, k, p, d, u, tp)
  WHERE CAST(:node_id AS bigint) IS NULL
     OR EXISTS (SELECT 1 FROM node WHERE node_id = CAST(:node_id AS bigint) AND state = 'RUN')
 RETURNING event_id, correlation_id;
