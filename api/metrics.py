@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
@@ -15,6 +16,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from orderly.models.pubsub import DeliveryState
+from orderly.worker import readiness
 from orderly.worker.observe import Figures, Source, gather
 from orderly.worker.runtime import Runtime, get_runtime
 from orderly.worker.totals import CATALOGUE, Counter, Total, histogram_totals
@@ -32,7 +34,7 @@ def runtime_figures(runtime: Runtime | None = None) -> Figures:
     s = rt.settings
     url = s.effective_broker_url
     broker = rt.redis if url == s.redis_url else _broker_client(url)
-    return gather(
+    figures = gather(
         rt.engine,
         rt.ordering_redis,
         s.bridge_keys,
@@ -41,6 +43,11 @@ def runtime_figures(runtime: Runtime | None = None) -> Figures:
         broker,
         rt.broker.queues,
     )
+    try:
+        evicting = [each for client in rt.redis_clients for each in readiness.evicting(client)]
+    except Exception:  # a Redis that does not answer is reported by its own part
+        return figures
+    return dataclasses.replace(figures, redis_evicting=evicting)
 
 
 def _seconds_histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:

@@ -68,6 +68,11 @@ def print_status(figures: Figures, console: Console) -> None:
         for node, count in figures.workers_alive.items():
             table.add_row(node or "(none)", str(count))
         console.print(table)
+    if figures.redis_evicting:
+        table = Table("Redis server", title="Redis that may evict orderly's keys")
+        for server in figures.redis_evicting:
+            table.add_row(server)
+        console.print(table)
     if (broker := figures.broker) is not None:
         table = Table("queue", "tasks waiting", title="Broker")
         for queue, count in broker.queues.items():

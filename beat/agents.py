@@ -14,6 +14,7 @@ from typing import Any
 
 from orderly.worker import nodes, pubsub, rebuild
 from orderly.worker.celery import app
+from orderly.worker.conversations import reconcile
 from orderly.worker.messages import confirmations, schedules, timeouts, watchdogs
 from orderly.worker.runtime import get_runtime
 
@@ -32,6 +33,25 @@ def redis_watch() -> rebuild.RebuildReport | None:
         runtime.conversations,
         runtime.broker.enqueue_drain,
         runtime.wake_processing,
+    )
+
+
+def redis_sweep() -> str:
+    """Conversations whose keys Redis lost under a live marker (evicted, deleted by hand):
+    rebuilt from their rows once seen so twice in a row (worker/conversations/reconcile.py).
+    Left to redis-watch while the markers say Redis lost everything."""
+    runtime = get_runtime()
+    conversations = runtime.conversations
+    if rebuild.check(conversations):
+        return "Redis lost its state: redis-watch rebuilds it"
+    report = conversations.sweep(
+        reconcile.page_reader(runtime.engine), runtime.broker.enqueue_drain
+    )
+    if report.repaired:
+        rebuild.count_repair()
+    return (
+        f"{report.conversations} conversations looked at, {len(report.suspect)} suspect, "
+        f"{len(report.repaired)} rebuilt ({report.keys_created} keys)"
     )
 
 

@@ -58,6 +58,11 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
             first_after_s=random.uniform(0, min(60.0, awaited_every)),
         ),
     ]
+    if settings.redis_sweep_interval_ms > 0:
+        # Single keys Redis lost under a live marker (evicted, deleted by hand).
+        found.append(
+            Job("redis-sweep", settings.redis_sweep_interval_ms / 1000, agents.redis_sweep)
+        )
     if settings.logging_extra_time_metrics:
         found.append(
             Job(

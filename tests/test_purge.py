@@ -334,7 +334,11 @@ def _conversation(db: Engine, node: int, cid: str, request_state: str, *response
 def _rebuild_rows(db: Engine) -> list[dict[str, Any]]:
     """What a rebuild of Redis would read (worker/conversations/rebuild.py), but the ages."""
     with db.connect() as conn:
-        rows = conn.execute(sql("rebuild_conversation_rows")).mappings().all()
+        rows = (
+            conn.execute(sql("rebuild_conversation_rows"), {"after": "", "conversations": None})
+            .mappings()
+            .all()
+        )
     return [{k: v for k, v in row.items() if not k.endswith(("age_ms", "idle_ms"))} for row in rows]
 
 

@@ -146,6 +146,9 @@ class Figures:
     # the running totals of the counters and histograms (worker.totals; None: not read)
     totals: Sequence[Total] | None = None
     gathered_at: float = 0.0  # seconds since the epoch
+    # the Redis servers that may evict orderly's keys (worker.readiness.evicting; None: not
+    # asked)
+    redis_evicting: Sequence[str] | None = None
 
 
 # --- PostgreSQL -------------------------------------------------------------------------------
@@ -423,8 +426,11 @@ def gather(
 
 
 def verdict(figures: Figures) -> tuple[bool, list[str]]:
-    """Healthy, or degraded and why: a source that could not be read, no live worker."""
+    """Healthy, or degraded and why: a source that could not be read, no live worker, a Redis
+    that may evict orderly's keys."""
     why = [f"{source.value} could not be read" for source in figures.errors]
     if figures.workers_alive is not None and not sum(figures.workers_alive.values()):
         why.append("no live worker")
+    if figures.redis_evicting:
+        why.append(f"Redis may evict orderly's keys ({'; '.join(figures.redis_evicting)})")
     return not why, why

@@ -1,4 +1,5 @@
-"""Readiness: can this process reach PostgreSQL, Redis and the broker now?
+"""Readiness: can this process reach PostgreSQL, Redis and the broker now, and does its Redis
+keep orderly's keys (no eviction)?
 
 Each probe is a blocking call made in a thread by the face (GET /ready), which bounds its
 wait; a probe that fails names its service (:class:`ServiceUnavailable`).
@@ -6,7 +7,9 @@ wait; a probe that fails names its service (:class:`ServiceUnavailable`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from redis import Redis
 from redis.cluster import RedisCluster
@@ -15,6 +18,8 @@ from sqlalchemy import Engine
 from orderly.worker.core.clients import OrderingRedis
 from orderly.worker.core.errors import ServiceUnavailable, first_line
 from orderly.worker.db.queries import sql
+
+log = logging.getLogger(__name__)
 
 Probe = Callable[[], None]
 
@@ -36,6 +41,55 @@ def ping_redis_cluster(client: Callable[[], OrderingRedis]) -> None:
         cluster.ping(target_nodes=RedisCluster.PRIMARIES)
     else:
         cluster.ping()
+
+
+def evicting(client: OrderingRedis) -> list[str]:
+    """The servers of ``client`` (each primary of a cluster) that may evict keys: a maxmemory
+    with a policy other than noeviction, each as 'host:port: policy with maxmemory N'. Read
+    from INFO (managed services often disable CONFIG)."""
+    if isinstance(client, RedisCluster):
+        found = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        servers = found if _per_node(found) else {"cluster": found}
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+        servers = {f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}": client.info("memory")}
+    return [
+        f"{name}: maxmemory-policy {info.get('maxmemory_policy')} with maxmemory "
+        f"{info.get('maxmemory')} bytes"
+        for name, info in servers.items()
+        if int(info.get("maxmemory") or 0) > 0 and info.get("maxmemory_policy") != "noeviction"
+    ]
+
+
+def _per_node(found: Any) -> bool:
+    return isinstance(found, dict) and all(isinstance(v, dict) for v in found.values())
+
+
+def keeps_keys(clients: Sequence[OrderingRedis], allowed: bool) -> None:
+    """Refuse (RedisMayEvict) a Redis that may evict orderly's keys unless ``allowed``
+    (ORDERLY_REDIS_EVICTION_ALLOWED); allowed, it is logged."""
+    found = sorted({each for client in clients for each in evicting(client)})
+    if not found:
+        return
+    if not allowed:
+        raise RedisMayEvict(found)
+    log.warning(
+        "Redis may evict orderly's keys (%s): ORDERLY_REDIS_EVICTION_ALLOWED is set; beat's "
+        "sweep rebuilds conversations whose keys are gone",
+        "; ".join(found),
+    )
+
+
+class RedisMayEvict(RuntimeError):
+    """A Redis may evict orderly's keys and the operator did not allow it."""
+
+    def __init__(self, servers: list[str]) -> None:
+        super().__init__(
+            f"Redis may evict orderly's keys ({'; '.join(servers)}): every conversation key "
+            "has a TTL, so volatile-* policies evict them too, and a conversation whose keys "
+            "are gone stalls until beat's sweep rebuilds it. Set maxmemory-policy noeviction, "
+            "or ORDERLY_REDIS_EVICTION_ALLOWED=true to run anyway"
+        )
 
 
 def probe(service: str, check: Probe) -> ServiceUnavailable | None:

@@ -167,8 +167,21 @@ def rebuild(
     return report
 
 
-# Why a rebuild ran (check's reasons, without their details; or forced by an operator).
-REASONS = ("the marker is missing", "a rebuild did not finish", "the server restarted", "forced")
+# Why a rebuild ran (check's reasons, without their details; or forced by an operator; or
+# conversations whose keys were gone under a live marker, rebuilt by beat's sweep).
+KEYS_MISSING = "keys missing"
+REASONS = (
+    "the marker is missing",
+    "a rebuild did not finish",
+    "the server restarted",
+    "forced",
+    KEYS_MISSING,
+)
+
+
+def count_repair() -> None:
+    """A sweep rebuilt conversations whose keys were gone (worker.conversations.reconcile)."""
+    TALLY.add(REDIS_REBUILDS, KEYS_MISSING)
 
 
 def count_from_zero() -> None:
@@ -198,7 +211,9 @@ def _rebuild(
     report.other_layout_keys_removed = remove_other_layouts(conversations)
     # 1. Conversations first: a response accepted meanwhile joins the order rebuilt.
     with engine.connect() as conn:
-        rows = conn.execute(sql("rebuild_conversation_rows")).all()
+        rows = conn.execute(
+            sql("rebuild_conversation_rows"), {"after": "", "conversations": None}
+        ).all()
     rebuilt = conversations_rebuild.rebuild(ctx, rows)
     report.conversations = rebuilt.conversations
     report.keys_created = rebuilt.keys_created

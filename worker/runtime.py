@@ -18,7 +18,7 @@ from redis import Redis
 from sqlalchemy import Engine
 
 from orderly.models.keys import TrackKeys
-from orderly.worker import configuration, nodes, totals
+from orderly.worker import configuration, nodes, readiness, totals
 from orderly.worker.broker import Broker
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
@@ -74,9 +74,24 @@ class Runtime:
         load_handler_modules(self.settings.handler_module_list)
         return registry
 
-    def startup_check(self) -> None:
-        """Seed missing configuration defaults and stop on an inconsistent table."""
+    def startup_check(self, *, redis: bool = True) -> None:
+        """Seed missing configuration defaults and stop on an inconsistent table; with
+        ``redis``, stop on a Redis that may evict orderly's keys (RedisMayEvict) unless
+        ORDERLY_REDIS_EVICTION_ALLOWED."""
         configuration.startup_check(self.engine)
+        if redis:
+            readiness.keeps_keys(self.redis_clients, self.settings.redis_eviction_allowed)
+
+    @property
+    def redis_clients(self) -> list[OrderingRedis]:
+        """Every Redis this process uses: the broker's and wake's, tracking's when separate,
+        the ordering structures' cluster when there is one."""
+        found: list[OrderingRedis] = [self.redis]
+        if self.settings.track_redis_url is not None:
+            found.append(self.tracking_redis)
+        if self.settings.redis_cluster:
+            found.append(self.ordering_redis)
+        return found
 
     @property
     def node_id(self) -> int:

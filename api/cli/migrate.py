@@ -21,5 +21,5 @@ def migrate(
     if create_database and schema.create_database(runtime.settings.database_url):
         console.print(f"created database {runtime.engine.url.database}")
     schema.upgrade(runtime.settings.database_url)
-    runtime.startup_check()
+    runtime.startup_check(redis=False)  # migrations need no Redis
     console.print("[green]database is at the latest revision[/]")

@@ -1,7 +1,8 @@
 """GET /health: the API process answers (liveness; it checks nothing behind it).
 GET /ready: PostgreSQL, Redis and the broker answer (and the Redis Cluster of the ordering
-structures, with ORDERLY_REDIS_CLUSTER), each within ORDERLY_READY_TIMEOUT_MS; else 503
-naming each one that does not. Its verdict stands for ORDERLY_READY_CACHE_MS."""
+structures, with ORDERLY_REDIS_CLUSTER), each within ORDERLY_READY_TIMEOUT_MS, and no Redis
+may evict orderly's keys (unless ORDERLY_REDIS_EVICTION_ALLOWED); else 503 naming each one
+that does not. Its verdict stands for ORDERLY_READY_CACHE_MS."""
 
 from __future__ import annotations
 
@@ -101,6 +102,10 @@ async def _check(runtime: Runtime) -> Response:
         checks["redis-cluster"] = functools.partial(
             readiness.ping_redis_cluster, lambda: runtime.ordering_redis
         )
+    # A Redis that may evict orderly's keys, unless the operator allowed it.
+    checks["redis-eviction"] = functools.partial(
+        readiness.keeps_keys, runtime.redis_clients, runtime.settings.redis_eviction_allowed
+    )
     found = await asyncio.gather(
         *(_probe(name, check, timeout_s) for name, check in checks.items())
     )

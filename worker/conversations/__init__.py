@@ -15,6 +15,7 @@ is the one object the faces use.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -22,7 +23,7 @@ from sqlalchemy import Engine
 
 from orderly.models.keys import BridgeKeys
 from orderly.worker.channels import ChannelDirectory
-from orderly.worker.conversations import agent, gate, intake, operations
+from orderly.worker.conversations import agent, gate, intake, operations, reconcile
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
@@ -106,6 +107,7 @@ class Conversations:
             if group_max > 0
             else None
         )
+        self._sweeper: reconcile.Sweeper | None = None
 
     @property
     def keys(self) -> BridgeKeys:
@@ -162,6 +164,16 @@ class Conversations:
             if self._responses is None:
                 return await anyio.to_thread.run_sync(alone)
             return await self._responses.run_or_alone((new, owns, enqueue), alone)
+
+    def sweep(
+        self, read: Callable[[str, int], Sequence[Any]], enqueue: Enqueue
+    ) -> reconcile.SweepReport:
+        """Rebuild the conversations whose keys Redis lost under a live marker (evicted,
+        deleted), seen so twice in a row (worker.conversations.reconcile); ``read``: a page
+        of the rebuild's rows (reconcile.page_reader)."""
+        if self._sweeper is None:
+            self._sweeper = reconcile.Sweeper(self.ctx)
+        return self._sweeper.sweep(read, enqueue)
 
     def can_send(self, conversation_id: str, response_id: str) -> Gate:
         """canSendConversationMessage: may this response go out now, by the order alone?"""

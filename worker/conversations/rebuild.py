@@ -117,12 +117,16 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
     return out
 
 
-def _groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
+def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
+    """A conversation's rows as the groups a rebuild makes (``request`` None: the request's
+    life in Redis is over), in conversation order."""
     s = ctx.settings
-    groups: dict[str, _Group] = {}
+    by_request: dict[str, _Group] = {}
     for row in rows:
         if row.operation_name == "request":
-            group = groups.setdefault(row.correlation_id, _Group(row.correlation_id, row.msg_id))
+            group = by_request.setdefault(
+                row.correlation_id, _Group(row.correlation_id, row.msg_id)
+            )
             group.order = row.msg_id
             latest = row.latest_response_age_ms
             age = min(_int(row.age_ms), _int(latest) if latest is not None else _int(row.age_ms))
@@ -146,7 +150,7 @@ def _groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
         response = _response(ctx, row, now)
         if response is None:
             continue
-        group = groups.setdefault(row.request_id, _Group(row.request_id, row.msg_id))
+        group = by_request.setdefault(row.request_id, _Group(row.request_id, row.msg_id))
         group.responses.append(response)
         if row.request_state != MessageState.WAITING_FOR_RES and group.request is None:
             # A callback: the request had completed; it took its turn again at the end.
@@ -165,7 +169,7 @@ def _groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
                 "seq": 0,
                 "callback": 1,
             }
-    return sorted(groups.values(), key=lambda g: g.order)
+    return sorted(by_request.values(), key=lambda g: g.order)
 
 
 @dataclass
@@ -184,8 +188,8 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
     k = ctx.keys
     keep_ms = max(ctx.settings.message_ttl, ctx.settings.awaited_message_ttl)
     for cid, own in by_conversation.items():
-        groups = _groups(ctx, own, ctx.now_ms())
-        if not groups:
+        found = groups(ctx, own, ctx.now_ms())
+        if not found:
             continue
         data = {
             "groups": [
@@ -196,7 +200,7 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
                     **({"request": g.request} if g.request is not None else {}),
                     "responses": g.responses,
                 }
-                for g in groups
+                for g in found
             ]
         }
         shard = k.shard(cid)

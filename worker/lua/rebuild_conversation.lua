@@ -1,6 +1,7 @@
 -- A conversation's ordering state rebuilt from its PostgreSQL rows after Redis lost it (or
--- part of it). What is missing is created; what exists (written since the loss) is kept; then
--- the order is renumbered: the rebuilt groups first, in the rows' order, whatever was added
+-- part of it: keys evicted or deleted). What is missing is created (a response hash, its
+-- entry in pendingMessages, a request hash, the conversation's list or order); what exists
+-- (written since the loss) is kept; then the order is renumbered: the rebuilt groups first, in the rows' order, whatever was added
 -- since the loss after them, in its own order.
 -- KEYS[1] request list  KEYS[2] response order  KEYS[3] pendingMessages  KEYS[4] request counter
 -- KEYS[5] scheduled (the shard's: a response's removal an operator scheduled is due there)
@@ -53,7 +54,19 @@ for _, group in ipairs(data.groups) do
         end
       end
       created = created + 1
+    elseif not redis.call('ZSCORE', pending_key, r.member) then
+      -- its hash kept, its wait lost (the shard's set evicted): nothing would wake it
+      redis.call('ZADD', pending_key, r.pendingAt, r.member)
+      created = created + 1
     end
+  end
+end
+-- The conversation's own list and order lost while its hashes were kept count as missing too.
+for _, group in ipairs(data.groups) do
+  if (group.request and redis.call('EXISTS', list_key) == 0)
+      or (#group.responses > 0 and redis.call('EXISTS', zset_key) == 0) then
+    created = created + 1
+    break
   end
 end
 if created == 0 then return {0, redis.call('ZCARD', zset_key)} end

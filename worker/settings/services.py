@@ -41,6 +41,26 @@ class ServiceSettings(Section):
         "with ORDERLY_REDIS_CLUSTER=true); the client learns the others from them.",
     )
 
+    redis_eviction_allowed: bool = Field(
+        False,
+        validation_alias="ORDERLY_REDIS_EVICTION_ALLOWED",
+        description="Start even though a Redis orderly uses may evict its keys (a maxmemory "
+        "with a maxmemory-policy other than noeviction: every conversation key has a TTL, so "
+        "volatile-* policies evict them too). Without it the API, workers and beat refuse to "
+        "start on such a Redis and GET /ready answers 503 naming it; with it they start, "
+        "warn, and beat's sweep rebuilds the conversations whose keys are gone from their "
+        "rows (ORDERLY_REDIS_SWEEP_INTERVAL_MS).",
+    )
+    redis_sweep_interval_ms: int = Field(
+        2_000,
+        ge=0,
+        validation_alias="ORDERLY_REDIS_SWEEP_INTERVAL_MS",
+        description="In ms, how often beat looks for conversations whose rows are open but "
+        "whose keys Redis lost under a live marker (evicted, deleted by hand); one seen so "
+        "twice in a row with the same rows is rebuilt from them. One query a page of 500 "
+        "conversations and one pipelined round trip; 0: never.",
+    )
+
     node_code: str = Field(
         default_factory=socket.gethostname,
         validation_alias="ORDERLY_NODE_CODE",

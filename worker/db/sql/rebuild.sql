@@ -14,6 +14,15 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- A request comes with the count of its responses and the age of its latest one. A
 -- conversation row's envelope is NULL or {"corr": ...} (conv_insert_requests/_responses); a
 -- response's removal an operator scheduled is the latest REMOVE_AT entry of its audit.
+-- :after, :conversations: a page of the conversations with such rows, those after :after in
+-- id order ('' and NULL: every one; the reconciliation sweep walks them a page at a time).
+WITH page AS (
+    SELECT DISTINCT process_id FROM message
+     WHERE service_name = 'conversation' AND process_id > :after
+       AND ((operation_name = 'request' AND state = 'WAITING_FOR_RES')
+            OR (operation_name = 'response'
+                AND state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')))
+     ORDER BY process_id LIMIT :conversations)
 SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type, m.state,
        m.failed_count, m.custom_data, m.payload, m.response_last, m.trace_parent,
        CAST(m.envelope AS json) ->> 'corr' AS corr,
@@ -29,7 +38,7 @@ SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type
        (SELECT extract(epoch FROM now() - max(c.receive_timestamp)) * 1000
           FROM message c WHERE c.parent_msg_id = m.msg_id) AS latest_response_age_ms
   FROM message m LEFT JOIN message p ON p.msg_id = m.parent_msg_id
- WHERE m.service_name = 'conversation'
+ WHERE m.service_name = 'conversation' AND m.process_id IN (SELECT process_id FROM page)
    AND ((m.operation_name = 'request' AND m.state = 'WAITING_FOR_RES')
         OR (m.operation_name = 'response'
             AND m.state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')))

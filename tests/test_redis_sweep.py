@@ -1,0 +1,188 @@
+"""Partial Redis loss: keys gone under a live marker (evicted, deleted by hand) are noticed and
+the conversations they belonged to rebuilt from PostgreSQL; a Redis that may evict orderly's
+keys is refused at start-up and in /ready unless allowed. Against the real Redis and
+PostgreSQL (a Redis of the test's own for eviction)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine
+
+from orderly.worker import readiness
+from orderly.worker.conversations import reconcile
+from orderly.worker.conversations.reconcile import SweepReport
+from orderly.worker.core.scripts import as_text
+from orderly.worker.runtime import Runtime
+from orderly.worker.settings import Settings
+from tests.conftest import TEST_DB_URL
+from tests.helpers import wait_until
+from tests.stack import Stack
+from tests.test_conversations import Harness, Recorder, make
+from tooling.servers import RedisServer
+
+
+@pytest.fixture
+def h(db: Engine, redis_client: redis.Redis) -> Iterator[Harness]:
+    yield make(db, redis_client)
+
+
+def sweep(h: Harness) -> SweepReport:
+    return h.conv.sweep(reconcile.page_reader(h.engine), h.enqueue)
+
+
+def conversation(h: Harness, cid: str, responses: int) -> None:
+    h.request(cid, f"{cid}-r1")
+    h.request(cid, f"{cid}-r2")
+    for i in range(responses):
+        h.response(cid, f"{cid}-r{1 + i % 2}", f"{cid}-s{i}", last=i >= responses - 2)
+
+
+def test_a_response_deleted_by_hand_is_rebuilt_once_seen_twice(h: Harness) -> None:
+    conversation(h, "c1", 4)
+    conversation(h, "c2", 4)
+    assert sweep(h).suspect == []  # whole: nothing to do
+    h.redis.delete(h.k.response("c1", "c1-s2"))
+    first = sweep(h)
+    assert first.suspect == ["c1"] and first.repaired == []  # not yet: it may be in flight
+    assert not h.redis.exists(h.k.response("c1", "c1-s2"))
+    second = sweep(h)
+    assert second.repaired == ["c1"] and second.keys_created >= 1
+    assert h.redis.hget(h.k.response("c1", "c1-s2"), "status") == b"PENDING"
+    assert sweep(h).suspect == []  # whole again
+    rec = Recorder()
+    h.run(rec)
+    # every response once, in conversation order (r1's, then r2's)
+    assert [s for s in rec.sent if s.startswith("c1")] == ["c1-s0", "c1-s2", "c1-s1", "c1-s3"]
+    assert len(rec.sent) == len(set(rec.sent)) == 8
+
+
+def test_a_lost_wait_list_and_order_are_rebuilt(h: Harness) -> None:
+    conversation(h, "c1", 2)
+    shard = h.k.shard("c1")
+    member = as_text(h.redis.zrange(h.k.response_list("c1"), 0, 0)[0])
+    h.redis.zrem(shard.pending_messages, member)  # its wait gone: nothing would wake it
+    h.redis.delete(h.k.request_list("c1"), h.k.response_list("c1"))
+    sweep(h)
+    assert sweep(h).repaired == ["c1"]
+    assert h.redis.zscore(shard.pending_messages, member) is not None
+    assert h.redis.llen(h.k.request_list("c1")) == 2
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["c1-s0", "c1-s1"]
+
+
+def test_a_key_back_before_the_second_sweep_is_left_alone(h: Harness) -> None:
+    conversation(h, "c1", 2)
+    saved = h.redis.dump(h.k.response("c1", "c1-s1"))
+    ttl = h.redis.pttl(h.k.response("c1", "c1-s1"))
+    h.redis.delete(h.k.response("c1", "c1-s1"))
+    assert sweep(h).suspect == ["c1"]
+    # its script ran after all (the moment between the row and Redis)
+    assert saved is not None
+    h.redis.restore(h.k.response("c1", "c1-s1"), ttl, saved)
+    report = sweep(h)
+    assert report.suspect == [] and report.repaired == []
+
+
+def test_rows_that_changed_between_sweeps_are_looked_at_again(h: Harness) -> None:
+    conversation(h, "c1", 2)
+    h.redis.delete(h.k.response("c1", "c1-s1"))
+    assert sweep(h).suspect == ["c1"]
+    h.response("c1", "c1-r2", "c1-s9", last=True)  # new rows: not the same conversation
+    report = sweep(h)
+    assert report.repaired == [] and report.suspect == ["c1"]
+    assert sweep(h).repaired == ["c1"]
+
+
+@pytest.fixture
+def evicting(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+def _fill_until_evicted(client: redis.Redis, gone: list[str]) -> None:
+    """Volatile filler under a small maxmemory until some of ``gone``'s keys are evicted."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used + 256 * 1024))
+    client.config_set("maxmemory-policy", "volatile-lru")
+    blob = "x" * 1024
+    for i in range(4000):
+        client.set(f"filler:{i}", blob, ex=3600)
+        if i % 100 == 99 and client.exists(*gone) < len(gone):
+            break
+    assert int(client.info("stats")["evicted_keys"]) > 0
+    assert client.exists(*gone) < len(gone), "nothing of orderly's was evicted"
+
+
+def test_keys_evicted_under_volatile_lru_are_rebuilt(db: Engine, evicting: redis.Redis) -> None:
+    h = make(db, evicting)
+    for c in range(20):
+        conversation(h, f"c{c}", 4)
+    keys = [as_text(k) for k in evicting.keys("bridge:*")]
+    _fill_until_evicted(evicting, keys)
+    evicting.config_set("maxmemory", "0")  # the pressure is over
+    evicting.delete(*[f"filler:{i}" for i in range(4000)])
+    first = sweep(h)
+    assert first.suspect, "the sweep did not notice the evicted keys"
+    second = sweep(h)
+    assert sorted(second.repaired) == sorted(first.suspect)
+    assert sweep(h).suspect == []
+    rec = Recorder()
+    h.run(rec)
+    for c in range(20):
+        sent = [s for s in rec.sent if s.startswith(f"c{c}-")]
+        assert sent == [f"c{c}-s0", f"c{c}-s2", f"c{c}-s1", f"c{c}-s3"], (c, sent)
+    assert len(rec.sent) == len(set(rec.sent)) == 80
+
+
+def test_a_redis_that_may_evict_is_named_and_refused_unless_allowed(
+    evicting: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert readiness.evicting(evicting) == []  # no maxmemory: nothing is evicted
+    evicting.config_set("maxmemory", str(512 * 1024 * 1024))
+    assert readiness.evicting(evicting) == []  # noeviction: writes fail instead
+    evicting.config_set("maxmemory-policy", "volatile-lru")
+    found = readiness.evicting(evicting)
+    assert len(found) == 1 and "maxmemory-policy volatile-lru" in found[0]
+    with pytest.raises(readiness.RedisMayEvict, match="ORDERLY_REDIS_EVICTION_ALLOWED"):
+        readiness.keeps_keys([evicting], allowed=False)
+    readiness.keeps_keys([evicting], allowed=True)
+    assert "may evict" in caplog.text
+
+
+def test_startup_refuses_a_redis_that_may_evict(redis_server: RedisServer, db: Engine) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory", str(512 * 1024 * 1024))
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    values: dict[str, Any] = {"database_url": TEST_DB_URL, "redis_url": redis_server.url}
+    with pytest.raises(readiness.RedisMayEvict, match="allkeys-lru"):
+        Runtime(Settings(**values)).startup_check()
+    Runtime(Settings(**values)).startup_check(redis=False)  # migrations: no Redis
+    Runtime(Settings(**values, redis_eviction_allowed=True)).startup_check()
+
+
+@pytest.mark.e2e
+def test_the_api_refuses_to_start_and_ready_names_eviction(
+    stack: Stack, redis_server: RedisServer
+) -> None:
+    client = redis_server.client()
+    client.config_set("maxmemory", str(512 * 1024 * 1024))
+    client.config_set("maxmemory-policy", "volatile-lru")
+    stack.env(ORDERLY_REDIS_URL=redis_server.url, ORDERLY_READY_CACHE_MS="0")
+    with pytest.raises(RuntimeError, match="exited"):
+        stack.start_api()
+    client.config_set("maxmemory-policy", "noeviction")
+    stack.start_api()
+    assert stack.http.get("/ready").status_code == 200
+    client.config_set("maxmemory-policy", "volatile-lru")  # changed under a running API
+    ready = stack.http.get("/ready")
+    assert ready.status_code == 503 and "redis-eviction" in ready.text
+    assert "volatile-lru" in ready.text
+    stack.env(ORDERLY_REDIS_EVICTION_ALLOWED="true")
+    stack.start_api()
+    wait_until(lambda: stack.http.get("/ready").status_code == 200, 30, "/ready with it allowed")

@@ -1,0 +1,159 @@
+"""Partial loss: conversations whose rows are open in PostgreSQL but whose keys Redis lost.
+
+The markers (worker/rebuild.py) see a whole Redis lost: a FLUSHALL, a restart without its
+data. They do not see single keys gone under a live marker: evicted by a Redis whose
+``maxmemory-policy`` may evict keys with a TTL (every conversation key has one), deleted by
+hand. Such a conversation stalls: nothing wakes it, nothing delivers its responses.
+
+The sweep walks the conversations with open rows a page at a time (the rows the rebuild
+reads) and asks Redis whether what those rows stand for is there: each request hash whose
+MESSAGE_TTL has not run out, each response hash and its entry in its shard's pendingMessages
+(what wakes it), the conversation's request list and response order. A conversation missing
+any is suspect; found so again at the next sweep with the same rows (a key that is only
+between its row and its script, or a response delivered whose row is being written, is not:
+the next sweep finds it whole, or its row closed), it is rebuilt from its rows exactly as
+after a FLUSHALL (rebuild_conversation.lua creates what is missing, keeps what exists) and a
+drain is started for it. A sweep costs one query a page and one pipelined round trip; with
+no open conversation, one query and nothing in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+
+from orderly.worker.conversations import rebuild
+from orderly.worker.conversations.agent import wake
+from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.model import Enqueue
+from orderly.worker.db.queries import sql
+
+log = logging.getLogger(__name__)
+
+# Conversations a page of the sweep reads.
+PAGE = 500
+# A key this close to the end of its life in Redis may be gone by its TTL: not looked for.
+MARGIN_MS = 5_000
+
+# What is looked for in Redis: a key that exists, or a member of a sorted set.
+Look = tuple[str, str, str]
+
+
+@dataclass
+class SweepReport:
+    conversations: int = 0  # looked at
+    suspect: list[str] = field(default_factory=list)  # keys missing, first seen
+    repaired: list[str] = field(default_factory=list)  # rebuilt from their rows
+    keys_created: int = 0
+    drains_started: int = 0
+
+
+def _fingerprint(rows: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
+    """What a conversation's rows are: a suspect is repaired only if they have not changed."""
+    return tuple((r.msg_id, r.state, r.failed_count, r.custom_data) for r in rows)
+
+
+def _expected(ctx: Context, cid: str, rows: Sequence[Any], now: int) -> list[Look]:
+    """What a conversation's open rows stand for in Redis (as a rebuild would make them):
+    keys that exist, and responses in their shard's pendingMessages (what wakes them)."""
+    k = ctx.keys
+    shard = k.shard(cid)
+    found: list[Look] = []
+    groups = rebuild.groups(ctx, rows, now)
+    requests = [g for g in groups if g.request is not None and g.ttl > MARGIN_MS]
+    responses = [r for g in groups for r in g.responses if r["ttl"] > MARGIN_MS]
+    if requests:
+        found.append(("exists", k.request_list(cid), ""))
+    if responses:
+        found.append(("exists", k.response_list(cid), ""))
+    found += [("exists", shard.request_prefix + g.request_id, "") for g in requests]
+    for r in responses:
+        found.append(("exists", shard.response_prefix + r["responseId"], ""))
+        found.append(("zscore", shard.pending_messages, r["member"]))
+    return found
+
+
+class Sweeper:
+    """The sweep of one beat: what it found suspect last time, and where its walk is."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._suspects: dict[str, tuple[tuple[Any, ...], ...]] = {}
+
+    def sweep(self, read: Callable[[str, int], Sequence[Any]], enqueue: Enqueue) -> SweepReport:
+        """Every conversation with open rows, ``read(after, page)`` giving a page of their rows
+        (the rebuild's, ordered by conversation, then msg_id)."""
+        report = SweepReport()
+        suspects: dict[str, tuple[tuple[Any, ...], ...]] = {}
+        after = ""
+        while True:
+            rows = read(after, PAGE)
+            if not rows:
+                break
+            by_conversation: dict[str, list[Any]] = {}
+            for row in rows:
+                by_conversation.setdefault(row.process_id, []).append(row)
+            report.conversations += len(by_conversation)
+            for cid in self._missing(by_conversation):
+                own = by_conversation[cid]
+                if self._suspects.get(cid) == _fingerprint(own):
+                    self._repair(cid, own, enqueue, report)
+                else:
+                    suspects[cid] = _fingerprint(own)
+                    report.suspect.append(cid)
+            if len(by_conversation) < PAGE:
+                break
+            after = max(by_conversation)
+        self._suspects = suspects
+        return report
+
+    def _missing(self, by_conversation: dict[str, list[Any]]) -> list[str]:
+        """The conversations some of whose keys are gone (one pipelined round trip)."""
+        ctx = self._ctx
+        now = ctx.now_ms()
+        expected = {cid: _expected(ctx, cid, own, now) for cid, own in by_conversation.items()}
+        pipe = ctx.redis.pipeline(transaction=False)
+        for looks in expected.values():
+            for how, key, member in looks:
+                if how == "exists":
+                    pipe.exists(key)
+                else:
+                    pipe.zscore(key, member)
+        found = iter(pipe.execute())
+        missing = []
+        for cid, looks in expected.items():
+            # every answer taken (the iterator goes on to the next conversation's)
+            answers = [next(found) for _ in looks]
+            if not all(a is not None and a != 0 for a in answers):
+                missing.append(cid)
+        return missing
+
+    def _repair(self, cid: str, rows: Sequence[Any], enqueue: Enqueue, report: SweepReport) -> None:
+        rebuilt = rebuild.rebuild(self._ctx, rows)
+        report.repaired.append(cid)
+        report.keys_created += rebuilt.keys_created
+        log.warning(
+            "conversation %s: %d of its keys were gone from Redis under a live marker "
+            "(evicted, or deleted): rebuilt from PostgreSQL",
+            cid,
+            rebuilt.keys_created,
+        )
+        if rebuilt.to_deliver and wake(self._ctx, cid, enqueue):
+            report.drains_started += 1
+
+
+def page_reader(engine: Engine) -> Callable[[str, int], Sequence[Any]]:
+    """``read`` for :meth:`Sweeper.sweep`: a page of the rebuild's rows from ``engine``."""
+
+    def read(after: str, page: int) -> Sequence[Any]:
+        with engine.connect() as conn:
+            found = conn.execute(
+                sql("rebuild_conversation_rows"), {"after": after, "conversations": page}
+            )
+            return list(found.all())
+
+    return read
