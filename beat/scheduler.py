@@ -4,6 +4,7 @@ of their own, and the beat schedule."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -31,7 +32,9 @@ class ConfiguredScheduler(Scheduler):
     Beat follows its node (ORDERLY_NODE_CODE) every heartbeat: while it is STOPPED the
     ticker hands out no due work and neither the agents nor the beat schedule run (the beats
     of other nodes go on); HANDLES_EXISTING_MESSAGES changes nothing here, existing work
-    finishes."""
+    finishes. Of the nodes' beats, one runs the agents (the one holding the leadership lease,
+    worker.core.lease.Leadership; another takes over within seconds of its end); every beat
+    hands out due work."""
 
     due: Ticker | None = None
     agents: Ticker | None = None
@@ -52,6 +55,9 @@ class ConfiguredScheduler(Scheduler):
         self.idle_s = runtime.settings.check_queue_interval / 1000
         schedule = build_schedule(runtime.settings)
         self.merge_inplace(schedule)
+        self.leadership = runtime.beat_leadership
+        self._leading: bool | None = None
+        self._unknown = False
         self._stopping = threading.Event()
         self._agents_thread = threading.Thread(
             target=self._run_agents, name="orderly-agents", daemon=True
@@ -69,9 +75,26 @@ class ConfiguredScheduler(Scheduler):
     def _run_agents(self) -> None:
         assert self.agents is not None
         while not self._stopping.is_set():
-            if not self.node.stopped:
+            if not self.node.stopped and self._leads():
                 self.agents.tick()
             self._stopping.wait(self.interval_s)
+
+    def _leads(self) -> bool:
+        """Whether this beat runs the agents: the one holding the leadership (one among the
+        nodes' beats), or every beat while Redis cannot say (the agents are safe to run
+        twice: they were run by every beat before)."""
+        try:
+            leads = self.leadership.leads()
+        except Exception as exc:
+            if not self._unknown:
+                log.warning("beat leadership unknown (%s): running the agents", exc)
+            self._unknown = True
+            return True
+        self._unknown = False
+        if leads != self._leading:
+            log.info("this beat %s the agents", "runs" if leads else "leaves another beat")
+        self._leading = leads
+        return leads
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if self.due is None:
@@ -91,6 +114,8 @@ class ConfiguredScheduler(Scheduler):
         if self.due is not None:
             self._stopping.set()
             self._agents_thread.join(timeout=30)
+            with contextlib.suppress(Exception):  # the next beat leads at once
+                self.leadership.resign()
         super().close()
 
 

@@ -196,6 +196,9 @@ class RateKeys:
 # wakes one only when none is, or when the one looking is busy running handlers.
 PROCESS_WAKE_KEY = "orderly:process:wake"
 
+# The beat that runs the agents (worker.core.lease.Leadership): one among the nodes' beats.
+BEAT_LEADER_KEY = "orderly:beat:leader"
+
 # Cancelled messages whose handlers may be running (worker/messages/abort.py): a stream of entries
 # {msg: <msg_id>}, trimmed by age, that every worker process reads on from its last entry.
 PROCESS_ABORTS_KEY = "orderly:process:aborts"

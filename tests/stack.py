@@ -79,11 +79,11 @@ class Stack:
             wait_for_log(managed, "ready.", timeout=START_TIMEOUT_S)
         return started
 
-    def beat(self, *, node: str | None = "beat-node") -> Managed:
+    def beat(self, *, node: str | None = "beat-node", name: str = "beat") -> Managed:
         """Beat, once its ticker runs: from then on due work (delays, retries, confirmations,
-        wake-ups) goes to the broker."""
+        wake-ups) goes to the broker. ``name``: its process's (and log's) name."""
         env = {"ORDERLY_NODE_CODE": node} if node is not None else None
-        managed = self.procs.start_beat(extra_env=env)
+        managed = self.procs.start_beat(name, extra_env=env)
         wait_for_log(managed, "ticker every", timeout=START_TIMEOUT_S)
         return managed
 

@@ -17,7 +17,7 @@ import redis
 from redis import Redis
 from sqlalchemy import Engine
 
-from orderly.models.keys import TrackKeys
+from orderly.models.keys import BEAT_LEADER_KEY, TrackKeys
 from orderly.worker import configuration, nodes, readiness, totals
 from orderly.worker.broker import Broker
 from orderly.worker.channels import ChannelDirectory
@@ -26,8 +26,10 @@ from orderly.worker.conversations import Conversations
 from orderly.worker.core.clients import OrderingRedis, ordering_client
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.http import HttpOptions, OutboundHttp
+from orderly.worker.core.lease import Leadership
 from orderly.worker.core.limits import TimeLimits
 from orderly.worker.core.ratelimit import REDIS_TIMEOUT_S, Buckets
+from orderly.worker.core.scripts import Scripts
 from orderly.worker.db.db import engine_for
 from orderly.worker.delivery import HttpSender
 from orderly.worker.messages import abort
@@ -323,6 +325,12 @@ class Runtime:
     def wake(self) -> Wake:
         """The wake-up of workers for due messages (one pending at a time)."""
         return Wake(self.redis)
+
+    @cached_property
+    def beat_leadership(self) -> Leadership:
+        """Which beat runs the agents: one among the nodes' beats (the others hand out due
+        work only)."""
+        return Leadership(Scripts(self.redis), BEAT_LEADER_KEY, clock=self.clock)
 
     def wake_processing(self) -> bool:
         """Wake a worker to claim due messages, unless one is woken already; whether a task

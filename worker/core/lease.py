@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from orderly.worker import lua
+from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.scripts import Scripts
 
 # A claim records the backend pid of the connection its worker holds (a message, a delivery
@@ -41,6 +42,44 @@ class RedisLease:
         """Hold the lease for ``ttl_ms`` if nobody does."""
         return lua.lease_take(self.scripts, lease=self.key, token=token, ttl_ms=ttl_ms)
 
+    def hold(self, token: str, ttl_ms: int) -> bool:
+        """Hold the lease for ``ttl_ms`` if nobody does, or renew it if ``token`` does."""
+        return lua.lease_hold(self.scripts, lease=self.key, token=token, ttl_ms=ttl_ms)
+
     def give_up(self, token: str) -> bool:
         """Release the lease if ``token`` holds it."""
         return lua.lease_give_up(self.scripts, lease=self.key, token=token)
+
+
+class Leadership:
+    """One holder among processes that would each do the same (beats running the agents): a
+    Redis lease (:class:`RedisLease`) taken by the first to ask and renewed by it while it
+    asks; when it stops asking (stopped, killed, its node STOPPED) the lease runs out after
+    ``hold_ms`` and the next to ask takes it. Asked often, it renews once per ``hold_ms / 3``
+    (one script), so holding costs about three round trips per ``hold_ms``. A holder that
+    paused past its lease may act beside its successor for a moment: for work that is safe
+    to run twice (it was run by every beat before), to save the others' polling."""
+
+    def __init__(
+        self, scripts: Scripts, key: str, *, hold_ms: int = 3_000, clock: Clock = SYSTEM
+    ) -> None:
+        self._lease = RedisLease(scripts, key)
+        self._token = new_token()
+        self._hold_ms = hold_ms
+        self._clock = clock
+        self._until = 0.0  # the monotonic time the lease is ours until (taken before asking)
+
+    def leads(self) -> bool:
+        """Whether this one holds the lease (taken or renewed now, or recently enough)."""
+        now = self._clock.monotonic()
+        if self._until - now > 2 * self._hold_ms / 3000:
+            return True
+        held = self._lease.hold(self._token, self._hold_ms)
+        self._until = now + self._hold_ms / 1000 if held else 0.0
+        return held
+
+    def resign(self) -> None:
+        """Let the next one lead at once (a process stopping)."""
+        if self._until:
+            self._lease.give_up(self._token)
+            self._until = 0.0

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "due_settle",
     "due_release",
     "lease_take",
+    "lease_hold",
     "lease_give_up",
     # the wake-up of workers for due messages (worker/messages/wake.py)
     "wake",

@@ -60,6 +60,11 @@ def lease_take(scripts: Scripts, *, lease: str, token: str, ttl_ms: int) -> bool
     return bool(scripts.run(Call("lease_take", keys=(lease,), args=(token, ttl_ms))))
 
 
+def lease_hold(scripts: Scripts, *, lease: str, token: str, ttl_ms: int) -> bool:
+    """Whether ``token`` holds the lease now: taken (nobody held it) or renewed (it did)."""
+    return bool(scripts.run(Call("lease_hold", keys=(lease,), args=(token, ttl_ms))))
+
+
 def lease_give_up(scripts: Scripts, *, lease: str, token: str) -> bool:
     """Whether the lease was released (``token`` held it)."""
     return bool(scripts.run(Call("lease_give_up", keys=(lease,), args=(token,))))
