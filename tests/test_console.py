@@ -349,7 +349,14 @@ def test_conversations_open_blocked_late_and_in_order(
     stack: Stack, db: Engine, redis_client: redis.Redis, sink: Sink, browser: webdriver.Chrome
 ) -> None:
     # The ACK a client never sends blocks for the whole test: SENT lives far longer.
-    stack.env(**{**TIMINGS, "AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL": "600000"})
+    # Nor does the blocked response become AWAITED (MAX_RETRIES * INTERVAL) before it is shown.
+    stack.env(
+        **{
+            **TIMINGS,
+            "AURA_QUEUE_MANAGER_SENT_MESSAGE_TTL": "600000",
+            "AURA_QUEUE_MANAGER_MAX_RETRIES": "100000",
+        }
+    )
     stack.start_api()
     http = stack.http
     assert http.put("/channels/chat", json={"url": sink.url, **CHANNEL}).status_code == 200

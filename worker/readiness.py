@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis.exceptions
 from redis import Redis
 from redis.cluster import RedisCluster
 from sqlalchemy import Engine
@@ -65,18 +66,28 @@ def _per_node(found: Any) -> bool:
     return isinstance(found, dict) and all(isinstance(v, dict) for v in found.values())
 
 
-def keeps_keys(clients: Sequence[OrderingRedis], allowed: bool) -> None:
+def keeps_keys(
+    clients: Sequence[OrderingRedis], allowed: bool, *, unreachable_ok: bool = False
+) -> None:
     """Refuse (RedisMayEvict) a Redis that may evict orderly's keys unless ``allowed``
-    (ORDERLY_REDIS_EVICTION_ALLOWED); allowed, it is logged."""
-    found = sorted({each for client in clients for each in evicting(client)})
+    (ORDERLY_REDIS_EVICTION_ALLOWED); allowed, it is logged. ``unreachable_ok``: a Redis that
+    does not answer is passed over (another probe names it)."""
+    found: set[str] = set()
+    for client in clients:
+        try:
+            found.update(evicting(client))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            if not unreachable_ok:
+                raise
     if not found:
         return
+    found_sorted = sorted(found)
     if not allowed:
-        raise RedisMayEvict(found)
+        raise RedisMayEvict(found_sorted)
     log.warning(
         "Redis may evict orderly's keys (%s): ORDERLY_REDIS_EVICTION_ALLOWED is set; beat's "
         "sweep rebuilds conversations whose keys are gone",
-        "; ".join(found),
+        "; ".join(found_sorted),
     )
 
 

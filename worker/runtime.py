@@ -81,8 +81,10 @@ class Runtime:
         ``redis``, stop on a Redis that may evict orderly's keys (RedisMayEvict) unless
         ORDERLY_REDIS_EVICTION_ALLOWED."""
         configuration.startup_check(self.engine)
-        if redis:
-            readiness.keeps_keys(self.redis_clients, self.settings.redis_eviction_allowed)
+        if redis:  # (a Redis down now is no reason not to start: /ready names it)
+            readiness.keeps_keys(
+                self.redis_clients, self.settings.redis_eviction_allowed, unreachable_ok=True
+            )
 
     @property
     def redis_clients(self) -> list[OrderingRedis]:

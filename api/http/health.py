@@ -104,7 +104,10 @@ async def _check(runtime: Runtime) -> Response:
         )
     # A Redis that may evict orderly's keys, unless the operator allowed it.
     checks["redis-eviction"] = functools.partial(
-        readiness.keeps_keys, runtime.redis_clients, runtime.settings.redis_eviction_allowed
+        readiness.keeps_keys,
+        runtime.redis_clients,
+        runtime.settings.redis_eviction_allowed,
+        unreachable_ok=True,  # a Redis down is the redis probe's to name
     )
     found = await asyncio.gather(
         *(_probe(name, check, timeout_s) for name, check in checks.items())

@@ -323,7 +323,8 @@ def _response_queued(
             inserted.request_state,
         )
     if added.lease_taken:
-        enqueue(new.conversation_id, token)
+        with tracing.within(new.traced):  # the drain's task goes on the response's trace
+            enqueue(new.conversation_id, token)
     return Registered(int(msg_id), MessageState.IN_QUEUE, created=created)
 
 

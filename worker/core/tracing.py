@@ -26,7 +26,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import context, propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
     INSTALLED = True
@@ -150,6 +150,20 @@ def record(
         links=[Link(c) for c in found if c.is_valid],
     )
     made.end()
+
+
+@contextlib.contextmanager
+def within(traceparent: str | None) -> Iterator[None]:
+    """The block runs as part of the stored ``traceparent``'s trace (no span of its own): what
+    it sends (a task) continues that trace, though another thread took it in (group commit)."""
+    if not _enabled or not traceparent:
+        yield
+        return
+    token = context.attach(_context_of(traceparent))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 @contextlib.contextmanager
