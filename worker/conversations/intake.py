@@ -330,9 +330,10 @@ def _response_queued(
 
 # Group commit (worker.core.group_commit): the API's requests and responses arriving together
 # are inserted with one statement each group, in the order they came, then put in Redis with
-# one pipelined round trip (a server's). What the statement does not settle (a repeat, an unknown request, a conversation with
-# another caller's request, a node refusing input, a failed statement) is stored by its own
-# caller after it, on its own (ALONE), as without a group.
+# one pipelined round trip (a server's). What the statement does not settle (a repeat, an
+# unknown request, a conversation with another caller's request, a node refusing input, a
+# failed statement) is stored by its own caller after it, on its own (ALONE), as without a
+# group.
 
 Outcome = Registered | Alone | Exception
 
