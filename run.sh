@@ -109,6 +109,7 @@ case "$cmd" in
     ensure_apt chromium chromium
     ensure_apt chromedriver chromium-driver
     ensure_apt promtool prometheus
+    ensure_file /usr/sbin/pgbouncer pgbouncer
     ensure_spark_deps
     ensure_services
     ensure_venv

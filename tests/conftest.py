@@ -84,7 +84,7 @@ from tests.helpers import OrderlyCli, api_key  # noqa: E402
 from tests.push_recorder import Recorder  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 from tooling.processes import ProcessGroup  # noqa: E402
-from tooling.servers import PostgresServer, RedisServer, ServerUnavailable  # noqa: E402
+from tooling.servers import PgBouncer, PostgresServer, RedisServer, ServerUnavailable  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The fixtures orderly offers handler authors (tests/test_handler_testing.py uses them).
@@ -191,6 +191,24 @@ def pg_server() -> Iterator[PostgresServer]:
         _unavailable("initdb", exc)
     with server:
         yield server
+
+
+@pytest.fixture
+def pgbouncer(db: Engine) -> Iterator[Callable[[str], PgBouncer]]:
+    """Debian's pgbouncer in front of the test database: ``pgbouncer("transaction")``."""
+    started: list[PgBouncer] = []
+
+    def start(mode: str) -> PgBouncer:
+        try:
+            server = PgBouncer(db.url.port or 5432, mode=mode)
+        except ServerUnavailable as exc:
+            _unavailable("pgbouncer", exc)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.close()
 
 
 @pytest.fixture

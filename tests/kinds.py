@@ -4,7 +4,7 @@
 - ``integration``: the real PostgreSQL and/or Redis, driven in the test's own process.
 - ``e2e``: starts real processes: orderly's API, workers or beat (``procs``, ``stack``), the
   ``orderly`` command (``cli``), Flower, Chromium, Spark, or servers of its own
-  (``redis_server``, ``pg_server``, ``redis_cluster``).
+  (``redis_server``, ``pg_server``, ``redis_cluster``, ``pgbouncer``).
 
 The kind follows from the fixtures a test uses. A module whose tests start processes
 without such a fixture is named in :data:`E2E_MODULES`; a test the rule would file wrongly
@@ -20,7 +20,17 @@ UNIT, INTEGRATION, E2E = "unit", "integration", "e2e"
 KINDS = (UNIT, INTEGRATION, E2E)
 
 E2E_FIXTURES = frozenset(
-    {"procs", "stack", "cli", "browser", "spark", "redis_server", "pg_server", "redis_cluster"}
+    {
+        "procs",
+        "stack",
+        "cli",
+        "browser",
+        "spark",
+        "redis_server",
+        "pg_server",
+        "redis_cluster",
+        "pgbouncer",
+    }
 )
 STORE_FIXTURES = frozenset({"pg_engine", "db", "redis_client", "orderly_engine"})
 # Their tests start processes in their own ways: the `orderly` command, docker-compose, Flower,

@@ -4,13 +4,15 @@ The machine's own servers are shared; a fault must be injected into a server of 
 ``RedisServer`` runs Debian's ``redis-server`` on a free port (no persistence unless asked);
 ``PostgresServer`` makes an ``initdb`` cluster in a temporary directory and runs it on a free
 port (trust authentication, or a password). Both keep their port across restarts, so the
-clients that knew the old server find the new one.
+clients that knew the old server find the new one. ``PgBouncer`` runs Debian's ``pgbouncer`` in
+front of a PostgreSQL server, in transaction or session pooling.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -195,6 +197,72 @@ class PostgresServer:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class PgBouncer:
+    """Debian's ``pgbouncer`` on a free port in front of the PostgreSQL at ``target_port``:
+    ``with PgBouncer(5432, mode="transaction") as b: b.url(database)``. Every database of the
+    server, user ``postgres`` trusted; as root it runs as ``postgres`` (it refuses root)."""
+
+    def __init__(self, target_port: int, *, mode: str = "transaction") -> None:
+        binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+        if binary is None:
+            raise ServerUnavailable("pgbouncer is not installed")
+        self._binary = binary
+        self.port = free_port()
+        self.mode = mode
+        self.dir = Path(tempfile.mkdtemp(prefix="orderly-pgbouncer-"))
+        self._as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        (self.dir / "users.txt").write_text('"postgres" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={target_port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.dir / 'users.txt'}\n"
+            f"pool_mode = {mode}\ndefault_pool_size = 20\nmax_client_conn = 500\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+        )
+        if self._as_postgres:
+            for path in (self.dir, *self.dir.iterdir()):
+                shutil.chown(path, "postgres", "postgres")
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str = "postgres", driver: str = "postgresql+psycopg2") -> str:
+        return f"{driver}://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> PgBouncer:
+        argv = [*self._as_postgres, self._binary, str(self.dir / "pgbouncer.ini")]
+        self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited; see {self.dir / 'pgbouncer.log'}")
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+
+        _wait(up, f"pgbouncer did not listen on port {self.port}", 30)
+        return self
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PgBouncer:
         return self.start()
 
     def __exit__(

@@ -1,5 +1,5 @@
-"""Readiness: can this process reach PostgreSQL, Redis and the broker now, and does its Redis
-keep orderly's keys (no eviction)?
+"""Readiness: can this process reach PostgreSQL, Redis and the broker now, does its Redis
+keep orderly's keys (no eviction), and does it reach PostgreSQL itself (no pooler between)?
 
 Each probe is a blocking call made in a thread by the face (GET /ready), which bounds its
 wait; a probe that fails names its service (:class:`ServiceUnavailable`).
@@ -100,6 +100,43 @@ class RedisMayEvict(RuntimeError):
             "has a TTL, so volatile-* policies evict them too, and a conversation whose keys "
             "are gone stalls until beat's sweep rebuilds it. Set maxmemory-policy noeviction, "
             "or ORDERLY_REDIS_EVICTION_ALLOWED=true to run anyway"
+        )
+
+
+def pooled(engine: Engine) -> str | None:
+    """How a connection of ``engine`` shows a connection pooler between orderly and
+    PostgreSQL, or None (it reaches the server itself). PostgreSQL gives a client its backend's
+    pid at connect; a pooler (PgBouncer, Pgpool-II, ...) gives its client a key of its own and
+    runs the client's queries on server connections it chooses."""
+    with engine.connect() as conn:
+        dbapi: Any = conn.connection.dbapi_connection
+        given = int(dbapi.get_backend_pid())
+        serving = int(conn.execute(sql("backend_pid")).scalar_one())
+    if given == serving:
+        return None
+    return f"the connection was given backend pid {given}; its queries ran in backend {serving}"
+
+
+def direct_postgresql(engine: Engine) -> None:
+    """Refuse (PostgreSQLPooled) a database URL that reaches PostgreSQL through a pooler."""
+    why = pooled(engine)
+    if why is not None:
+        raise PostgreSQLPooled(why)
+
+
+class PostgreSQLPooled(RuntimeError):
+    """ORDERLY_DATABASE_URL reaches PostgreSQL through a connection pooler."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"ORDERLY_DATABASE_URL reaches PostgreSQL through a connection pooler ({why}). "
+            "orderly needs its own server connections: a claim is held by the backend that "
+            "made it (a worker's death is seen when that backend ends), the rebuild takes a "
+            "session advisory lock, and the hot path prepares its statements once per "
+            "connection. Transaction pooling breaks all three and session pooling the first "
+            "(a pooled backend outlives the worker that claimed). Point ORDERLY_DATABASE_URL "
+            "at PostgreSQL itself; docs/how-to/scale-out.md gives the connections each process "
+            "holds"
         )
 
 

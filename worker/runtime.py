@@ -65,7 +65,10 @@ class Runtime:
 
     @cached_property
     def engine(self) -> Engine:
-        return engine_for(self.settings.database_url, self.settings.connect_timeout_s)
+        s = self.settings
+        return engine_for(
+            s.database_url, s.connect_timeout_s, s.database_pool_size, s.database_max_overflow
+        )
 
     @cached_property
     def config(self) -> ConfigReader:
@@ -77,9 +80,11 @@ class Runtime:
         return registry
 
     def startup_check(self, *, redis: bool = True) -> None:
-        """Seed missing configuration defaults and stop on an inconsistent table; with
-        ``redis``, stop on a Redis that may evict orderly's keys (RedisMayEvict) unless
+        """Stop on a database URL that reaches PostgreSQL through a pooler (PostgreSQLPooled);
+        seed missing configuration defaults and stop on an inconsistent table; with ``redis``,
+        stop on a Redis that may evict orderly's keys (RedisMayEvict) unless
         ORDERLY_REDIS_EVICTION_ALLOWED."""
+        readiness.direct_postgresql(self.engine)
         configuration.startup_check(self.engine)
         if redis:  # (a Redis down now is no reason not to start: /ready names it)
             readiness.keeps_keys(

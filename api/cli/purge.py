@@ -15,8 +15,7 @@ from orderly.api.cli.common import call, console, err, fail
 from orderly.worker import purge as mechanism
 from orderly.worker.core.clock import SYSTEM
 from orderly.worker.core.errors import InvalidMessage
-from orderly.worker.db.db import engine_for
-from orderly.worker.settings import get_settings
+from orderly.worker.db.db import get_engine
 
 
 def purge(
@@ -67,10 +66,9 @@ def purge(
         if progress:
             err.print(f"batch {report.batches}: {report.total:,} rows, {report.seconds:.1f} s")
 
-    settings = get_settings()
     report = call(
         mechanism.purge,
-        engine_for(settings.database_url, settings.connect_timeout_s),
+        get_engine(),
         moment,
         batch_size=size,
         dry_run=dry_run,

@@ -53,20 +53,33 @@ def _check_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
 
 
 @lru_cache(maxsize=8)
-def engine_for(url: str, connect_timeout_s: int | None = None) -> Engine:
+def engine_for(
+    url: str, connect_timeout_s: int | None = None, pool_size: int = 10, max_overflow: int = 20
+) -> Engine:
     # Instead of pre-ping (a round trip per checkout on the hot path), every checkout looks at
     # the socket (_check_out). A connection that dies while checked out raises once and is
     # dropped (worker.db.prepared; SQLAlchemy for its own statements). A server that does
     # not answer makes a new connection fail after connect_timeout_s (libpq: at least 2 s).
     args = {} if connect_timeout_s is None else {"connect_timeout": connect_timeout_s}
-    engine = create_engine(url, pool_size=10, max_overflow=20, pool_recycle=3600, connect_args=args)
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_recycle=3600,
+        connect_args=args,
+    )
     event.listen(engine, "checkout", _check_out)
     return engine
 
 
 def get_engine() -> Engine:
     settings = get_settings()
-    return engine_for(settings.database_url, settings.connect_timeout_s)
+    return engine_for(
+        settings.database_url,
+        settings.connect_timeout_s,
+        settings.database_pool_size,
+        settings.database_max_overflow,
+    )
 
 
 def session_factory(engine: Engine | None = None) -> sessionmaker[Session]:

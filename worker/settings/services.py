@@ -15,7 +15,25 @@ class ServiceSettings(Section):
     database_url: str = Field(
         "postgresql+psycopg2://postgres@127.0.0.1:5432/orderly",
         validation_alias="ORDERLY_DATABASE_URL",
-        description="SQLAlchemy URL of the PostgreSQL message store.",
+        description="SQLAlchemy URL of the PostgreSQL message store: the server itself, not "
+        "a connection pooler (PgBouncer and the like are refused at start-up).",
+    )
+    database_pool_size: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        validation_alias="ORDERLY_DATABASE_POOL_SIZE",
+        description="PostgreSQL connections a process (the API, beat, each worker process) "
+        "keeps open once it has used them.",
+    )
+    database_max_overflow: int = Field(
+        20,
+        ge=0,
+        le=1000,
+        validation_alias="ORDERLY_DATABASE_MAX_OVERFLOW",
+        description="Connections a process may open beyond ORDERLY_DATABASE_POOL_SIZE at a "
+        "busy moment (closed again when returned); a process holds at most the sum, and "
+        "waits for a free one beyond it.",
     )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",

@@ -81,3 +81,8 @@ ON CONFLICT (origin) DO NOTHING;
 -- name: ready_ping
 -- GET /ready: the server answers a query.
 SELECT 1;
+
+-- name: backend_pid
+-- Start-up: the pid of the backend that runs this connection's queries (a pooler between
+-- client and server gives the client a key of its own at connect).
+SELECT pg_backend_pid();
