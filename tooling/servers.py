@@ -49,6 +49,21 @@ def _wait(check: Callable[[], bool], what: str, timeout: float) -> None:
     raise RuntimeError(f"{what} within {timeout}s" + (f": {last}" if last else ""))
 
 
+def _stop(proc: subprocess.Popen[bytes] | None, *, kill: bool) -> None:
+    """Stop a server's process: SIGKILL when ``kill``, else SIGTERM (SIGKILL after 20 s)."""
+    if proc is None or proc.poll() is not None:
+        return
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 class RedisServer:
     """A ``redis-server`` of one's own: ``with RedisServer() as r: r.url``."""
 
@@ -97,17 +112,7 @@ class RedisServer:
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server: SIGKILL when ``kill`` (nothing flushed), else a clean shutdown."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        if kill:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _stop(proc, kill=kill)
 
     def restart(self, *, kill: bool = True) -> None:
         """Kill (by default) and start again on the same port."""
@@ -253,13 +258,7 @@ class PgBouncer:
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop(proc, kill=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> PgBouncer:
