@@ -11,6 +11,7 @@ Those lifetimes are long enough that a slow machine never sees one run out by it
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -727,6 +728,28 @@ def test_partial_metrics_count_the_queue(h: Harness) -> None:
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2", last=True)
     assert h.conv.partial_metrics() == {"pending_messages": 2, "awaited_due": 0, "scheduled": 0}
+
+
+def test_beat_logs_partial_metrics_only_when_asked_at_their_interval(
+    h: Harness, db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    from orderly.beat.schedule import jobs
+    from orderly.worker.configuration import ConfigReader
+    from orderly.worker.runtime import get_runtime
+
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    values: dict[str, Any] = {"database_url": TEST_DB_URL, "metrics_partial_interval": 4500}
+    off = jobs(ConfigReader(db), Settings(**values), get_runtime())
+    assert "queue-metrics" not in {j.name for j in off}  # AURA_LOGGING_EXTRA_TIME_METRICS
+    on = jobs(ConfigReader(db), Settings(**values, logging_extra_time_metrics=True), get_runtime())
+    job = {j.name: j for j in on}["queue-metrics"]
+    assert job.every_s == 4.5
+    with caplog.at_level(logging.INFO):
+        job.run()
+    assert "queue metrics: {'pending_messages': 1, 'awaited_due': 0, 'scheduled': 0}" in (
+        caplog.text
+    )
 
 
 # --- robustness ---------------------------------------------------------------------------

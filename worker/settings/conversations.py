@@ -176,7 +176,8 @@ class ConversationSettings(Section):
         30_000,
         ge=1,
         validation_alias=queue_var("METRICS_PARTIAL_INTERVAL"),
-        description="ms between partial queue metrics in the log.",
+        description="ms between partial queue metrics in the log (beat's queue-metrics job, "
+        "with AURA_LOGGING_EXTRA_TIME_METRICS).",
     )
     logging_extra_time_metrics: bool = Field(
         False,
