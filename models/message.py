@@ -119,7 +119,9 @@ class Message(Base):
     correlation_id: Mapped[str] = mapped_column(String(100))
     process_id: Mapped[str | None] = mapped_column(String(100))
     payload: Mapped[str] = mapped_column(Text)
-    envelope: Mapped[str | None] = mapped_column(Text)
+    # The whole input as received (the seed's NOT NULL): the producer's envelope, or the
+    # message's own JSON when it gave none.
+    envelope: Mapped[str] = mapped_column(Text)
     source_system: Mapped[str] = mapped_column(String(100))
     state: Mapped[MessageState] = mapped_column(str_enum(MessageState, "message_state"))
     failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

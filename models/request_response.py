@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Identity,
@@ -33,6 +34,14 @@ class Request(Base):
 
 class Response(Base):
     __tablename__ = "response"
+    __table_args__ = (
+        # The seed: a failed response has its reason; one without an envelope, its reason.
+        CheckConstraint("NOT failed OR failed_reason IS NOT NULL", name="failed_reason"),
+        CheckConstraint(
+            "res_envelope IS NOT NULL OR failed_reason IS NOT NULL",
+            name="envelope_or_reason",
+        ),
+    )
 
     res_id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     req_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("request.req_id"), index=True)

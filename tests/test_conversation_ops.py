@@ -121,8 +121,8 @@ def test_corr_and_last_access_are_kept_shown_and_rebuilt(h: Harness) -> None:
     assert s1["corr"] == "corr s1" and int(s1["lastAccess"]) == int(h.clock.now * 1000)
     last_access = h.redis.hget(h.k.request("c1", "r1"), "lastAccess")
     assert int(as_text(last_access)) == int(h.clock.now * 1000)
-    assert json.loads(_row(h, "s1")["envelope"]) == {"corr": "corr s1"}
-    assert json.loads(_row(h, "r1")["envelope"]) == {"corr": "corr-r1"}
+    assert json.loads(_row(h, "s1")["envelope"])["corr"] == "corr s1"
+    assert json.loads(_row(h, "r1")["envelope"])["corr"] == "corr-r1"
     # The gate reads and writes it: lastAccess moves (a claim that failed, a retry).
     h.clock.advance(3)
     h.run(Recorder(answers={"s1": [RETRY]}))

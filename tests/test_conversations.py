@@ -509,11 +509,13 @@ def test_a_response_accepted_while_its_group_is_cancelled_does_not_stay_open(
                     text(
                         "INSERT INTO message (msg_timestamp, receive_timestamp,"
                         " last_process_timestamp, service_name, operation_name, object_id,"
-                        " entity_type, correlation_id, process_id, payload, source_system,"
-                        " state, node_id, parent_msg_id, parent_binding_type, response_last)"
+                        " entity_type, correlation_id, process_id, payload, envelope,"
+                        " source_system, state, node_id, parent_msg_id, parent_binding_type,"
+                        " response_last)"
                         " SELECT msg_timestamp, now(), now(), service_name, operation_name,"
-                        " object_id, entity_type, 's2', process_id, payload, source_system,"
-                        " 'IN_QUEUE', node_id, parent_msg_id, parent_binding_type, true"
+                        " object_id, entity_type, 's2', process_id, payload, envelope,"
+                        " source_system, 'IN_QUEUE', node_id, parent_msg_id,"
+                        " parent_binding_type, true"
                         " FROM message WHERE correlation_id = 's1'"
                     )
                 )

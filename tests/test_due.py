@@ -257,8 +257,9 @@ def test_a_due_index_says_when_its_earliest_confirmation_is_due(db: Engine) -> N
         msg_id = conn.execute(
             text(
                 "INSERT INTO message (msg_timestamp, receive_timestamp, service_name, "
-                "operation_name, correlation_id, source_system, payload, state, node_id) "
-                "VALUES (now(), now(), 'test', 'script', 'c-1', 'crm', '{}', 'OK', :n) "
+                "operation_name, correlation_id, source_system, payload, envelope, state, "
+                "node_id) VALUES (now(), now(), 'test', 'script', 'c-1', 'crm', '{}', '{}', "
+                "'OK', :n) "
                 "RETURNING msg_id"
             ),
             {"n": node},

@@ -346,9 +346,9 @@ def test_runs_add_up_and_sequences_move_on(db: Engine) -> None:
         new = conn.execute(
             text(
                 "INSERT INTO message (msg_timestamp, receive_timestamp, service_name,"
-                " operation_name, correlation_id, payload, source_system, state, node_id)"
-                " VALUES (now(), now(), 'crm', 'createCustomer', 'after-generate', '{}',"
-                " 'eshop', 'NEW', :node) RETURNING msg_id"
+                " operation_name, correlation_id, payload, envelope, source_system, state,"
+                " node_id) VALUES (now(), now(), 'crm', 'createCustomer', 'after-generate',"
+                " '{}', '{}', 'eshop', 'NEW', :node) RETURNING msg_id"
             ),
             {"node": node},
         ).scalar_one()

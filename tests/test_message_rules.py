@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
 
 from orderly.models import MessageState
 from orderly.worker.configuration import ConfigReader
@@ -329,10 +330,13 @@ def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
     )
     assert process_message(processor(db), waiting.msg_id).outcome is Outcome.WAITING_FOR_RES
     with pytest.raises(ResponseNotAwaited):
-        operations.receive_response(db, {"correlation_id": "nobody"}, queue.append)
+        operations.receive_response(db, {"correlation_id": "nobody", "payload": "x"}, queue.append)
     with pytest.raises(InvalidMessage) as bad:
         operations.receive_response(db, {"correlation_id": "r-1", "failed": True}, queue.append)
     assert bad.value.field == "reason"
+    with pytest.raises(InvalidMessage) as bad:  # the seed: no envelope, then a failed reason
+        operations.receive_response(db, {"correlation_id": "r-1"}, queue.append)
+    assert bad.value.field == "payload"
     assert row(db, waiting.msg_id).wait_res_id is None  # nothing half-written
     queue.clear()
     got = operations.receive_response(
@@ -343,6 +347,34 @@ def test_a_response_resumes_a_waiting_message_and_an_early_one_is_kept(
     assert not again.created and again.res_id == got.res_id
     assert process_message(processor(db), queue.pop()).outcome is Outcome.OK
     assert row(db, waiting.msg_id).custom_data == '{"ok":1}'
+
+
+def test_the_seed_constraints_hold_in_the_tables(db: Engine, intake: Intake) -> None:
+    given = message(1, operation="script", payload={"n": 1})
+    plain = intake.submit(given).msg_id
+    enveloped = intake.submit({**message(2), "envelope": "<soap:Envelope/>"}).msg_id
+    # without an envelope of its own, a message keeps itself as received
+    kept = json.loads(row(db, plain).envelope)
+    assert kept["correlation_id"] == given["correlation_id"] and kept["payload"] == {"n": 1}
+    assert set(kept) == set(given)
+    assert row(db, enveloped).envelope == "<soap:Envelope/>"
+    refused = [
+        "UPDATE message SET envelope = NULL WHERE msg_id = :m",
+        "INSERT INTO response (msg_id, failed, res_envelope, res_timestamp) "
+        "VALUES (:m, true, 'x', now())",
+        "INSERT INTO response (msg_id, failed, res_timestamp) VALUES (:m, false, now())",
+    ]
+    for statement in refused:
+        with pytest.raises(IntegrityError), db.begin() as conn:
+            conn.execute(text(statement), {"m": plain})
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO response (msg_id, failed, failed_reason, res_timestamp) "
+                "VALUES (:m, true, 'timeout', now())"
+            ),
+            {"m": plain},
+        )
 
 
 def test_an_operator_responds_by_hand_with_a_note_all_or_nothing(

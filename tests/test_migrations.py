@@ -5,6 +5,7 @@ functions.sql), and the newest copy is the canonical file."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,6 +274,42 @@ def test_0016_gives_open_deliveries_their_pending_attempt_and_clears_old_excepti
             (1, 2, "PENDING", True),
         ]
         assert cleared is None
+    finally:
+        engine.dispose()
+
+
+def test_0026_fills_envelopes_and_failed_reasons_before_its_constraints(empty_db: str) -> None:
+    """Rows from before the seed's constraints: a message without an envelope gets one built
+    from its columns; a failed response without a reason, and one with neither envelope nor
+    reason, get what the CHECKs ask."""
+    schema.upgrade(empty_db, "0025")
+    engine = create_engine(empty_db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO node (code, name, state)"
+                    " VALUES ('n', 'n', 'RUN');"
+                    "INSERT INTO message (msg_timestamp, receive_timestamp, service_name,"
+                    " operation_name, correlation_id, source_system, payload, state, node_id)"
+                    " VALUES (now(), now(), 'crm', 'create', 'c1', 'eshop', 'x\"y', 'OK', 1);"
+                    "INSERT INTO response (msg_id, failed, res_timestamp) VALUES"
+                    " (1, true, now()), (1, false, now())"
+                )
+            )
+        schema.upgrade(empty_db)
+        with engine.connect() as conn:
+            envelope = conn.execute(text("SELECT envelope FROM message")).scalar_one()
+            responses = conn.execute(
+                text("SELECT failed, res_envelope, failed_reason FROM response ORDER BY res_id")
+            ).all()
+        kept = json.loads(envelope)
+        assert kept["correlation_id"] == "c1" and kept["payload"] == 'x"y'
+        assert "object_id" not in kept  # NULL columns are left out
+        assert [tuple(r) for r in responses] == [
+            (True, None, "(not recorded)"),
+            (False, "", None),
+        ]
     finally:
         engine.dispose()
 

@@ -55,6 +55,7 @@ def put(db: Engine, node: int, state: str = "OK", at: datetime = OLD, **cols: An
         "correlation_id": f"purge-{n}",
         "source_system": "crm",
         "payload": "{}",
+        "envelope": "{}",
         "state": state,
         "node_id": node,
         **cols,

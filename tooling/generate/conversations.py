@@ -169,7 +169,8 @@ class _ConversationRows(_Rows):
         payload = f'{{"{operation}":"{key}","step":{self.rng.getrandbits(4)}}}'
         return (
             f"{msg_id}\t{ts(at - self.rng.getrandbits(9))}\t{ts(at)}\t{CONVERSATION_SERVICE}\t"
-            f"{operation}\t{request_key}\t{origin}\t{key}\t{process}\t{payload}\t{NULL}\t"
+            f"{operation}\t{request_key}\t{origin}\t{key}\t{process}\t{payload}\t"
+            f'{{"{operation}_id":"{key}","payload":{payload}}}\t'
             f"{source}\t{o.state}\t{o.failed}\t{o.code or NULL}\t{o.desc or NULL}\t"
             f"{ts(max(o.done, at))}\t{NULL}\t{o.custom or NULL}\t{parent or NULL}\t"
             f"{'HARD' if parent else NULL}\t{NULL}\t{NULL}\tf\tf\t"

@@ -315,7 +315,8 @@ class _Generator(_ConversationRows, _PubsubRows, _WaitRows):
             f"<soap:Envelope><soap:Body><{op.operation}>{payload}</{op.operation}>"
             "</soap:Body></soap:Envelope>"
             if source in _SOAP_SOURCES
-            else NULL
+            else f'{{"service":"{op.service}","operation":"{op.operation}",'
+            f'"correlation_id":"{correlation}","payload":{payload}}}'
         )
         return (
             f"{msg_id}\t{ts(sent)}\t{ts(at)}\t{op.service}\t{op.operation}\t{obj or NULL}\t"
@@ -452,8 +453,9 @@ class _Generator(_ConversationRows, _PubsubRows, _WaitRows):
             answered = at + self.lognormal(80, 1.0, 5 * SECOND)
             if n == tries and state == "OK":
                 self.responses.append(
-                    f"{self.next_id('response')}\t{req_id}\t{NULL}\t{NULL}\t{ts(answered)}\tf\t"
-                    f"{msg_id}\n"
+                    # an empty 2xx body, as the sender logs it (the seed: no envelope needs a
+                    # failed reason)
+                    f"{self.next_id('response')}\t{req_id}\t\t{NULL}\t{ts(answered)}\tf\t{msg_id}\n"
                 )
             else:
                 self.responses.append(

@@ -449,7 +449,7 @@ def _insert_requests(
         [n.moment for n in news],
         [n.payload for n in news],
         ctx.node_id,
-        [n.request.corr for n in news],
+        [n.request.model_dump_json(exclude_unset=True) for n in news],
         [_origins_json(owns) for _, owns in items],
         before=("conv_lock_all", [sorted({n.conversation_id for n in news})]),
     )
@@ -470,7 +470,7 @@ def _insert_responses(
         [n.payload for n in news],
         ctx.node_id,
         [n.response.last for n in news],
-        [n.response.corr for n in news],
+        [n.response.model_dump_json(exclude_unset=True) for n in news],
         [_origins_json(owns) for _, owns in items],
         [n.traced for n in news],
     )

@@ -38,6 +38,14 @@ def parse_message(data: Any, *, max_payload_bytes: int, registry: HandlerRegistr
     return message
 
 
+def received(message: MessageIn) -> str:
+    """The message's envelope: the producer's own, else the message as received (the JSON of
+    the fields it gave), so that every row keeps its whole input (the seed's NOT NULL)."""
+    if message.envelope is not None:
+        return message.envelope
+    return message.model_dump_json(exclude_unset=True)
+
+
 def new_message(message: MessageIn, binding: str | None = None) -> NewMessage:
     """What the store keeps of a message (a child's binding to its parent: ``binding``)."""
     return NewMessage(
@@ -49,7 +57,7 @@ def new_message(message: MessageIn, binding: str | None = None) -> NewMessage:
         correlation_id=message.correlation_id,
         process_id=message.process_id,
         payload=message.payload_text,
-        envelope=message.envelope,
+        envelope=received(message),
         source_system=message.source_system,
         parent_msg_id=message.parent_msg_id,
         binding=binding or ("HARD" if message.parent_msg_id is not None else None),

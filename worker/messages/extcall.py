@@ -158,6 +158,8 @@ def log_response(
     failed: bool = False,
     reason: str | None = None,
 ) -> int:
+    if failed and not reason:
+        reason = "failed, no reason given"  # the seed: a failed response names its reason
     row = conn.one(ResponseLogged, "orderly_log_response", req_id, msg_id, envelope, failed, reason)
     assert row is not None  # an insert returns its row
     return row.res_id

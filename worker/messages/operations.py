@@ -406,6 +406,9 @@ def receive_response(
     audit = None if note is None else _command({"note": note}, key)
     if response.failed and not response.reason:
         raise InvalidMessage("reason", "required when failed is true")
+    if not response.failed and response.payload is None:
+        # the seed: a response without its envelope is a failed one, with its reason
+        raise InvalidMessage("payload", "required unless failed is true (with a reason)")
     envelope = (
         response.payload
         if isinstance(response.payload, str) or response.payload is None

@@ -27,7 +27,7 @@ class NewMessage:
     correlation_id: str
     process_id: str | None
     payload: str
-    envelope: str | None
+    envelope: str  # the producer's, or the message as received
     source_system: str
     parent_msg_id: int | None
     binding: str | None

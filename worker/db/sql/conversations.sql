@@ -22,7 +22,8 @@ SELECT pg_advisory_xact_lock(k)
 -- New requests (one, or a group submitted together), sent after conv_lock_all, inserted in
 -- the order given: those inserted (ids and conversations). Only through a node in RUN, checked in the same
 -- statement (as orderly_insert_messages); nothing is inserted on a duplicate or a node that
--- refuses input. $7: each one's corr (NULL: none), kept as {"corr": ...} in envelope. $8: each
+-- refuses input. $7: each one's envelope, the request as received (its corr, if any, under
+-- "corr": read back by conv_request_rows and the rebuild). $8: each
 -- one's caller's origins as a JSON array (NULL: every one): such a caller joins no
 -- conversation that holds a request of another origin. Two requests of one new conversation
 -- with different callers' origins are never in one statement (it sees the conversation as it
@@ -33,10 +34,10 @@ INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      correlation_id, process_id, payload, source_system, state, node_id,
                      envelope)
 SELECT i.ts, now(), now(), 'conversation', 'request', i.request_id, i.origin, i.request_id,
-       i.conversation_id, i.payload, 'bridge.request', 'WAITING_FOR_RES', $6,
-       CASE WHEN i.corr IS NOT NULL THEN json_build_object('corr', i.corr)::text END
+       i.conversation_id, i.payload, 'bridge.request', 'WAITING_FOR_RES', $6, i.envelope
   FROM unnest($1, $2, $3, $4, $5, $7, $8)
-       WITH ORDINALITY AS i(request_id, conversation_id, origin, ts, payload, corr, origins, n)
+       WITH ORDINALITY AS i(request_id, conversation_id, origin, ts, payload, envelope, origins,
+                            n)
  WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
    AND (i.origins IS NULL OR NOT EXISTS (
         SELECT 1 FROM message o
@@ -65,12 +66,12 @@ SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin, msg_
 -- without a final response; a response whose request is gone from Redis is late unless the
 -- request completed (add_response.lua).
 -- prepare: text[], text[], text[], timestamptz[], text[], bigint, boolean[], text[], text[], text[]
--- $9: each one's caller's origins as a JSON array (NULL: every one); $10: each one's
--- traceparent.
+-- $8: each one's envelope, the response as received (its corr under "corr"); $9: each one's
+-- caller's origins as a JSON array (NULL: every one); $10: each one's traceparent.
 WITH i AS (
     SELECT * FROM unnest($1, $2, $3, $4, $5, $7, $8, $9, $10)
-      WITH ORDINALITY AS i(response_id, request_id, conversation_id, ts, payload, last, corr,
-                           origins, trace, n)),
+      WITH ORDINALITY AS i(response_id, request_id, conversation_id, ts, payload, last,
+                           envelope, origins, trace, n)),
 r AS (
     SELECT i.n, m.msg_id, m.state, m.entity_type, m.msg_timestamp, m.custom_data
       FROM i JOIN message m
@@ -90,9 +91,7 @@ ins AS (
            CASE WHEN r.state = 'CANCEL' THEN 'CANCEL' ELSE 'IN_QUEUE' END,
            CASE WHEN r.state = 'CANCEL' THEN 'E_CANCELLED' END,
            CASE WHEN r.state = 'CANCEL' THEN 'its request was cancelled' END,
-           $6, r.msg_id, 'HARD', i.last,
-           CASE WHEN i.corr IS NOT NULL THEN json_build_object('corr', i.corr)::text END,
-           i.trace
+           $6, r.msg_id, 'HARD', i.last, i.envelope, i.trace
       FROM i JOIN r USING (n)
      WHERE EXISTS (SELECT 1 FROM node WHERE node_id = $6 AND state = 'RUN')
      ORDER BY i.n
