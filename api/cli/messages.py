@@ -98,6 +98,9 @@ def show(msg_id: int) -> None:
 def message_list(
     state: Annotated[str | None, typer.Option(help="e.g. FAILED, POSTPONED")] = None,
     funnel: Annotated[str | None, typer.Option(help="funnel value")] = None,
+    process_id: Annotated[str | None, typer.Option(help="the process the messages belong to")] = (
+        None
+    ),
     service: Annotated[str | None, typer.Option()] = None,
     operation: Annotated[str | None, typer.Option()] = None,
     source_system: Annotated[str | None, typer.Option()] = None,
@@ -111,13 +114,14 @@ def message_list(
     offset: Annotated[int, typer.Option()] = 0,
     as_json: AsJson = False,
 ) -> None:
-    """Messages by state, service, operation, source system, correlation id, funnel and time,
-    oldest msg_timestamp first."""
+    """Messages by state, service, operation, source system, correlation id, funnel, process
+    and time, oldest msg_timestamp first."""
     rows = call(
         operations.list_messages,
         get_runtime().engine,
         state=state,
         funnel=funnel,
+        process_id=process_id,
         service=service,
         operation=operation,
         source_system=source_system,

@@ -36,6 +36,7 @@ FILTERS = (
     "correlation_id",
     "correlation_match",
     "funnel",
+    "process_id",
 )
 WINDOW = ("since", "until")
 

@@ -120,6 +120,9 @@ async def list_messages(
     key: Operator,
     state: MessageState | None = None,
     funnel: str | None = None,
+    process_id: Annotated[
+        str | None, Query(description="the process the messages belong to (its process_id)")
+    ] = None,
     service: str | None = None,
     operation: str | None = None,
     source_system: str | None = None,
@@ -137,6 +140,7 @@ async def list_messages(
     found = operations.message_filter(
         state=state,
         funnel=funnel,
+        process_id=process_id,
         service=service,
         operation=operation,
         source_system=source_system,

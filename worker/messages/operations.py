@@ -71,6 +71,7 @@ class MessageFilter(BaseModel):
     funnel: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=255)] | None = (
         None
     )
+    process_id: Filter | None = None
     since: Moment | None = None  # msg_timestamp at or after
     until: Moment | None = None  # msg_timestamp before
     # how correlation_id matches: the whole id, its start, or anywhere in it
@@ -100,6 +101,7 @@ class MessageFilter(BaseModel):
         return {
             "state": None if self.state is None else self.state.value,
             "funnel": self.funnel,
+            "process": self.process_id,
             "service": self.service,
             "operation": self.operation,
             "source": self.source_system,

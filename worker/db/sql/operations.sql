@@ -14,6 +14,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
   FROM message
  WHERE (CAST(:state AS text) IS NULL OR state = :state)
    AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
+   AND (CAST(:process AS text) IS NULL OR process_id = :process)
    AND (CAST(:service AS text) IS NULL OR service_name = :service)
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
@@ -30,6 +31,7 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
 SELECT state, count(*) AS n
   FROM message
  WHERE (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
+   AND (CAST(:process AS text) IS NULL OR process_id = :process)
    AND (CAST(:service AS text) IS NULL OR service_name = :service)
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
@@ -73,7 +75,7 @@ UPDATE message SET audit = audit || jsonb_build_array(jsonb_build_object(
 
 -- name: conversation_messages
 -- A conversation's requests and responses in PostgreSQL, in the order they were sent
--- (ix_message_conversation).
+-- (ix_message_process).
 SELECT msg_id, operation_name, correlation_id, object_id, state, msg_timestamp,
        receive_timestamp, last_process_timestamp, late_ms, response_last, failed_error_code,
        failed_desc, parent_msg_id
