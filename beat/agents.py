@@ -39,10 +39,13 @@ def redis_watch() -> rebuild.RebuildReport | None:
 def redis_sweep() -> str:
     """Conversations whose keys Redis lost under a live marker (evicted, deleted by hand):
     rebuilt from their rows once seen so twice in a row (worker/conversations/reconcile.py).
-    Left to redis-watch while the markers say Redis lost everything."""
+    Left to redis-watch (beat's loss watch on a plain Redis) while the markers say Redis
+    lost everything."""
     runtime = get_runtime()
     conversations = runtime.conversations
-    if rebuild.check(conversations):
+    watch = runtime.loss_watch
+    lost = not watch.holds_state if watch is not None else bool(rebuild.check(conversations))
+    if lost:
         return "Redis lost its state: redis-watch rebuilds it"
     report = conversations.sweep(
         reconcile.page_reader(runtime.engine), runtime.broker.enqueue_drain

@@ -29,8 +29,6 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
     pool_every = config.get_int("asynch.partlyFailedRepeatTimeSec")
     awaited_every = settings.awaited_messages_interval / 1000
     found = [
-        # First, every tick: a Redis that lost its state is rebuilt before anything else.
-        Job("redis-watch", settings.interval / 1000, agents.redis_watch),
         Job("pool-checks", float(pool_every), agents.pool_checks),
         # A dead worker's claims are known at once (its connection is gone): released within a
         # second. Stuck messages wait repairRepeatTimeSec; running repair more often than that
@@ -58,6 +56,11 @@ def jobs(config: ConfigReader, settings: Settings, runtime: Runtime) -> list[Job
             first_after_s=random.uniform(0, min(60.0, awaited_every)),
         ),
     ]
+    if settings.redis_cluster:
+        # First, every tick: a Redis that lost its state is rebuilt before anything else. On a
+        # plain Redis a watch of beat's own does it as soon as the markers change
+        # (worker.loss_watch), sending nothing meanwhile.
+        found.insert(0, Job("redis-watch", settings.interval / 1000, agents.redis_watch))
     if settings.redis_sweep_interval_ms > 0:
         # Single keys Redis lost under a live marker (evicted, deleted by hand).
         found.append(

@@ -10,13 +10,16 @@ import threading
 from typing import Any
 
 from celery.beat import Scheduler
+from redis import Redis
 
+from orderly.beat import agents as agent_jobs
 from orderly.beat.schedule import build_schedule, build_tickers
 from orderly.models import NodeState
 from orderly.worker import rebuild
 from orderly.worker.core.due import Ticker
+from orderly.worker.loss_watch import LossWatch
 from orderly.worker.nodes import NodeFollower
-from orderly.worker.runtime import get_runtime
+from orderly.worker.runtime import Runtime, get_runtime
 
 log = logging.getLogger("orderly.beat")
 
@@ -38,6 +41,7 @@ class ConfiguredScheduler(Scheduler):
 
     due: Ticker | None = None
     agents: Ticker | None = None
+    loss_watch: LossWatch | None = None
 
     def setup_schedule(self) -> None:
         runtime = get_runtime()
@@ -63,6 +67,7 @@ class ConfiguredScheduler(Scheduler):
             target=self._run_agents, name="orderly-agents", daemon=True
         )
         self._agents_thread.start()
+        self.loss_watch = self._watch_for_loss(runtime)
         log.info(
             "ticker every %.3f s (%.3f s when idle) over %s; agents %s; beat schedule %s",
             self.interval_s,
@@ -71,6 +76,25 @@ class ConfiguredScheduler(Scheduler):
             {j.name: j.every_s for j in self.agents.jobs},
             {k: str(v["schedule"]) for k, v in schedule.items()},
         )
+
+    def _watch_for_loss(self, runtime: Runtime) -> LossWatch | None:
+        """On a plain Redis, a thread of beat's own rebuilds Redis as soon as its markers
+        change (worker.loss_watch); on a Redis Cluster the redis-watch agent looks every
+        tick."""
+        client = runtime.conversations.ctx.redis
+        if not isinstance(client, Redis):
+            return None
+        watch = LossWatch(
+            client,
+            [shard.epoch for shard in runtime.conversations.keys.every_shard],
+            lambda: None if self.node.stopped else agent_jobs.redis_watch(),
+            poll_s=self.interval_s,
+        )
+        runtime.loss_watch = watch
+        threading.Thread(
+            target=watch.run, args=(self._stopping,), name="orderly-loss-watch", daemon=True
+        ).start()
+        return watch
 
     def _run_agents(self) -> None:
         assert self.agents is not None
@@ -113,6 +137,8 @@ class ConfiguredScheduler(Scheduler):
     def close(self) -> None:
         if self.due is not None:
             self._stopping.set()
+            if self.loss_watch is not None:
+                self.loss_watch.close()  # ends its wait
             self._agents_thread.join(timeout=30)
             with contextlib.suppress(Exception):  # the next beat leads at once
                 self.leadership.resign()

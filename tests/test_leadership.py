@@ -20,10 +20,14 @@ KEY = "test:leader"
 
 def test_one_leads_until_it_resigns(redis_client: redis.Redis) -> None:
     scripts = Scripts(redis_client)
-    first, second = Leadership(scripts, KEY), Leadership(scripts, KEY)
+    clock = ManualClock()
+    first, second = Leadership(scripts, KEY), Leadership(scripts, KEY, clock=clock)
     assert first.leads() and not second.leads()
+    clock.advance(1.0)
     assert first.leads() and not second.leads()  # still, asked again
     first.resign()
+    assert not second.leads()  # it asked a moment ago: it asks again a third of a lease later
+    clock.advance(1.0)
     assert second.leads() and not first.leads()
 
 
@@ -38,16 +42,29 @@ def test_a_leader_that_stops_asking_is_followed_when_its_lease_runs_out(
     assert time.monotonic() - started >= 0.2  # not before the first's lease ran out
 
 
-def test_a_leader_asks_redis_once_a_third_of_its_lease(redis_client: redis.Redis) -> None:
+def test_a_leader_asks_redis_once_half_its_lease_is_gone(redis_client: redis.Redis) -> None:
     clock = ManualClock()
     leader = Leadership(Scripts(redis_client), KEY, hold_ms=3_000, clock=clock)
     assert leader.leads()
     redis_client.delete(KEY)  # gone: a leader asking Redis would take it again
-    clock.advance(0.9)
+    clock.advance(1.4)
     assert leader.leads() and not redis_client.exists(KEY)  # not asked
-    clock.advance(0.2)  # past a third of the lease: renewed (here: taken again)
+    clock.advance(0.2)  # past half the lease: renewed (here: taken again)
     assert leader.leads() and redis_client.get(KEY) is not None
     assert 0 < redis_client.pttl(KEY) <= 3_000
+
+
+def test_one_that_does_not_lead_asks_once_a_third_of_a_lease(redis_client: redis.Redis) -> None:
+    scripts = Scripts(redis_client)
+    clock = ManualClock()
+    assert Leadership(scripts, KEY).leads()
+    other = Leadership(scripts, KEY, hold_ms=3_000, clock=clock)
+    assert not other.leads()
+    redis_client.delete(KEY)  # free now: asking would take it
+    clock.advance(0.9)
+    assert not other.leads() and not redis_client.exists(KEY)  # not asked
+    clock.advance(0.2)
+    assert other.leads() and redis_client.exists(KEY)
 
 
 @pytest.mark.e2e

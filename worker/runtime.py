@@ -32,6 +32,7 @@ from orderly.worker.core.ratelimit import REDIS_TIMEOUT_S, Buckets
 from orderly.worker.core.scripts import Scripts
 from orderly.worker.db.db import engine_for
 from orderly.worker.delivery import HttpSender
+from orderly.worker.loss_watch import LossWatch
 from orderly.worker.messages import abort
 from orderly.worker.messages.handlers import HandlerRegistry, load_handler_modules, registry
 from orderly.worker.messages.intake import Intake
@@ -61,6 +62,8 @@ class Runtime:
         # This worker's id in the service lifecycle keys, and its lease (set by a worker).
         self.service_id: int | None = None
         self.service_lease: ServiceLease | None = None
+        # Beat's watch for a lost Redis, while it runs (worker.loss_watch; a plain Redis only).
+        self.loss_watch: LossWatch | None = None
         self._broker: Broker | None = None
 
     @cached_property

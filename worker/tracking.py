@@ -263,8 +263,11 @@ class Tracker:
         return _decoded(self.client.hgetall(self.keys.xid(xid)))
 
     def monitor_turn(self, now: int | None = None) -> MonitorTurn:
-        """Count done ids, delist expired ones, count and return the timeouts."""
+        """Count done ids, delist expired ones, count and return the timeouts (nothing
+        tracked and nothing done: one command)."""
         k = self.keys
+        if not self.client.exists(k.message_ids, k.done):
+            return MonitorTurn(0, 0, [])
         return lua.track_monitor(
             self._scripts,
             done=k.done,

@@ -19,6 +19,7 @@ from orderly.worker import lua
 from orderly.worker.conversations import removal
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue
+from orderly.worker.core.clients import any_exist
 from orderly.worker.core.due import RedisDueSet, ShardedDueSets
 from orderly.worker.core.errors import NotFound
 from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
@@ -70,7 +71,17 @@ def wakes(ctx: Context, enqueue: Enqueue) -> ShardedDueSets:
     def shard_of(member: str) -> int:
         return ctx.keys.shard(removal.conversation_of(member)).number
 
-    return ShardedDueSets("conversation-wakes", sets, shard_of, hand_off, batch=100)
+    every_key = [
+        k for shard in ctx.keys.every_shard for k in (shard.scheduled, shard.scheduled_leased)
+    ]
+    return ShardedDueSets(
+        "conversation-wakes",
+        sets,
+        shard_of,
+        hand_off,
+        batch=100,
+        occupied=lambda: any_exist(ctx.redis, every_key),
+    )
 
 
 def release_dead_drains(ctx: Context) -> int:
@@ -80,6 +91,8 @@ def release_dead_drains(ctx: Context) -> int:
     has run out. Every shard's running drains are looked at (one pipelined read). Returns how
     many drains were released."""
     k = ctx.keys
+    if any_exist(ctx.redis, [shard.drains for shard in k.every_shard]) is False:
+        return 0  # no drain runs: one command, not one a shard
     pipe = ctx.redis.pipeline(transaction=False)
     for shard in k.every_shard:
         pipe.hgetall(shard.drains)
@@ -178,6 +191,8 @@ def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
     shards = ctx.keys.every_shard
     start, ctx.awaited_from = ctx.awaited_from, (ctx.awaited_from + 1) % len(shards)
     budget = ctx.settings.awaited_messages_by_turn
+    if any_exist(ctx.redis, [shard.pending_messages for shard in shards]) is False:
+        budget = 0  # nothing waits in any shard: one command, not one a shard
     for n in range(len(shards)):
         if report.taken >= budget:
             break

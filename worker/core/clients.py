@@ -4,7 +4,8 @@ Cluster (``ORDERLY_REDIS_CLUSTER``).
 Both clients offer what the mechanisms use (single-key commands, registered scripts, pipelines
 of single-key commands, ``scan_iter``); a script's keys are one slot by the key layout
 (``orderly.models.keys``), so a script runs on the one node that holds them. What differs is here:
-which server holds a key (:func:`run_ids`).
+which server holds a key (:func:`run_ids`), and whether one command may name keys of several
+slots (:func:`any_exist`).
 """
 
 from __future__ import annotations
@@ -48,3 +49,12 @@ def run_ids(client: OrderingRedis, keys: Sequence[str]) -> list[str]:
             by_node[node.name] = str(client.info("server", target_nodes=node)["run_id"])
         found.append(by_node[node.name])
     return found
+
+
+def any_exist(client: OrderingRedis, keys: Sequence[str]) -> bool | None:
+    """Whether any of ``keys`` exists, in one command (an empty set or hash does not exist):
+    what an idle agent asks before it walks every shard. None on a Redis Cluster, where one
+    command names keys of one slot only: the caller walks the shards."""
+    if isinstance(client, RedisCluster):
+        return None
+    return bool(client.exists(*keys))

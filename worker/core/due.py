@@ -166,16 +166,24 @@ class ShardedDueSets:
     """One due source over several :class:`RedisDueSet` (one per shard of a Redis Cluster
     key layout, each set and its leased set under one hash tag): taking walks the sets,
     starting one further each time so that a limit reached early favours no set; an item
-    is settled or released in the set ``shard_of`` names for it."""
+    is settled or released in the set ``shard_of`` names for it. ``occupied``, when it can
+    say (one command on a plain Redis), whether any set holds anything: while none does,
+    the sets are not walked (an idle ticker sends one command a turn, not one a set)."""
 
     name: str
     sets: Sequence[RedisDueSet]
     shard_of: Callable[[Any], int]
     hand_off: Callable[[list[Any]], None]
     batch: int = 100
+    occupied: Callable[[], bool | None] | None = None
     _start: int = field(default=0, repr=False)
 
+    def _empty(self) -> bool:
+        return self.occupied is not None and self.occupied() is False
+
     def take(self, limit: int) -> list[Any]:
+        if self._empty():
+            return []
         taken: list[Any] = []
         count = len(self.sets)
         start, self._start = self._start, (self._start + 1) % count
@@ -200,6 +208,8 @@ class ShardedDueSets:
             self.sets[shard].release(part)
 
     def due_in_ms(self) -> float | None:
+        if self._empty():
+            return None
         found = [due for due in (s.due_in_ms() for s in self.sets) if due is not None]
         return min(found) if found else None
 

@@ -55,10 +55,11 @@ class Leadership:
     """One holder among processes that would each do the same (beats running the agents): a
     Redis lease (:class:`RedisLease`) taken by the first to ask and renewed by it while it
     asks; when it stops asking (stopped, killed, its node STOPPED) the lease runs out after
-    ``hold_ms`` and the next to ask takes it. Asked often, it renews once per ``hold_ms / 3``
-    (one script), so holding costs about three round trips per ``hold_ms``. A holder that
-    paused past its lease may act beside its successor for a moment: for work that is safe
-    to run twice (it was run by every beat before), to save the others' polling."""
+    ``hold_ms`` and the next to ask takes it. Asked often, the holder renews once half its
+    lease is gone and the others ask once per ``hold_ms / 3`` (one script each), so a holder
+    costs two round trips per ``hold_ms`` and takes over within ``4/3 hold_ms``. A holder
+    that paused past its lease may act beside its successor for a moment: for work that is
+    safe to run twice (it was run by every beat before), to save the others' polling."""
 
     def __init__(
         self, scripts: Scripts, key: str, *, hold_ms: int = 3_000, clock: Clock = SYSTEM
@@ -68,14 +69,19 @@ class Leadership:
         self._hold_ms = hold_ms
         self._clock = clock
         self._until = 0.0  # the monotonic time the lease is ours until (taken before asking)
+        self._ask_at = 0.0  # not holding it: when to ask again
 
     def leads(self) -> bool:
         """Whether this one holds the lease (taken or renewed now, or recently enough)."""
         now = self._clock.monotonic()
-        if self._until - now > 2 * self._hold_ms / 3000:
+        hold_s = self._hold_ms / 1000
+        if self._until - now > hold_s / 2:
             return True
+        if not self._until and now < self._ask_at:
+            return False
         held = self._lease.hold(self._token, self._hold_ms)
-        self._until = now + self._hold_ms / 1000 if held else 0.0
+        self._until = now + hold_s if held else 0.0
+        self._ask_at = now + hold_s / 3
         return held
 
     def resign(self) -> None:
