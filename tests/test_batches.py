@@ -349,6 +349,25 @@ def test_after_its_active_time_the_woken_worker_hands_the_wake_up_over(
     assert run.owners == 1 and run.waker.value() == "woken"  # a new task holds it now
 
 
+def test_a_worker_past_its_active_time_that_lost_the_mark_still_hands_over(
+    db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
+) -> None:
+    first = plain_intake.submit(message(1)).msg_id
+    plain_intake.submit(message(2))
+    run = Run(redis_client)
+
+    def taken_over(ctx: MessageContext) -> None:
+        # meanwhile another worker took the wake-up, found nothing yet and let it go
+        redis_client.delete("test:wake")
+
+    own = HandlerRegistry()
+    own.add("test", "script", taken_over, time_limit_s=5)
+    done = run(batch_processor(db, redis_client, own), 1, pace=Pace(active_s=0.0))
+    assert [r.msg_id for r in done.results] == [first]
+    # the second is still due and nobody looks: a new task is sent for it
+    assert run.owners == 1 and run.waker.value() == "woken"
+
+
 def test_a_helper_stops_at_its_first_empty_claim_and_leaves_the_mark(
     db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
 ) -> None:

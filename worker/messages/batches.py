@@ -339,8 +339,8 @@ def run_woken(
     pokes it (``wait``); once nothing was due for ``pace.linger_s`` it clears the mark and
     looks once more (what was committed before the clear is seen then; what comes after
     wakes a worker of its own). After ``pace.active_s`` it hands the wake-up over to a new
-    task. A claim takes one message while some handler may run unlimited (see the module's
-    note)."""
+    task (any worker past it does, unless another looks). A claim takes one message while
+    some handler may run unlimited (see the module's note)."""
     woken = _Woken(
         processor,
         claim_size(processor, limit),
@@ -401,8 +401,12 @@ class _Woken:
                 wake_quietly(self.send_helper)
                 helped = True
             if now - started >= pace.active_s:
-                if holder is not None and _release(holder):
-                    wake_quietly(lambda: self.waker.wake(self.send_owner))
+                if holder is not None:
+                    _release(holder)
+                # Hand over to a new task, unless a worker looks now (it claims what is due):
+                # also when the mark was taken over meanwhile, for the holder may have gone
+                # before this worker's last batch released funnel messages (IN_QUEUE, no task).
+                wake_quietly(lambda: self.waker.wake(self.send_owner))
                 return
             if due >= self.size:
                 continue
