@@ -158,6 +158,12 @@ def _lingering(client: redis.Redis) -> dict[str, str]:
             status = client.hget(key, "status")
             if status != b"CANCEL" or not 0 < ttl <= MESSAGE_TTL_MS:
                 found[key] = f"status {status!r}, PTTL {ttl}"
+        elif rest.startswith("res:"):
+            # A cancelled response keeps its hash, status CANCEL, for its lifetime
+            # (AWAITED_MESSAGE_TTL, MESSAGE_TTL here); nothing else of a response is left.
+            status = client.hget(key, "status")
+            if status != b"CANCEL" or not 0 < ttl <= MESSAGE_TTL_MS:
+                found[key] = f"status {status!r}, PTTL {ttl}"
         elif rest == "scheduled":
             # Wake-ups whose conversation was delivered before they fell due. The set lives
             # MESSAGE_TTL past the latest wake-up it was given; no wait is longer than a

@@ -210,7 +210,10 @@ def test_delete_a_request_cancels_its_group_and_the_next_request_goes(h: Harness
     audit = _row(h, "s1")["audit"]
     assert audit[-1]["action"] == "DELETE" and audit[-1]["by"] == "key:ops"
     assert audit[-1]["note"] == "wrong answers" and audit[-1]["from"] == "IN_QUEUE"
-    assert not h.redis.exists(h.k.response("c1", "s1"), h.k.response("c1", "s2"))
+    # out of the order; each hash kept for its lifetime as the seed's CANCEL
+    for rs in ("s1", "s2"):
+        assert h.redis.hget(h.k.response("c1", rs), "status") == b"CANCEL"
+        assert h.redis.pttl(h.k.response("c1", rs)) > 0
     assert h.redis.hget(h.k.request("c1", "r1"), "status") == b"CANCEL"
     assert h.k.request("c1", "r1").encode() not in h.redis.lrange(h.k.request_list("c1"), 0, -1)
     assert len(h.started) == 1  # the conversation was woken: r2's response goes at once
@@ -283,7 +286,8 @@ def test_set_awaited_by_response_as_the_gate_does_and_it_is_rebuilt(h: Harness) 
     ]
     s1 = _hash(h, "c1", "s1")
     assert s1["status"] == "AWAITED" and s1["awaitedRetries"] == "1"
-    assert s1["awaitedToDateTS"] == s1["notBefore"] == str(now + 5_000)
+    assert s1["awaitedToDate"] == s1["notBefore"] == str(now + 5_000)
+    assert s1["awaitedToDateTS"] == str((now + 5_000) // 1000)  # the seed's Unix seconds
     member = s1["member"]
     assert h.redis.zscore(h.k.shard("c1").pending_messages, member) == now + 5_000
     row = _row(h, "s1")
@@ -296,7 +300,7 @@ def test_set_awaited_by_response_as_the_gate_does_and_it_is_rebuilt(h: Harness) 
     assert again.awaited == [] and again.skipped == [{"response_id": "s1", "status": "AWAITED"}]
     _rebuilt(h)
     rebuilt = _hash(h, "c1", "s1")
-    assert rebuilt["status"] == "AWAITED" and rebuilt["awaitedToDateTS"] == str(now + 5_000)
+    assert rebuilt["status"] == "AWAITED" and rebuilt["awaitedToDate"] == str(now + 5_000)
     assert h.redis.zscore(h.k.shard("c1").pending_messages, member) == now + 5_000
     # The awaited agent takes it up at its date; the order holds meanwhile.
     rec = Recorder()
@@ -350,13 +354,13 @@ def test_a_new_awaited_date_is_when_the_agent_takes_it_up(h: Harness) -> None:
     done = h.conv.set_awaited_date("c1", "s1", {"awaited_to_date": _iso(at)})
     assert done["awaited_to_date_ms"] == at
     s1 = _hash(h, "c1", "s1")
-    assert s1["awaitedToDateTS"] == s1["notBefore"] == str(at)
+    assert s1["awaitedToDate"] == s1["notBefore"] == str(at)
     assert h.redis.zscore(h.k.shard("c1").pending_messages, s1["member"]) == at
     row = _row(h, "s1")
     assert row["custom_data"] == f"awaited={at};round=1" and row["failed_count"] == 1
     assert row["audit"][-1]["action"] == "AWAITED_DATE"
     _rebuilt(h)
-    assert _hash(h, "c1", "s1")["awaitedToDateTS"] == str(at)
+    assert _hash(h, "c1", "s1")["awaitedToDate"] == str(at)
     rec = Recorder()
     h.clock.advance(10)  # past the first date (5 s), before the new one
     h.conv.awaited_turn(h.enqueue)
@@ -385,6 +389,27 @@ def test_a_new_awaited_date_is_refused_when_it_cannot_be(h: Harness) -> None:
     with pytest.raises(NotFound):
         h.conv.set_awaited_date("c1", "s9", {"awaited_to_date": _iso(now)})
     assert _snapshot(h) == before and _rows(h) == rows
+
+
+def test_the_ts_fields_are_unix_seconds_and_a_hash_of_before_is_read_in_ms(h: Harness) -> None:
+    _two_requests(h)
+    now = int(h.clock.now * 1000)
+    for key in (h.k.shard("c1").request("r1"), h.k.response("c1", "s1")):
+        fields = {as_text(k): as_text(v) for k, v in h.redis.hgetall(key).items()}
+        assert int(fields["expiresAtTS"]) == int(fields["expiresAt"]) // 1000
+        assert abs(int(fields["expiresAtTS"]) - now // 1000) < 7 * 24 * 3600  # seconds, not ms
+    h.conv.set_awaited("c1", {}, response_id="s1")
+    s1 = _hash(h, "c1", "s1")
+    assert int(s1["awaitedToDateTS"]) == int(s1["awaitedToDate"]) // 1000
+    # a hash written before expiresAt held milliseconds in expiresAtTS: still read as such
+    key = h.k.response("c1", "s1")
+    expires = int(s1["expiresAt"])
+    h.redis.hdel(key, "expiresAt")
+    h.redis.hset(key, "expiresAtTS", expires)
+    with pytest.raises(InvalidMessage, match=f"at {expires} ms"):
+        h.conv.set_awaited_date("c1", "s1", {"awaited_to_date": _iso(expires + 1000)})
+    done = h.conv.set_awaited_date("c1", "s1", {"awaited_to_date": _iso(expires - 1000)})
+    assert done["awaited_to_date_ms"] == expires - 1000
 
 
 # --- removeAllReferencesAtTime --------------------------------------------------------------

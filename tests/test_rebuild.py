@@ -92,7 +92,7 @@ def test_flush_mid_drain_then_everything_in_order_nothing_twice(
     before = snapshot(redis_client, cids)
     assert before["c2"]["responses"][0][1:4] == ("PENDING", "1", str(h.clock.ms() + 20))
     assert before["c3"]["responses"][0][1] == "AWAITED"
-    until_before = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDateTS")))
+    until_before = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDate")))
 
     redis_client.flushdb()
     assert rebuild.check(h.conv).startswith("the marker is missing")
@@ -102,7 +102,7 @@ def test_flush_mid_drain_then_everything_in_order_nothing_twice(
     assert report.done and report.marked_ready and woken == []
     assert rebuild.check(h.conv) == ""
     assert snapshot(redis_client, cids) == before
-    until = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDateTS")))
+    until = int(_text(redis_client.hget(K.response("c3", "v1"), "awaitedToDate")))
     # Rebuilt from the row's age (PostgreSQL's clock), within the test's real time.
     assert abs(until - until_before) < 30_000
     assert sorted(report.drains_started) == cids

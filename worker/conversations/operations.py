@@ -55,7 +55,9 @@ MESSAGE_FIELDS = (
     "requestTimestamp",
     "responseTimestamp",
     "status",
+    "expiresAt",
     "expiresAtTS",
+    "awaitedToDate",
     "awaitedToDateTS",
     "awaitedRetries",
     "taskItem",
@@ -256,6 +258,7 @@ def delete(
         response_prefix=shard.response_prefix,
         async_prefix=shard.async_prefix,
         message_ttl_ms=ctx.settings.message_ttl,
+        now_ms=ctx.now_ms(),
     )
     done = Deleted(conversation_id, request_id, result.excepted, result.request)
     if done.excepted:

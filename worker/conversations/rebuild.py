@@ -43,6 +43,12 @@ class _Group:
     responses: list[dict[str, Any]] = field(default_factory=list)
 
 
+def expiry(at_ms: int) -> dict[str, int]:
+    """A hash's expiry as the seed writes it (expiresAtTS, Unix seconds) and in the gate's
+    milliseconds (expiresAt)."""
+    return {"expiresAt": at_ms, "expiresAtTS": at_ms // 1000}
+
+
 def _int(value: Any) -> int:
     return int(float(value)) if value is not None else 0
 
@@ -63,7 +69,8 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
         "requestTimestamp": _int(row.request_timestamp_ms),
         "responseTimestamp": _int(row.timestamp_ms),
         "status": "PENDING",
-        "expiresAtTS": expires,
+        **expiry(expires),
+        "awaitedToDate": 0,
         "awaitedToDateTS": 0,
         "awaitedRetries": row.failed_count,
         "taskItem": row.payload,
@@ -103,7 +110,7 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
         by_hand = _AWAITED.match(custom)
         if by_hand and int(by_hand.group(2)) == row.failed_count:
             at = min(int(by_hand.group(1)), expires)
-        fields.update(status="AWAITED", awaitedToDateTS=at, notBefore=at)
+        fields.update(status="AWAITED", awaitedToDate=at, awaitedToDateTS=at // 1000, notBefore=at)
         out["pendingAt"] = at
     else:
         retry = _RETRY.match(custom)
@@ -140,7 +147,7 @@ def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
                     "requestTimestamp": _int(row.timestamp_ms),
                     "status": "PENDING" if row.responses else "WAITING",
                     "responseIdCounter": 0,
-                    "expiresAtTS": now + ttl,
+                    **expiry(now + ttl),
                     "msgId": row.msg_id,
                     "seq": 0,
                     "lastAccess": now - _int(row.idle_ms),
@@ -164,7 +171,7 @@ def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
                 "requestTimestamp": _int(row.request_timestamp_ms),
                 "status": "PENDING",
                 "responseIdCounter": 0,
-                "expiresAtTS": now + group.ttl,
+                **expiry(now + group.ttl),
                 "msgId": row.request_msg_id,
                 "seq": 0,
                 "callback": 1,

@@ -10,16 +10,34 @@ local function num(v, default)
   return tonumber(v)
 end
 
+-- The seed's ...TS fields (expiresAtTS, awaitedToDateTS) are Unix seconds; the gate keeps its
+-- times in milliseconds in the seed's expiresAt and awaitedToDate. A hash written before
+-- those fields holds milliseconds in its TS field: read as such while expiresAt is missing.
+local function seconds(ms)
+  return math.floor(tonumber(ms) / 1000)
+end
+
+local function expires_at(key)
+  local f = redis.call('HMGET', key, 'expiresAt', 'expiresAtTS')
+  return num(f[1], num(f[2], nil))
+end
+
 -- Remove every reference of a response: its place in the conversation's order, in
--- pendingMessages, its ACK key and its hash.
-local function drop_response(res_key, zset_key, pending_key, member, async_prefix)
+-- pendingMessages, its ACK key and its hash; a cancelled one (``cancel_at``, now) keeps its
+-- hash for its lifetime with status CANCEL, as the seed's model has it.
+local function drop_response(res_key, zset_key, pending_key, member, async_prefix, cancel_at)
   local async_id = redis.call('HGET', res_key, 'asyncResponseId')
   if async_id and async_id ~= '' then
     redis.call('DEL', async_prefix .. async_id)
   end
   redis.call('ZREM', zset_key, member)
   redis.call('ZREM', pending_key, member)
-  redis.call('DEL', res_key)
+  if cancel_at and redis.call('EXISTS', res_key) == 1 then
+    redis.call('HSET', res_key, 'status', 'CANCEL', 'lastAccess', cancel_at)
+    redis.call('HDEL', res_key, 'claimedAt', 'asyncResponseId')
+  else
+    redis.call('DEL', res_key)
+  end
 end
 
 -- A conversation with nothing left forgets its request counter too.
@@ -61,15 +79,16 @@ end
 -- AWAITED_TIME_WHEN_RETRIES_END, then awaitedRetries * step; never past its expiry).
 -- Returns {msgId, awaitedToDate, awaitedRetries}, or nil when the hash is gone.
 local function make_awaited(key, pending_key, member, now, first_wait, step)
-  local f = redis.call('HMGET', key, 'awaitedRetries', 'expiresAtTS', 'msgId')
-  if not f[3] then return nil end
+  local f = redis.call('HMGET', key, 'awaitedRetries', 'msgId')
+  if not f[2] then return nil end
   local retries = num(f[1], 0)
   local wait = first_wait
   if retries > 0 then wait = retries * step end
-  local at = math.min(now + wait, num(f[2], now + wait))
+  local at = math.min(now + wait, num(expires_at(key), now + wait))
   redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries + 1,
-    'awaitedToDateTS', at, 'notBefore', at, 'attempt', 0, 'lastAccess', now)
+    'awaitedToDate', at, 'awaitedToDateTS', seconds(at), 'notBefore', at, 'attempt', 0,
+    'lastAccess', now)
   redis.call('HDEL', key, 'claimedAt')
   redis.call('ZADD', pending_key, at, member)
-  return {f[3], at, retries + 1}
+  return {f[2], at, retries + 1}
 end

@@ -33,7 +33,8 @@ if not status then
   redis.call('HSET', KEYS[1],
     'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3],
     'requestTimestamp', ARGV[15], 'status', 'PENDING', 'responseIdCounter', 0,
-    'expiresAtTS', now + msg_ttl, 'msgId', ARGV[9], 'seq', seq, 'callback', 1,
+    'expiresAt', now + msg_ttl, 'expiresAtTS', seconds(now + msg_ttl), 'msgId', ARGV[9],
+    'seq', seq, 'callback', 1,
     'late', ARGV[18] == '1' and 0 or 1)
   redis.call('RPUSH', KEYS[5], KEYS[1])
 end
@@ -43,7 +44,8 @@ if redis.call('HGET', KEYS[1], 'late') == '1' then
 end
 local n = redis.call('HINCRBY', KEYS[1], 'responseIdCounter', 1)
 local req_seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
-redis.call('HSET', KEYS[1], 'status', 'PENDING', 'expiresAtTS', now + msg_ttl, 'lastAccess', now)
+redis.call('HSET', KEYS[1], 'status', 'PENDING', 'expiresAt', now + msg_ttl,
+  'expiresAtTS', seconds(now + msg_ttl), 'lastAccess', now)
 -- A request with activity lives MESSAGE_TTL past its latest response.
 redis.call('PEXPIRE', KEYS[1], msg_ttl)
 redis.call('PEXPIRE', KEYS[5], awaited_ttl)
@@ -52,7 +54,8 @@ local expires = now + awaited_ttl
 redis.call('HSET', KEYS[2],
   'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3], 'responseId', ARGV[4],
   'requestTimestamp', ARGV[15], 'responseTimestamp', ARGV[6], 'status', 'PENDING',
-  'expiresAtTS', expires, 'awaitedToDateTS', 0, 'awaitedRetries', 0, 'taskItem', ARGV[7],
+  'expiresAt', expires, 'expiresAtTS', seconds(expires), 'awaitedToDate', 0,
+  'awaitedToDateTS', 0, 'awaitedRetries', 0, 'taskItem', ARGV[7],
   'msgId', ARGV[8], 'requestMsgId', ARGV[9], 'last', ARGV[10], 'reqSeq', req_seq,
   'attempt', 0, 'notBefore', 0, 'member', ARGV[5], 'lateMs', late_ms, 'lastAccess', now,
   'receivedAt', now)

@@ -65,7 +65,7 @@ if outcome ~= '' then
       else
         result.ack_clash = async_id
       end
-      local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), now)
+      local expires = num(expires_at(res_key), now)
       redis.call('ZADD', pending_key, math.min(now + sent_ttl + inflight_ms, expires), member)
     elseif outcome == 'retry' then
       -- A recoverable failure with attempts left: the head waits, its successors behind it.
@@ -73,7 +73,7 @@ if outcome ~= '' then
       redis.call('HINCRBY', res_key, 'attempt', 1)
       redis.call('HSET', res_key, 'status', 'PENDING', 'notBefore', at, 'lastAccess', now)
       redis.call('HDEL', res_key, 'claimedAt')
-      local expires = num(redis.call('HGET', res_key, 'expiresAtTS'), at)
+      local expires = num(expires_at(res_key), at)
       redis.call('ZADD', pending_key, math.min(at + inflight_ms, expires), member)
     elseif outcome == 'awaited' then
       -- Attempts spent: the response and the rest of its group become AWAITED; the awaited
@@ -94,7 +94,7 @@ if outcome ~= '' then
       for _, m in ipairs(group_members(zset_key, request_id)) do
         local key = res_prefix .. cjson.decode(m)['rsId']
         ids[#ids + 1] = redis.call('HGET', key, 'msgId') or ''
-        drop_response(key, zset_key, pending_key, m, async_prefix)
+        drop_response(key, zset_key, pending_key, m, async_prefix, now)
       end
       local req_key = req_prefix .. request_id
       redis.call('LREM', list_key, 0, req_key)
@@ -200,10 +200,11 @@ while true do
         end
         redis.call('HSET', res_key, 'status', 'PENDING', 'claimedAt', now, 'lastAccess', now)
         redis.call('HSET', drains_key, ARGV[17], ARGV[18] .. '|' .. token .. '|' .. now)
-        local h = redis.call('HMGET', res_key, 'expiresAtTS', 'conversationId', 'origin',
+        local h = redis.call('HMGET', res_key, 'expiresAt', 'conversationId', 'origin',
           'requestId', 'responseId', 'taskItem', 'msgId', 'requestMsgId', 'last', 'attempt',
-          'awaitedRetries', 'lateMs', 'receivedAt', 'tp')
-        redis.call('ZADD', pending_key, math.min(now + inflight_ms, num(h[1], now)), first)
+          'awaitedRetries', 'lateMs', 'receivedAt', 'tp', 'expiresAtTS')
+        local expires = num(h[1], num(h[15], now))
+        redis.call('ZADD', pending_key, math.min(now + inflight_ms, expires), first)
         result.head = {
           conversationId = h[2], origin = h[3], requestId = h[4], responseId = h[5],
           taskItem = h[6], msgId = h[7], requestMsgId = h[8], last = h[9],

@@ -16,12 +16,12 @@ local due = redis.call('ZRANGEBYSCORE', pending_key, '-inf', now, 'LIMIT', 0, to
 for _, m in ipairs(due) do
   local info = cjson.decode(m)
   local key = res_prefix .. info['rsId']
-  local f = redis.call('HMGET', key, 'status', 'expiresAtTS', 'awaitedRetries')
+  local f = redis.call('HMGET', key, 'status', 'expiresAt', 'awaitedRetries', 'expiresAtTS')
   if not f[1] then
     redis.call('ZREM', pending_key, m)
     out.vanished[#out.vanished + 1] = info['rsId']
   else
-    local expires = tonumber(f[2]) or now
+    local expires = num(f[2], num(f[4], now))
     out.taken = out.taken + 1
     if expires <= now then
       -- Claimed for the caller, who removes it for good (a SENT one counts as delivered).
@@ -34,7 +34,7 @@ for _, m in ipairs(due) do
         -- AWAITED one was counted when its attempts ran out.)
         retries = retries + 1
         redis.call('HSET', key, 'status', 'AWAITED', 'awaitedRetries', retries,
-          'awaitedToDateTS', now)
+          'awaitedToDate', now, 'awaitedToDateTS', seconds(now))
       end
       redis.call('ZADD', pending_key, math.min(now + math.max(retries, 1) * step, expires), m)
     end

@@ -8,6 +8,7 @@
 -- ARGV[3] allOriginExcept: nothing is deleted when the request's origin is this one ('' none)
 -- ARGV[4] the request's origin (PostgreSQL's: the hash may have expired)
 -- ARGV[5] response key prefix  ARGV[6] asyncRequest key prefix  ARGV[7] MESSAGE_TTL (ms)
+-- ARGV[8] now (ms): a deleted response keeps its hash, status CANCEL, for its lifetime
 -- Returns a JSON object: excepted (true: the origin was the excepted one, nothing changed),
 -- deleted ([msgId, responseId] of each response deleted), request (true: the request went).
 local request_id, status, except = ARGV[1], ARGV[2], ARGV[3]
@@ -22,7 +23,7 @@ for _, m in ipairs(group_members(KEYS[2], request_id)) do
   local f = redis.call('HMGET', key, 'status', 'msgId')
   if status == '' or f[1] == status then
     deleted[#deleted + 1] = {f[2] or '', rs_id}
-    drop_response(key, KEYS[2], KEYS[3], m, ARGV[6])
+    drop_response(key, KEYS[2], KEYS[3], m, ARGV[6], ARGV[8])
   end
 end
 local whole = status == ''

@@ -34,8 +34,10 @@ def conv_delete(
     response_prefix: str,
     async_prefix: str,
     message_ttl_ms: int,
+    now_ms: int,
 ) -> ConvDeleted:
-    """Delete the request's responses (only those in ``status``; None: all, and the request)."""
+    """Delete the request's responses (only those in ``status``; None: all, and the request);
+    each keeps a CANCEL hash for its lifetime."""
     call = Call(
         "conv_delete",
         keys=(request, response_order, pending_messages, request_list, request_seq),
@@ -47,6 +49,7 @@ def conv_delete(
             response_prefix,
             async_prefix,
             message_ttl_ms,
+            now_ms,
         ),
     )
     found = json.loads(scripts.run(call))

@@ -14,7 +14,8 @@ redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[8]))
 redis.call('HSET', KEYS[1],
   'conversationId', ARGV[1], 'origin', ARGV[2], 'requestId', ARGV[3],
   'requestTimestamp', ARGV[4], 'status', 'WAITING', 'responseIdCounter', 0,
-  'expiresAtTS', tonumber(ARGV[6]) + ttl, 'msgId', ARGV[5], 'seq', seq,
+  'expiresAt', tonumber(ARGV[6]) + ttl, 'expiresAtTS', seconds(tonumber(ARGV[6]) + ttl),
+  'msgId', ARGV[5], 'seq', seq,
   'lastAccess', ARGV[6])
 if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'corr', ARGV[9]) end
 redis.call('PEXPIRE', KEYS[1], ttl)
