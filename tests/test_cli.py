@@ -9,6 +9,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from orderly.worker.celery import PROCESS_QUEUE
+from orderly.worker.runtime import get_runtime
 from tests.helpers import OrderlyCli, count_messages, message
 
 
@@ -82,6 +83,20 @@ def test_config_set_get_and_refusal(cli: OrderlyCli, db: Engine) -> None:
     refused = cli("config", "set", "asynch.postponedIntervalSec", "soon")
     assert refused.returncode == 2 and "does not match" in refused.stderr
     assert "asynch.postponedIntervalSec" in cli("config", "list").stdout
+
+
+def test_track_done_reports_tracked_work_by_its_xid(
+    cli: OrderlyCli, db: Engine, redis_client: redis.Redis
+) -> None:
+    tracker = get_runtime().tracker
+    track_id = tracker.register(4242)
+    done = cli("track", "done", "4242")
+    assert done.returncode == 0 and f"tracking id {track_id}, DONE" in done.stdout
+    assert tracker.monitor_turn().done == 1
+    again = cli("track", "done", "4242", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["outcome"] == "ALREADY"
+    missing = cli("track", "done", "9999")
+    assert missing.returncode == 2 and "no tracked message '9999'" in missing.stderr
 
 
 def test_node_commands_move_the_node(cli: OrderlyCli, db: Engine) -> None:

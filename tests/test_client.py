@@ -277,7 +277,9 @@ def test_the_conversation_operations_sync_and_async(api_only: Stack) -> None:
         _start(orderly, "c-sync")
         _check("c-sync", [call() for call in _operate(orderly, "c-sync")])
         gone = orderly.conversation_message(response_id="s-c-sync")  # deleted with its request
-        assert gone["state"] == "CANCEL" and gone["inRedis"] is False
+        # its row CANCEL, its hash kept for its lifetime as CANCEL (the seed's)
+        assert gone["state"] == "CANCEL" and gone["inRedis"] is True
+        assert gone["status"] == "CANCEL"
         with pytest.raises(NotFound):
             orderly.conversation_message(response_id="nobody-sent-this")
         with pytest.raises(ValueError, match="exactly one"):

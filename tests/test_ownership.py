@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 from orderly.api.console.session import COOKIE
 from orderly.worker import keys
 from orderly.worker.core.errors import InvalidMessage
+from orderly.worker.runtime import get_runtime
 from tests.helpers import message
 
 CHANNEL = {"delivery_delay_ms": 10, "attempts": 2}
@@ -68,6 +69,7 @@ def _own_objects(client: TestClient, db: Engine, t: Tenant, name: str) -> None:
         assert answer.status_code == 201, answer.text
         ids.append(int(answer.json()["msg_id"]))
     t.msg_id, t.waiting_id, t.failed_id = ids
+    assert get_runtime().tracker.register(t.msg_id) > 0  # its work, tracked by its msg_id
     request = {"request_id": f"rq-{name}", "origin": t.origin}
     answer = client.post(f"/conversations/conv-{name}/requests", json=request, headers=t.auth)
     assert answer.status_code == 201, answer.text
@@ -175,6 +177,7 @@ def _refused_404(t: Tenant, name: str, other: Tenant) -> list[tuple[str, str, An
         ("POST", f"/subscriptions/{t.subscription}/messages/{t.delivery_id}/ack",
          {"receipt": "x"}),
         ("GET", f"/exceptions/{t.exception_id}", None),
+        ("POST", "/tracking/done", {"xid": str(t.msg_id)}),
     ]  # fmt: skip
 
 
@@ -234,7 +237,7 @@ def test_the_owner_may_do_what_another_tenant_may_not(
         assert answer.status_code == 200, (path, answer.text)
     pulled = client.get(f"/subscriptions/{a.subscription}/messages", headers=a.auth)
     assert pulled.status_code == 200 and pulled.json(), pulled.text
-    for path in ("/messages/responses", f"/messages/{a.msg_id}/cancel"):
+    for path in ("/messages/responses", f"/messages/{a.msg_id}/cancel", "/tracking/done"):
         method, body = allowed[path]
         answer = client.request(method, path, json=body, headers=a.auth)
         assert answer.status_code in (200, 201), (path, answer.text)

@@ -15,9 +15,12 @@ from sqlalchemy import Engine, text
 
 from orderly.models import MessageState
 from orderly.models.keys import TrackKeys
+from orderly.worker import lua
 from orderly.worker.core.clock import SYSTEM, now_ms
-from orderly.worker.core.errors import TrackingError
+from orderly.worker.core.errors import InvalidMessage, NotFound, TrackingError
+from orderly.worker.core.owners import Owns
 from orderly.worker.messages import timeouts
+from orderly.worker.messages.done_reports import report_done
 from orderly.worker.messages.intake import Intake
 from orderly.worker.observe import store_figures
 from orderly.worker.tracking import (
@@ -179,6 +182,48 @@ def test_a_message_never_done_is_a_timeout(redis_client: redis.Redis) -> None:
     t.done(hung, now=T0 + 30_000)
     t.monitor_turn(now=T0 + 30_001)
     assert snapshot(redis_client, KEYS).done.count == 1
+
+
+def test_a_subscriber_reports_done_by_xid_and_it_is_no_timeout(redis_client: redis.Redis) -> None:
+    t = tracker(redis_client, timeout_ms=10_000, expire_ms=60_000)
+    by_number = t.register(12345, now=T0)
+    by_meta = t.register({"meta": {"id": "job-7"}}, now=T0)
+    never = t.register(777, now=T0)
+    assert t.done_by_xid("12345", now=T0 + 40) == (by_number, lua.XidDone.DONE)
+    assert t.done_by_xid("12345", now=T0 + 50) == (by_number, lua.XidDone.ALREADY)
+    assert t.done_by_xid("job-7", now=T0 + 60) == (by_meta, lua.XidDone.DONE)
+    assert t.done_by_xid("nobody", now=T0 + 70) == (0, lua.XidDone.UNKNOWN)
+    turn = t.monitor_turn(now=T0 + 12_000)
+    assert turn.done == 2 and [x.track_id for x in turn.timed_out] == [never]
+    snap = snapshot(redis_client, KEYS)
+    assert (snap.done.count, snap.done.sum_ms, snap.timeout.count) == (2, 100, 1)
+    redis_client.delete(KEYS.message(never))  # its hash expired
+    assert t.done_by_xid("777") == (never, lua.XidDone.GONE)
+
+
+def test_a_tenant_reports_done_only_its_own_messages_and_bad_input_writes_nothing(
+    db: Engine, intake: Intake, redis_client: redis.Redis
+) -> None:
+    t = tracker(redis_client)
+    mine = intake.submit(message(1, source_system="crm")).msg_id
+    theirs = intake.submit(message(2, source_system="erp")).msg_id
+    for msg_id in (mine, theirs):
+        t.register(msg_id)
+    t.register({"meta": {"id": "claim:9"}})
+    owns = Owns(source_systems=frozenset({"crm"}))
+    done = report_done(db, t, {"xid": str(mine)}, owns)
+    assert (done.xid, done.outcome) == (str(mine), "DONE")
+    for xid in (str(theirs), "claim:9", "999999"):
+        with pytest.raises(NotFound):
+            report_done(db, t, {"xid": xid}, owns)
+    assert report_done(db, t, {"xid": "claim:9"}, None).outcome == "DONE"  # every object's
+    before = redis_client.llen(KEYS.done)
+    for bad in ({"xid": ""}, {"xid": 5}, {}, {"xid": "x", "more": 1}, ["5"]):
+        with pytest.raises(InvalidMessage):
+            report_done(db, t, bad, None)
+    assert redis_client.llen(KEYS.done) == before
+    their_id = int(t.lookup(str(theirs))["id"])
+    assert "done" not in text_hash(redis_client, KEYS.message(their_id))  # refused: untouched
 
 
 def test_expired_ids_are_counted_and_delisted(redis_client: redis.Redis) -> None:

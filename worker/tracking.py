@@ -258,6 +258,18 @@ class Tracker:
         except redis.RedisError:
             log.exception("reporting tracked %s %s done failed", kind, track_id)
 
+    def done_by_xid(self, xid: str, now: int | None = None) -> tuple[int, lua.XidDone]:
+        """Report done the work an outsider knows by its xid (the seed's subscriber, through
+        the ``:message:xid:$xid`` cross-reference): its tracking id and what became of it."""
+        k = self.keys
+        return lua.track_done_xid(
+            self._scripts,
+            xid_key=k.xid(xid),
+            done=k.done,
+            message_prefix=k.message_prefix,
+            now_ms=now_ms(self.clock) if now is None else now,
+        )
+
     def lookup(self, xid: str) -> dict[str, str]:
         """The ``:message:xid:$xid`` cross-reference (id and type), empty when unknown."""
         return _decoded(self.client.hgetall(self.keys.xid(xid)))

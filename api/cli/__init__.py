@@ -29,6 +29,7 @@ from orderly.api.cli import (
     sources,
     status,
     subscriptions,
+    tracking,
 )
 from orderly.api.cli.common import run
 
@@ -88,6 +89,7 @@ app.add_typer(keys.key_app, name="key")
 app.add_typer(schedules.schedule_app, name="schedule")
 app.add_typer(funnel_limits.funnel_limit_app, name="funnel-limit")
 app.add_typer(signing.signing_app, name="signing-secret")
+app.add_typer(tracking.track_app, name="track")
 
 
 def main() -> None:

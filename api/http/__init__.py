@@ -35,6 +35,7 @@ from orderly.api.http import (
     schedules,
     signing,
     source_systems,
+    tracking,
 )
 from orderly.worker import nodes
 from orderly.worker.broker import Broker
@@ -63,6 +64,7 @@ ROUTERS: tuple[tuple[APIRouter, str, dict[int | str, dict[str, Any]]], ...] = (
     (keys.router, "API keys", _ERRORS),
     (health.router, "health", contract.PUBLIC_ERROR_RESPONSES),
     (metrics.router, "metrics", _ERRORS),
+    (tracking.router, "tracking", _ERRORS),
 )
 # A request tries the routes one by one, each its path's pattern: POST /messages, by far the
 # busiest route, is tried first rather than after twenty others. No other router has a path

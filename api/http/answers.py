@@ -54,6 +54,7 @@ from orderly.client.answers import (
     SubscriptionChanged,
     SubscriptionCreated,
     SubscriptionListed,
+    TrackedDone,
 )
 
 __all__ = [
@@ -100,6 +101,7 @@ __all__ = [
     "SubscriptionChanged",
     "SubscriptionCreated",
     "SubscriptionListed",
+    "TrackedDone",
     "answers",
 ]
 

@@ -301,6 +301,15 @@ class PulledAcked(Answer):
     state: Literal["DELIVERED"]
 
 
+class TrackedDone(Answer):
+    """Tracked work reported done by its xid (POST /tracking/done)."""
+
+    xid: str
+    track_id: int
+    # DONE: reported now; ALREADY: reported done before; GONE: its tracking had expired
+    outcome: Literal["DONE", "ALREADY", "GONE"]
+
+
 class DeadLetter(Answer):
     delivery_id: int
     subscription_id: int

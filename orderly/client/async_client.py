@@ -128,6 +128,9 @@ class AsyncClient:
     ) -> a.PulledAcked:
         return await self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
 
+    async def tracked_done(self, xid: str) -> a.TrackedDone:
+        return await self.call(calls.tracked_done(xid))
+
     async def message(self, msg_id: int) -> a.MessageDetail:
         return await self.call(calls.message(msg_id))
 

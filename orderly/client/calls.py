@@ -311,6 +311,10 @@ def ack_pulled(subscription_id: int, delivery_id: int, receipt: str) -> Call[a.P
     return Call("POST", path, {"receipt": receipt}, read=_one(a.PulledAcked))
 
 
+def tracked_done(xid: str) -> Call[a.TrackedDone]:
+    return Call("POST", "/tracking/done", {"xid": xid}, read=_one(a.TrackedDone))
+
+
 def subscribe(room: str, subscription: Any) -> Call[a.SubscriptionCreated]:
     """A subscription of ``room``: ``{name, kind, push_url?, handler?, event_type?,
     event_version? | min_version?/max_version?, routing_key_pattern?, ...}``."""

@@ -137,6 +137,11 @@ class Client:
     def ack_pulled(self, subscription_id: int, delivery_id: int, receipt: str) -> a.PulledAcked:
         return self.call(calls.ack_pulled(subscription_id, delivery_id, receipt))
 
+    def tracked_done(self, xid: str) -> a.TrackedDone:
+        """Report done the tracked work known by ``xid`` (a message's msg_id, say), as the
+        seed's subscriber does: the timeout monitor counts it done, never timed out."""
+        return self.call(calls.tracked_done(xid))
+
     # --- operators -------------------------------------------------------------------------
 
     def queue_log(self, **filters: Any) -> list[a.QueueLogRow]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 PRODUCE = "produce"  # messages, conversation requests and responses, external responses
-CONSUME = "consume"  # pull and acknowledge pulled events
+CONSUME = "consume"  # pull and acknowledge pulled events, report tracked work done
 OPERATE = "operate"  # list, show, cancel, re-drive; conversations, dead letters
 ADMIN = "admin"  # channels, rooms, event types, publishers, subscriptions, source systems, keys
 METRICS = "metrics"  # GET /metrics

@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     # message tracking and service lifecycle
     "track_register",
     "track_done",
+    "track_done_xid",
     "track_monitor",
     "service_register",
     "service_renew",

@@ -55,6 +55,22 @@ def track_done(scripts: Scripts, *, message: str, done: str, track_id: int, now_
     return bool(scripts.run(Call("track_done", keys=(message, done), args=(track_id, now_ms))))
 
 
+class XidDone(enum.StrEnum):
+    DONE = "DONE"  # reported now
+    ALREADY = "ALREADY"  # reported done before
+    GONE = "GONE"  # its hash expired
+    UNKNOWN = "UNKNOWN"  # no such xid (or it expired)
+
+
+def track_done_xid(
+    scripts: Scripts, *, xid_key: str, done: str, message_prefix: str, now_ms: int
+) -> tuple[int, XidDone]:
+    """Report the work the xid names done: its tracking id (0 when unknown) and what became
+    of the report."""
+    found = scripts.run(Call("track_done_xid", keys=(xid_key, done), args=(message_prefix, now_ms)))
+    return int(found[0]), XidDone(as_text(found[1]))
+
+
 @dataclass(frozen=True)
 class TimedOut:
     track_id: int
