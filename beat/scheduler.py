@@ -19,6 +19,7 @@ from orderly.worker import rebuild
 from orderly.worker.core.due import Ticker
 from orderly.worker.loss_watch import LossWatch
 from orderly.worker.nodes import NodeFollower
+from orderly.worker.rebuild import RebuildReport
 from orderly.worker.runtime import Runtime, get_runtime
 
 log = logging.getLogger("orderly.beat")
@@ -87,13 +88,15 @@ class ConfiguredScheduler(Scheduler):
         watch = LossWatch(
             client,
             [shard.epoch for shard in runtime.conversations.keys.every_shard],
-            lambda: None if self.node.stopped else agent_jobs.redis_watch(),
+            # STOPPED: not looked at, not known (looked at again soon)
+            lambda: RebuildReport(busy=True) if self.node.stopped else agent_jobs.redis_watch(),
             poll_s=self.interval_s,
         )
         runtime.loss_watch = watch
-        threading.Thread(
+        self._watch_thread = threading.Thread(
             target=watch.run, args=(self._stopping,), name="orderly-loss-watch", daemon=True
-        ).start()
+        )
+        self._watch_thread.start()
         return watch
 
     def _run_agents(self) -> None:
@@ -138,7 +141,8 @@ class ConfiguredScheduler(Scheduler):
         if self.due is not None:
             self._stopping.set()
             if self.loss_watch is not None:
-                self.loss_watch.close()  # ends its wait
+                self.loss_watch.close()  # ends its wait; a rebuild it runs finishes
+                self._watch_thread.join(timeout=30)
             self._agents_thread.join(timeout=30)
             with contextlib.suppress(Exception):  # the next beat leads at once
                 self.leadership.resign()

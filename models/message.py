@@ -99,14 +99,21 @@ class Message(Base):
         ),
         # Late conversation responses, counted for GET /metrics and listed by operators.
         Index("ix_message_late", "msg_id", postgresql_where=text("late_ms IS NOT NULL")),
-        # The messages of a process (a listing's process_id filter), and a conversation's
-        # requests and responses (its id is their process_id), for operators.
+        # A conversation's requests and responses (its id is their process_id), for operators.
+        Index(
+            "ix_message_conversation",
+            "process_id",
+            "msg_timestamp",
+            "msg_id",
+            postgresql_where=text("service_name = 'conversation'"),
+        ),
+        # The other messages of a process (a listing's process_id filter, which asks both).
         Index(
             "ix_message_process",
             "process_id",
             "msg_timestamp",
             "msg_id",
-            postgresql_where=text("process_id IS NOT NULL"),
+            postgresql_where=text("process_id IS NOT NULL AND service_name <> 'conversation'"),
         ),
     )
 

@@ -216,6 +216,10 @@ def test_delete_a_request_cancels_its_group_and_the_next_request_goes(h: Harness
         assert h.redis.pttl(h.k.response("c1", rs)) > 0
     assert h.redis.hget(h.k.request("c1", "r1"), "status") == b"CANCEL"
     assert h.k.request("c1", "r1").encode() not in h.redis.lrange(h.k.request_list("c1"), 0, -1)
+    # a kept CANCEL hash is no live response to the gate or the operators' removal
+    assert h.conv.can_send("c1", "s1").status == "UNKNOWN"
+    with pytest.raises(OperationRefused, match="no longer in its conversation's order"):
+        h.conv.remove_at("c1", "s1", {"delay_s": 1})
     assert len(h.started) == 1  # the conversation was woken: r2's response goes at once
     h.run(rec)
     assert rec.sent == ["s1", "t1"] and h.state("t1") == "OK"

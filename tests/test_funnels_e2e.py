@@ -241,7 +241,8 @@ def test_a_response_resumes_a_waiting_message_and_a_missing_one_times_out(
     cluster.wait_state(waits, "WAITING_FOR_RES")
     bad = cluster.http.post("/messages/responses", json={"payload": {}})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "correlation_id"
-    assert cluster.http.post("/messages/responses", json={"correlation_id": "x"}).status_code == 404
+    unknown = {"correlation_id": "x", "payload": "y"}
+    assert cluster.http.post("/messages/responses", json=unknown).status_code == 404
     answer = cluster.http.post(
         "/messages/responses", json={"correlation_id": "ext-1", "payload": {"id": 42}}
     )

@@ -13,6 +13,7 @@ import redis
 
 from orderly.worker.core.keywatch import KeyWatch
 from orderly.worker.loss_watch import LossWatch
+from orderly.worker.rebuild import RebuildReport
 from tests.helpers import wait_until
 from tests.stack import Stack
 from tooling.servers import RedisServer
@@ -101,6 +102,51 @@ def test_the_loss_watch_looks_on_a_change_and_not_while_nothing_changes(
         lost.close()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def _running(lost: LossWatch) -> tuple[threading.Event, threading.Thread]:
+    stopping = threading.Event()
+    thread = threading.Thread(target=lost.run, args=(stopping,), daemon=True)
+    thread.start()
+    return stopping, thread
+
+
+def test_a_look_that_could_not_say_is_made_again_without_a_change(own: redis.Redis) -> None:
+    answers = [RebuildReport(busy=True), RebuildReport(busy=True)]  # another beat rebuilding
+
+    def look() -> RebuildReport | None:
+        return answers.pop(0) if answers else None
+
+    own.hset(KEYS[0], "state", "ready")
+    own.hset(KEYS[1], "state", "ready")
+    lost = LossWatch(own, KEYS, look, poll_s=0.05, fallback_s=30)
+    stopping, thread = _running(lost)
+    try:
+        wait_until(lambda: lost.holds_state, 10, "Redis known to hold its state")
+        assert lost.looks == 3 and answers == []  # no key changed meanwhile
+    finally:
+        stopping.set()
+        lost.close()
+        thread.join(10)
+
+
+def test_a_watch_that_keeps_failing_falls_back_to_polling(
+    own: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[float] = []
+    lost = LossWatch(own, KEYS, lambda: looks.append(time.monotonic()), poll_s=0.05)
+
+    def broken(keys: list[str]) -> tuple[int, bool]:
+        raise TypeError("a client library the watch does not know")
+
+    monkeypatch.setattr(lost._watch, "arm", broken)
+    stopping, thread = _running(lost)
+    try:
+        wait_until(lambda: lost.polling and len(looks) >= 5, 10, "polling looks")
+    finally:
+        stopping.set()
+        lost.close()
+        thread.join(10)
 
 
 @pytest.mark.e2e

@@ -9,17 +9,18 @@ test database, in both modes.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 
 from orderly.worker import readiness
 from orderly.worker.runtime import Runtime
 from orderly.worker.settings import Settings
-from tests.conftest import TEST_DB, TEST_DB_URL
-from tests.helpers import wait_until
+from tests.conftest import PG_ADMIN_URL, TEST_DB, TEST_DB_URL
+from tests.helpers import OrderlyCli, wait_until
 from tests.stack import Stack
 from tooling.servers import PgBouncer
 
@@ -62,6 +63,32 @@ def test_api_worker_and_beat_refuse_to_start_behind_pgbouncer(
         assert managed.proc.returncode != 0, managed.name
         text = managed.log_path.read_text(errors="replace")
         assert "through a connection pooler" in text, managed.name
+
+
+@pytest.mark.e2e
+def test_migrate_refuses_a_pooler_before_it_changes_anything(
+    cli: OrderlyCli, pgbouncer: Callable[[str], PgBouncer]
+) -> None:
+    name = f"orderly_pooled_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        done = cli("migrate", env={"ORDERLY_DATABASE_URL": pgbouncer("session").url(name)})
+        assert done.returncode != 0 and "through a connection pooler" in done.stderr
+        empty = create_engine(PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
+        try:
+            with empty.connect() as conn:
+                tables = conn.execute(
+                    text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+                ).scalar_one()
+        finally:
+            empty.dispose()
+        assert tables == 0  # nothing migrated
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def test_the_pool_settings_bound_a_process_connections(db: Engine) -> None:

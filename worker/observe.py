@@ -95,10 +95,10 @@ class StoreFigures:
 class ConversationFigures:
     """The conversation structures in Redis.
 
-    A conversation is *open* while it has an undelivered response (one whose hash still
-    exists; every such response is a member of ``pendingMessages``). Its *head* is the first
-    of those in the conversation's order. The conversation is *blocked* when the ordering
-    gate (worker/lua/advance.lua) would not send the head now:
+    A conversation is *open* while it has an undelivered response (a member of its order and
+    of ``pendingMessages``; a cancelled one's hash may stay, status CANCEL, out of both). Its
+    *head* is the first of those in the conversation's order. The conversation is *blocked*
+    when the ordering gate (worker/lua/advance.lua) would not send the head now:
 
     - ``request``: the request list's head is an earlier request still waiting for its
       first response (WAIT_REQUEST);

@@ -33,8 +33,9 @@ local function drop_response(res_key, zset_key, pending_key, member, async_prefi
   redis.call('ZREM', zset_key, member)
   redis.call('ZREM', pending_key, member)
   if cancel_at and redis.call('EXISTS', res_key) == 1 then
+    -- without its member it is no live response to any script (they key on it)
     redis.call('HSET', res_key, 'status', 'CANCEL', 'lastAccess', cancel_at)
-    redis.call('HDEL', res_key, 'claimedAt', 'asyncResponseId')
+    redis.call('HDEL', res_key, 'member', 'removeAt', 'claimedAt', 'asyncResponseId')
   else
     redis.call('DEL', res_key)
   end

@@ -171,7 +171,10 @@ while true do
       if mode == 'check' then
         -- Cases 1 and 2: the validated response is first, or another one is.
         if info['rsId'] == ARGV[10] then return finish('CAN_SEND') end
-        if redis.call('EXISTS', res_prefix .. ARGV[10]) == 0 then return finish('UNKNOWN') end
+        -- (a cancelled response's hash has no member: unknown, as one that is gone)
+        if not redis.call('HGET', res_prefix .. ARGV[10], 'member') then
+          return finish('UNKNOWN')
+        end
         return finish('WAIT_RESPONSE')
       end
       local status = f[2]

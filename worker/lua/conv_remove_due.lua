@@ -6,7 +6,7 @@
 -- ARGV[1] member  ARGV[2] request key prefix  ARGV[3] asyncRequest key prefix  ARGV[4] now (ms)
 -- Returns {msgId, completedRequestMsgId or '', status}, {'GONE'} (nothing left to remove) or
 -- {'NOT_DUE'} (the removal was moved later, or the hash is another response's by now).
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if not redis.call('HGET', KEYS[1], 'member') then  -- gone, or cancelled (no member)
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
   return {'GONE'}

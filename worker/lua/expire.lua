@@ -4,7 +4,7 @@
 -- KEYS[4] request list   KEYS[5] request counter
 -- ARGV[1] member  ARGV[2] request key prefix  ARGV[3] asyncRequest key prefix
 -- Returns {msgId, completedRequestMsgId or ''}, or {} when the response is already gone.
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if not redis.call('HGET', KEYS[1], 'member') then  -- gone, or cancelled (no member)
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
   return {}

@@ -61,7 +61,7 @@ class ConversationSettings(Section):
         validation_alias="ORDERLY_REDIS_SHARDS",
         description="Shards of the conversation keys: each has its own pendingMessages, "
         "scheduled and drains under one Redis Cluster hash tag. A change is a rebuild from "
-        "PostgreSQL (beat's redis-watch starts it; see docs/redis-cluster.md).",
+        "PostgreSQL (beat starts it; see docs/redis-cluster.md).",
     )
     drain_batch: int = Field(
         100,

@@ -4,7 +4,8 @@
 -- tenant's message is not found, in the statement that reads or writes it.
 
 -- name: messages_list
--- Messages matching every filter given (NULL: any; :cid_like a correlation id's prefix or
+-- Messages matching every filter given (NULL: any; :process by ix_message_conversation and
+-- ix_message_process, one arm each; :cid_like a correlation id's prefix or
 -- part, ix_message_correlation_pattern serving a prefix), oldest msg_timestamp first or, with
 -- :newest, newest msg_id first; a page of them. due_at: when a waiting message is due (a
 -- scheduled NEW one, a retry), NULL when it waits for no time.
@@ -14,7 +15,9 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
   FROM message
  WHERE (CAST(:state AS text) IS NULL OR state = :state)
    AND (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
-   AND (CAST(:process AS text) IS NULL OR process_id = :process)
+   AND (CAST(:process AS text) IS NULL
+        OR (service_name = 'conversation' AND process_id = :process)
+        OR (service_name <> 'conversation' AND process_id = :process))
    AND (CAST(:service AS text) IS NULL OR service_name = :service)
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
@@ -31,7 +34,9 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
 SELECT state, count(*) AS n
   FROM message
  WHERE (CAST(:funnel AS text) IS NULL OR funnel_value = :funnel)
-   AND (CAST(:process AS text) IS NULL OR process_id = :process)
+   AND (CAST(:process AS text) IS NULL
+        OR (service_name = 'conversation' AND process_id = :process)
+        OR (service_name <> 'conversation' AND process_id = :process))
    AND (CAST(:service AS text) IS NULL OR service_name = :service)
    AND (CAST(:operation AS text) IS NULL OR operation_name = :operation)
    AND (CAST(:source AS text) IS NULL OR source_system = :source)
@@ -81,7 +86,7 @@ UPDATE message SET audit = audit || jsonb_build_array(jsonb_build_object(
 
 -- name: conversation_messages
 -- A conversation's requests and responses in PostgreSQL, in the order they were sent
--- (ix_message_process).
+-- (ix_message_conversation).
 SELECT msg_id, operation_name, correlation_id, object_id, state, msg_timestamp,
        receive_timestamp, last_process_timestamp, late_ms, response_last, failed_error_code,
        failed_desc, parent_msg_id
