@@ -78,7 +78,7 @@ def anon(client: TestClient) -> Iterator[TestClient]:
 
 def test_every_route_but_health_and_ready_needs_a_credential(anon: TestClient) -> None:
     ops = _operations(anon)
-    assert len(ops) == 59
+    assert len(ops) == 60
     public = {(m, p) for m, p, security in ops if not security}
     assert public == PUBLIC
     for method, path, security in ops:
@@ -138,7 +138,7 @@ def test_the_scope_matrix_over_every_route(
             {"field": "scope", "problem": f"the key 'wrong-{checked}' lacks the scope '{needed}'"}
         ]
         checked += 1
-    assert checked == 56
+    assert checked == 57
     # Refused, each of them: not a row, not a Redis key (but the keys the test made).
     after = _counts(db, redis_client)
     assert after == {**before, "api_key": before["api_key"] + checked}
