@@ -22,6 +22,15 @@ local function expires_at(key)
   return num(f[1], num(f[2], nil))
 end
 
+-- A tracked message reported done at ``now``: its id pushed to :message:done once. Returns
+-- 'DONE', 'ALREADY' (reported before) or 'GONE' (its hash expired: the monitor delists it).
+local function track_mark_done(key, done_list, id, now)
+  if redis.call('EXISTS', key) == 0 then return 'GONE' end
+  if redis.call('HSETNX', key, 'done', now) == 0 then return 'ALREADY' end
+  redis.call('LPUSH', done_list, id)
+  return 'DONE'
+end
+
 -- Remove every reference of a response: its place in the conversation's order, in
 -- pendingMessages, its ACK key and its hash; a cancelled one (``cancel_at``, now) keeps its
 -- hash for its lifetime with status CANCEL, as the seed's model has it.

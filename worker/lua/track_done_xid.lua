@@ -6,8 +6,4 @@
 -- (its hash expired: the monitor delists it), or {0, UNKNOWN} (no such xid, or expired).
 local id = redis.call('HGET', KEYS[1], 'id')
 if not id then return {0, 'UNKNOWN'} end
-local key = ARGV[1] .. id
-if redis.call('EXISTS', key) == 0 then return {tonumber(id), 'GONE'} end
-if redis.call('HSETNX', key, 'done', ARGV[2]) == 0 then return {tonumber(id), 'ALREADY'} end
-redis.call('LPUSH', KEYS[2], id)
-return {tonumber(id), 'DONE'}
+return {tonumber(id), track_mark_done(ARGV[1] .. id, KEYS[2], id, ARGV[2])}

@@ -60,6 +60,6 @@ def _owned(engine: Engine, xid: str, owns: Owns) -> bool:
         return False  # a claim's or a drain's: not one tenant's
     with engine.connect() as conn:
         found = conn.execute(
-            sql("message_owned"), {"id": int(xid), "owned": owners.source_systems(owns)}
+            sql("message_show"), {"id": int(xid), "owned": owners.source_systems(owns)}
         ).first()
     return found is not None

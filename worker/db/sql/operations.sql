@@ -56,12 +56,6 @@ SELECT msg_id, state, service_name, operation_name, correlation_id, source_syste
        response_deadline, wait_res_id, audit, payload, priority, due_at
   FROM message WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL OR source_system = ANY(CAST(:owned AS text[])));
 
--- name: message_owned
--- A message of the caller's (:owned, NULL: any), by its id.
-SELECT 1 FROM message
- WHERE msg_id = :id AND (CAST(:owned AS text[]) IS NULL
-                         OR source_system = ANY(CAST(:owned AS text[])));
-
 -- name: message_children
 SELECT msg_id, state, parent_binding_type, service_name, operation_name
   FROM message WHERE parent_msg_id = :id ORDER BY msg_id;

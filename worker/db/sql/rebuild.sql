@@ -13,7 +13,8 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- their ages (ms, by PostgreSQL's clock) so that Redis times can be rebuilt on the caller's.
 -- A request comes with the count of its responses and the age of its latest one. A
 -- conversation row's envelope is the request or response as received, its corr (if any)
--- under "corr" (conv_insert_requests/_responses); a response's removal an operator scheduled is the latest REMOVE_AT entry of its audit.
+-- under "corr" (conv_insert_requests/_responses); a response's removal an operator
+-- scheduled is the latest REMOVE_AT entry of its audit.
 -- :after, :conversations: a page of the conversations with such rows, those after :after in
 -- id order ('' and NULL: every one; the reconciliation sweep walks them a page at a time).
 WITH page AS (
