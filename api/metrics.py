@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from functools import lru_cache
 
-import redis
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,25 +21,17 @@ from orderly.worker.totals import CATALOGUE, Counter, Total, histogram_totals
 from orderly.worker.tracking import Histogram
 
 
-@lru_cache(maxsize=4)
-def _broker_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url)
-
-
 def runtime_figures(runtime: Runtime | None = None) -> Figures:
     """Gather every figure from the process's own PostgreSQL, Redis and broker."""
     rt = runtime or get_runtime()
     s = rt.settings
-    url = s.effective_broker_url
-    broker = rt.redis if url == s.redis_url else _broker_client(url)
     figures = gather(
         rt.engine,
         rt.ordering_redis,
         s.bridge_keys,
         rt.tracking_redis,
         rt.track_keys,
-        broker,
-        rt.broker.queues,
+        rt.broker.figures,
     )
     try:
         evicting = [each for client in rt.redis_clients for each in readiness.evicting(client)]
@@ -65,7 +55,7 @@ def families(figures: Figures) -> Iterable[Metric]:
     )
     for source in Source:
         if source is Source.BROKER and figures.broker is None and source not in figures.errors:
-            continue  # a broker that is not Redis: nothing to read
+            continue  # a broker without figures (a stub): nothing to read
         up.add_metric([source.value], 0.0 if source in figures.errors else 1.0)
     yield up
 
@@ -220,11 +210,12 @@ def families(figures: Figures) -> Iterable[Metric]:
         for queue, count in broker.queues.items():
             depth.add_metric([queue], count)
         yield depth
-        yield GaugeMetricFamily(
-            "orderly_broker_unacked",
-            "Tasks taken by workers and not yet acknowledged",
-            value=broker.unacked,
-        )
+        if broker.unacked is not None:
+            yield GaugeMetricFamily(
+                "orderly_broker_unacked",
+                "Tasks taken by workers and not yet acknowledged",
+                value=broker.unacked,
+            )
 
 
 def _totals(found: Sequence[Total]) -> Iterable[Metric]:

@@ -77,5 +77,6 @@ def print_status(figures: Figures, console: Console) -> None:
         table = Table("queue", "tasks waiting", title="Broker")
         for queue, count in broker.queues.items():
             table.add_row(queue, str(count))
-        table.add_row("(taken, not acknowledged)", str(broker.unacked))
+        if broker.unacked is not None:
+            table.add_row("(taken, not acknowledged)", str(broker.unacked))
         console.print(table)

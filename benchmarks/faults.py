@@ -1,6 +1,7 @@
 """Fault injection: what orderly loses, repeats or misorders when its parts fail under load.
 
     python -m benchmarks.faults [--quick] [--repeat N] [--window S] [--keep-logs]
+                                [--broker redis|rabbitmq]
 
 The run starts servers of its own: a ``redis-server`` without persistence and an ``initdb``
 PostgreSQL cluster on free ports (``tooling.servers``), creates and migrates the database, and
@@ -445,8 +446,8 @@ def produce_events(
 class System:
     """The servers, orderly's processes, the sink and the run's own database connection."""
 
-    def __init__(self, stack: contextlib.ExitStack, log_dir: Path) -> None:
-        from tooling.servers import PostgresServer, RedisServer
+    def __init__(self, stack: contextlib.ExitStack, log_dir: Path, broker: str = "redis") -> None:
+        from tooling.servers import PostgresServer, RabbitVhost, RedisServer
         from tooling.sink import Sink
 
         self.redis: RedisServer = stack.enter_context(RedisServer())
@@ -457,6 +458,12 @@ class System:
         os.environ["ORDERLY_REDIS_URL"] = self.redis.url
         for name in ("ORDERLY_BROKER_URL", "ORDERLY_TRACK_REDIS_URL"):
             os.environ.pop(name, None)
+        if broker == "rabbitmq":
+            # The machine's RabbitMQ, in a virtual host of the run's own.
+            vhost = RabbitVhost(f"orderly-faults-{os.getpid()}-{int(time.time())}")
+            stack.enter_context(vhost)
+            os.environ["ORDERLY_BROKER_URL"] = vhost.url
+            log(f"broker: RabbitMQ, virtual host {vhost.name}")
         self.sink: Sink = stack.enter_context(Sink())
         self.log_dir = log_dir
         self.workers: list[Managed] = []
@@ -858,6 +865,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=None, help="rounds per fault (full: 3)")
     parser.add_argument("--window", type=float, default=None, help="seconds of load per round")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the Celery broker: the run's Redis, or the machine's RabbitMQ (a vhost of its own)",
+    )
     args = parser.parse_args()
     repeat = args.repeat or (1 if args.quick else 3)
     window = args.window or (5.0 if args.quick else 10.0)
@@ -875,7 +888,7 @@ def main() -> None:
     ledger = Ledger()
     try:
         with contextlib.ExitStack() as stack:
-            system = System(stack, log_dir)
+            system = System(stack, log_dir, args.broker)
             system.start()
             producer = Producer(system.api, system.auth)
             stack.callback(producer.close)
@@ -899,6 +912,7 @@ def main() -> None:
     for r in rounds:
         by_fault.setdefault(r["fault"], []).append(r["recovery_s"])
     out = {
+        "broker": args.broker,
         "accepted": figures.pop("accepted"),
         "lost": figures.pop("lost"),
         "duplicates": figures.pop("duplicates"),

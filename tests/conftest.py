@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tooling.processes import checkout_env
+from tooling.servers import RabbitVhost
 
 # Settings are read from the environment at import time of the app modules: set them first.
 _RUN = uuid.uuid4().hex[:8]
@@ -66,6 +67,19 @@ os.environ.update(
 )
 for _shared in ("ORDERLY_BROKER_URL", "ORDERLY_TRACK_REDIS_URL"):
     os.environ.pop(_shared, None)
+# The broker profile: ORDERLY_TEST_BROKER=rabbitmq runs the tests (and every process they
+# start) on the machine's RabbitMQ, in a virtual host of each xdist worker's own; otherwise
+# the broker is the test's Redis DB.
+TEST_BROKER = os.environ.get("ORDERLY_TEST_BROKER", "redis")
+if TEST_BROKER not in ("redis", "rabbitmq"):
+    raise RuntimeError(f"ORDERLY_TEST_BROKER must be redis or rabbitmq, not {TEST_BROKER!r}")
+TEST_VHOST: RabbitVhost | None = None
+if TEST_BROKER == "rabbitmq":
+    TEST_VHOST = RabbitVhost(
+        f"orderly-test-{_RUN}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}",
+        os.environ.get("ORDERLY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672"),
+    ).create()
+    os.environ["ORDERLY_BROKER_URL"] = TEST_VHOST.url
 # The processes the tests start import handler modules of the checkout (tooling, tests).
 os.environ.update(checkout_env(os.environ))
 
@@ -167,6 +181,7 @@ def redis_client() -> Iterator[redis.Redis]:
     except Exception as exc:
         _unavailable("Redis", exc)
     client.flushdb()
+    _empty_broker()
     yield client
     client.close()
 
@@ -217,6 +232,20 @@ def procs(tmp_path: Path, db: Engine, redis_client: redis.Redis) -> Iterator[Pro
     group = ProcessGroup.create(tmp_path / "logs")
     yield group
     group.stop_all()
+
+
+def _empty_broker() -> None:
+    """On RabbitMQ, orderly's queues are emptied with the test's Redis DB: each test starts
+    with no task left by another."""
+    if TEST_VHOST is not None:
+        from orderly.worker.celery import QUEUES
+
+        TEST_VHOST.purge_queues(QUEUES)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if TEST_VHOST is not None:
+        TEST_VHOST.remove()
 
 
 @pytest.fixture
@@ -309,6 +338,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not set(marked) & set(kinds.KINDS):
             item.add_marker(found[0])
         item.stash[KIND] = found[0] if len(found) == 1 else "+".join(found)
+        if TEST_BROKER != "redis" and item.get_closest_marker("redis_broker"):
+            item.add_marker(pytest.mark.skip(reason=f"about the Redis broker; on {TEST_BROKER}"))
     # Before ``-m`` deselects any: tests/test_kinds.py checks every collected test.
     config.stash[COLLECTED] = list(items)
     groups = xdist_groups(items)

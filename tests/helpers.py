@@ -215,3 +215,11 @@ def group_writes(
 
     group._write = recorded
     return sizes
+
+
+def queued(queue: str) -> int:
+    """Tasks waiting in one of orderly's broker queues: the test's Redis DB, or its RabbitMQ
+    virtual host (ORDERLY_TEST_BROKER=rabbitmq), read as ``orderly status`` reads them."""
+    from orderly.worker.celery import broker
+
+    return int(broker.figures().queues[queue])

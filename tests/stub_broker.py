@@ -43,6 +43,9 @@ class StubBroker:
     def enqueue_confirmations(self, calls: list[tuple[int, str]]) -> None:
         self.confirmations.append(list(calls))
 
+    def figures(self) -> None:
+        return None
+
     def ping(self, timeout_s: float) -> None:
         if not self.reachable:
             raise ConnectionRefusedError("the stub broker is down")

@@ -16,7 +16,7 @@ from orderly.worker import celery
 from orderly.worker.broker import Broker
 from orderly.worker.runtime import Runtime
 from orderly.worker.settings import get_settings
-from tests.helpers import api_key, message
+from tests.helpers import api_key, message, queued
 from tests.stub_broker import StubBroker
 
 CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
@@ -53,7 +53,7 @@ def test_the_api_sends_through_the_broker_given_to_its_factory(
     assert stub.due == [True]
     assert ready.status_code == 503 and "broker" in ready.text
     # Nothing reached the Celery app's queues.
-    assert [redis_client.llen(queue) for queue in celery.QUEUES] == [0, 0, 0]
+    assert [queued(queue) for queue in celery.QUEUES] == [0, 0, 0]
 
 
 @pytest.mark.e2e

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, text
 
 from orderly.worker.celery import PROCESS_QUEUE
 from orderly.worker.runtime import get_runtime
-from tests.helpers import OrderlyCli, count_messages, message
+from tests.helpers import OrderlyCli, count_messages, message, queued
 
 
 def test_submit_and_show(cli: OrderlyCli, db: Engine, redis_client: redis.Redis) -> None:
@@ -30,7 +30,7 @@ def test_submit_and_show(cli: OrderlyCli, db: Engine, redis_client: redis.Redis)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["state"] == "NEW" and answer["result"] == "accepted"
-    assert redis_client.llen(PROCESS_QUEUE) == 1
+    assert queued(PROCESS_QUEUE) == 1
     shown = json.loads(cli("show", str(answer["msg_id"])).stdout)
     assert shown["correlation_id"] == "cli-1" and shown["source_system"] == "shell"
     again = cli(
@@ -74,7 +74,7 @@ def test_bad_submit_exits_2_with_the_problem_and_stores_nothing(
     assert done.returncode == 2
     assert needle in done.stderr
     assert count_messages(db) == 0
-    assert redis_client.llen(PROCESS_QUEUE) == 0
+    assert queued(PROCESS_QUEUE) == 0
 
 
 def test_config_set_get_and_refusal(cli: OrderlyCli, db: Engine) -> None:

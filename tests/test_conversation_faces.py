@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from orderly.worker.celery import DELIVER_QUEUE
-from tests.helpers import OrderlyCli
+from tests.helpers import OrderlyCli, queued
 
 CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
 
@@ -36,7 +36,7 @@ def test_request_response_and_repeats(client: TestClient, redis_client: redis.Re
     created = client.post("/conversations/c1/responses", json=body)
     assert created.status_code == 201 and created.json()["state"] == "IN_QUEUE"
     assert client.post("/conversations/c1/responses", json=body).status_code == 200
-    assert redis_client.llen(DELIVER_QUEUE) == 1  # one drain for the conversation, not two
+    assert queued(DELIVER_QUEUE) == 1  # one drain for the conversation, not two
     view = client.get("/conversations/c1").json()
     assert [r["responseId"] for r in view["responses"]] == ["s1"]
     assert view["requests"][0]["requestId"] == "r1" and view["draining"] is True
@@ -97,7 +97,7 @@ def test_bad_input_is_refused_and_writes_nothing(
     assert error["field"] == field and needle in error["problem"], error
     assert rows(db) == before_rows
     assert sorted(redis_client.keys("bridge:queue:*")) == before_keys
-    assert redis_client.llen(DELIVER_QUEUE) == 0
+    assert queued(DELIVER_QUEUE) == 0
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,12 @@ from sqlalchemy import Engine
 
 from orderly.worker.celery import PROCESS_QUEUE
 from tests.helpers import count_messages, message
+from tests.helpers import queued as broker_queued
 
 
 def queued(redis_client: redis.Redis) -> int:
-    return int(redis_client.llen(PROCESS_QUEUE))
+    """Tasks waiting in the processing queue (the test's Redis, or its RabbitMQ vhost)."""
+    return broker_queued(PROCESS_QUEUE)
 
 
 def test_post_answers_201_then_get_shows_the_row(

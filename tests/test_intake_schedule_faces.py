@@ -23,6 +23,7 @@ from orderly.client.errors import error_for
 from orderly.worker.celery import PROCESS_QUEUE
 from orderly.worker.messages.inputs import MAX_DELAY_MS
 from tests.helpers import OrderlyCli, count_messages, message
+from tests.helpers import queued as broker_queued
 
 DAY_MS = 86_400_000
 
@@ -40,7 +41,8 @@ def stored(db: Engine) -> list[dict[str, Any]]:
 
 
 def queued(redis_client: redis.Redis) -> int:
-    return int(redis_client.llen(PROCESS_QUEUE))
+    """Tasks waiting in the processing queue (the test's Redis, or its RabbitMQ vhost)."""
+    return broker_queued(PROCESS_QUEUE)
 
 
 # --- HTTP: what is stored -------------------------------------------------------------------

@@ -4,6 +4,7 @@ scrape of a real API process while real workers deliver."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -24,6 +25,7 @@ from orderly.models.keys import BridgeKeys, TrackKeys
 from orderly.models.pubsub import DeliveryState
 from orderly.worker import nodes, pubsub
 from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
+from orderly.worker.celery import broker as celery_broker
 from orderly.worker.channels import Channel, put_channel
 from orderly.worker.conversations import Delivery, Head, SendResult
 from orderly.worker.core.clock import now_ms
@@ -34,12 +36,13 @@ from orderly.worker.observe import (
     ConversationFigures,
     Figures,
     Source,
+    broker_figures,
     conversation_figures,
     gather,
     store_figures,
 )
 from orderly.worker.tracking import Services, Tracker, TrackingPolicy, snapshot
-from tests.helpers import OrderlyCli, message, wait_until
+from tests.helpers import OrderlyCli, message, queued, wait_until
 from tests.stack import Stack
 from tooling.processes import wait_for_log
 from tooling.sink import Sink
@@ -168,7 +171,7 @@ def test_store_figures_count_every_state_and_the_delayed_and_dead_deliveries(
     }
     assert 40 <= figures.due_lag_s < 45
 
-    samples = exposition(gather(db, _down(), BridgeKeys(), _down(), TrackKeys(), None, QUEUES))
+    samples = exposition(gather(db, _down(), BridgeKeys(), _down(), TrackKeys(), None))
     assert value(samples, "orderly_messages", state="OK") == 3
     assert value(samples, "orderly_messages", state="WAITING") == 0
     assert value(samples, "orderly_deliveries_delayed") == 2
@@ -276,7 +279,7 @@ def test_conversation_figures_tell_each_blocked_head_apart(
                 " WHERE correlation_id = 's3' AND source_system = 'bridge.response'"
             )
         )
-    gathered = gather(db, redis_client, BridgeKeys(), redis_client, TrackKeys(), None, QUEUES)
+    gathered = gather(db, redis_client, BridgeKeys(), redis_client, TrackKeys(), None)
     assert gathered.conversations is not None and not gathered.errors
     assert 42 <= (gathered.conversations.oldest_blocked_head_age_s or 0) < 45
 
@@ -339,7 +342,14 @@ def test_tracking_histograms_workers_and_queues_are_exposed_exactly(
     redis_client.rpush(DELIVER_QUEUE, "d")
     redis_client.hset("unacked", mapping={"t1": "x", "t2": "y"})
 
-    figures = gather(db, redis_client, BridgeKeys(), redis_client, keys, redis_client, QUEUES)
+    figures = gather(
+        db,
+        redis_client,
+        BridgeKeys(),
+        redis_client,
+        keys,
+        functools.partial(broker_figures, redis_client, QUEUES),
+    )
     assert not figures.errors
     assert figures.tracking is not None
     assert (figures.tracking.done.count, figures.tracking.done.sum_ms) == (2, 307)
@@ -412,7 +422,8 @@ def test_status_shows_the_figures_and_names_an_unreachable_source(
     ids = _submit(intake, 5)
     _set_state(db, ids[:2], "OK")
     _set_state(db, ids[2:3], "FAILED")
-    redis_client.rpush(PROCESS_QUEUE, "a", "b", "c", "d")
+    for msg_id in ids[:4]:  # tasks no worker takes: the broker's queue holds them
+        celery_broker.enqueue_processing(msg_id)
     Services(redis_client, TrackKeys()).register({"node_code": "status-node"}, expire_ms=60_000)
 
     done = cli("status")
@@ -673,11 +684,7 @@ def test_scraped_metrics_match_postgresql_and_redis_during_a_workload(
     assert live["metrics-node"] == 1
 
     for queue in QUEUES:
-        depth = sum(
-            int(redis_client.llen(f"{queue}{BROKER_PRIORITY_SEP}{p}" if p else queue))
-            for p in (0, 3, 6, 9)
-        )
-        assert value(samples, "orderly_queue_depth", queue=queue) == depth
+        assert value(samples, "orderly_queue_depth", queue=queue) == queued(queue)
     # The four submitted while the node was stopped woke one worker: one task waits for them
     # (worker/messages/wake.py), however many messages.
     assert value(samples, "orderly_queue_depth", queue=PROCESS_QUEUE) == 1

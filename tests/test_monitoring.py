@@ -4,6 +4,7 @@ and every metric the rules and the Grafana dashboard query is one the collector 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ from sqlalchemy import Engine
 from orderly.api.metrics import families
 from orderly.models.keys import BridgeKeys, TrackKeys
 from orderly.worker.celery import AGENTS_QUEUE, DELIVER_QUEUE, PROCESS_QUEUE
-from orderly.worker.observe import gather
+from orderly.worker.observe import broker_figures, gather
 from tests.conftest import IN_CI
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -49,8 +50,9 @@ def exposed(db: Engine, redis_client: redis.Redis) -> set[str]:
         BridgeKeys(),
         redis_client,
         TrackKeys(),
-        redis_client,
-        (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE),
+        functools.partial(
+            broker_figures, redis_client, (PROCESS_QUEUE, AGENTS_QUEUE, DELIVER_QUEUE)
+        ),
     )
     assert not figures.errors
     names: set[str] = set()

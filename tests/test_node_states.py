@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 
 from orderly.models import NodeState
 from orderly.worker import nodes
-from tests.helpers import message, wait_until
+from tests.helpers import message, queued, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
 from tooling.processes import wait_for_log
@@ -140,9 +140,7 @@ def test_a_stopped_node_delivers_nothing_until_it_runs_again(
 
     # The work waits in the broker: nobody consumes it.
     wait_until(
-        lambda: (
-            redis_client.llen("orderly.deliver") >= 2 and redis_client.llen("orderly.process") >= 1
-        ),
+        lambda: queued("orderly.deliver") >= 2 and queued("orderly.process") >= 1,
         30,
         "tasks waiting in the broker",
     )

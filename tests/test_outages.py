@@ -151,6 +151,7 @@ def test_an_unexpected_error_is_a_500_and_the_connection_stays_open(stack: Stack
 KOMBU_CRASH = "AttributeError: 'NoneType' object has no attribute 'hostname'"
 
 
+@pytest.mark.redis_broker
 def test_redis_down_is_503_and_a_stored_message_is_still_processed(
     redis_stack: Stack, redis_server: RedisServer
 ) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, text
 from orderly.worker import pubsub
 from orderly.worker.celery import DELIVER_QUEUE
 from orderly.worker.pubsub import topic_matches
-from tests.helpers import OrderlyCli, wait_until
+from tests.helpers import OrderlyCli, queued, wait_until
 from tests.push_recorder import Recorder
 from tests.stack import Stack
 
@@ -132,7 +132,7 @@ def test_publish_fans_out_to_matching_active_subscriptions(
     body = answer.json()
     assert len(body["deliveries"]) == 2 and not body["unroutable"]  # all + created
     # Due now: enqueued after the commit, the whole fan-out in one task.
-    assert redis_client.llen(DELIVER_QUEUE) == 1
+    assert queued(DELIVER_QUEUE) == 1
     unroutable = client.post(
         "/rooms/orders/events", json={"routing_key": "order.deleted.us", "payload": {}}
     )

@@ -28,7 +28,7 @@ from orderly.worker.core.due import Ticker
 from orderly.worker.core.scripts import as_text
 from orderly.worker.messages.intake import Intake
 from orderly.worker.settings import Settings
-from tests.helpers import ManualClock, message, row, wait_until
+from tests.helpers import ManualClock, message, queued, row, wait_until
 from tests.stack import START_TIMEOUT_S
 from tooling.processes import ROOT, ProcessGroup, wait_for_log
 
@@ -218,7 +218,7 @@ def test_concurrent_runs_that_many_at_once_and_the_factor_bounds_what_a_worker_h
         return [as_text(e) for e in redis_client.lrange(key, 0, -1)]
 
     def left_in_broker() -> int:
-        return int(redis_client.llen(PROCESS_QUEUE))
+        return int(queued(PROCESS_QUEUE))
 
     try:
         # Every handler holds: the worker runs ``pool`` of them and holds pool * FACTOR

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 
 from orderly.models.keys import BridgeKeys
 from orderly.worker.celery import DELIVER_QUEUE
-from tests.helpers import OrderlyCli, bridge_ready, message, wait_until
+from tests.helpers import OrderlyCli, bridge_ready, message, queued, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import make
@@ -103,6 +103,6 @@ def test_orderly_rebuild_command(db: Engine, redis_client: redis.Redis, cli: Ord
     assert done.returncode == 0, done.stderr
     assert "rebuilt" in done.stdout and "1 drains started" in done.stdout, done.stdout
     assert redis_client.hget(BridgeKeys().response("c1", "s1"), "status") == b"PENDING"
-    assert redis_client.llen(DELIVER_QUEUE) == 1  # the drain's task, on the broker
+    assert queued(DELIVER_QUEUE) == 1  # the drain's task, on the broker
     assert redis_client.exists(BridgeKeys().drain_lease("c1"))  # held for that drain
     assert cli("rebuild", "--check").returncode == 0

@@ -5,7 +5,8 @@ The machine's own servers are shared; a fault must be injected into a server of 
 ``PostgresServer`` makes an ``initdb`` cluster in a temporary directory and runs it on a free
 port (trust authentication, or a password). Both keep their port across restarts, so the
 clients that knew the old server find the new one. ``PgBouncer`` runs Debian's ``pgbouncer`` in
-front of a PostgreSQL server, in transaction or session pooling.
+front of a PostgreSQL server, in transaction or session pooling. ``RabbitVhost`` is a virtual
+host of the machine's RabbitMQ, a broker of one's own.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote, urlsplit
 
 import redis
 
@@ -268,3 +270,62 @@ class PgBouncer:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class RabbitVhost:
+    """A virtual host of the machine's RabbitMQ of one's own, made and removed with Debian's
+    ``rabbitmqctl`` (as root, or as the user that runs the server): a test run's broker, kept
+    apart from every other run's. ``base`` is the server's amqp:// URL without a vhost."""
+
+    def __init__(self, name: str, base: str = "amqp://guest:guest@127.0.0.1:5672") -> None:
+        binary = shutil.which("rabbitmqctl") or shutil.which("rabbitmqctl", path="/usr/sbin")
+        if binary is None:
+            raise ServerUnavailable("rabbitmqctl is not installed")
+        self._ctl = binary
+        self.name = name
+        self.base = base.rstrip("/")
+        self.user = urlsplit(self.base).username or "guest"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/{quote(self.name, safe='')}"
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run(
+            [self._ctl, "-q", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        if done.returncode != 0:
+            raise ServerUnavailable(f"rabbitmqctl {args[0]}: {done.stderr.strip() or done.stdout}")
+
+    def create(self) -> RabbitVhost:
+        self._run("add_vhost", self.name)
+        self._run("set_permissions", "-p", self.name, self.user, ".*", ".*", ".*")
+        return self
+
+    def purge_queues(self, names: Sequence[str]) -> None:
+        """Empty these queues (one that is not there is no error). They are emptied, not
+        deleted: a client that declared a queue once does not declare it again, and would
+        publish into nothing."""
+        from amqp.exceptions import NotFound
+        from kombu.connection import Connection
+
+        with Connection(self.url, connect_timeout=10) as conn:  # type: ignore[no-untyped-call]
+            for name in names:
+                channel = conn.channel()
+                try:
+                    channel.queue_purge(name)
+                except NotFound:
+                    pass
+                finally:
+                    channel.close()
+
+    def remove(self) -> None:
+        self._run("delete_vhost", self.name)
+
+    def __enter__(self) -> RabbitVhost:
+        return self.create()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.remove()

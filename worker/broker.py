@@ -10,7 +10,10 @@ a test gives the runtime a broker of its own with ``Runtime.use_broker``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from orderly.worker.observe import BrokerFigures
 
 
 @runtime_checkable
@@ -50,6 +53,11 @@ class Broker(Protocol):
 
     def enqueue_confirmations(self, calls: list[tuple[int, str]]) -> None:
         """Confirmation tries: (external call id, the claim token it was taken under)."""
+        ...
+
+    def figures(self) -> BrokerFigures | None:
+        """The tasks waiting in each of :attr:`queues`, and those taken and not acknowledged
+        when the broker tells; None when it cannot be read (``orderly status``, GET /metrics)."""
         ...
 
     def ping(self, timeout_s: float) -> None:

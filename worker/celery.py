@@ -10,13 +10,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from celery import Celery, bootsteps, signals
+from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.entity import Exchange, Queue
 
 from orderly.models import NodeState
 from orderly.worker import nodes, totals
 from orderly.worker.core import logs, tracing
 from orderly.worker.core.clock import now_ms
+from orderly.worker.observe import BrokerFigures, broker_figures
 from orderly.worker.runtime import get_runtime
 from orderly.worker.settings import get_settings
 from orderly.worker.tracking import ServiceLease
@@ -35,6 +38,23 @@ app = Celery(
     broker=_settings.effective_broker_url,
     include=["orderly.worker.tasks", "orderly.beat.agents"],
 )
+# On RabbitMQ (ORDERLY_BROKER_URL amqp://) the queues are durable quorum queues, replicated
+# over the cluster's nodes, and every send waits for the broker's confirm; on Redis, a task
+# taken and not acknowledged comes back after the visibility timeout.
+_AMQP = _settings.broker_is_amqp
+_QUEUE_ARGUMENTS = {"x-queue-type": "quorum"} if _AMQP else None
+
+
+def _queue(name: str) -> Queue:
+    return Queue(
+        name,
+        Exchange(name, durable=True),
+        routing_key=name,
+        durable=True,
+        queue_arguments=_QUEUE_ARGUMENTS,
+    )
+
+
 app.conf.update(
     task_ignore_result=True,
     # A task is acknowledged after it ran; a worker lost mid-task gives the message back.
@@ -46,12 +66,9 @@ app.conf.update(
     # (acknowledged late, a task counts against the prefetch until it ran).
     worker_concurrency=_settings.pool_processes,
     worker_prefetch_multiplier=_settings.concurrent_factor,
-    task_queues=[
-        Queue(PROCESS_QUEUE, Exchange(PROCESS_QUEUE), routing_key=PROCESS_QUEUE),
-        Queue(AGENTS_QUEUE, Exchange(AGENTS_QUEUE), routing_key=AGENTS_QUEUE),
-        Queue(DELIVER_QUEUE, Exchange(DELIVER_QUEUE), routing_key=DELIVER_QUEUE),
-    ],
+    task_queues=[_queue(name) for name in QUEUES],
     task_default_queue=PROCESS_QUEUE,
+    task_default_queue_type="quorum" if _AMQP else "classic",
     task_routes={
         "orderly.process.*": {"queue": PROCESS_QUEUE},
         "orderly.agents.*": {"queue": AGENTS_QUEUE},
@@ -63,10 +80,28 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # Waits never sit in the broker (no countdown/eta): beat's ticker sends a task when it is
     # due (worker.core.due).
-    broker_transport_options={"visibility_timeout": _settings.broker_visibility_timeout_s},
+    broker_transport_options=(
+        {"confirm_publish": True}
+        if _AMQP
+        else {"visibility_timeout": _settings.broker_visibility_timeout_s}
+    ),
     beat_scheduler="orderly.beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
+    worker_consumer="orderly.worker.celery:Consumer",
 )
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer without its native delayed delivery: orderly sends no task with a
+    countdown or an eta, so the 28 quorum queues of delay levels it would declare on RabbitMQ
+    would never hold a message."""
+
+    class Blueprint(CeleryConsumer.Blueprint):
+        default_steps = [
+            step
+            for step in CeleryConsumer.Blueprint.default_steps
+            if "delayed_delivery" not in step
+        ]
 
 
 # Celery's global options that take a value (``celery -A orderly.worker flower``: the app, then the
@@ -121,6 +156,7 @@ class CeleryBroker:
 
     def __init__(self, celery: Celery) -> None:
         self.app = celery
+        self._client: redis.Redis | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -143,6 +179,29 @@ class CeleryBroker:
 
     def enqueue_confirmations(self, calls: list[tuple[int, str]]) -> None:
         self.app.send_task("orderly.deliver.confirmations", args=(calls,))
+
+    def figures(self) -> BrokerFigures:
+        if _AMQP:
+            # A declare with the queue's own arguments answers its ready messages (and creates
+            # a queue no worker declared yet); RabbitMQ tells no client of unacknowledged ones.
+            with self.app.connection_for_read() as conn:
+                channel = conn.default_channel
+                depths = {
+                    name: int(_queue(name).bind(channel).queue_declare().message_count)
+                    for name in QUEUES
+                }
+            return BrokerFigures(depths, None)
+        return broker_figures(self._redis(), QUEUES)
+
+    def _redis(self) -> redis.Redis:
+        """The Redis broker's client: the runtime's own when the broker is ORDERLY_REDIS_URL."""
+        runtime = get_runtime()
+        url = runtime.settings.effective_broker_url
+        if url == runtime.settings.redis_url:
+            return runtime.redis
+        if self._client is None:
+            self._client = redis.Redis.from_url(url, socket_timeout=5.0)
+        return self._client
 
     def ping(self, timeout_s: float) -> None:
         with self.app.connection_for_write() as conn:

@@ -13,7 +13,7 @@ import enum
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -130,7 +130,9 @@ class ConversationFigures:
 @dataclass(frozen=True)
 class BrokerFigures:
     queues: Mapping[str, int]  # tasks waiting in each queue, every priority included
-    unacked: int  # tasks taken by workers and not yet acknowledged (all queues)
+    # tasks taken by workers and not yet acknowledged (all queues); None: the broker does not
+    # tell its clients (RabbitMQ)
+    unacked: int | None
 
 
 @dataclass(frozen=True)
@@ -373,14 +375,14 @@ def gather(
     bridge_keys: BridgeKeys,
     tracking: redis.Redis,
     track_keys: TrackKeys,
-    broker: redis.Redis | None,
-    queues: Sequence[str],
+    broker: Callable[[], BrokerFigures | None] | None,
     *,
     now_ms: int | None = None,
 ) -> Figures:
     """Every figure; a source that fails leaves its part None and its error in ``errors``.
 
-    ``broker`` None: the broker is not a Redis the figures can read.
+    ``broker`` reads the broker's figures (``Broker.figures``); None, or a reader that answers
+    None: no broker figures.
     """
     errors: dict[Source, str] = {}
     conversations: ConversationFigures | None = None
@@ -410,8 +412,8 @@ def gather(
     queued: BrokerFigures | None = None
     if broker is not None:
         try:
-            queued = broker_figures(broker, queues)
-        except _FAILURES as exc:
+            queued = broker()
+        except Exception as exc:  # any broker's client (redis-py, py-amqp): reported, not raised
             errors[Source.BROKER] = _reason(exc)
     return Figures(
         store=store,

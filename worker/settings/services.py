@@ -10,6 +10,16 @@ from pydantic import Field, field_validator, model_validator
 
 from orderly.worker.settings._base import Section
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+
+
+def redis_url_only(value: str | None) -> str | None:
+    """A Redis URL setting's check: redis://, rediss:// or unix://."""
+    if value is not None and not value.startswith(REDIS_SCHEMES):
+        raise ValueError("must be a redis:// URL")
+    return value
+
 
 class ServiceSettings(Section):
     database_url: str = Field(
@@ -43,7 +53,9 @@ class ServiceSettings(Section):
     broker_url: str | None = Field(
         None,
         validation_alias="ORDERLY_BROKER_URL",
-        description="Celery broker URL (defaults to ORDERLY_REDIS_URL).",
+        description="Celery broker URL (defaults to ORDERLY_REDIS_URL): a redis:// URL, or "
+        "RabbitMQ's amqp:// (amqps://) URL, where orderly's queues are durable quorum queues "
+        "and every send waits for the broker's confirm.",
     )
     redis_cluster: bool = Field(
         False,
@@ -258,11 +270,16 @@ class ServiceSettings(Section):
             return "postgresql+psycopg2://" + value.split("://", 1)[1]
         return value
 
-    @field_validator("redis_url", "broker_url")
+    @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis:// URL")
+        return redis_url_only(value)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(REDIS_SCHEMES + AMQP_SCHEMES):
+            raise ValueError("must be a redis:// URL or RabbitMQ's amqp:// URL")
         return value
 
     @field_validator("redis_cluster_nodes")
@@ -295,6 +312,11 @@ class ServiceSettings(Section):
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        """The broker is RabbitMQ (an amqp:// URL), not a Redis."""
+        return self.effective_broker_url.startswith(AMQP_SCHEMES)
 
     @property
     def handler_module_list(self) -> list[str]:

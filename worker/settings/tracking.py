@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from orderly.worker.settings._base import Section
+from orderly.worker.settings.services import redis_url_only
 
 
 class TrackingSettings(Section):
@@ -81,6 +82,4 @@ class TrackingSettings(Section):
     @field_validator("track_redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis:// URL")
-        return value
+        return redis_url_only(value)
