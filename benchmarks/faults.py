@@ -24,13 +24,14 @@ subscriber.
 Producers do what a real producer does: on a connection error, a timeout, 429 or any 5xx
 they wait briefly (``Retry-After`` when given, at most 1 s) and send the same request again;
 what the API answered 2xx is *accepted*. When 40% of the round's items are accepted, one
-fault is injected: ``worker_kill`` (SIGKILL to a whole worker, which a supervisor starts
-again at once), ``child_kill`` (SIGKILL to a worker's pool child), ``flushall`` (``FLUSHALL``
-on Redis), ``redis_restart`` (Redis killed and started empty on the same port),
-``pg_restart`` (PostgreSQL stopped in ``immediate`` mode, a crash, and started again) or
-``poison`` (a message whose handler kills its worker process; orderly quarantines it after
-``ORDERLY_WORKER_LOST_LIMIT`` deaths as FAILED with ``E_WORKER_LOST``). ``--quick`` runs each
-fault once with a small workload; the full run each fault ``--repeat`` (3) times.
+fault is injected (none in the control round, ``none``): ``worker_kill`` (SIGKILL to a whole
+worker, which a supervisor starts again at once), ``child_kill`` (SIGKILL to a worker's pool
+child), ``flushall`` (``FLUSHALL`` on Redis), ``redis_restart`` (Redis killed and started
+empty on the same port), ``pg_restart`` (PostgreSQL stopped in ``immediate`` mode, a crash,
+and started again) or ``poison`` (a message whose handler kills its worker process; orderly
+quarantines it after ``ORDERLY_WORKER_LOST_LIMIT`` deaths as FAILED with ``E_WORKER_LOST``).
+``--quick`` runs each fault once with a small workload; the full run each fault ``--repeat``
+(3) times.
 A worker process that exits on its own is started again at once, as a supervisor with a
 restart-always policy would, and listed in ``worker_exits`` (a worker stops itself when its
 service key disappears, which a ``FLUSHALL`` does too).
@@ -50,7 +51,12 @@ there is always work). A pipeline that shows no progress within 60 s is reported
 ``recovery_incomplete`` and counts with the time waited. ``recovery_s_max`` is the largest
 ``recovery_s``. ``settle_s`` (per round) is ``t_fault`` until everything accepted in the round
 is final or delivered; it includes designed waits (retry backoffs, a PARTLY_FAILED rest of
-1 s, ``$delay``) and the end of the round's production, so it is context, not recovery.
+1 s, ``$delay``) and the end of the round's production. So the run's first round of each
+repeat is a control round (``none``: the same workload, no fault), and
+``settle_excess_s_by_fault`` is each fault round's ``settle_s`` less the control rounds' median
+(``settle_s_control``): the time a fault adds until everything in flight around it is done,
+``settle_excess_s_max`` the largest. Being a difference of two loaded runs it is noisy, and
+may come out below 0.
 
 **Figures.** After the last round the run waits (bounded) for everything to settle, then
 counts from the sink's log and PostgreSQL:
@@ -104,7 +110,7 @@ if TYPE_CHECKING:
     from tooling.servers import PostgresServer, RedisServer
     from tooling.sink import Sink
 
-FAULTS = ("worker_kill", "child_kill", "flushall", "redis_restart", "pg_restart", "poison")
+FAULTS = ("none", "worker_kill", "child_kill", "flushall", "redis_restart", "pg_restart", "poison")
 ROOM = "faults"
 ORIGIN = "chat"
 SOURCE = "faults"
@@ -576,6 +582,8 @@ class System:
         import redis
 
         assert self.group is not None
+        if fault == "none":
+            return "no fault: the control round"
         if fault == "worker_kill":
             i = plan.number % 2
             with self.workers_lock:
@@ -906,11 +914,19 @@ def main() -> None:
         log(f"logs in {log_dir}")
     else:
         shutil.rmtree(log_dir, ignore_errors=True)
-    recoveries = [r["recovery_s"] for r in rounds]
-    settles = [r["settle_s"] for r in rounds if r["settle_s"] is not None]
+    faulted = [r for r in rounds if r["fault"] != "none"]
+    recoveries = [r["recovery_s"] for r in faulted]
+    settles = [r["settle_s"] for r in faulted if r["settle_s"] is not None]
     by_fault: dict[str, list[float]] = {}
-    for r in rounds:
+    for r in faulted:
         by_fault.setdefault(r["fault"], []).append(r["recovery_s"])
+    # What a fault adds to a round's settling: its settle_s less the control rounds' (median).
+    controls = sorted(r["settle_s"] for r in rounds if r["fault"] == "none" and r["settle_s"])
+    control = controls[len(controls) // 2] if controls else None
+    excess: dict[str, list[float]] = {}
+    for r in faulted:
+        if control is not None and r["settle_s"] is not None:
+            excess.setdefault(r["fault"], []).append(round(r["settle_s"] - control, 3))
     out = {
         "broker": args.broker,
         "accepted": figures.pop("accepted"),
@@ -923,6 +939,9 @@ def main() -> None:
         "recovery_s_by_fault": by_fault,
         "recovery_incomplete": sum(1 for r in rounds if r["recovery_incomplete"]),
         "settle_s_max": max(settles) if settles else None,
+        "settle_s_control": control,
+        "settle_excess_s_by_fault": excess,
+        "settle_excess_s_max": max((x for xs in excess.values() for x in xs), default=None),
         "unsettled_rounds": sum(1 for r in rounds if r["settle_s"] is None),
         **figures,
         "producer_retries": producer.retries,
@@ -934,7 +953,7 @@ def main() -> None:
         f"accepted {out['accepted']}, lost {out['lost']}, duplicates {out['duplicates']} "
         f"({out['duplicates_same_key']} same key), order violations {out['order_violations']}, "
         f"late {out['late_responses']}, poison quarantined {out['poison_quarantined']}, "
-        f"recovery max {out['recovery_s_max']} s"
+        f"recovery max {out['recovery_s_max']} s, settle excess max {out['settle_excess_s_max']} s"
     )
     print(json.dumps(out), flush=True)
 

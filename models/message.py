@@ -179,6 +179,13 @@ class Message(Base):
     # a crash in native code). At ORDERLY_WORKER_LOST_LIMIT the message is quarantined: FAILED
     # with E_WORKER_LOST (worker.messages.watchdogs.release_orphans).
     lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Not in the seed: the claim that holds (or last held) this message took it alone. Only
+    # then does its worker's death count in lost_count: a worker that dies holding a claim of
+    # several cannot say which one it was running (worker.messages.watchdogs.release_orphans).
+    lone_claim: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Not in the seed: its worker died holding it in a claim of several: it is claimed alone
+    # from then on (worker.messages.batches.claim_due), where a death counts.
+    isolate: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     # Not in the seed: a conversation response's ``last`` flag (its request's final response);
     # NULL for every other message. Redis's rebuild from the rows needs it (worker.rebuild).
     response_last: Mapped[bool | None] = mapped_column(Boolean)

@@ -88,16 +88,20 @@ def test_a_whole_worker_killed_is_replaced_and_its_message_released_at_once(
 
 
 def test_a_poison_message_is_quarantined_while_the_others_finish(stack: Stack) -> None:
-    worker = stack.worker(concurrency=2)
-    stack.beat()
+    # Submitted before any worker runs: the first claim takes them all, the poison first.
     poison = stack.submit(message(0, operation="poison"))
     others = [stack.submit(message(n, payload=script(sleep=0.05))) for n in range(1, 21)]
+    worker = stack.worker(concurrency=2)
+    stack.beat()
     stack.wait_state(poison, "FAILED", timeout=90)
     for msg_id in others:
         stack.wait_state(msg_id, "OK", timeout=90)
     stored = row(stack.db, poison)
     assert stored.failed_error_code == "E_WORKER_LOST"
     assert stored.lost_count == get_runtime().settings.worker_lost_limit == 3
+    # The deaths of claims of several counted against none of their messages: the others
+    # were claimed alone once, and only the poison's own deaths count.
+    assert {row(stack.db, msg_id).lost_count for msg_id in others} == {0}
     assert worker.alive()  # the pool replaced its killed children and went on
 
 

@@ -7,14 +7,16 @@ import threading
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 from orderly.models import MessageState, NodeState
 from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.lease import ORPHAN_GRACE_S
+from orderly.worker.db.prepared import prepared_connection
 from orderly.worker.handlers import HandlerRegistry, MessageContext
 from orderly.worker.messages import watchdogs
-from orderly.worker.messages.batches import process_message
+from orderly.worker.messages.batches import claim_due, process_message
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import ERROR_NO_HANDLER, Outcome
 from orderly.worker.runtime import get_runtime
@@ -142,13 +144,24 @@ def _orphan(db: Engine, msg_id: int) -> None:
     conn = other.connect()
     conn.execute(
         text(
-            "UPDATE message SET state='PROCESSING', processing_pid=pg_backend_pid() WHERE msg_id=:i"
+            "UPDATE message SET state='PROCESSING', processing_pid=pg_backend_pid(),"
+            " lone_claim = true WHERE msg_id=:i"
         ),
         {"i": msg_id},
     )
     conn.commit()
     conn.invalidate()  # closes the socket: the backend exits
     other.dispose()
+
+
+def _orphan_claim(db: Engine, size: int) -> list[int]:
+    """A worker's claim of up to ``size`` due messages (claim_due) on a connection that then
+    dies, as a killed worker's would: the ids it held."""
+    other = create_engine(TEST_DB_URL, poolclass=NullPool)
+    with prepared_connection(other) as conn:
+        rows, _ = claim_due(conn, get_runtime().node_id, size, 5)
+    other.dispose()  # no pool: the connection is closed, its backend exits
+    return sorted(r.msg_id for r in rows)
 
 
 def _orphaned_by_now(db: Engine, msg_id: int) -> bool:
@@ -197,6 +210,56 @@ def test_an_orphan_at_the_lost_limit_is_not_claimed_but_quarantined(
     assert stored.failed_error_code == watchdogs.WORKER_LOST_CODE
     assert stored.failed_desc == "quarantined: its worker died 3 times while processing it"
     assert stored.processing_pid is None
+
+
+def test_a_death_in_a_claim_of_several_counts_against_none_and_isolates_them(
+    db: Engine, intake: Intake
+) -> None:
+    """Which message a worker that died in a claim of several was running is not known:
+    the death counts against none of them, and each is claimed alone from then on, where a
+    death counts. So a poison message is quarantined, and those claimed with it are not."""
+    ids = [intake.submit(message(i)).msg_id for i in range(1, 5)]
+    held = _orphan_claim(db, 10)
+    assert held == ids
+    wait_until(lambda: _orphaned_by_now(db, ids[-1]), timeout=10, what="the backend's exit")
+    enqueued: list[int] = []
+    config = ConfigReader(db, ttl_seconds=0)
+    report = watchdogs.release_orphans(db, config, 3, enqueued.append, lambda: None)
+    assert (report.released, report.quarantined, sorted(enqueued)) == (4, 0, ids)
+    for msg_id in ids:
+        stored = row(db, msg_id)
+        assert (stored.state, stored.lost_count, stored.isolate) == (
+            MessageState.IN_QUEUE,
+            0,
+            True,
+        )
+
+    # Claimed alone now: the first in line, by itself, and its death counts.
+    for deaths in (1, 2):
+        assert _orphan_claim(db, 10) == [ids[0]]
+        wait_until(lambda: _orphaned_by_now(db, ids[0]), timeout=10, what="the backend's exit")
+        watchdogs.release_orphans(db, config, 3, lambda _: None, lambda: None)
+        assert row(db, ids[0]).lost_count == deaths
+    assert _orphan_claim(db, 10) == [ids[0]]
+    wait_until(lambda: _orphaned_by_now(db, ids[0]), timeout=10, what="the backend's exit")
+    report = watchdogs.release_orphans(db, config, 3, lambda _: None, lambda: None)
+    assert report.quarantined == 1
+    assert row(db, ids[0]).failed_error_code == watchdogs.WORKER_LOST_CODE
+    # The others were never counted against: each runs, alone, and ends OK.
+    for msg_id in ids[1:]:
+        assert process_message(processor(db), msg_id).outcome is Outcome.OK
+        assert (row(db, msg_id).state, row(db, msg_id).lost_count) == (MessageState.OK, 0)
+
+
+def test_a_claim_of_one_that_dies_counts_and_an_orphan_taken_by_id_is_counted_once(
+    db: Engine, intake: Intake
+) -> None:
+    msg_id = intake.submit(message(1)).msg_id
+    assert _orphan_claim(db, 10) == [msg_id]  # alone in line: a claim of one
+    wait_until(lambda: _orphaned_by_now(db, msg_id), timeout=10, what="the backend's exit")
+    assert process_message(processor(db), msg_id).outcome is Outcome.OK
+    stored = row(db, msg_id)
+    assert (stored.lost_count, stored.isolate, stored.lone_claim) == (1, False, True)
 
 
 def test_a_quarantined_funnel_message_lets_the_next_one_go(db: Engine, intake: Intake) -> None:

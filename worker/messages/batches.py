@@ -93,7 +93,7 @@ def claim_due(
     spent (``rates``) is due again when its next token is there."""
     conn.execute("BEGIN")
     try:
-        found = store.due_candidates(conn, node_id, size)
+        found = isolated(store.due_candidates(conn, node_id, size))
         chosen, behind = per_funnel(found)
         if rates is not None and chosen:
             waits = rates.refused([c for c in found if c.msg_id in set(chosen)])
@@ -111,6 +111,16 @@ def claim_due(
         conn.execute("ROLLBACK")
         raise
     return rows, len(found)
+
+
+def isolated(found: list[Candidate]) -> list[Candidate]:
+    """The due messages one claim may take together: a message whose worker died while it
+    was in a claim of several (``isolate``) is claimed alone, when it is first in line, so
+    that a death counts against the one message it ran; until then the others go without it
+    (each also has a task of its own, worker.messages.watchdogs.release_orphans)."""
+    if found and found[0].isolate:
+        return found[:1]
+    return [c for c in found if not c.isolate]
 
 
 def claim_ids(

@@ -81,6 +81,8 @@ class Candidate:
     free: int
     rate_per_s: float | None  # its funnel component's start rate, if it has one
     burst: int | None
+    # its worker died holding it in a claim of several: it is claimed alone
+    isolate: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ postponedIntervalWhenFailedSec becomes FAILED; a message whose wait for an exter
 ran out becomes FAILED. (PARTLY_FAILED and POSTPONED messages come back when their due time
 comes: worker.messages.due.)
 Orphans: a PROCESSING message whose worker died (its claiming connection is gone) goes back
-to IN_QUEUE within a second, the death counted in ``lost_count``; at ORDERLY_WORKER_LOST_LIMIT
-deaths it is quarantined (FAILED, E_WORKER_LOST) instead.
+to IN_QUEUE within a second, the death counted in ``lost_count`` when its claim held it alone
+(``lone_claim``); at ORDERLY_WORKER_LOST_LIMIT deaths it is quarantined (FAILED,
+E_WORKER_LOST) instead. The messages of a claim of several count nothing (which one its worker
+ran is not known) and are isolated: claimed alone from then on, where a death counts.
 Repair: NEW/IN_QUEUE/PROCESSING messages idle longer than repairRepeatTimeSec become
 PARTLY_FAILED (FAILED at the limit);
 external calls stuck in PROCESSING become FAILED; WAITING parents whose children all ended
@@ -16,9 +18,8 @@ orphan) is claimable at once, without a due time. A worker is woken for a funnel
 message after commit, and its claims take it in line with everything due
 (worker.messages.batches), as the due ticker's messages are taken; a wake-up that fails
 leaves them to beat's wake-up of messages due for over a second. An orphan gets a task of its
-own instead, which claims it by id, alone (a batch claim that comes first may still take it
-with others: the quarantine at ``ORDERLY_WORKER_LOST_LIMIT`` deaths is what bounds a poison
-message in the end).
+own instead, which claims it by id, alone; a batch claim that comes first takes an isolated
+message only alone, when it is first in line (worker.messages.batches.isolated).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ SELECT code, state FROM node WHERE node_id = $1;
 -- lock is held while waiting for a funnel). A STOPPED node finds none. Returns msg_id, the
 -- funnel's lock key (NULL without a funnel), msg_timestamp and how many more of its funnel
 -- may start now (orderly_funnel_free; 1 for guaranteed order, where the claim decides), and
--- the start rate of its funnel component, if it has one (funnel_limit: per second, burst).
+-- the start rate of its funnel component, if it has one (funnel_limit: per second, burst),
+-- and whether it is to be claimed alone (isolate: its worker died in a claim of several).
 -- prepare: bigint, integer
 SELECT x.msg_id,
        CASE WHEN x.funnel_value IS NOT NULL
@@ -96,7 +97,7 @@ SELECT x.msg_id,
        x.msg_timestamp,
        CASE WHEN x.funnel_value IS NULL OR x.guaranteed_order THEN 1
             ELSE orderly_funnel_free(x.funnel_value, x.funnel_component_id) END AS free,
-       r.rate_per_s, r.burst
+       r.rate_per_s, r.burst, x.isolate
   FROM message x
   LEFT JOIN funnel_limit r
          ON x.funnel_value IS NOT NULL AND r.rate_per_s IS NOT NULL
@@ -113,7 +114,8 @@ SELECT x.msg_id,
 -- name: orderly_claim_ids
 -- Messages NEW or IN_QUEUE whose due time, if any, has come (due, or released by their funnel;
 -- or PROCESSING by a dead worker:
--- its backend pid is gone; that death is counted in lost_count, and a message whose next
+-- its backend pid is gone; that death is counted in lost_count when its claim had taken it
+-- alone (lone_claim; a claim of several isolates it instead), and a message whose next
 -- death would reach $3 is left to worker.messages.watchdogs.release_orphans, which quarantines it) ->
 -- PROCESSING in one statement, or POSTPONED when their funnel holds them back; never on a
 -- STOPPED node. One message's claim, or a batch's (worker.messages.batches): at most one message of a
@@ -130,10 +132,12 @@ SELECT x.msg_id,
 -- prefix: SET LOCAL synchronous_commit TO OFF; SELECT orderly_lock_funnels_of(CAST(%s AS bigint[]));
 UPDATE message m
    SET state = CASE WHEN b.blocked THEN 'POSTPONED' ELSE 'PROCESSING' END,
-       lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING'
+       lost_count = m.lost_count + CASE WHEN m.state = 'PROCESSING' AND m.lone_claim
                                              AND m.last_process_timestamp
                                                  >= pg_postmaster_start_time()
                                         THEN 1 ELSE 0 END,
+       isolate = m.isolate OR (m.state = 'PROCESSING' AND NOT m.lone_claim),
+       lone_claim = cardinality($1) = 1,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END,
        -- held back: looked at again after $4 s in a plain funnel (its block may simply

@@ -84,7 +84,10 @@ RETURNING m.msg_id, m.state;
 -- quarantined instead: FAILED with E_WORKER_LOST (its funnel and parent move on, as for any
 -- failure), so one poison message cannot keep a worker pool crashing. A claim older than the
 -- server's start lost its backend to a PostgreSQL restart, not to its worker: released, not
--- counted (its worker cannot record the outcome on a new connection anyway).
+-- counted (its worker cannot record the outcome on a new connection anyway). Nor is a death
+-- counted against the messages of a claim of several (not lone_claim): which of them its
+-- worker was running is not known; they are isolated instead, claimed alone from then on,
+-- where a death counts.
 UPDATE message m
    SET state = CASE WHEN m.lost_count + d.died >= :limit THEN 'FAILED' ELSE 'IN_QUEUE' END,
        lost_count = m.lost_count + d.died,
@@ -95,10 +98,12 @@ UPDATE message m
                           THEN format('quarantined: its worker died %s times while processing it',
                                       m.lost_count + d.died)
                           ELSE m.failed_desc END,
-       start_in_queue_timestamp = now(), last_process_timestamp = now(), processing_pid = NULL
+       start_in_queue_timestamp = now(), last_process_timestamp = now(), processing_pid = NULL,
+       isolate = m.isolate OR d.batched
   FROM (SELECT o.msg_id,
                CASE WHEN o.last_process_timestamp < pg_postmaster_start_time() THEN 0
-                    ELSE 1 END AS died
+                    WHEN NOT o.lone_claim THEN 0
+                    ELSE 1 END AS died, NOT o.lone_claim AS batched
           FROM message o
          WHERE o.state = 'PROCESSING' AND o.service_name <> 'conversation'
            AND o.last_process_timestamp <= now() - make_interval(secs => :grace_s)
