@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # orderly's one entry point: does all set-up on a fresh machine, then runs what you ask.
 #   ./run.sh demo [--messages N]   the main job: a real end-to-end run on the local services
-#   ./run.sh test [pytest args]    ruff, mypy and the whole test suite
+#   ./run.sh test [pytest args]    ruff, mypy and the whole test suite (then, without args, its
+#                                  end-to-end core again on RabbitMQ)
 #   ./run.sh fast [pytest args]    ruff, mypy and every test but the end-to-end ones (< 1 min)
 #   ./run.sh bench [NAME] [--quick]  a benchmark: intake (default), peers, profile, ordered_delivery, fanout, delayed, funnel, tracking, report, faults, purge, abuse, scheduling, outbound, front_door, light_load
 #   ./run.sh image [--rebuild-base]  build the container image on a local Debian base and run it (podman)
@@ -88,10 +89,25 @@ run_pytest() {
   set -e
   if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: that is a failure here" >&2
-    exit 1
+    return 1
   fi
-  exit "$rc"
+  return "$rc"
 }
+
+ensure_rabbitmq() {
+  # The broker profile's RabbitMQ: Debian's, started when it does not listen on 5672.
+  ensure_apt rabbitmq-server rabbitmq-server
+  if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+    log "starting RabbitMQ"
+    as_root rabbitmq-server -detached
+  fi
+  as_root rabbitmqctl -q await_startup --timeout 120 >/dev/null
+}
+
+# The end-to-end core run again on RabbitMQ (ORDERLY_TEST_BROKER=rabbitmq, tests/conftest.py):
+# the store, funnels, conversations, publish/subscribe, the rebuild and the broker itself.
+RABBITMQ_CORE="tests/test_e2e.py tests/test_funnels_e2e.py tests/test_conversation_e2e.py
+  tests/test_pubsub_durability.py tests/test_rebuild_e2e.py tests/test_broker.py"
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
@@ -115,6 +131,12 @@ case "$cmd" in
     ensure_venv
     lint
     run_pytest -n auto --maxprocesses 2 --dist loadgroup --no-loadscope-reorder "$@"
+    if [ $# -eq 0 ]; then
+      ensure_rabbitmq
+      # shellcheck disable=SC2086
+      ORDERLY_TEST_BROKER=rabbitmq run_pytest -n auto --maxprocesses 2 --dist loadgroup \
+        --no-loadscope-reorder $RABBITMQ_CORE
+    fi
     ;;
   fast)
     # Unit and integration tests only (tests/kinds.py): no process is started, so neither
@@ -145,7 +167,7 @@ case "$cmd" in
     exec "$VENV/bin/python" -m tooling.image "$@"
     ;;
   *)
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -456,6 +456,28 @@ def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake
     assert watchdogs.due_waiting(db, 1.0)
 
 
+def test_beats_wake_up_goes_out_past_a_mark_whose_holder_is_gone(
+    redis_client: redis.Redis,
+) -> None:
+    """A worker killed while it looked leaves its mark: a submission's wake-up sends nothing
+    (someone looks), beat's forced one sends a task and takes the mark; the dead holder's
+    successor, were it alive, would find the mark another's."""
+    wake = Wake(redis_client, "test:wake")
+    sent: list[str] = []
+    holder = wake.hold()  # looking: then its worker dies
+    assert not wake.wake(lambda: sent.append("submission"))
+    wake.force(lambda: sent.append("beat"))
+    assert sent == ["beat"] and wake.value() == "woken"
+    assert not holder.busy() and not holder.held
+
+    def refuse() -> None:
+        raise ConnectionError("the broker is down")
+
+    with pytest.raises(ConnectionError):
+        wake.force(refuse)
+    assert wake.value() is None  # no mark left that would hold the next wake-up back
+
+
 def test_a_wake_up_that_cannot_be_sent_leaves_no_mark_and_postpones(
     db: Engine, redis_client: redis.Redis
 ) -> None:

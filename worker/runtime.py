@@ -347,6 +347,11 @@ class Runtime:
         was sent."""
         return self.wake.wake(self.broker.send_process_due)
 
+    def force_processing(self) -> None:
+        """Wake a worker to claim due messages even though the mark says one is woken or
+        looking (messages have waited longer than it would let them)."""
+        self.wake.force(self.broker.send_process_due)
+
     def count_totals(self) -> None:
         """Add what this process counts to the metrics' running totals (worker.totals)."""
         totals.attach(self.engine, self.settings.metrics_flush_s)

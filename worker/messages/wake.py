@@ -21,8 +21,9 @@ BLPOP) ends at once, so that a message is claimed as soon as it is committed and
 waiting for more costs nothing while none comes.
 
 The mark expires: a wake-up whose task was lost is replaced by the next submission after
-that, and beat wakes a worker whenever messages have waited NEW for longer than a second
-(``orderly.beat.agents.wake_due``).
+that. And beat wakes a worker whenever messages have waited NEW for longer than a second
+(``orderly.beat.agents.wake_due``), whatever the mark says (:meth:`Wake.force`): a mark whose
+holder died with its worker must not hold the store back until it expires.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ class Wake:
                 RedisLease(self._scripts, self._key).give_up(WOKEN)
             raise
         return True
+
+    def force(self, send: Callable[[], object]) -> None:
+        """Send a task whatever the mark says, and mark it woken: messages have waited longer
+        than a looking or woken worker lets them wait, so its holder is gone (a worker killed
+        while it looked, a task lost with its worker). A live holder finds its mark taken and
+        lets the new task go on. Raises what ``send`` raised (the mark is taken back)."""
+        self._set(WOKEN)
+        try:
+            send()
+        except BaseException:
+            with contextlib.suppress(redis.RedisError):
+                RedisLease(self._scripts, self._key).give_up(WOKEN)
+            raise
 
     def hold(self) -> Holder:
         """The woken worker takes the mark: it is looking."""
