@@ -19,7 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 from sqlalchemy import Engine
 
-from orderly.models.keys import BridgeKeys
+from orderly.models.keys import CLUSTER_SHARDS, BridgeKeys
 from orderly.worker import lua, readiness, rebuild
 from orderly.worker.conversations import Delivery, SendResult
 from orderly.worker.core.clients import ordering_client
@@ -363,7 +363,8 @@ def test_the_stack_delivers_in_order_with_its_ordering_on_the_cluster(
     stack.workers({"w1": "worker-1"}, concurrency=2)
     stack.beat()
     cluster = redis_cluster.client()
-    wait_until(lambda: bridge_ready(cluster), timeout=60, what="beat's first rebuild")
+    keys = BridgeKeys(shards=CLUSTER_SHARDS)  # the default on a cluster
+    wait_until(lambda: bridge_ready(cluster, keys), timeout=60, what="beat's first rebuild")
     sink.configure(
         seed=20261125,
         p_recoverable=0.10,

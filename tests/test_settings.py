@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from pydantic import ValidationError
+from redis.crc import key_slot
 
 from orderly.worker.settings import Settings
 
@@ -117,6 +119,21 @@ def test_a_flower_password_with_a_comma_is_refused() -> None:
     with pytest.raises(ValidationError, match="comma"):
         Settings(ORDERLY_FLOWER_PASSWORD="pa,ss")
     assert Settings(ORDERLY_FLOWER_PASSWORD="pa-ss").flower_password.get_secret_value() == "pa-ss"
+
+
+def test_the_shard_count_spreads_over_a_cluster_by_default(clean_env: pytest.MonkeyPatch) -> None:
+    assert Settings().bridge_keys.shards == 16  # one Redis: fewer sets to walk
+    clean_env.setenv("ORDERLY_REDIS_CLUSTER", "true")
+    clean_env.setenv("ORDERLY_REDIS_CLUSTER_NODES", "127.0.0.1:7000")
+    keys = Settings().bridge_keys
+    assert keys.shards == 64
+    # Three primaries that split the slots as redis-cli --cluster create does (0-5460,
+    # 5461-10922, 10923-16383) hold 21, 21 and 22 of the shards.
+    slots = [key_slot(shard.base.encode()) for shard in keys.every_shard]
+    thirds = Counter(0 if slot <= 5460 else 1 if slot <= 10922 else 2 for slot in slots)
+    assert sorted(thirds.values()) == [21, 21, 22]
+    clean_env.setenv("ORDERLY_REDIS_SHARDS", "8")
+    assert Settings().bridge_keys.shards == 8  # said: what was said
 
 
 def test_a_plain_postgresql_url_means_psycopg2() -> None:

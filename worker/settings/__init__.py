@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from pydantic import model_validator
 
+from orderly.models.keys import BridgeKeys
 from orderly.worker.settings._base import CONFIG
 from orderly.worker.settings.conversations import ConversationSettings
 from orderly.worker.settings.dashboard import DashboardSettings
@@ -65,6 +66,11 @@ class Settings(
     @property
     def effective_track_redis_url(self) -> str:
         return self.track_redis_url or self.redis_url
+
+    @property
+    def bridge_keys(self) -> BridgeKeys:
+        """The conversation keys of this prefix and shard count."""
+        return BridgeKeys(self.bridge_prefix, self.shard_count(self.redis_cluster))
 
 
 @lru_cache(maxsize=1)

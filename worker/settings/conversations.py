@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from orderly.models.keys import DEFAULT_SHARDS, BridgeKeys
+from orderly.models.keys import CLUSTER_SHARDS, DEFAULT_SHARDS
 from orderly.worker.settings._base import Section, queue_var
 
 
@@ -54,14 +54,16 @@ class ConversationSettings(Section):
         validation_alias="ORDERLY_BRIDGE_PREFIX",
         description="Prefix of every conversation key in Redis (the seed's bridge:queue).",
     )
-    redis_shards: int = Field(
-        DEFAULT_SHARDS,
+    redis_shards: int | None = Field(
+        None,
         ge=1,
         le=1024,
         validation_alias="ORDERLY_REDIS_SHARDS",
-        description="Shards of the conversation keys: each has its own pendingMessages, "
-        "scheduled and drains under one Redis Cluster hash tag. A change is a rebuild from "
-        "PostgreSQL (beat starts it; see docs/redis-cluster.md).",
+        description=f"Shards of the conversation keys: each has its own pendingMessages, "
+        f"scheduled and drains under one Redis Cluster hash tag. Default {DEFAULT_SHARDS} on "
+        f"one Redis, {CLUSTER_SHARDS} on a Redis Cluster (ORDERLY_REDIS_CLUSTER), whose hash "
+        f"tags fall 21/21/22 on three primaries ({DEFAULT_SHARDS}: 3/8/5). A change is a "
+        "rebuild from PostgreSQL (beat starts it; see docs/redis-cluster.md).",
     )
     drain_batch: int = Field(
         100,
@@ -192,10 +194,11 @@ class ConversationSettings(Section):
             raise ValueError("may not contain { or }: the keys' Redis Cluster hash tag follows it")
         return value
 
-    @property
-    def bridge_keys(self) -> BridgeKeys:
-        """The conversation keys of this prefix and shard count."""
-        return BridgeKeys(self.bridge_prefix, self.redis_shards)
+    def shard_count(self, cluster: bool) -> int:
+        """ORDERLY_REDIS_SHARDS, or its default on a Redis Cluster (``cluster``) or one Redis."""
+        if self.redis_shards is not None:
+            return self.redis_shards
+        return CLUSTER_SHARDS if cluster else DEFAULT_SHARDS
 
     @property
     def pool_processes(self) -> int:
