@@ -74,13 +74,13 @@ def pool_checks() -> int:
 def wake_due() -> bool:
     """Messages NEW for over a second (their wake-up was lost, the worker that looked for
     them was killed, their funnel was busy when a worker looked, or a node ran again): wake a
-    worker, whatever the wake-up mark says (its holder may be dead, and the mark would hold
-    them back until it expires). One indexed look when there are none."""
+    worker, also past a wake-up mark that has not moved for a few seconds (its holder may be
+    dead, and the mark would hold them back until it expires). One indexed look when there
+    are none."""
     runtime = get_runtime()
     if not watchdogs.due_waiting(runtime.engine, WAKE_AFTER_S):
         return False
-    runtime.force_processing()
-    return True
+    return runtime.wake_stale()
 
 
 def repair() -> watchdogs.RepairReport:

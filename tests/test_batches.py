@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState, NodeState
-from orderly.models.keys import TrackKeys
+from orderly.models.keys import PROCESS_WAKE_KEY, TrackKeys
 from orderly.worker import nodes
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.core.clock import now_ms
@@ -27,11 +27,12 @@ from orderly.worker.messages.batches import BATCH_KIND, Pace, WokenRun, process_
 from orderly.worker.messages.inputs import MAX_BATCH
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Outcome, Processor
-from orderly.worker.messages.wake import Holder, Wake
+from orderly.worker.messages.wake import STALE_MS, WAKE_TTL_MS, WOKEN, Holder, Wake
 from orderly.worker.runtime import get_runtime
 from orderly.worker.tracking import Tracker, TrackingPolicy, snapshot
 from tests.conftest import make_intake
 from tests.helpers import count_messages, message, row, states
+from tests.stub_broker import StubBroker
 
 KEYS = TrackKeys("test:batches")
 
@@ -456,26 +457,55 @@ def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake
     assert watchdogs.due_waiting(db, 1.0)
 
 
-def test_beats_wake_up_goes_out_past_a_mark_whose_holder_is_gone(
+def test_beats_wake_up_goes_out_past_a_mark_that_has_not_moved(
     redis_client: redis.Redis,
 ) -> None:
-    """A worker killed while it looked leaves its mark: a submission's wake-up sends nothing
-    (someone looks), beat's forced one sends a task and takes the mark; the dead holder's
-    successor, were it alive, would find the mark another's."""
+    """A worker killed while it looked leaves its mark ("looking"), and a task lost with a
+    worker leaves "woken": a submission's wake-up sends nothing past them, beat's passes one
+    that has not moved for STALE_MS. A live holder's mark (it moves at every claim) and a
+    task just sent are left alone, so a backlog gets no task a second."""
     wake = Wake(redis_client, "test:wake")
     sent: list[str] = []
-    holder = wake.hold()  # looking: then its worker dies
+    holder = wake.hold()  # looking, just now
     assert not wake.wake(lambda: sent.append("submission"))
-    wake.force(lambda: sent.append("beat"))
-    assert sent == ["beat"] and wake.value() == "woken"
-    assert not holder.busy() and not holder.held
+    assert not wake.wake(lambda: sent.append("beat"), stale_ms=STALE_MS)
+    assert holder.busy() and holder.looking()  # still its own
 
-    def refuse() -> None:
-        raise ConnectionError("the broker is down")
+    for mark in (f"looking:{'dead'}", WOKEN):  # set STALE_MS + 1 s ago
+        redis_client.set("test:wake", mark, px=WAKE_TTL_MS - STALE_MS - 1000)
+        assert not wake.wake(lambda: sent.append("submission"))
+        assert wake.wake(lambda: sent.append("beat"), stale_ms=STALE_MS)
+        assert wake.value() == WOKEN
+        assert int(redis_client.pttl("test:wake")) > WAKE_TTL_MS - 1000  # a fresh mark
+    assert sent == ["beat", "beat"]
+    assert not holder.busy() and not holder.held  # the holder's mark is another's now
 
-    with pytest.raises(ConnectionError):
-        wake.force(refuse)
-    assert wake.value() is None  # no mark left that would hold the next wake-up back
+
+def test_beat_wakes_a_worker_for_waiting_messages_past_a_dead_holders_mark(
+    db: Engine, redis_client: redis.Redis, plain_intake: Intake
+) -> None:
+    """The agent's own wiring (the runtime's engine, wake-up mark and broker, a stub): a
+    message that waited over a second behind a mark a killed worker left gets a task; behind
+    a live holder's mark it gets none from beat (the holder claims it)."""
+    from orderly.beat import agents
+
+    runtime = get_runtime()
+    broker = StubBroker()
+    runtime.use_broker(broker)
+    msg_id = plain_intake.submit(message(1)).msg_id
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE message SET last_process_timestamp = now() - interval '2 seconds'"
+                " WHERE msg_id = :i"
+            ),
+            {"i": msg_id},
+        )
+    redis_client.set(PROCESS_WAKE_KEY, "looking:live", px=WAKE_TTL_MS)
+    assert agents.wake_due() is False and broker.due == []
+    redis_client.set(PROCESS_WAKE_KEY, "looking:killed", px=WAKE_TTL_MS - STALE_MS - 1000)
+    assert agents.wake_due() is True and broker.due == [True]
+    assert redis_client.get(PROCESS_WAKE_KEY) == WOKEN.encode()
 
 
 def test_a_wake_up_that_cannot_be_sent_leaves_no_mark_and_postpones(

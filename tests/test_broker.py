@@ -3,8 +3,11 @@ any other one given; the faces send through it."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 import redis
@@ -16,8 +19,10 @@ from orderly.worker import celery
 from orderly.worker.broker import Broker
 from orderly.worker.runtime import Runtime
 from orderly.worker.settings import get_settings
-from tests.helpers import api_key, message, queued
+from tests.conftest import IN_CI
+from tests.helpers import api_key, message, queued, wait_until
 from tests.stub_broker import StubBroker
+from tooling.servers import RabbitVhost, ServerUnavailable
 
 CHANNEL = {"url": "http://127.0.0.1:9/deliver", "delivery_delay_ms": 10, "attempts": 2}
 
@@ -69,3 +74,47 @@ def test_the_command_line_and_the_api_import_no_celery() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+SENDS = """
+import json
+from orderly.worker.celery import broker
+for msg_id in (1, 2, 3):
+    broker.enqueue_processing(msg_id)
+broker.enqueue_drain("c1", "token")
+figures = broker.figures()
+print(json.dumps({"queues": dict(figures.queues), "unacked": figures.unacked}))
+"""
+
+
+@pytest.mark.e2e
+def test_on_rabbitmq_the_queues_are_durable_quorum_queues_and_their_depths_are_read() -> None:
+    """ORDERLY_BROKER_URL amqp://: the sends reach RabbitMQ's durable quorum queues (as
+    RabbitMQ itself lists them), and the broker's figures read the same depths."""
+    try:
+        vhost = RabbitVhost(f"orderly-test-broker-{uuid.uuid4().hex[:8]}").create()
+    except ServerUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"RabbitMQ is not reachable: {exc}")
+        pytest.skip(f"RabbitMQ is not reachable: {exc}")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", SENDS],
+            env={**os.environ, "ORDERLY_BROKER_URL": vhost.url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+        expected = {celery.PROCESS_QUEUE: 3, celery.DELIVER_QUEUE: 1, celery.AGENTS_QUEUE: 0}
+        want = {name: ("quorum", True, ready) for name, ready in expected.items()}
+        # rabbitmqctl's counts are RabbitMQ's statistics, emitted every few seconds
+        wait_until(
+            lambda: {n: q for n, q in vhost.queues().items() if n in expected} == want,
+            timeout=60,
+            what=f"RabbitMQ to list {want}",
+        )
+    finally:
+        vhost.remove()
+    assert figures == {"queues": expected, "unacked": None}

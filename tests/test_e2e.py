@@ -8,11 +8,9 @@ import signal
 import time
 
 import pytest
-import redis
 from sqlalchemy import Engine, text
 
 from orderly.models import MessageState, NodeState
-from orderly.models.keys import PROCESS_WAKE_KEY
 from orderly.worker import nodes
 from orderly.worker.runtime import get_runtime
 from tests.helpers import count_messages, message, row, set_config
@@ -105,20 +103,6 @@ def test_a_poison_message_is_quarantined_while_the_others_finish(stack: Stack) -
     # were claimed alone once, and only the poison's own deaths count.
     assert {row(stack.db, msg_id).lost_count for msg_id in others} == {0}
     assert worker.alive()  # the pool replaced its killed children and went on
-
-
-def test_a_wake_up_mark_left_by_a_killed_worker_holds_nothing_back(
-    stack: Stack, redis_client: redis.Redis
-) -> None:
-    """A worker killed while it looked for messages leaves its mark ("looking"), which says
-    that no task need be sent. Beat's wake-up goes past it once a message has waited over a
-    second, long before the mark would expire."""
-    stack.worker()
-    stack.beat()
-    redis_client.set(PROCESS_WAKE_KEY, "looking:killed-worker", px=120_000)
-    msg_id = stack.submit(message(1))
-    stack.wait_state(msg_id, "OK", timeout=60)  # the mark would hold it back for 120 s
-    assert redis_client.get(PROCESS_WAKE_KEY) != b"looking:killed-worker"
 
 
 def test_duplicate_intake_is_processed_once(stack: Stack) -> None:

@@ -251,6 +251,17 @@ def test_a_death_in_a_claim_of_several_counts_against_none_and_isolates_them(
         assert (row(db, msg_id).state, row(db, msg_id).lost_count) == (MessageState.OK, 0)
 
 
+def test_an_isolated_message_goes_before_the_others_alone(db: Engine, intake: Intake) -> None:
+    """An isolated message is not held back behind messages that come first in line (a
+    higher priority, an earlier turn): the next claim takes it, alone."""
+    first, second = (intake.submit(message(i)).msg_id for i in (1, 2))
+    with db.begin() as conn:
+        conn.execute(text("UPDATE message SET isolate = true WHERE msg_id = :i"), {"i": second})
+    urgent = intake.submit(message(3, priority=9)).msg_id
+    assert _orphan_claim(db, 10) == [second]
+    assert sorted(_orphan_claim(db, 10)) == sorted([first, urgent])  # then the rest together
+
+
 def test_a_claim_of_one_that_dies_counts_and_an_orphan_taken_by_id_is_counted_once(
     db: Engine, intake: Intake
 ) -> None:

@@ -319,6 +319,32 @@ class RabbitVhost:
                 finally:
                     channel.close()
 
+    def queues(self) -> dict[str, tuple[str, bool, int]]:
+        """RabbitMQ's own word on the vhost's queues: name -> (type, durable, ready messages)."""
+        done = subprocess.run(
+            [
+                self._ctl,
+                "-q",
+                "list_queues",
+                "-p",
+                self.name,
+                "--no-table-headers",
+                "name",
+                "type",
+                "durable",
+                "messages_ready",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        found = {}
+        for line in done.stdout.splitlines():
+            name, kind, durable, ready = line.split("\t")
+            found[name] = (kind, durable == "true", int(ready))
+        return found
+
     def remove(self) -> None:
         self._run("delete_vhost", self.name)
 

@@ -162,23 +162,30 @@ class CeleryBroker:
     def queues(self) -> tuple[str, ...]:
         return QUEUES
 
+    def _send(self, name: str, *args: Any, **kwargs: Any) -> None:
+        # On RabbitMQ a send waits for the broker's confirm at most ORDERLY_CONNECT_TIMEOUT_S
+        # (a broker that stops taking messages, a memory or disk alarm, raises instead of
+        # blocking the API or a worker for ever).
+        options = {"confirm_timeout": _settings.connect_timeout_s} if _AMQP else {}
+        self.app.send_task(name, args=args, kwargs=kwargs or None, **options)
+
     def enqueue_processing(self, msg_id: int) -> None:
-        self.app.send_task("orderly.process.message", args=(msg_id,))
+        self._send("orderly.process.message", msg_id)
 
     def send_process_due(self) -> None:
-        self.app.send_task("orderly.process.due")
+        self._send("orderly.process.due")
 
     def send_process_helper(self) -> None:
-        self.app.send_task("orderly.process.due", kwargs={"owner": False})
+        self._send("orderly.process.due", owner=False)
 
     def enqueue_drain(self, conversation_id: str, token: str) -> None:
-        self.app.send_task("orderly.deliver.conversation", args=(conversation_id, token))
+        self._send("orderly.deliver.conversation", conversation_id, token)
 
     def enqueue_event_deliveries(self, delivery_ids: list[int]) -> None:
-        self.app.send_task("orderly.deliver.events", args=(delivery_ids,))
+        self._send("orderly.deliver.events", delivery_ids)
 
     def enqueue_confirmations(self, calls: list[tuple[int, str]]) -> None:
-        self.app.send_task("orderly.deliver.confirmations", args=(calls,))
+        self._send("orderly.deliver.confirmations", calls)
 
     def figures(self) -> BrokerFigures:
         if _AMQP:

@@ -38,7 +38,7 @@ from orderly.worker.messages.handlers import HandlerRegistry, load_handler_modul
 from orderly.worker.messages.intake import Intake
 from orderly.worker.messages.processing import Processor
 from orderly.worker.messages.rates import StartRates
-from orderly.worker.messages.wake import Wake
+from orderly.worker.messages.wake import STALE_MS, Wake
 from orderly.worker.pubsub import schemas
 from orderly.worker.pubsub.endpoints import (
     SYSTEM_ROOM,
@@ -347,10 +347,11 @@ class Runtime:
         was sent."""
         return self.wake.wake(self.broker.send_process_due)
 
-    def force_processing(self) -> None:
-        """Wake a worker to claim due messages even though the mark says one is woken or
-        looking (messages have waited longer than it would let them)."""
-        self.wake.force(self.broker.send_process_due)
+    def wake_stale(self) -> bool:
+        """Wake a worker to claim due messages, also past a woken or looking mark that has
+        not moved for ``STALE_MS`` (messages have waited: its holder is gone); whether a task
+        was sent."""
+        return self.wake.wake(self.broker.send_process_due, stale_ms=STALE_MS)
 
     def count_totals(self) -> None:
         """Add what this process counts to the metrics' running totals (worker.totals)."""

@@ -70,10 +70,12 @@ def lease_give_up(scripts: Scripts, *, lease: str, token: str) -> bool:
     return bool(scripts.run(Call("lease_give_up", keys=(lease,), args=(token,))))
 
 
-def wake(scripts: Scripts, *, mark: str, pokes: str, ttl_ms: int) -> bool:
-    """Whether the caller must send a task: the mark was absent or its holder busy, and is
-    now 'woken' (a looking holder is poked instead)."""
-    return bool(int(scripts.run(Call("wake", keys=(mark, pokes), args=(ttl_ms,)))))
+def wake(scripts: Scripts, *, mark: str, pokes: str, ttl_ms: int, stale_ms: int = 0) -> bool:
+    """Whether the caller must send a task: the mark was absent, its holder busy, or (with
+    ``stale_ms``) set longer ago than that, and is now 'woken' (a looking holder is poked
+    instead)."""
+    args = (ttl_ms, stale_ms) if stale_ms else (ttl_ms,)
+    return bool(int(scripts.run(Call("wake", keys=(mark, pokes), args=args))))
 
 
 def wake_swap(scripts: Scripts, *, mark: str, expected: str, new: str, ttl_ms: int) -> bool:

@@ -6,8 +6,16 @@
 -- 'looking:<token>' (the woken worker claims again soon: it is poked, so that it claims now
 -- rather than at the end of its wait), 'busy:<token>' (it claims or runs handlers now: what
 -- comes meanwhile needs another worker).
+-- ARGV[2] (optional) stale: a 'woken' or 'looking' mark set (or last moved) longer than this
+-- many ms ago counts as absent: its task never began, or its holder stopped looking (killed);
+-- beat's wake-up of messages that waited passes it (a submission's does not)
 -- Returns 1 when the caller must send a task (the mark is now 'woken'), 0 when not.
 local mark = redis.call('GET', KEYS[1])
+local stale = tonumber(ARGV[2] or '0')
+if mark and stale > 0 and string.sub(mark, 1, 5) ~= 'busy:'
+   and tonumber(ARGV[1]) - redis.call('PTTL', KEYS[1]) > stale then
+  mark = false
+end
 if mark and string.sub(mark, 1, 5) ~= 'busy:' then
   if string.sub(mark, 1, 8) == 'looking:' and redis.call('LLEN', KEYS[2]) == 0 then
     redis.call('RPUSH', KEYS[2], '1')

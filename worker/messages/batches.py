@@ -114,13 +114,12 @@ def claim_due(
 
 
 def isolated(found: list[Candidate]) -> list[Candidate]:
-    """The due messages one claim may take together: a message whose worker died while it
-    was in a claim of several (``isolate``) is claimed alone, when it is first in line, so
-    that a death counts against the one message it ran; until then the others go without it
-    (each also has a task of its own, worker.messages.watchdogs.release_orphans)."""
-    if found and found[0].isolate:
-        return found[:1]
-    return [c for c in found if not c.isolate]
+    """The due messages one claim may take together: all of them, unless one is isolated
+    (its worker died while it was in a claim of several): then that one alone, the first
+    such in line, so that a death counts against the one message it ran. An isolated message
+    goes before the rest of the due ones: it waited already, and none starves behind a
+    stream of others."""
+    return next(([c] for c in found if c.isolate), found)
 
 
 def claim_ids(

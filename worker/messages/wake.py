@@ -22,8 +22,10 @@ waiting for more costs nothing while none comes.
 
 The mark expires: a wake-up whose task was lost is replaced by the next submission after
 that. And beat wakes a worker whenever messages have waited NEW for longer than a second
-(``orderly.beat.agents.wake_due``), whatever the mark says (:meth:`Wake.force`): a mark whose
-holder died with its worker must not hold the store back until it expires.
+(``orderly.beat.agents.wake_due``) past a looking or woken mark that has not moved for
+``STALE_MS``: a mark whose holder died with its worker must not hold the store back until it
+expires, while a live holder (it moves its mark at every claim) or a task just sent is left
+alone, and a backlog gets no task a second.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 # enough that a lost wake-up is replaced soon.
 WAKE_TTL_MS = 10_000
 
+# A looking or woken mark that has not moved for this long, while messages wait, is a dead
+# holder's or a lost task's (beat's wake-up passes it).
+STALE_MS = 3_000
+
 WOKEN = "woken"
 # The shortest wait for a poke (s).
 MIN_WAIT_S = 0.001
@@ -61,10 +67,19 @@ class Wake:
         self._pokes = f"{key}:pokes"
         self._ttl_ms = ttl_ms
 
-    def wake(self, send: Callable[[], object]) -> bool:
+    def wake(self, send: Callable[[], object], stale_ms: int = 0) -> bool:
         """Send a task (``send``) unless a worker is looking or one was woken already; whether
-        one was sent. Raises what Redis or ``send`` raised (a mark it set is taken back)."""
-        if not lua.wake(self._scripts, mark=self._key, pokes=self._pokes, ttl_ms=self._ttl_ms):
+        one was sent. With ``stale_ms``, a looking or woken mark set (or last moved) longer
+        ago than that is passed: its holder was killed while it looked, or its task was lost
+        with a worker (beat's wake-up of messages that waited). Raises what Redis or ``send``
+        raised (a mark it set is taken back)."""
+        if not lua.wake(
+            self._scripts,
+            mark=self._key,
+            pokes=self._pokes,
+            ttl_ms=self._ttl_ms,
+            stale_ms=stale_ms,
+        ):
             return False
         try:
             send()
@@ -74,19 +89,6 @@ class Wake:
                 RedisLease(self._scripts, self._key).give_up(WOKEN)
             raise
         return True
-
-    def force(self, send: Callable[[], object]) -> None:
-        """Send a task whatever the mark says, and mark it woken: messages have waited longer
-        than a looking or woken worker lets them wait, so its holder is gone (a worker killed
-        while it looked, a task lost with its worker). A live holder finds its mark taken and
-        lets the new task go on. Raises what ``send`` raised (the mark is taken back)."""
-        self._set(WOKEN)
-        try:
-            send()
-        except BaseException:
-            with contextlib.suppress(redis.RedisError):
-                RedisLease(self._scripts, self._key).give_up(WOKEN)
-            raise
 
     def hold(self) -> Holder:
         """The woken worker takes the mark: it is looking."""

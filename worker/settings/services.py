@@ -160,7 +160,8 @@ class ServiceSettings(Section):
         le=300,
         validation_alias="ORDERLY_CONNECT_TIMEOUT_S",
         description="How long opening a connection to PostgreSQL or Redis may take before it "
-        "fails (a server that does not answer: a lost route, a dropped SYN).",
+        "fails (a server that does not answer: a lost route, a dropped SYN); on RabbitMQ, "
+        "also how long a send waits for the broker's confirm.",
     )
     ready_timeout_ms: int = Field(
         2_000,

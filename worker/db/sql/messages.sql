@@ -136,7 +136,8 @@ UPDATE message m
                                              AND m.last_process_timestamp
                                                  >= pg_postmaster_start_time()
                                         THEN 1 ELSE 0 END,
-       isolate = m.isolate OR (m.state = 'PROCESSING' AND NOT m.lone_claim),
+       isolate = m.isolate OR (m.state = 'PROCESSING' AND NOT m.lone_claim
+                               AND m.last_process_timestamp >= pg_postmaster_start_time()),
        lone_claim = cardinality($1) = 1,
        node_id = $2, last_process_timestamp = now(),
        processing_pid = CASE WHEN b.blocked THEN NULL ELSE pg_backend_pid() END,

@@ -103,7 +103,9 @@ UPDATE message m
   FROM (SELECT o.msg_id,
                CASE WHEN o.last_process_timestamp < pg_postmaster_start_time() THEN 0
                     WHEN NOT o.lone_claim THEN 0
-                    ELSE 1 END AS died, NOT o.lone_claim AS batched
+                    ELSE 1 END AS died,
+               o.last_process_timestamp >= pg_postmaster_start_time()
+               AND NOT o.lone_claim AS batched
           FROM message o
          WHERE o.state = 'PROCESSING' AND o.service_name <> 'conversation'
            AND o.last_process_timestamp <= now() - make_interval(secs => :grace_s)
