@@ -442,10 +442,8 @@ def test_the_batch_tracking_names_its_claim(
     assert int(first["deadline"]) - int(first["timestamp"]) == 5_000 + 1_000 + 2_000 + 1_000
 
 
-def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake: Intake) -> None:
-    assert not watchdogs.due_waiting(db, 1.0)
-    msg_id = plain_intake.submit(message(1)).msg_id
-    assert not watchdogs.due_waiting(db, 1.0)
+def _waited_two_seconds(db: Engine, msg_id: int) -> None:
+    """As if the message had waited due for two seconds."""
     with db.begin() as conn:
         conn.execute(
             text(
@@ -454,6 +452,13 @@ def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake
             ),
             {"i": msg_id},
         )
+
+
+def test_a_message_waiting_new_is_seen_by_beats_wake_up(db: Engine, plain_intake: Intake) -> None:
+    assert not watchdogs.due_waiting(db, 1.0)
+    msg_id = plain_intake.submit(message(1)).msg_id
+    assert not watchdogs.due_waiting(db, 1.0)
+    _waited_two_seconds(db, msg_id)
     assert watchdogs.due_waiting(db, 1.0)
 
 
@@ -493,14 +498,7 @@ def test_beat_wakes_a_worker_for_waiting_messages_past_a_dead_holders_mark(
     broker = StubBroker()
     runtime.use_broker(broker)
     msg_id = plain_intake.submit(message(1)).msg_id
-    with db.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE message SET last_process_timestamp = now() - interval '2 seconds'"
-                " WHERE msg_id = :i"
-            ),
-            {"i": msg_id},
-        )
+    _waited_two_seconds(db, msg_id)
     redis_client.set(PROCESS_WAKE_KEY, "looking:live", px=WAKE_TTL_MS)
     assert agents.wake_due() is False and broker.due == []
     redis_client.set(PROCESS_WAKE_KEY, "looking:killed", px=WAKE_TTL_MS - STALE_MS - 1000)
