@@ -117,8 +117,8 @@ def isolated(found: list[Candidate]) -> list[Candidate]:
     """The due messages one claim may take together: all of them, unless one is isolated
     (its worker died while it was in a claim of several): then that one alone, the first
     such in line, so that a death counts against the one message it ran. An isolated message
-    goes before the rest of the due ones: it waited already, and none starves behind a
-    stream of others."""
+    goes before the others a claim finds: it waited already (and it has a task of its own,
+    which claims it by id, from the orphan job that isolated it)."""
     return next(([c] for c in found if c.isolate), found)
 
 
