@@ -869,7 +869,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="each fault once, small: < 2 min")
+    parser.add_argument("--quick", action="store_true", help="each fault once, small: about 2 min")
     parser.add_argument("--repeat", type=int, default=None, help="rounds per fault (full: 3)")
     parser.add_argument("--window", type=float, default=None, help="seconds of load per round")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
