@@ -12,7 +12,6 @@ from typing import Any
 
 import redis
 from celery import Celery, bootsteps, signals
-from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.entity import Exchange, Queue
 
 from orderly.models import NodeState
@@ -87,21 +86,7 @@ app.conf.update(
     ),
     beat_scheduler="orderly.beat.scheduler:ConfiguredScheduler",
     timezone="UTC",
-    worker_consumer="orderly.worker.celery:Consumer",
 )
-
-
-class Consumer(CeleryConsumer):
-    """Celery's consumer without its native delayed delivery: orderly sends no task with a
-    countdown or an eta, so the 28 quorum queues of delay levels it would declare on RabbitMQ
-    would never hold a message."""
-
-    class Blueprint(CeleryConsumer.Blueprint):
-        default_steps = [
-            step
-            for step in CeleryConsumer.Blueprint.default_steps
-            if "delayed_delivery" not in step
-        ]
 
 
 # Celery's global options that take a value (``celery -A orderly.worker flower``: the app, then the
