@@ -114,11 +114,9 @@ def claim_due(
 
 
 def isolated(found: list[Candidate]) -> list[Candidate]:
-    """The due messages one claim may take together: all of them, unless one is isolated
-    (its worker died while it was in a claim of several): then that one alone, the first
-    such in line, so that a death counts against the one message it ran. An isolated message
-    goes before the others a claim finds: it waited already (and it has a task of its own,
-    which claims it by id, from the orphan job that isolated it)."""
+    """The due messages one claim may take together: all, unless one is isolated (its worker
+    died in a claim of several): then the first such alone, before the others, so that a
+    death counts against the one message it ran."""
     return next(([c] for c in found if c.isolate), found)
 
 
