@@ -369,6 +369,28 @@ def test_a_worker_past_its_active_time_that_lost_the_mark_still_hands_over(
     assert run.owners == 1 and run.waker.value() == "woken"
 
 
+def test_a_last_look_that_leaves_released_messages_behind_hands_the_wake_up_over(
+    db: Engine, intake: Intake, redis_client: redis.Redis
+) -> None:
+    run = Run(redis_client)
+    chain: list[int] = []
+
+    def stored_unseen() -> None:
+        # Stored while the worker waits, without a wake-up or a poke: only its last look
+        # (after it let go of the mark) sees them.
+        for n in (1, 2):
+            body = message(n, funnel_value="f", guaranteed_order=True)
+            chain.append(intake.submit(body).msg_id)
+
+    run.meanwhile = [stored_unseen]
+    done = run(batch_processor(db, redis_client), 10, pace=Pace(budget_s=0.0))
+    # The last look ran the funnel's first; past its budget, the second it released waits
+    # IN_QUEUE. Nobody looks any more: a new task is woken for it.
+    assert [r.msg_id for r in done.results] == chain[:1]
+    assert row(db, chain[1]).state is MessageState.IN_QUEUE
+    assert run.owners == 1 and run.waker.value() == "woken"
+
+
 def test_a_helper_stops_at_its_first_empty_claim_and_leaves_the_mark(
     db: Engine, plain_intake: Intake, woken: Woken, redis_client: redis.Redis
 ) -> None:

@@ -13,13 +13,13 @@ round: many funnels advance side by side, each in its order, with one commit per
 instead of one per message.
 
 A batch starts no handler after its budget: what it claimed and did not start goes back to NEW
-where it was in line, and what was released and not taken up gets a task of its own. Each
-round is tracked as one claim (kind ``batch``; one message as itself): a handler starts within
-the budget and runs within its time limit, so a round is done within its longest deadline
-plus the budget; when one times out, worker.messages.timeouts takes back every message it
-still holds. A batch needs every handler under a time limit, so that no OK outcome held for
-the round's write can be taken back from a live worker: while some handler may run unlimited,
-a claim takes one message.
+where it was in line; what was released and not taken up is the woken worker's next claim's (or,
+after a single message, gets a task of its own). Each round is tracked as one claim (kind
+``batch``; one message as itself): a handler starts within the budget and runs within its time
+limit, so a round is done within its longest deadline plus the budget; when one times out,
+worker.messages.timeouts takes back every message it still holds. A batch needs every handler under
+a time limit, so that no OK outcome held for the round's write can be taken back from a live
+worker: while some handler may run unlimited, a claim takes one message.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from orderly.worker.tracking import claim_of
 
 log = logging.getLogger(__name__)
 
-# A batch starts no handler after this long: the rest go back to NEW for the next claim (fair
-# to other work, and the bound of a batch's tracked deadline).
+# No handler of a batch starts after this long (fair to other work; bounds its deadline).
 BATCH_BUDGET_S = 1.0
 
 # What a batch claim is tracked as (worker.messages.timeouts takes a timed-out one back).
@@ -344,10 +343,10 @@ def run_woken(
     so that intake wakes no one else meanwhile: after a claim that found some, it claims again
     ``pace.poll_s`` later (more come together); after one that found none, when a submission
     pokes it (``wait``); once nothing was due for ``pace.linger_s`` it clears the mark and
-    looks once more (what was committed before the clear is seen then; what comes after
-    wakes a worker of its own). After ``pace.active_s`` it hands the wake-up over to a new
-    task (any worker past it does, unless another looks). A claim takes one message while
-    some handler may run unlimited (see the module's note)."""
+    looks once more (what was committed before the clear is seen then, and a look that found
+    some hands over; what comes after wakes a worker of its own). After ``pace.active_s`` it
+    hands the wake-up over to a new task (any worker past it does, unless another looks). A
+    claim takes one message while some handler may run unlimited (see the module's note)."""
     woken = _Woken(
         processor,
         claim_size(processor, limit),
@@ -428,8 +427,9 @@ class _Woken:
             # it. Claim when one did, else at the end of the linger (the last look).
             if not self.wait(holder, pace.linger_s - (now - last_due)):
                 break
-        if holder is not None and _release(holder):
-            self.batch(run)
+        if holder is not None and _release(holder) and self.batch(run):
+            # What the last look's outcomes released past its budget waits IN_QUEUE: hand over.
+            wake_quietly(lambda: self.waker.wake(self.send_owner))
 
 
 def _move(move: Callable[[], bool]) -> None:
