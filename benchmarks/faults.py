@@ -29,7 +29,8 @@ worker, which a supervisor starts again at once), ``child_kill`` (SIGKILL to a w
 child), ``flushall`` (``FLUSHALL`` on Redis), ``redis_restart`` (Redis killed and started
 empty on the same port), ``pg_restart`` (PostgreSQL stopped in ``immediate`` mode, a crash,
 and started again) or ``poison`` (a message whose handler kills its worker process; orderly
-quarantines it after ``ORDERLY_WORKER_LOST_LIMIT`` deaths as FAILED with ``E_WORKER_LOST``).
+quarantines it after ``ORDERLY_WORKER_LOST_LIMIT`` deaths in claims of its own as FAILED with
+``E_WORKER_LOST``; a death in a claim of several isolates the claim's messages first).
 ``--quick`` runs each fault once with a small workload; the full run each fault ``--repeat``
 (3) times.
 A worker process that exits on its own is started again at once, as a supervisor with a

@@ -79,18 +79,21 @@ def test_the_command_line_and_the_api_import_no_celery() -> None:
 SENDS = """
 import json
 from orderly.worker.celery import broker
+before = broker.figures()
 for msg_id in (1, 2, 3):
     broker.enqueue_processing(msg_id)
 broker.enqueue_drain("c1", "token")
 figures = broker.figures()
-print(json.dumps({"queues": dict(figures.queues), "unacked": figures.unacked}))
+print(json.dumps({"before": dict(before.queues), "queues": dict(figures.queues),
+                  "unacked": figures.unacked}))
 """
 
 
 @pytest.mark.e2e
 def test_on_rabbitmq_the_queues_are_durable_quorum_queues_and_their_depths_are_read() -> None:
     """ORDERLY_BROKER_URL amqp://: the sends reach RabbitMQ's durable quorum queues (as
-    RabbitMQ itself lists them), and the broker's figures read the same depths."""
+    RabbitMQ itself lists them), and the broker's figures read the same depths; reading them
+    before any queue was there created none."""
     try:
         vhost = RabbitVhost(f"orderly-test-broker-{uuid.uuid4().hex[:8]}").create()
     except ServerUnavailable as exc:
@@ -107,14 +110,15 @@ def test_on_rabbitmq_the_queues_are_durable_quorum_queues_and_their_depths_are_r
         )
         assert out.returncode == 0, out.stderr
         figures = json.loads(out.stdout.strip().splitlines()[-1])
-        expected = {celery.PROCESS_QUEUE: 3, celery.DELIVER_QUEUE: 1, celery.AGENTS_QUEUE: 0}
-        want = {name: ("quorum", True, ready) for name, ready in expected.items()}
+        sent = {celery.PROCESS_QUEUE: 3, celery.DELIVER_QUEUE: 1}
+        expected = {**sent, celery.AGENTS_QUEUE: 0}
+        want = {name: ("quorum", True, ready) for name, ready in sent.items()}
         # rabbitmqctl's counts are RabbitMQ's statistics, emitted every few seconds
         wait_until(
-            lambda: {n: q for n, q in vhost.queues().items() if n in expected} == want,
+            lambda: {n: q for n, q in vhost.queues().items() if n in sent} == want,
             timeout=60,
             what=f"RabbitMQ to list {want}",
         )
     finally:
         vhost.remove()
-    assert figures == {"queues": expected, "unacked": None}
+    assert figures == {"before": dict.fromkeys(expected, 0), "queues": expected, "unacked": None}

@@ -102,6 +102,8 @@ def test_a_poison_message_is_quarantined_while_the_others_finish(stack: Stack) -
     # The deaths of claims of several counted against none of their messages: the others
     # were claimed alone once, and only the poison's own deaths count.
     assert {row(stack.db, msg_id).lost_count for msg_id in others} == {0}
+    # (That is what happened: the poison's first claim took others with it, and isolated them.)
+    assert stored.isolate and any(row(stack.db, msg_id).isolate for msg_id in others)
     assert worker.alive()  # the pool replaced its killed children and went on
 
 

@@ -10,13 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from orderly.worker.celery import PROCESS_QUEUE
-from tests.helpers import count_messages, message
-from tests.helpers import queued as broker_queued
-
-
-def queued(redis_client: redis.Redis) -> int:
-    """Tasks waiting in the processing queue (the test's Redis, or its RabbitMQ vhost)."""
-    return broker_queued(PROCESS_QUEUE)
+from tests.helpers import count_messages, message, queued
 
 
 def test_post_answers_201_then_get_shows_the_row(
@@ -26,7 +20,7 @@ def test_post_answers_201_then_get_shows_the_row(
     assert created.status_code == 201
     body = created.json()
     assert body["state"] == "NEW"
-    assert queued(redis_client) == 1
+    assert queued(PROCESS_QUEUE) == 1
     shown = client.get(f"/messages/{body['msg_id']}").json()
     assert shown["correlation_id"] == "corr-1" and shown["object_id"] == "o-1"
     assert shown["service_name"] == "test" and shown["failed_count"] == 0
@@ -40,7 +34,7 @@ def test_duplicate_answers_200_with_the_existing_message_and_enqueues_nothing(
     again = client.post("/messages", json=message(1))
     assert again.status_code == 200 and again.json()["msg_id"] == first["msg_id"]
     assert count_messages(db) == 1
-    assert queued(redis_client) == 1
+    assert queued(PROCESS_QUEUE) == 1
 
 
 def test_unknown_message_is_404(client: TestClient) -> None:
@@ -80,7 +74,7 @@ def test_bad_bodies_are_refused_and_nothing_is_written(
     error = answer.json()["errors"][0]
     assert error["field"] == field and needle in error["problem"]
     assert count_messages(db) == 0
-    assert queued(redis_client) == 0
+    assert queued(PROCESS_QUEUE) == 0
 
 
 def test_every_bad_field_is_listed(client: TestClient, db: Engine) -> None:

@@ -22,8 +22,7 @@ from orderly.client.answers import MessageDetail
 from orderly.client.errors import error_for
 from orderly.worker.celery import PROCESS_QUEUE
 from orderly.worker.messages.inputs import MAX_DELAY_MS
-from tests.helpers import OrderlyCli, count_messages, message
-from tests.helpers import queued as broker_queued
+from tests.helpers import OrderlyCli, count_messages, message, queued
 
 DAY_MS = 86_400_000
 
@@ -38,11 +37,6 @@ def stored(db: Engine) -> list[dict[str, Any]]:
             )
         )
         return [dict(r._mapping) for r in rows]
-
-
-def queued(redis_client: redis.Redis) -> int:
-    """Tasks waiting in the processing queue (the test's Redis, or its RabbitMQ vhost)."""
-    return broker_queued(PROCESS_QUEUE)
 
 
 # --- HTTP: what is stored -------------------------------------------------------------------
@@ -112,7 +106,7 @@ def test_bad_scheduling_and_priority_are_refused_naming_the_field(
     errors = answer.json()["errors"]
     assert [e["field"] for e in errors] == [field]
     assert needle in errors[0]["problem"]
-    assert count_messages(db) == 0 and queued(redis_client) == 0
+    assert count_messages(db) == 0 and queued(PROCESS_QUEUE) == 0
 
 
 def test_the_longest_delay_is_taken(client: TestClient, db: Engine) -> None:
@@ -150,7 +144,7 @@ def test_another_message_under_stored_ids_is_409_and_writes_nothing(
     first = client.post("/messages", json=message(1, payload={"n": 1}))
     assert first.status_code == 201
     msg_id = first.json()["msg_id"]
-    rows, tasks = stored(db), queued(redis_client)
+    rows, tasks = stored(db), queued(PROCESS_QUEUE)
     # Another timestamp and priority are not compared, and change nothing of the row.
     refused = client.post(
         "/messages", json=message(1, msg_timestamp="2027-01-01T00:00:00Z", priority=5, **changed)
@@ -160,7 +154,7 @@ def test_another_message_under_stored_ids_is_409_and_writes_nothing(
     assert error["field"] == "correlation_id"
     assert f"message {msg_id} " in error["problem"] and differs in error["problem"]
     assert "'corr-1'" in error["problem"] and "'crm'" in error["problem"]
-    assert stored(db) == rows and queued(redis_client) == tasks
+    assert stored(db) == rows and queued(PROCESS_QUEUE) == tasks
     assert rows[0]["payload"] == '{"n":1}'
 
 
@@ -170,7 +164,7 @@ def test_the_same_message_again_is_200_whatever_the_order_of_its_keys(
     payload = {"a": 1, "b": {"c": [1, 2], "d": None}}
     first = client.post("/messages", json=message(1, payload=payload))
     assert first.status_code == 201
-    rows, tasks = stored(db), queued(redis_client)
+    rows, tasks = stored(db), queued(PROCESS_QUEUE)
     for again in (
         payload,
         {"b": {"d": None, "c": [1, 2]}, "a": 1},  # another order of keys
@@ -179,7 +173,7 @@ def test_the_same_message_again_is_200_whatever_the_order_of_its_keys(
         answer = client.post("/messages", json=message(1, payload=again, priority=9))
         assert answer.status_code == 200, answer.text
         assert answer.json() == first.json()
-    assert stored(db) == rows and queued(redis_client) == tasks
+    assert stored(db) == rows and queued(PROCESS_QUEUE) == tasks
     # A list's order is its value: another order is another payload.
     assert client.post("/messages", json=message(2, payload=[1, 2])).status_code == 201
     assert client.post("/messages", json=message(2, payload=[2, 1])).status_code == 409
@@ -189,7 +183,7 @@ def test_a_batch_with_a_conflicting_message_stores_nothing(
     client: TestClient, db: Engine, redis_client: redis.Redis
 ) -> None:
     assert client.post("/messages", json=message(1, payload="one")).status_code == 201
-    rows, tasks = stored(db), queued(redis_client)
+    rows, tasks = stored(db), queued(PROCESS_QUEUE)
     conflicting = [
         message(2, delay_ms=1000),
         message(1, payload="another"),
@@ -203,7 +197,7 @@ def test_a_batch_with_a_conflicting_message_stores_nothing(
     twice = [message(4), message(5, payload="five"), message(5, payload="V")]
     again = client.post("/messages:batch", json={"messages": twice})
     assert again.status_code == 409, again.text
-    assert stored(db) == rows and queued(redis_client) == tasks
+    assert stored(db) == rows and queued(PROCESS_QUEUE) == tasks
     # The same message again in a batch is its stored result; the new ones are stored.
     fine = [message(1, payload="one"), message(2, delay_ms=1000), message(3, priority=3)]
     taken = client.post("/messages:batch", json={"messages": fine})

@@ -281,7 +281,8 @@ class RabbitVhost:
         binary = shutil.which("rabbitmqctl") or shutil.which("rabbitmqctl", path="/usr/sbin")
         if binary is None:
             raise ServerUnavailable("rabbitmqctl is not installed")
-        self._ctl = binary
+        # Debian's rabbitmqctl runs only as root or rabbitmq: others go through sudo.
+        self._ctl = [binary] if os.geteuid() == 0 else ["sudo", "-n", binary]
         self.name = name
         self.base = base.rstrip("/")
         self.user = urlsplit(self.base).username or "guest"
@@ -290,12 +291,13 @@ class RabbitVhost:
     def url(self) -> str:
         return f"{self.base}/{quote(self.name, safe='')}"
 
-    def _run(self, *args: str) -> None:
+    def _run(self, *args: str) -> str:
         done = subprocess.run(
-            [self._ctl, "-q", *args], capture_output=True, text=True, timeout=60, check=False
+            [*self._ctl, "-q", *args], capture_output=True, text=True, timeout=60, check=False
         )
         if done.returncode != 0:
             raise ServerUnavailable(f"rabbitmqctl {args[0]}: {done.stderr.strip() or done.stdout}")
+        return done.stdout
 
     def create(self) -> RabbitVhost:
         self._run("add_vhost", self.name)
@@ -321,26 +323,12 @@ class RabbitVhost:
 
     def queues(self) -> dict[str, tuple[str, bool, int]]:
         """RabbitMQ's own word on the vhost's queues: name -> (type, durable, ready messages)."""
-        done = subprocess.run(
-            [
-                self._ctl,
-                "-q",
-                "list_queues",
-                "-p",
-                self.name,
-                "--no-table-headers",
-                "name",
-                "type",
-                "durable",
-                "messages_ready",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        listed = self._run(
+            "list_queues", "-p", self.name, "--no-table-headers",
+            "name", "type", "durable", "messages_ready",
+        )  # fmt: skip
         found = {}
-        for line in done.stdout.splitlines():
+        for line in listed.splitlines():
             name, kind, durable, ready = line.split("\t")
             found[name] = (kind, durable == "true", int(ready))
         return found

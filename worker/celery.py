@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -174,16 +175,27 @@ class CeleryBroker:
 
     def figures(self) -> BrokerFigures:
         if _AMQP:
-            # A declare with the queue's own arguments answers its ready messages (and creates
-            # a queue no worker declared yet); RabbitMQ tells no client of unacknowledged ones.
-            with self.app.connection_for_read() as conn:
-                channel = conn.default_channel
-                depths = {
-                    name: int(_queue(name).bind(channel).queue_declare().message_count)
-                    for name in QUEUES
-                }
-            return BrokerFigures(depths, None)
+            # RabbitMQ tells no client of unacknowledged tasks: only the ready ones.
+            return BrokerFigures(self._ready_on_rabbitmq(), None)
         return broker_figures(self._redis(), QUEUES)
+
+    def _ready_on_rabbitmq(self) -> dict[str, int]:
+        """Each queue's ready messages, from a passive declare (it creates nothing; a queue
+        not declared yet holds none) on a connection of the app's pool."""
+        from amqp.exceptions import NotFound
+
+        depths = {}
+        with self.app.pool.acquire(block=True, timeout=_settings.connect_timeout_s) as conn:
+            for name in QUEUES:
+                channel = conn.channel()  # one each: a queue not found closes its channel
+                try:
+                    depths[name] = int(channel.queue_declare(name, passive=True).message_count)
+                except NotFound:
+                    depths[name] = 0
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        return depths
 
     def _redis(self) -> redis.Redis:
         """The Redis broker's client: the runtime's own when the broker is ORDERLY_REDIS_URL."""

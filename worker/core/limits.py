@@ -11,7 +11,8 @@ A handler runs under :meth:`TimeLimits.run`:
   handler swallowed the exception, or it is stuck in native code that never returns to the
   interpreter), the :class:`Watchdog` thread kills this process with SIGKILL. Whatever the
   process was doing is then a dead worker's: its claim is released by the orphan job, counted
-  in the message's ``lost_count``.
+  in the message's ``lost_count`` when the claim held it alone (a claim of several is
+  isolated instead: each message is claimed alone from then on).
 
 An **abort** (:class:`Abort`, set from any thread: worker.messages.abort's listener, when the
 message is cancelled) stops a run the same way: the run sees it at once (``Abort.is_set``, a

@@ -92,7 +92,8 @@ def claim_due(
     spent (``rates``) is due again when its next token is there."""
     conn.execute("BEGIN")
     try:
-        found = isolated(store.due_candidates(conn, node_id, size))
+        due = store.due_candidates(conn, node_id, size)
+        found = isolated(due)
         chosen, behind = per_funnel(found)
         if rates is not None and chosen:
             waits = rates.refused([c for c in found if c.msg_id in set(chosen)])
@@ -109,13 +110,12 @@ def claim_due(
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return rows, len(found)
+    return rows, len(due)
 
 
 def isolated(found: list[Candidate]) -> list[Candidate]:
-    """The due messages one claim may take together: all, unless one is isolated (its worker
-    died in a claim of several): then the first such alone, before the others, so that a
-    death counts against the one message it ran."""
+    """What one claim takes of the due ``found``: all, or the first isolated one alone (its
+    worker died in a claim of several), so that a death counts against the message it ran."""
     return next(([c] for c in found if c.isolate), found)
 
 
@@ -428,7 +428,7 @@ class _Woken:
             if not self.wait(holder, pace.linger_s - (now - last_due)):
                 break
         if holder is not None and _release(holder) and self.batch(run):
-            # What the last look's outcomes released past its budget waits IN_QUEUE: hand over.
+            # It found some: what their outcomes released past its budget may wait IN_QUEUE.
             wake_quietly(lambda: self.waker.wake(self.send_owner))
 
 

@@ -5,9 +5,10 @@ transition is one statement whose WHERE holds the state check, so a transition f
 state changes nothing and is reported, never silently applied. The claim records the claiming
 connection's backend pid; the same connection records the outcome, and only if it still holds
 the claim. A PROCESSING message whose backend pid is gone belongs to a dead worker: a
-redelivered task may claim it again at once (the death counted in lost_count), and beat's
-orphan job releases it within a second; one that has killed its worker ``worker_lost_limit``
-times is quarantined there (worker.messages.watchdogs.release_orphans).
+redelivered task may claim it again at once (the death counted in lost_count when its claim
+held it alone; a claim of several is isolated instead), and beat's orphan job releases it
+within a second; one that has killed its worker ``worker_lost_limit`` times in claims of its
+own is quarantined there (worker.messages.watchdogs.release_orphans).
 
 Funnels: the outcome (``orderly_finish``) takes the funnel's advisory lock; the trigger on
 ``message.state`` then releases the funnel's next POSTPONED message in the same transaction,

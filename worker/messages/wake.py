@@ -25,7 +25,9 @@ that. And beat wakes a worker whenever messages have waited NEW for longer than 
 (``orderly.beat.agents.wake_due``) past a looking or woken mark that has not moved for
 ``STALE_MS``: a mark whose holder died with its worker must not hold the store back until it
 expires, while a live holder (it moves its mark at every claim) or a task just sent is left
-alone, and a backlog gets no task a second.
+alone, and a backlog gets no task a second. (A woken task queued behind a backlog while every
+worker is busy looks stale too: beat then sends one more every ``STALE_MS`` while messages
+wait; each claims in batches when a worker is free.)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ message after commit, and its claims take it in line with everything due
 (worker.messages.batches), as the due ticker's messages are taken; a wake-up that fails
 leaves them to beat's wake-up of messages due for over a second. An orphan gets a task of its
 own instead, which claims it by id, alone; a batch claim that comes first takes an isolated
-message only alone, when it is first in line (worker.messages.batches.isolated).
+message among its candidates alone, before the others (worker.messages.batches.isolated).
 """
 
 from __future__ import annotations

@@ -212,7 +212,9 @@ class ServiceSettings(Section):
         le=100,
         validation_alias="ORDERLY_WORKER_LOST_LIMIT",
         description="Deaths of its worker (SIGKILL, OOM, a crash) a message may cause before it "
-        "is quarantined: FAILED with E_WORKER_LOST instead of claimed again.",
+        "is quarantined: FAILED with E_WORKER_LOST instead of claimed again. A death counts "
+        "when the message's claim held it alone; one in a claim of several counts against none "
+        "and isolates them (each is claimed alone from then on, where its deaths count).",
     )
 
     handler_time_limit_ms: int = Field(
