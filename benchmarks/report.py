@@ -12,8 +12,18 @@ reused while it holds N messages, unless --regenerate), then measures:
   ``ratio`` = spark_report_s / sql_total_s;
 - ``spark_cluster_report_s`` (unless --no-cluster): the same report against a standalone
   cluster of two one-core workers started on this machine (``tooling/spark_cluster.py``);
-- with --jdbc-rates, ``jdbc_rows_per_s_1p`` and ``_4p``: the message table's report columns
-  read over JDBC with 1 and with 4 partitions into Spark's no-op sink;
+- ``read_s``: of spark_report_s, the job that reads everything into memory; ``read_rows``
+  the rows that came over JDBC (rows of the tables Spark needs, partial aggregates of the
+  rest), ``read_rows_per_s`` = read_rows / read_s, and ``store_rows_per_s``: the rows of
+  the store the report covers (every table it reads, counted in PostgreSQL) / read_s;
+- ``jdbc_limit_rows_per_s``: the JDBC read limit, measured in the same run: the message
+  table's report columns read over JDBC into Spark's no-op sink with the report's
+  partitions (``ORDERLY_REPORT_PARTITIONS``), as fast as JDBC brings rows to Spark;
+- ``day_report_s``: an incremental report of the store's last day (the watermark set one day
+  before its newest message, ``day_messages`` in that day) as ``orderly report`` runs one,
+  on local[*], tuned for the day's size;
+- with --jdbc-rates, ``jdbc_rows_per_s_1p`` and ``_4p``: the same bare read with 1 and with 4
+  partitions;
 - ``load_before`` / ``load_after``: the machine's 1-minute load average around them.
 Settings (e.g. ORDERLY_REPORT_DRIVER_MEMORY) come from the environment as for the command.
 The last line printed is one JSON object: the figures, or with several sizes
@@ -27,8 +37,15 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from orderly.worker.settings import Settings
+
+if TYPE_CHECKING:
+    from orderly.reports.data import ReportData
 
 BENCH_DB = os.environ.get("ORDERLY_BENCH_REPORT_DATABASE", "orderly_bench_report")
 SEED = 20261123
@@ -117,6 +134,47 @@ def jdbc_rate(url: str, partitions: int) -> tuple[int, float]:
     return rows, rows / took
 
 
+def store_rows(engine: Any) -> int:
+    """The rows of every table the report reads (its whole store)."""
+    from sqlalchemy import text
+
+    from orderly.reports.tables import TABLES
+
+    with engine.connect() as conn:
+        return sum(
+            int(conn.execute(text(f"SELECT count(*) FROM {t.name}")).scalar_one()) for t in TABLES
+        )
+
+
+DAY_MARK = "benchmark-last-day"
+
+
+def day_report_s(url: str, engine: Any) -> tuple[float, int]:
+    """An incremental report of the store's last day, as ``orderly report`` runs one: its
+    seconds and the messages in that day."""
+    from sqlalchemy import text
+
+    from orderly.reports.job import ReportOptions, move_watermark, run_report
+    from orderly.worker.settings import Settings
+
+    with engine.begin() as conn:
+        since = conn.execute(text("SELECT max(receive_timestamp) FROM message")).scalar_one()
+        since -= timedelta(days=1)
+        day = conn.execute(
+            text("SELECT count(*) FROM message WHERE receive_timestamp >= :s"), {"s": since}
+        ).scalar_one()
+        conn.execute(text("DELETE FROM report_watermark WHERE name = :n"), {"n": DAY_MARK})
+        move_watermark(conn, DAY_MARK, None, since, "benchmark")
+    settings = Settings(database_url=url, **tuning(day))
+    options = ReportOptions(incremental=True, watermark_name=DAY_MARK, lag=timedelta(0))
+    with tempfile.TemporaryDirectory(prefix="orderly-bench-report-") as out:
+        t0 = time.monotonic()
+        result = run_report(replace(options, output_dir=Path(out)), settings, engine=engine)
+        took = time.monotonic() - t0
+    assert result.data.since == since
+    return took, result.data.rows_read["message"]
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -133,8 +191,8 @@ def tuning(messages: int) -> dict[str, Any]:
     }
 
 
-def report_s(url: str, messages: int, master: str | None = None) -> tuple[float, int]:
-    """The whole report as ``orderly report`` runs it; its seconds and the rows it read."""
+def report_s(url: str, messages: int, master: str | None = None) -> tuple[float, ReportData]:
+    """The whole report as ``orderly report --full`` runs it: its seconds, and its data."""
     from orderly.reports.job import ReportOptions, run_report
     from orderly.worker.settings import Settings
 
@@ -143,7 +201,7 @@ def report_s(url: str, messages: int, master: str | None = None) -> tuple[float,
         t0 = time.monotonic()
         result = run_report(ReportOptions(output_dir=Path(out), master=master), settings)
         took = time.monotonic() - t0
-    return took, sum(result.data.rows_read.values())
+    return took, result.data
 
 
 def cluster_report_s(url: str, messages: int) -> float:
@@ -162,18 +220,32 @@ def measure(messages: int, regenerate: bool, cluster: bool, rates: bool) -> dict
     url, engine = prepare(messages, regenerate)
     figures: dict[str, Any] = {"rows": messages, **tuning(messages), "load_before": _load()}
     sql_s = sql_total(engine)
-    engine.dispose()
     print(f"SQL in PostgreSQL, every aggregate: {sql_s:.2f}s (load {_load()})")
-    spark_s, read = report_s(url, messages)
+    covered = store_rows(engine)
+    spark_s, data = report_s(url, messages)
+    read = sum(data.rows_read.values())
     print(
         f"Spark report (start, reads, aggregates, Parquet, CSV, HTML): {spark_s:.2f}s; "
-        f"rows read {read:,} (load {_load()})"
+        f"{read:,} rows over JDBC in {data.read_s:.2f}s, covering {covered:,} rows of the "
+        f"store (load {_load()})"
     )
     figures.update(
         spark_report_s=round(spark_s, 2),
         sql_total_s=round(sql_s, 2),
         ratio=round(spark_s / sql_s, 3),
+        read_s=round(data.read_s, 2),
+        read_rows=read,
+        read_rows_per_s=round(read / data.read_s, 1),
+        store_rows=covered,
+        store_rows_per_s=round(covered / data.read_s, 1),
     )
+    _, limit = jdbc_rate(url, Settings().report_partitions)
+    print(f"JDBC read limit (message columns, report partitions): {limit:,.0f} rows/s")
+    figures["jdbc_limit_rows_per_s"] = round(limit, 1)
+    day_s, day = day_report_s(url, engine)
+    print(f"incremental report of the last day ({day:,} messages): {day_s:.2f}s (load {_load()})")
+    figures.update(day_report_s=round(day_s, 2), day_messages=day)
+    engine.dispose()
     if cluster:
         cluster_s = cluster_report_s(url, messages)
         print(f"the same on a standalone cluster (2 workers x 1 core): {cluster_s:.2f}s")

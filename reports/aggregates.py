@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orderly.reports import spark_aggregates as spark
-from orderly.reports.tables import MESSAGE, TABLES, Frames
+from orderly.reports.tables import MESSAGE, TABLES, Frames, sql_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -44,10 +44,6 @@ __all__ = [
     "Frames",
     "rows_key",
 ]
-
-
-def _sql_ms(later: str, earlier: str) -> str:
-    return f"(EXTRACT(EPOCH FROM ({later} - {earlier})) * 1000)::float8"
 
 
 def _sql_window(column: str) -> str:
@@ -102,7 +98,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
           FROM (SELECT service_name, operation_name, count(*) AS messages, avg(ms) AS mean_ms,
                        {PCT_SQL} AS p, max(ms) AS max_ms
                   FROM (SELECT service_name, operation_name,
-                               {_sql_ms("last_process_timestamp", "receive_timestamp")} AS ms
+                               {sql_ms("last_process_timestamp", "receive_timestamp")} AS ms
                           FROM ({_M}) m
                          WHERE state IN ('OK', 'FAILED', 'CANCEL')
                            AND last_process_timestamp IS NOT NULL) x
@@ -155,7 +151,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
                        {PCT_SQL} AS p
                   FROM (SELECT *, CASE WHEN state IN ('OK', 'FAILED', 'CANCEL')
                                         AND last_process_timestamp IS NOT NULL
-                                       THEN {_sql_ms("last_process_timestamp", "receive_timestamp")}
+                                       THEN {sql_ms("last_process_timestamp", "receive_timestamp")}
                                   END AS ms
                           FROM ({_M}) m WHERE funnel_value IS NOT NULL) x
                  GROUP BY 1) g
@@ -169,7 +165,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         f"""
         SELECT operation_name, state::text AS state, count(*) AS calls,
                sum(failed_count) AS failures,
-               avg({_sql_ms("last_update_timestamp", "creation_timestamp")}) AS mean_ms
+               avg({sql_ms("last_update_timestamp", "creation_timestamp")}) AS mean_ms
           FROM external_call WHERE {_sql_window("creation_timestamp")}
          GROUP BY 1, 2
         """,
@@ -254,7 +250,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
         SELECT routing_key, state::text AS state, count(*) AS messages,
                avg(ms) AS mean_ms, max(ms) AS max_ms
           FROM (SELECT routing_key, state, CASE WHEN end_time IS NOT NULL
-                       THEN {_sql_ms("end_time", "start_time")} END AS ms
+                       THEN {sql_ms("end_time", "start_time")} END AS ms
                   FROM queue_message WHERE {_sql_window("start_time")}) q
          GROUP BY 1, 2
         """,
@@ -271,7 +267,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
                        {PCT_SQL} AS p
                   FROM request q LEFT JOIN response s ON s.req_id = q.req_id
                  CROSS JOIN LATERAL (SELECT CASE WHEN s.res_id IS NOT NULL
-                          THEN {_sql_ms("s.res_timestamp", "q.req_timestamp")} END AS ms) x
+                          THEN {sql_ms("s.res_timestamp", "q.req_timestamp")} END AS ms) x
                  WHERE {_sql_window("q.req_timestamp")}) g
         """,
     ),
@@ -287,7 +283,7 @@ AGGREGATES: tuple[Aggregate, ...] = (
                          PARTITION BY process_id ORDER BY last_process_timestamp, msg_id) AS prev
                 FROM m WHERE operation_name = 'response' AND state = 'OK'
                  AND last_process_timestamp IS NOT NULL),
-        r AS (SELECT {_sql_ms("last_process_timestamp", "greatest(prev, receive_timestamp)")}
+        r AS (SELECT {sql_ms("last_process_timestamp", "greatest(prev, receive_timestamp)")}
                      AS ms FROM d WHERE prev IS NOT NULL)
         SELECT (SELECT count(DISTINCT process_id) FROM m) AS conversations,
                (SELECT count(*) FROM m WHERE operation_name = 'request') AS requests,

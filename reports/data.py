@@ -21,14 +21,25 @@ class AggregateRows:
 
 
 @dataclass(frozen=True)
+class Reads:
+    """What one report read: the rows that came over JDBC per read, and how long the job that
+    read them into memory took."""
+
+    rows: dict[str, int]
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ReportData:
     run_id: str
     generated_at: datetime  # UTC
     since: datetime | None  # the window [since, until) on each table's time column
     until: datetime | None
     aggregates: list[AggregateRows]
-    rows_read: dict[str, int] = field(default_factory=dict)  # table -> rows read over JDBC
+    # read (a table, or PostgreSQL's partial aggregates of one) -> rows that came over JDBC
+    rows_read: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the Spark part
+    read_s: float = 0.0  # of which reading everything into memory
     master: str = "local[*]"
 
     def get(self, name: str) -> AggregateRows:

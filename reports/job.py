@@ -1,8 +1,9 @@
 """The report job: read the store over JDBC, compute every aggregate in Spark, write Parquet,
 CSV and one HTML file per run (and, if asked, the aggregates back to PostgreSQL).
 
-Run by ``orderly report`` and by ``spark-submit reports/job.py`` (same options). Incremental
-runs read only rows after the stored watermark and move it forward when they succeed.
+Run by ``orderly report`` and by ``spark-submit reports/job.py`` (same options). By default a
+run is incremental: it reads only rows after the stored watermark and moves it forward when it
+succeeds; ``--since``/``--until`` name a window and ``--full`` reads the whole store instead.
 """
 
 from __future__ import annotations
@@ -23,8 +24,18 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from orderly.reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
-from orderly.reports.data import AggregateRows, ReportData
-from orderly.reports.source import Jdbc, ReportError, Table, guarded, read, spans, spark_session
+from orderly.reports.data import AggregateRows, Reads, ReportData
+from orderly.reports.source import (
+    Jdbc,
+    ReportError,
+    Table,
+    guarded,
+    read,
+    read_grouped,
+    spans,
+    spark_session,
+)
+from orderly.reports.tables import Grouped
 from orderly.worker.core import tracing
 from orderly.worker.settings import Settings, get_settings
 
@@ -79,11 +90,12 @@ def compute(
     until: datetime | None,
     parquet: Path | None = None,
     done: Callable[[AggregateRows], None] | None = None,
-) -> tuple[list[AggregateRows], dict[str, int]]:
-    """Every aggregate's rows (sorted), and the rows read per table.
+) -> tuple[list[AggregateRows], Reads]:
+    """Every aggregate's rows (sorted), and what was read.
 
-    The jobs: one for the key spans of every partitioned read, one that reads every table
-    into memory (its ranges as parallel tasks), then the aggregates over the cached tables,
+    The jobs: one for the key spans of every partitioned read, one that reads everything
+    into memory (the tables Spark needs rows of, and the partial aggregates PostgreSQL
+    computes, range by range as parallel tasks), then the aggregates over the cached reads,
     ``PARALLEL_JOBS`` at a time (a small job is mostly scheduling latency, which overlaps).
     With ``parquet``, each aggregate is written there from its computed (cached) frame; each
     aggregate's rows go to ``done`` as soon as they are there (the charts start early).
@@ -91,17 +103,23 @@ def compute(
     lo, hi = _iso(since), _iso(until)
     spans_of = spans(spark, jdbc, [t for t in TABLES if t.partitioned], lo, hi)
 
-    def load(table: Table) -> Any:
-        return read(spark, jdbc, table, lo, hi, spans_of.get(table.name, (None, None)))
+    def load(source: Table | Grouped) -> Any:
+        if isinstance(source, Grouped):
+            span = spans_of.get(source.table.name, (None, None))
+            return read_grouped(
+                spark, jdbc, source.table, source.select, source.group_by, lo, hi, span
+            )
+        return read(spark, jdbc, source, lo, hi, spans_of.get(source.name, (None, None)))
 
     frames = Frames(load)
     try:
-        read_rows = frames.materialize()
+        started = time.monotonic()
+        reads = Reads(frames.materialize(), time.monotonic() - started)
         with ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
             results = list(pool.map(lambda a: _rows_of(a, frames, parquet, done), AGGREGATES))
     finally:
         frames.release()
-    return results, read_rows
+    return results, reads
 
 
 def _rows_of(
@@ -337,15 +355,16 @@ def _run(
             )
         spark_started = time.monotonic()
         try:
-            aggregates, read_rows = compute(spark, jdbc, since, until, folder / "parquet", draw)
+            aggregates, reads = compute(spark, jdbc, since, until, folder / "parquet", draw)
             data = ReportData(
                 run_id=run_id,
                 generated_at=datetime.now(UTC),
                 since=since,
                 until=until,
                 aggregates=aggregates,
-                rows_read=read_rows,
+                rows_read=reads.rows,
                 seconds=time.monotonic() - spark_started,
+                read_s=reads.seconds,
                 master=spark.sparkContext.master,
             )
         finally:
@@ -375,7 +394,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orderly report", description=__doc__.split("\n\n")[0])
     p.add_argument("--since", type=_timestamp, help="window start (ISO, UTC if no offset)")
     p.add_argument("--until", type=_timestamp, help="window end, exclusive")
-    p.add_argument("--incremental", action="store_true", help="from the stored watermark")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="from the stored watermark (the default without --since, --until or --full)",
+    )
+    p.add_argument("--full", action="store_true", help="the whole store; the watermark stays")
     p.add_argument("--watermark", default="default", help="the watermark's name")
     p.add_argument(
         "--lag-minutes",
@@ -390,12 +414,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def options_from(args: argparse.Namespace) -> ReportOptions:
-    if args.incremental and (args.since or args.until):
-        raise ReportError("--incremental takes its window from the watermark: drop --since/--until")
+    windowed = args.since is not None or args.until is not None
+    if args.incremental and (windowed or args.full):
+        raise ReportError(
+            "--incremental takes its window from the watermark: drop --since/--until/--full"
+        )
+    if args.full and windowed:
+        raise ReportError("--full reads the whole store: drop --since/--until")
     return ReportOptions(
         since=args.since,
         until=args.until,
-        incremental=args.incremental,
+        incremental=not (windowed or args.full),
         watermark_name=args.watermark,
         lag=timedelta(minutes=args.lag_minutes),
         output_dir=args.output_dir,

@@ -7,6 +7,8 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from functools import reduce
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -223,6 +225,44 @@ def read(
     return frame
 
 
+def read_grouped(
+    spark: SparkSession,
+    jdbc: Jdbc,
+    table: Table,
+    select: str,
+    group_by: str,
+    since: str | None,
+    until: str | None,
+    span: Span,
+) -> DataFrame:
+    """Aggregate ``table`` in PostgreSQL (``SELECT {select} ... GROUP BY {group_by}``) range by
+    range of its key within ``span``, each range a statement and a Spark task of its own: the
+    rows are partial aggregates (counts, sums, maxima) of each range, which the caller adds
+    up. What leaves the database is a few rows a range, not every row of the window."""
+    conds = [_conditions(table.window, since, until)] if table.window else []
+    lo, hi = span
+    edges: list[int] = []
+    if lo is not None and hi is not None:
+        n = max(1, min(jdbc.partitions, hi - lo + 1))
+        edges = [lo + (hi + 1 - lo) * i // n for i in range(n + 1)]
+    ranges = [f"{table.key} >= {a} AND {table.key} < {b}" for a, b in pairwise(edges)] or ["true"]
+    frames = [
+        guarded(
+            spark.read.format("jdbc")
+            .options(**jdbc.options())
+            .option(
+                "dbtable",
+                f"(SELECT {select} FROM {table.name} WHERE {' AND '.join([*conds, where])}"
+                f" GROUP BY {group_by}) AS g",
+            )
+            .load
+        )
+        for where in ranges
+    ]
+    union: DataFrame = reduce(lambda a, b: a.unionByName(b), frames)
+    return union
+
+
 def bounds(
     spark: SparkSession, jdbc: Jdbc, name: str, key: str, where: str
 ) -> tuple[int | None, int | None]:
@@ -259,8 +299,12 @@ _TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d
 
 
 def _window(column: str | None, since: str | None, until: str | None, via: str = "{cond}") -> str:
-    if column is None:
-        return ""
+    cond = _conditions(column, since, until)
+    return f" WHERE {via.format(cond=cond)}" if column is not None and cond != "true" else ""
+
+
+def _conditions(column: str | None, since: str | None, until: str | None) -> str:
+    """``column`` within ``[since, until)`` as SQL (``true`` without either)."""
     parts = []
     for value, op in ((since, ">="), (until, "<")):
         if value is None:
@@ -268,7 +312,7 @@ def _window(column: str | None, since: str | None, until: str | None, via: str =
         if not _TS.match(value):
             raise ReportError(f"{value!r} is not an ISO timestamp (e.g. 2026-11-23T00:00:00Z)")
         parts.append(f"{column} {op} '{value}'::timestamptz")
-    return f" WHERE {via.format(cond=' AND '.join(parts))}" if parts else ""
+    return " AND ".join(parts) or "true"
 
 
 def guarded(call: Any, *args: Any) -> Any:

@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orderly.reports.tables import (
-    DELIVERY,
-    EXTERNAL_CALL,
+    CALL_GROUPS,
+    COUNT_SETS,
+    DELIVERY_GROUPS,
     FINAL,
     MESSAGE,
+    MESSAGE_COUNTS,
     NODE,
     PCT_ACCURACY,
     PCTS,
-    PUBLISHED,
-    QUEUE_LOG,
+    PUBLISHED_GROUPS,
+    QUEUE_GROUPS,
     REQUEST,
     RESPONSE,
     ROOM,
@@ -46,27 +48,25 @@ def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:
     return frame.drop("_pcts")
 
 
-# The message table's counts by hour, error code, failed_count and node come from one pass:
-# one aggregation over grouping sets; each aggregate takes its set's rows.
-_COUNT_SETS = {
-    "hour": ("h", "service_name", "operation_name", "state"),
-    "failure": ("failed_error_code", "source_system"),
-    "failed_count": ("failed_count",),
-    "node": ("node_id",),
-}
+def _ratio(total: str, count: str) -> Column:
+    """A mean from partial sums and counts (NULL where nothing was counted)."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.sum(count) > 0, F.sum(total) / F.sum(count))
 
 
 def _message_counts(f: Frames) -> DataFrame:
+    """The message table's counts by hour (a number, formatted per group), error code,
+    failed_count and node, in one pass: PostgreSQL's grouping sets, range by range
+    (reports.tables.MESSAGE_COUNTS), added up; each aggregate takes its set's rows."""
     from pyspark.sql import functions as F
 
-    # The hour as a number, formatted once per group: not a string per row.
-    m = f[MESSAGE].withColumn("h", F.floor(F.unix_seconds("receive_timestamp") / 3600))
-    keys = list(dict.fromkeys(c for cols in _COUNT_SETS.values() for c in cols))
-    return m.groupingSets([list(cols) for cols in _COUNT_SETS.values()], *keys).agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("failed"),
-        F.sum(F.when(F.col("state").isin(*FINAL), 1).otherwise(0)).alias("final"),
-        *(F.grouping(cols[0]).alias(f"g_{name}") for name, cols in _COUNT_SETS.items()),
+    keys = list(dict.fromkeys(c for cols in COUNT_SETS.values() for c in cols))
+    flags = [f"g_{name}" for name in COUNT_SETS]
+    return (
+        f[MESSAGE_COUNTS]
+        .groupBy(*keys, *flags)
+        .agg(*(F.sum(c).alias(c) for c in ("messages", "failed", "final")))
     )
 
 
@@ -149,11 +149,14 @@ def funnels(f: Frames) -> DataFrame:
 def external_calls(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    c = f[EXTERNAL_CALL].withColumn("ms", _ms("last_update_timestamp", "creation_timestamp"))
-    return c.groupBy("operation_name", "state").agg(
-        F.count("*").alias("calls"),
-        F.sum("failed_count").cast("long").alias("failures"),
-        F.avg("ms").alias("mean_ms"),
+    return (
+        f[CALL_GROUPS]
+        .groupBy("operation_name", "state")
+        .agg(
+            F.sum("calls").alias("calls"),
+            F.sum("failures").cast("long").alias("failures"),
+            _ratio("ms_sum", "ms_n").alias("mean_ms"),
+        )
     )
 
 
@@ -184,18 +187,20 @@ def subs(f: Frames) -> DataFrame:
 def deliveries(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    d = f[DELIVERY].join(subs(f), "subscription_id", "left")
+    d = f[DELIVERY_GROUPS].join(subs(f), "subscription_id", "left")
+    d = d.withColumn("tried", F.when(F.col("attempt").isNotNull(), F.col("n")))
+    d = d.withColumn("attempts", F.col("attempt") * F.col("n"))
 
     def state(name: str) -> Column:
-        return F.sum(F.when(F.col("state") == name, 1).otherwise(0)).alias(name.lower())
+        return F.sum(F.when(F.col("state") == name, F.col("n")).otherwise(0)).alias(name.lower())
 
     return d.groupBy("room", "subscription").agg(
-        F.count("*").alias("deliveries"),
+        F.sum("n").alias("deliveries"),
         state("DELIVERED"),
         state("DEAD"),
         state("EXPIRED"),
         state("PENDING"),
-        F.avg("attempt").alias("mean_attempts"),
+        _ratio("attempts", "tried").alias("mean_attempts"),
         F.max("attempt").alias("max_attempts"),
     )
 
@@ -203,25 +208,28 @@ def deliveries(f: Frames) -> DataFrame:
 def delivery_attempts(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    d = f[DELIVERY].join(subs(f), "subscription_id", "left")
-    return d.groupBy("room", "subscription", "attempt").agg(F.count("*").alias("deliveries"))
+    d = f[DELIVERY_GROUPS].join(subs(f), "subscription_id", "left")
+    return d.groupBy("room", "subscription", "attempt").agg(F.sum("n").alias("deliveries"))
 
 
 def publish_log(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    p = f[PUBLISHED].join(subs(f), "subscription_id", "left")
-    return p.groupBy("room", "subscription", "outcome").agg(F.count("*").alias("attempts"))
+    p = f[PUBLISHED_GROUPS].join(subs(f), "subscription_id", "left")
+    return p.groupBy("room", "subscription", "outcome").agg(F.sum("n").alias("attempts"))
 
 
 def consumer_log(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    q = f[QUEUE_LOG].withColumn(
-        "ms", F.when(F.col("end_time").isNotNull(), _ms("end_time", "start_time"))
-    )
-    return q.groupBy("routing_key", "state").agg(
-        F.count("*").alias("messages"), F.avg("ms").alias("mean_ms"), F.max("ms").alias("max_ms")
+    return (
+        f[QUEUE_GROUPS]
+        .groupBy("routing_key", "state")
+        .agg(
+            F.sum("n").alias("messages"),
+            _ratio("ms_sum", "ms_n").alias("mean_ms"),
+            F.max("ms_max").alias("max_ms"),
+        )
     )
 
 

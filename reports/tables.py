@@ -1,10 +1,12 @@
-"""What a report reads: each table's columns, key and time window, and the frames of one
-report (each table read once, cached while the report runs)."""
+"""What a report reads: each table's columns, key and time window, the partial aggregates
+PostgreSQL computes for it, and the frames of one report (each read once, cached while the
+report runs)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orderly.models.enums import FINAL_STATES
@@ -31,10 +33,8 @@ MESSAGE = Table(
         "state::text AS state",
         "failed_count",
         "failed_error_code",
-        "source_system",
         "funnel_value",
         "guaranteed_order",
-        "node_id",
         "process_id",
     ),
     key="msg_id",
@@ -103,25 +103,113 @@ TABLES = (
 )
 
 
-class Frames:
-    """The tables of one report, read once each and kept in memory while the report runs.
+def sql_ms(later: str, earlier: str) -> str:
+    """Milliseconds between two timestamps, in PostgreSQL."""
+    return f"(EXTRACT(EPOCH FROM ({later} - {earlier})) * 1000)::float8"
 
-    Safe to share between the threads that submit jobs: a table is loaded once.
+
+@dataclass(frozen=True)
+class Grouped:
+    """Partial aggregates that PostgreSQL computes over a table's window, range by range of
+    its key (in parallel), for aggregates that need counts, sums and maxima by a few columns:
+    the database does those in its scan, and Spark adds up a few rows a range instead of
+    reading every row out (reports.source.read_grouped)."""
+
+    name: str
+    table: Table
+    select: str
+    group_by: str
+
+
+_HOUR = "floor(EXTRACT(EPOCH FROM receive_timestamp) / 3600)::bigint"
+_FINAL_SQL = ", ".join(f"'{s}'" for s in FINAL)
+# The message table's counts by hour, error code, failed_count and node: one pass of
+# grouping sets; each aggregate takes its set's rows (the flags say which set a row is of).
+COUNT_SETS = {
+    "hour": ("h", "service_name", "operation_name", "state"),
+    "failure": ("failed_error_code", "source_system"),
+    "failed_count": ("failed_count",),
+    "node": ("node_id",),
+}
+_SET_SQL = {"h": _HOUR, "state": "state::text"}
+MESSAGE_COUNTS = Grouped(
+    "message_counts",
+    MESSAGE,
+    ", ".join(
+        [
+            *(f"{_SET_SQL.get(c, c)} AS {c}" for cols in COUNT_SETS.values() for c in cols),
+            "count(*) AS messages",
+            "count(*) FILTER (WHERE state = 'FAILED') AS failed",
+            f"count(*) FILTER (WHERE state IN ({_FINAL_SQL})) AS final",
+            *(f"GROUPING({_SET_SQL.get(c[0], c[0])}) AS g_{n}" for n, c in COUNT_SETS.items()),
+        ]
+    ),
+    "GROUPING SETS ("
+    + ", ".join(f"({', '.join(_SET_SQL.get(c, c) for c in cols)})" for cols in COUNT_SETS.values())
+    + ")",
+)
+CALL_GROUPS = Grouped(
+    "external_call_groups",
+    EXTERNAL_CALL,
+    "operation_name, state::text AS state, count(*) AS calls, sum(failed_count) AS failures,"
+    f" sum({sql_ms('last_update_timestamp', 'creation_timestamp')}) AS ms_sum,"
+    f" count({sql_ms('last_update_timestamp', 'creation_timestamp')}) AS ms_n",
+    "1, 2",
+)
+DELIVERY_GROUPS = Grouped(
+    "delivery_groups",
+    DELIVERY,
+    "subscription_id, state::text AS state, attempt, count(*) AS n",
+    "1, 2, 3",
+)
+PUBLISHED_GROUPS = Grouped(
+    "published_groups",
+    PUBLISHED,
+    "subscription_id, outcome::text AS outcome, count(*) AS n",
+    "1, 2",
+)
+_QUEUE_MS = sql_ms("end_time", "start_time")  # NULL while a message has no end_time
+QUEUE_GROUPS = Grouped(
+    "queue_message_groups",
+    QUEUE_LOG,
+    f"routing_key, state::text AS state, count(*) AS n, sum({_QUEUE_MS}) AS ms_sum,"
+    f" count({_QUEUE_MS}) AS ms_n, max({_QUEUE_MS}) AS ms_max",
+    "1, 2",
+)
+GROUPED = (MESSAGE_COUNTS, CALL_GROUPS, DELIVERY_GROUPS, PUBLISHED_GROUPS, QUEUE_GROUPS)
+# What a report reads: the tables whose rows Spark needs (percentiles, a window function, the
+# names joined in), each cached as several aggregates take it, and the partial aggregates.
+READS: tuple[Table | Grouped, ...] = (
+    MESSAGE,
+    NODE,
+    ROOM,
+    SUBSCRIPTION,
+    REQUEST,
+    RESPONSE,
+    *GROUPED,
+)
+
+
+class Frames:
+    """The reads of one report (``READS``), each read once and kept in memory while the
+    report runs.
+
+    Safe to share between the threads that submit jobs: a read is loaded once.
     """
 
-    def __init__(self, load: Callable[[Table], DataFrame]) -> None:
+    def __init__(self, load: Callable[[Table | Grouped], DataFrame]) -> None:
         self._load = load
         self._frames: dict[str, DataFrame] = {}
-        self._locks = {t.name: threading.Lock() for t in TABLES}
+        self._locks = {r.name: threading.Lock() for r in READS}
         self._derived: dict[str, DataFrame] = {}
         self._derived_lock = threading.Lock()
 
-    def __getitem__(self, table: Table) -> DataFrame:
-        # One lock per table: tables load side by side, each only once.
-        with self._locks[table.name]:
-            if table.name not in self._frames:
-                self._frames[table.name] = self._load(table).cache()
-            return self._frames[table.name]
+    def __getitem__(self, read: Table | Grouped) -> DataFrame:
+        # One lock per read: reads load side by side, each only once.
+        with self._locks[read.name]:
+            if read.name not in self._frames:
+                self._frames[read.name] = self._load(read).cache()
+            return self._frames[read.name]
 
     def derived(self, name: str, build: Callable[[Frames], DataFrame]) -> DataFrame:
         """A frame several aggregates take their rows from (one pass computing them all),
@@ -132,15 +220,15 @@ class Frames:
             return self._derived[name]
 
     def materialize(self) -> dict[str, int]:
-        """Read every table into memory in one Spark job (its reads run as parallel tasks);
-        the rows read per table."""
+        """Read everything into memory in one Spark job (its reads run as parallel tasks);
+        the rows read per read (a grouped one's: its partial rows)."""
         from functools import reduce
 
         from pyspark.sql import functions as F
 
         counts = [
             self[t].agg(F.count(F.lit(1)).alias("n")).select(F.lit(t.name).alias("t"), "n")
-            for t in TABLES
+            for t in READS
         ]
         union = reduce(lambda a, b: a.unionByName(b), counts)
         return {str(r["t"]): int(r["n"]) for r in guarded(union.collect)}

@@ -23,6 +23,8 @@ from orderly.reports.job import (
     ReportOptions,
     compute,
     move_watermark,
+    options_from,
+    parser,
     run_report,
     write_to_postgres,
 )
@@ -310,6 +312,27 @@ def test_jdbc_settings_follow_the_database_url() -> None:
     assert v6.url == "jdbc:postgresql://[::1]:5432/orderly"
     with pytest.raises(ReportError, match="unix socket"):
         Jdbc.from_settings(Settings(database_url="postgresql://u@/orderly?host=/run/postgresql"))
+
+
+@pytest.mark.unit
+def test_a_run_is_incremental_unless_a_window_or_full_is_asked_for() -> None:
+    def options(*argv: str) -> ReportOptions:
+        return options_from(parser().parse_args(list(argv)))
+
+    assert options().incremental and options("--incremental").incremental
+    assert options("--lag-minutes", "60").lag == timedelta(hours=1)
+    windowed = options("--since", "2026-11-01", "--until", "2026-11-02T00:00:00Z")
+    assert not windowed.incremental and windowed.until == datetime(2026, 11, 2, tzinfo=UTC)
+    assert not options("--until", "2026-11-02").incremental
+    whole = options("--full")
+    assert not whole.incremental and (whole.since, whole.until) == (None, None)
+    for argv, named in (
+        (("--incremental", "--since", "2026-11-01"), "--incremental takes its window"),
+        (("--incremental", "--full"), "--incremental takes its window"),
+        (("--full", "--until", "2026-11-02"), "--full reads the whole store"),
+    ):
+        with pytest.raises(ReportError, match=named):
+            options(*argv)
 
 
 @pytest.mark.integration  # refused before Spark starts

@@ -133,7 +133,7 @@ def test_the_report_runs_on_the_cluster_as_on_local(
         on_local, read_local = compute(local, jdbc, None, None)
     finally:
         local.stop()
-    assert read_local == result.data.rows_read
+    assert read_local.rows == result.data.rows_read
     for mine in on_local:
         theirs = result.data.get(mine.name)
         assert len(mine.rows) == len(theirs.rows), mine.name

@@ -168,7 +168,7 @@ def test_the_report_has_its_span_and_a_refused_one_says_why(
     )
     report = one(receiver.spans(), name="report")
     assert report.service == "orderly-report" and report.parent_id == ""
-    assert report.attributes["orderly.incremental"] is False
+    assert report.attributes["orderly.incremental"] is True  # the default
 
 
 def test_tracing_is_off_unless_the_standard_variables_ask_for_it() -> None:

@@ -13,7 +13,14 @@ def report(
     since: Annotated[str | None, typer.Option(help="Window start (ISO; UTC if no offset).")] = None,
     until: Annotated[str | None, typer.Option(help="Window end, exclusive.")] = None,
     incremental: Annotated[
-        bool, typer.Option(help="Read only rows after the stored watermark, then move it.")
+        bool,
+        typer.Option(
+            help="Read only rows after the stored watermark, then move it (the default without "
+            "--since, --until or --full)."
+        ),
+    ] = False,
+    full: Annotated[
+        bool, typer.Option(help="Read the whole store; the watermark stays where it is.")
     ] = False,
     watermark: Annotated[str, typer.Option(help="The watermark's name.")] = "default",
     lag_minutes: Annotated[
@@ -46,6 +53,8 @@ def report(
             argv += [flag, value]
     if incremental:
         argv.append("--incremental")
+    if full:
+        argv.append("--full")
     if to_postgres:
         argv.append("--to-postgres")
     raise typer.Exit(report_main(argv))
