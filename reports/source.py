@@ -190,8 +190,12 @@ class Table:
     key: str
     window: str | None = None  # column compared with [since, until)
     partitioned: bool = True
-    # The window's condition placed in this template's {cond} (e.g. through another table).
-    window_via: str = "{cond}"
+    # What the read selects from, when not the table alone (e.g. a join for a column of another)
+    source: str = ""
+
+    @property
+    def from_(self) -> str:
+        return self.source or self.name
 
 
 Span = tuple[int | None, int | None]
@@ -208,12 +212,12 @@ def read(
     """Read ``table`` with its columns and window pushed down to PostgreSQL; large reads in
     ranges of ``key`` between ``span`` (its smallest and largest value in the window; looked
     up when not given), one JDBC connection per range, each read by a task of its own."""
-    where = _window(table.window, since, until, table.window_via)
-    query = f"(SELECT {', '.join(table.columns)} FROM {table.name}{where}) AS t"
+    where = _window(table.window, since, until)
+    query = f"(SELECT {', '.join(table.columns)} FROM {table.from_}{where}) AS t"
     opts = jdbc.options()
     reader = spark.read.format("jdbc").options(**opts).option("dbtable", query)
     if table.partitioned and jdbc.partitions > 1:
-        lo, hi = span if span is not None else bounds(spark, jdbc, table.name, table.key, where)
+        lo, hi = span if span is not None else bounds(spark, jdbc, table.from_, table.key, where)
         if lo is not None and hi is not None and hi > lo:
             reader = (
                 reader.option("partitionColumn", table.key)
@@ -252,7 +256,7 @@ def read_grouped(
             .options(**jdbc.options())
             .option(
                 "dbtable",
-                f"(SELECT {select} FROM {table.name} WHERE {' AND '.join([*conds, where])}"
+                f"(SELECT {select} FROM {table.from_} WHERE {' AND '.join([*conds, where])}"
                 f" GROUP BY {group_by}) AS g",
             )
             .load
@@ -283,9 +287,9 @@ def spans(
         return {}
     parts = []
     for n, t in enumerate(tables):
-        where = _window(t.window, since, until, t.window_via)
+        where = _window(t.window, since, until)
         parts.append(
-            f"(SELECT min({t.key}) AS lo{n}, max({t.key}) AS hi{n} FROM {t.name}{where}) s{n}"
+            f"(SELECT min({t.key}) AS lo{n}, max({t.key}) AS hi{n} FROM {t.from_}{where}) s{n}"
         )
     query = f"(SELECT * FROM {' CROSS JOIN '.join(parts)}) AS b"
     frame = guarded(
@@ -298,9 +302,9 @@ def spans(
 _TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?\Z")
 
 
-def _window(column: str | None, since: str | None, until: str | None, via: str = "{cond}") -> str:
+def _window(column: str | None, since: str | None, until: str | None) -> str:
     cond = _conditions(column, since, until)
-    return f" WHERE {via.format(cond=cond)}" if column is not None and cond != "true" else ""
+    return f" WHERE {cond}" if column is not None and cond != "true" else ""
 
 
 def _conditions(column: str | None, since: str | None, until: str | None) -> str:

@@ -7,17 +7,15 @@ from typing import TYPE_CHECKING
 
 from orderly.reports.tables import (
     CALL_GROUPS,
-    COUNT_SETS,
     DELIVERY_GROUPS,
     FINAL,
     MESSAGE,
-    MESSAGE_COUNTS,
     NODE,
     PCT_ACCURACY,
     PCTS,
     PUBLISHED_GROUPS,
     QUEUE_GROUPS,
-    REQUEST,
+    REQUEST_COUNT,
     RESPONSE,
     ROOM,
     SUBSCRIPTION,
@@ -55,18 +53,28 @@ def _ratio(total: str, count: str) -> Column:
     return F.when(F.sum(count) > 0, F.sum(total) / F.sum(count))
 
 
+# The message table's counts by hour, error code, failed_count and node come from one pass:
+# one aggregation over grouping sets; each aggregate takes its set's rows. (Spark reads the
+# message rows for the percentiles anyway: counting them here costs less than in PostgreSQL.)
+_COUNT_SETS = {
+    "hour": ("h", "service_name", "operation_name", "state"),
+    "failure": ("failed_error_code", "source_system"),
+    "failed_count": ("failed_count",),
+    "node": ("node_id",),
+}
+
+
 def _message_counts(f: Frames) -> DataFrame:
-    """The message table's counts by hour (a number, formatted per group), error code,
-    failed_count and node, in one pass: PostgreSQL's grouping sets, range by range
-    (reports.tables.MESSAGE_COUNTS), added up; each aggregate takes its set's rows."""
     from pyspark.sql import functions as F
 
-    keys = list(dict.fromkeys(c for cols in COUNT_SETS.values() for c in cols))
-    flags = [f"g_{name}" for name in COUNT_SETS]
-    return (
-        f[MESSAGE_COUNTS]
-        .groupBy(*keys, *flags)
-        .agg(*(F.sum(c).alias(c) for c in ("messages", "failed", "final")))
+    # The hour as a number, formatted once per group: not a string per row.
+    m = f[MESSAGE].withColumn("h", F.floor(F.unix_seconds("receive_timestamp") / 3600))
+    keys = list(dict.fromkeys(c for cols in _COUNT_SETS.values() for c in cols))
+    return m.groupingSets([list(cols) for cols in _COUNT_SETS.values()], *keys).agg(
+        F.count("*").alias("messages"),
+        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("failed"),
+        F.sum(F.when(F.col("state").isin(*FINAL), 1).otherwise(0)).alias("final"),
+        *(F.grouping(cols[0]).alias(f"g_{name}") for name, cols in _COUNT_SETS.items()),
     )
 
 
@@ -236,17 +244,14 @@ def consumer_log(f: Frames) -> DataFrame:
 def exchanges(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    r = f[REQUEST].join(f[RESPONSE], "req_id", "left")
-    r = r.withColumn(
-        "ms", F.when(F.col("res_id").isNotNull(), _ms("res_timestamp", "req_timestamp"))
-    )
-    out = r.agg(
-        F.count("res_id").alias("responses"),
+    # Each response read is one of a request in the window, its ms since the request (joined
+    # in PostgreSQL); the requests are counted there.
+    out = f[RESPONSE].agg(
+        F.count("*").alias("responses"),
         F.count(F.when(F.col("failed"), 1)).alias("failed"),
         *_pcts("ms"),
     )
-    # The distinct count apart (see funnels).
-    requests = r.agg(F.countDistinct("req_id").alias("requests"))
+    requests = f[REQUEST_COUNT].agg(F.coalesce(F.sum("n"), F.lit(0)).alias("requests"))
     return _split_pcts(requests.crossJoin(out), ("p50_ms", "p95_ms", "p99_ms"))
 
 

@@ -33,8 +33,10 @@ MESSAGE = Table(
         "state::text AS state",
         "failed_count",
         "failed_error_code",
+        "source_system",
         "funnel_value",
         "guaranteed_order",
+        "node_id",
         "process_id",
     ),
     key="msg_id",
@@ -80,13 +82,21 @@ QUEUE_LOG = Table(
     window="start_time",
 )
 REQUEST = Table("request", ("req_id", "req_timestamp"), key="req_id", window="req_timestamp")
-# Responses of the requests in the window, however late they came (as the SQL twin joins).
+
+
+def sql_ms(later: str, earlier: str) -> str:
+    """Milliseconds between two timestamps, in PostgreSQL."""
+    return f"(EXTRACT(EPOCH FROM ({later} - {earlier})) * 1000)::float8"
+
+
+# Responses of the requests in the window, however late they came (as the SQL twin joins),
+# with their time since the request.
 RESPONSE = Table(
     "response",
-    ("res_id", "req_id", "res_timestamp", "failed"),
+    ("res_id", "failed", f"{sql_ms('res_timestamp', 'req_timestamp')} AS ms"),
     key="res_id",
     window="req_timestamp",
-    window_via="req_id IN (SELECT req_id FROM request WHERE {cond})",
+    source="response JOIN request USING (req_id)",
 )
 
 TABLES = (
@@ -103,11 +113,6 @@ TABLES = (
 )
 
 
-def sql_ms(later: str, earlier: str) -> str:
-    """Milliseconds between two timestamps, in PostgreSQL."""
-    return f"(EXTRACT(EPOCH FROM ({later} - {earlier})) * 1000)::float8"
-
-
 @dataclass(frozen=True)
 class Grouped:
     """Partial aggregates that PostgreSQL computes over a table's window, range by range of
@@ -121,33 +126,6 @@ class Grouped:
     group_by: str
 
 
-_HOUR = "floor(EXTRACT(EPOCH FROM receive_timestamp) / 3600)::bigint"
-_FINAL_SQL = ", ".join(f"'{s}'" for s in FINAL)
-# The message table's counts by hour, error code, failed_count and node: one pass of
-# grouping sets; each aggregate takes its set's rows (the flags say which set a row is of).
-COUNT_SETS = {
-    "hour": ("h", "service_name", "operation_name", "state"),
-    "failure": ("failed_error_code", "source_system"),
-    "failed_count": ("failed_count",),
-    "node": ("node_id",),
-}
-_SET_SQL = {"h": _HOUR, "state": "state::text"}
-MESSAGE_COUNTS = Grouped(
-    "message_counts",
-    MESSAGE,
-    ", ".join(
-        [
-            *(f"{_SET_SQL.get(c, c)} AS {c}" for cols in COUNT_SETS.values() for c in cols),
-            "count(*) AS messages",
-            "count(*) FILTER (WHERE state = 'FAILED') AS failed",
-            f"count(*) FILTER (WHERE state IN ({_FINAL_SQL})) AS final",
-            *(f"GROUPING({_SET_SQL.get(c[0], c[0])}) AS g_{n}" for n, c in COUNT_SETS.items()),
-        ]
-    ),
-    "GROUPING SETS ("
-    + ", ".join(f"({', '.join(_SET_SQL.get(c, c) for c in cols)})" for cols in COUNT_SETS.values())
-    + ")",
-)
 CALL_GROUPS = Grouped(
     "external_call_groups",
     EXTERNAL_CALL,
@@ -176,18 +154,17 @@ QUEUE_GROUPS = Grouped(
     f" count({_QUEUE_MS}) AS ms_n, max({_QUEUE_MS}) AS ms_max",
     "1, 2",
 )
-GROUPED = (MESSAGE_COUNTS, CALL_GROUPS, DELIVERY_GROUPS, PUBLISHED_GROUPS, QUEUE_GROUPS)
+REQUEST_COUNT = Grouped("request_count", REQUEST, "count(*) AS n", "()")  # a row a range
+GROUPED = (
+    CALL_GROUPS,
+    DELIVERY_GROUPS,
+    PUBLISHED_GROUPS,
+    QUEUE_GROUPS,
+    REQUEST_COUNT,
+)
 # What a report reads: the tables whose rows Spark needs (percentiles, a window function, the
 # names joined in), each cached as several aggregates take it, and the partial aggregates.
-READS: tuple[Table | Grouped, ...] = (
-    MESSAGE,
-    NODE,
-    ROOM,
-    SUBSCRIPTION,
-    REQUEST,
-    RESPONSE,
-    *GROUPED,
-)
+READS: tuple[Table | Grouped, ...] = (MESSAGE, NODE, ROOM, SUBSCRIPTION, RESPONSE, *GROUPED)
 
 
 class Frames:
