@@ -119,6 +119,8 @@ def test_on_rabbitmq_the_queues_are_durable_quorum_queues_and_their_depths_are_r
             timeout=60,
             what=f"RabbitMQ to list {want}",
         )
+        # The figures read before any send created nothing: no send went to the agents' queue.
+        assert celery.AGENTS_QUEUE not in vhost.queues()
     finally:
         vhost.remove()
     assert figures == {"before": dict.fromkeys(expected, 0), "queues": expected, "unacked": None}

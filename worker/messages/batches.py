@@ -51,12 +51,11 @@ BATCH_KIND = "batch"
 
 
 def per_funnel(candidates: Sequence[Candidate]) -> tuple[list[int], list[int]]:
-    """Of due candidates: those to claim, every one without a funnel and the oldest of each
-    funnel, in the candidates' order; and those that wait behind a funnel's
-    free slots (POSTPONED: an outcome releases the next). A funnel whose limit allows more than
-    one at a time leaves its next ones (up to its free slots) due, for other workers' claims:
-    one worker runs its batch one message after another, so claiming them here would not run
-    them side by side."""
+    """Of due candidates: those to claim, every one without a funnel and the oldest of each funnel,
+    in the candidates' order; and those that wait behind a funnel's free slots (POSTPONED: an
+    outcome releases the next). A funnel whose limit allows more than one at a time leaves its next
+    ones (up to its free slots) due, for other workers' claims: one worker runs its batch one
+    message after another, so claiming them here would not run them side by side."""
     by_funnel: dict[int, list[Candidate]] = {}
     for c in candidates:
         if c.funnel_key is not None:
@@ -189,7 +188,6 @@ def tracked(processor: Processor, claimed: list[Claimed], budget_s: float) -> It
 class Pace:
     """How a woken worker paces its claims."""
 
-    # No handler of a batch starts after this long.
     budget_s: float = BATCH_BUDGET_S
     # After a claim that found some but was not full: let more come before the next one (a
     # claim that found one message costs as much as one that found fifty).
@@ -393,6 +391,10 @@ class _Woken:
             _move(holder.looking)
         return due
 
+    def hand_over(self) -> None:
+        """A new task for the wake-up, unless a worker looks now (it claims what is due)."""
+        wake_quietly(lambda: self.waker.wake(self.send_owner))
+
     def loop(self, run: WokenRun, holder: Holder | None) -> None:
         pace = self.pace
         started = last_due = self.clock.monotonic()
@@ -409,10 +411,9 @@ class _Woken:
             if now - started >= pace.active_s:
                 if holder is not None:
                     _release(holder)
-                # Hand over to a new task, unless a worker looks now (it claims what is due):
-                # also when the mark was taken over meanwhile, for the holder may have gone
-                # before this worker's last batch released funnel messages (IN_QUEUE, no task).
-                wake_quietly(lambda: self.waker.wake(self.send_owner))
+                # Also when the mark was taken over meanwhile: its holder may have gone before
+                # this worker's last batch released funnel messages (IN_QUEUE, no task).
+                self.hand_over()
                 return
             if due >= self.size:
                 continue
@@ -428,8 +429,7 @@ class _Woken:
             if not self.wait(holder, pace.linger_s - (now - last_due)):
                 break
         if holder is not None and _release(holder) and self.batch(run):
-            # It found some: what their outcomes released past its budget may wait IN_QUEUE.
-            wake_quietly(lambda: self.waker.wake(self.send_owner))
+            self.hand_over()  # what it released past its budget may wait IN_QUEUE
 
 
 def _move(move: Callable[[], bool]) -> None:
