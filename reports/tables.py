@@ -42,19 +42,6 @@ MESSAGE = Table(
     key="msg_id",
     window="receive_timestamp",
 )
-EXTERNAL_CALL = Table(
-    "external_call",
-    (
-        "call_id",
-        "operation_name",
-        "state::text AS state",
-        "failed_count",
-        "creation_timestamp",
-        "last_update_timestamp",
-    ),
-    key="call_id",
-    window="creation_timestamp",
-)
 NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
 ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
 SUBSCRIPTION = Table(
@@ -63,25 +50,12 @@ SUBSCRIPTION = Table(
     key="subscription_id",
     partitioned=False,
 )
-DELIVERY = Table(
-    "delivery",
-    ("delivery_id", "subscription_id", "state::text AS state", "attempt", "scheduled_at"),
-    key="delivery_id",
-    window="scheduled_at",
-)
-PUBLISHED = Table(
-    "published_messages",
-    ("id", "subscription_id", "outcome::text AS outcome", "published_at"),
-    key="id",
-    window="published_at",
-)
-QUEUE_LOG = Table(
-    "queue_message",
-    ("id", "routing_key", "state::text AS state", "start_time", "end_time"),
-    key="id",
-    window="start_time",
-)
-REQUEST = Table("request", ("req_id", "req_timestamp"), key="req_id", window="req_timestamp")
+# Tables whose aggregates PostgreSQL computes (``Grouped`` below): no columns are read out.
+EXTERNAL_CALL = Table("external_call", (), key="call_id", window="creation_timestamp")
+DELIVERY = Table("delivery", (), key="delivery_id", window="scheduled_at")
+PUBLISHED = Table("published_messages", (), key="id", window="published_at")
+QUEUE_LOG = Table("queue_message", (), key="id", window="start_time")
+REQUEST = Table("request", (), key="req_id", window="req_timestamp")
 
 
 def sql_ms(later: str, earlier: str) -> str:
