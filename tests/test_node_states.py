@@ -9,7 +9,9 @@ the broker, where a worker of a running node takes it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -38,6 +40,26 @@ def sink() -> Iterator[Sink]:
 def set_state(db: Engine, code: str, state: NodeState) -> None:
     nodes.register_node(db, code)  # a node a worker has not registered yet
     nodes.set_state(db, code, state)
+
+
+def test_the_processes_of_a_new_node_may_register_it_at_once(db: Engine) -> None:
+    # The API, the workers and beat of a new node start together: each registers it.
+    for n in range(200):
+        code = f"together-{n}"
+        start = threading.Barrier(8)
+
+        def register(code: str = code, start: threading.Barrier = start) -> int:
+            start.wait(10)
+            return nodes.register_node(db, code)
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = set(pool.map(lambda _: register(), range(8)))
+        assert len(ids) == 1
+        with db.connect() as conn:
+            query = text("SELECT node_id, state FROM node WHERE code = :c")
+            rows = conn.execute(query, {"c": code})
+            found = [tuple(r) for r in rows]
+        assert found == [(ids.pop(), "RUN")]
 
 
 def setup_outputs(http: httpx.Client, sink: Sink, recorder: Recorder) -> None:

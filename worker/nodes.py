@@ -37,8 +37,8 @@ def register_node(engine: Engine, code: str, description: str | None = None) -> 
     stopped until ``orderly node run``.
     """
     with engine.begin() as conn:
-        found = conn.execute(sql("node_register"), {"code": code, "description": description})
-        return int(found.scalar_one())
+        conn.execute(sql("node_register"), {"code": code, "description": description})
+        return int(conn.execute(sql("node_registered"), {"code": code}).scalar_one())
 
 
 def heartbeat(engine: Engine, node_id: int) -> NodeState:

@@ -1,11 +1,18 @@
 -- Nodes, the configuration table, delivery channels: the store's own settings.
 
 -- name: node_register
--- The node in RUN if it is new; an existing node keeps the state an operator gave it.
+-- The node in RUN if it is new; an existing node keeps the state an operator gave it. Nothing
+-- on a conflict with any unique index: when the processes of a new node register at once,
+-- the later insert may meet the first's row on uq_node_name (name = code), which an arbiter
+-- of (code) alone would leave to raise. node_registered then reads the id.
 INSERT INTO node (code, name, description, state, last_heartbeat)
 VALUES (:code, :code, :description, 'RUN', now())
-ON CONFLICT (code) DO UPDATE SET last_heartbeat = now()
-RETURNING node_id;
+ON CONFLICT DO NOTHING;
+
+-- name: node_registered
+-- A statement of its own, after node_register: its snapshot holds a row another process
+-- committed meanwhile.
+UPDATE node SET last_heartbeat = now() WHERE code = :code RETURNING node_id;
 
 -- name: node_heartbeat
 UPDATE node SET last_heartbeat = now() WHERE node_id = :id RETURNING state;
