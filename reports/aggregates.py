@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orderly.reports import spark_aggregates as spark
-from orderly.reports.tables import MESSAGE, TABLES, Frames, sql_ms
+from orderly.reports.tables import SQL_HOUR, TABLES, Frames, sql_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = [
     "AGGREGATES",
     "BY_NAME",
-    "MESSAGE",
     "PCT_SQL",
     "TABLES",
     "Aggregate",
@@ -72,10 +71,12 @@ AGGREGATES: tuple[Aggregate, ...] = (
         ("hour", "service_name", "operation_name", "state", "messages"),
         spark.throughput,
         f"""
-        SELECT to_char(receive_timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00') AS hour,
-               service_name, operation_name, state::text AS state, count(*) AS messages
-          FROM ({_M}) m
-         GROUP BY 1, 2, 3, 4
+        SELECT to_char(to_timestamp(h * 3600) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00') AS hour,
+               service_name, operation_name, state, messages
+          FROM (SELECT {SQL_HOUR} AS h, service_name, operation_name, state::text AS state,
+                       count(*) AS messages
+                  FROM ({_M}) m
+                 GROUP BY 1, 2, 3, 4) g
         """,
     ),
     Aggregate(

@@ -116,7 +116,8 @@ def spark_session(
     is one small job: re-planning it stage by stage costs more than it finds), the JDBC jar
     handed to the executors (``spark.jars``: on a cluster they fetch it from the driver).
     With ``quick_jit`` the JVMs compile with the client compiler only (C1): a report of a
-    few million rows ends before the optimising compiler's work would pay off. ``conf``
+    few million rows ends before the optimising compiler's work would pay off; a cluster's
+    driver always does. ``conf``
     adds or overrides settings (e.g. executor memory and cores on a cluster, an event log).
     """
     jdbc.check()
@@ -141,17 +142,22 @@ def spark_session(
     local = master.startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    quiet = f"-Dlog4j2.configurationFile=file:{LOG4J}"
-    if quick_jit:
-        quiet += " -XX:TieredStopAtLevel=1"
+    # A report is a batch job: the throughput collector spends less CPU than G1's concurrent
+    # threads on a few short-lived JVMs.
+    executor = f"-Dlog4j2.configurationFile=file:{LOG4J} -XX:+UseParallelGC"
+    # The optimising compiler pays off only for the rows' loops: not below a few million
+    # rows, nor in a cluster's driver, which plans and schedules but runs no tasks.
+    c1 = " -XX:TieredStopAtLevel=1"
+    driver = executor + (c1 if quick_jit or not local else "")
+    executor += c1 if quick_jit else ""
     builder = (
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.jars", jdbc.jar)
         .config("spark.driver.extraClassPath", jdbc.jar)
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", quiet)
-        .config("spark.executor.extraJavaOptions", quiet)
+        .config("spark.driver.extraJavaOptions", driver)
+        .config("spark.executor.extraJavaOptions", executor)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(max(2, jdbc.partitions)))
         .config("spark.scheduler.mode", "FAIR")
@@ -190,12 +196,19 @@ class Table:
     key: str
     window: str | None = None  # column compared with [since, until)
     partitioned: bool = True
-    # What the read selects from, when not the table alone (e.g. a join for a column of another)
+    # What the read selects from, when not the table alone (e.g. a join for a column of
+    # another, or the same table read another way)
     source: str = ""
+    where: str = ""  # which rows of the window, when not all
 
     @property
     def from_(self) -> str:
         return self.source or self.name
+
+    @property
+    def relation(self) -> tuple[str, str, str | None]:
+        """What its key span depends on: reads of one relation share it, filtered or not."""
+        return (self.from_, self.key, self.window)
 
 
 Span = tuple[int | None, int | None]
@@ -209,24 +222,12 @@ def read(
     until: str | None,
     span: Span | None = None,
 ) -> DataFrame:
-    """Read ``table`` with its columns and window pushed down to PostgreSQL; large reads in
-    ranges of ``key`` between ``span`` (its smallest and largest value in the window; looked
-    up when not given), one JDBC connection per range, each read by a task of its own."""
-    where = _window(table.window, since, until)
-    query = f"(SELECT {', '.join(table.columns)} FROM {table.from_}{where}) AS t"
-    opts = jdbc.options()
-    reader = spark.read.format("jdbc").options(**opts).option("dbtable", query)
-    if table.partitioned and jdbc.partitions > 1:
-        lo, hi = span if span is not None else bounds(spark, jdbc, table.from_, table.key, where)
-        if lo is not None and hi is not None and hi > lo:
-            reader = (
-                reader.option("partitionColumn", table.key)
-                .option("lowerBound", str(lo))
-                .option("upperBound", str(hi + 1))
-                .option("numPartitions", str(jdbc.partitions))
-            )
-    frame: DataFrame = guarded(reader.load)
-    return frame
+    """Read ``table`` with its columns, window and filter pushed down to PostgreSQL; large
+    reads in ranges of ``key`` between ``span`` (its smallest and largest value in the window;
+    looked up when not given), one statement and one Spark task per range."""
+    if span is None and table.partitioned and jdbc.partitions > 1:
+        span = bounds(spark, jdbc, table.from_, table.key, _window(table.window, since, until))
+    return _ranged(spark, jdbc, table, ", ".join(table.columns), "", since, until, span)
 
 
 def read_grouped(
@@ -240,28 +241,46 @@ def read_grouped(
     span: Span,
 ) -> DataFrame:
     """Aggregate ``table`` in PostgreSQL (``SELECT {select} ... GROUP BY {group_by}``) range by
-    range of its key within ``span``, each range a statement and a Spark task of its own: the
-    rows are partial aggregates (counts, sums, maxima) of each range, which the caller adds
-    up. What leaves the database is a few rows a range, not every row of the window."""
-    conds = [_conditions(table.window, since, until)] if table.window else []
-    lo, hi = span
+    range of its key within ``span``: the rows are partial aggregates (counts, sums, maxima)
+    of each range, which the caller adds up. What leaves the database is a few rows a range,
+    not every row of the window."""
+    return _ranged(spark, jdbc, table, select, f" GROUP BY {group_by}", since, until, span)
+
+
+def _ranged(
+    spark: SparkSession,
+    jdbc: Jdbc,
+    table: Table,
+    select: str,
+    tail: str,
+    since: str | None,
+    until: str | None,
+    span: Span | None,
+) -> DataFrame:
+    """``SELECT {select} FROM`` the table's rows in the window (and its filter) ``{tail}``, as
+    the union of one statement per range of its key within ``span`` (each read by a Spark
+    task, in parallel): the range is inside the statement, so a grouped one groups by range
+    and a read need not select its key."""
+    window = _conditions(table.window, since, until) if table.window else "true"
+    conds = [c for c in (window, table.where) if c and c != "true"]
+    lo, hi = span or (None, None)
     edges: list[int] = []
-    if lo is not None and hi is not None:
+    if table.partitioned and lo is not None and hi is not None:
         n = max(1, min(jdbc.partitions, hi - lo + 1))
         edges = [lo + (hi + 1 - lo) * i // n for i in range(n + 1)]
-    ranges = [f"{table.key} >= {a} AND {table.key} < {b}" for a, b in pairwise(edges)] or ["true"]
+    ranges = [f"{table.key} >= {a} AND {table.key} < {b}" for a, b in pairwise(edges)] or [""]
     frames = [
         guarded(
             spark.read.format("jdbc")
             .options(**jdbc.options())
             .option(
                 "dbtable",
-                f"(SELECT {select} FROM {table.from_} WHERE {' AND '.join([*conds, where])}"
-                f" GROUP BY {group_by}) AS g",
+                f"(SELECT {select} FROM {table.from_}"
+                f" WHERE {' AND '.join([*conds, r] if r else conds) or 'true'}{tail}) AS t",
             )
             .load
         )
-        for where in ranges
+        for r in ranges
     ]
     union: DataFrame = reduce(lambda a, b: a.unionByName(b), frames)
     return union
@@ -282,21 +301,22 @@ def bounds(
 def spans(
     spark: SparkSession, jdbc: Jdbc, tables: list[Table], since: str | None, until: str | None
 ) -> dict[str, Span]:
-    """The key spans of several tables' reads in one statement (one Spark job, not one each)."""
-    if not tables:
+    """The key spans of several tables' reads in one statement (one Spark job, not one each);
+    reads of one relation share one span (a filtered read's rows lie within it)."""
+    relations = list(dict.fromkeys(t.relation for t in tables))
+    if not relations:
         return {}
     parts = []
-    for n, t in enumerate(tables):
-        where = _window(t.window, since, until)
-        parts.append(
-            f"(SELECT min({t.key}) AS lo{n}, max({t.key}) AS hi{n} FROM {t.from_}{where}) s{n}"
-        )
+    for n, (from_, key, window) in enumerate(relations):
+        where = _window(window, since, until)
+        parts.append(f"(SELECT min({key}) AS lo{n}, max({key}) AS hi{n} FROM {from_}{where}) s{n}")
     query = f"(SELECT * FROM {' CROSS JOIN '.join(parts)}) AS b"
     frame = guarded(
         spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load
     )
     row = guarded(frame.first)
-    return {t.name: (row[f"lo{n}"], row[f"hi{n}"]) for n, t in enumerate(tables)}
+    n_of = {r: n for n, r in enumerate(relations)}
+    return {t.name: (row[f"lo{n_of[t.relation]}"], row[f"hi{n_of[t.relation]}"]) for t in tables}
 
 
 _TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?\Z")

@@ -7,9 +7,12 @@ from typing import TYPE_CHECKING
 
 from orderly.reports.tables import (
     CALL_GROUPS,
+    CONVERSATION,
     DELIVERY_GROUPS,
     FINAL,
-    MESSAGE,
+    FINISHED,
+    FUNNEL,
+    MESSAGE_GROUPS,
     NODE,
     PCT_ACCURACY,
     PCTS,
@@ -53,9 +56,9 @@ def _ratio(total: str, count: str) -> Column:
     return F.when(F.sum(count) > 0, F.sum(total) / F.sum(count))
 
 
-# The message table's counts by hour, error code, failed_count and node come from one pass:
-# one aggregation over grouping sets; each aggregate takes its set's rows. (Spark reads the
-# message rows for the percentiles anyway: counting them here costs less than in PostgreSQL.)
+# The message table's counts by hour, error code, failed_count and node come from one pass
+# over the counts PostgreSQL grouped by all their keys (MESSAGE_GROUPS): one aggregation over
+# grouping sets; each aggregate takes its set's rows.
 _COUNT_SETS = {
     "hour": ("h", "service_name", "operation_name", "state"),
     "failure": ("failed_error_code", "source_system"),
@@ -67,14 +70,17 @@ _COUNT_SETS = {
 def _message_counts(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    # The hour as a number, formatted once per group: not a string per row.
-    m = f[MESSAGE].withColumn("h", F.floor(F.unix_seconds("receive_timestamp") / 3600))
+    n = F.col("n")
     keys = list(dict.fromkeys(c for cols in _COUNT_SETS.values() for c in cols))
-    return m.groupingSets([list(cols) for cols in _COUNT_SETS.values()], *keys).agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "FAILED", 1).otherwise(0)).alias("failed"),
-        F.sum(F.when(F.col("state").isin(*FINAL), 1).otherwise(0)).alias("final"),
-        *(F.grouping(cols[0]).alias(f"g_{name}") for name, cols in _COUNT_SETS.items()),
+    return (
+        f[MESSAGE_GROUPS]
+        .groupingSets([list(cols) for cols in _COUNT_SETS.values()], *keys)
+        .agg(
+            F.sum(n).alias("messages"),
+            F.sum(F.when(F.col("state") == "FAILED", n).otherwise(0)).alias("failed"),
+            F.sum(F.when(F.col("state").isin(*FINAL), n).otherwise(0)).alias("final"),
+            *(F.grouping(cols[0]).alias(f"g_{name}") for name, cols in _COUNT_SETS.items()),
+        )
     )
 
 
@@ -97,16 +103,15 @@ def throughput(f: Frames) -> DataFrame:
 def latency(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    m = (
-        f[MESSAGE]
-        .where(F.col("state").isin(*FINAL) & F.col("last_process_timestamp").isNotNull())
-        .withColumn("ms", _ms("last_process_timestamp", "receive_timestamp"))
-    )
-    out = m.groupBy("service_name", "operation_name").agg(
-        F.count("*").alias("messages"),
-        F.avg("ms").alias("mean_ms"),
-        *_pcts("ms"),
-        F.max("ms").alias("max_ms"),
+    out = (
+        f[FINISHED]
+        .groupBy("service_name", "operation_name")
+        .agg(
+            F.count("*").alias("messages"),
+            F.avg("ms").alias("mean_ms"),
+            *_pcts("ms"),
+            F.max("ms").alias("max_ms"),
+        )
     )
     return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
 
@@ -130,16 +135,8 @@ def failed_counts(f: Frames) -> DataFrame:
 def funnels(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    m = f[MESSAGE].where(F.col("funnel_value").isNotNull())
-    m = m.withColumn(
-        "kind", F.when(F.col("guaranteed_order"), "guaranteed order").otherwise("funnel")
-    ).withColumn(
-        "ms",
-        F.when(
-            F.col("state").isin(*FINAL) & F.col("last_process_timestamp").isNotNull(),
-            _ms("last_process_timestamp", "receive_timestamp"),
-        ),
-    )
+    kind = F.when(F.col("guaranteed_order"), "guaranteed order").otherwise("funnel")
+    m = f[FUNNEL].withColumn("kind", kind)  # ms: NULL until the message is finished
     # The distinct count apart: beside it, Spark's rewrite of a distinct aggregate would keep
     # a percentile sketch per (kind, funnel) and merge them all.
     distinct = m.groupBy("kind").agg(F.countDistinct("funnel_value").alias("funnels"))
@@ -270,7 +267,7 @@ def conversations(f: Frames) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    m = f[MESSAGE].where(F.col("service_name") == "conversation")
+    m = f[CONVERSATION]
     delivered = m.where(
         (F.col("operation_name") == "response")
         & (F.col("state") == "OK")

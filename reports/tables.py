@@ -1,6 +1,6 @@
-"""What a report reads: each table's columns, key and time window, the partial aggregates
-PostgreSQL computes for it, and the frames of one report (each read once, cached while the
-report runs)."""
+"""What a report reads: each table's columns, key, time window and filter, the partial
+aggregates PostgreSQL computes for it, and the frames of one report (each read once, cached
+while the report runs)."""
 
 from __future__ import annotations
 
@@ -22,25 +22,63 @@ PCTS = (0.5, 0.95, 0.99)
 # group; exact where the group is small enough for the sketch to keep every value.
 PCT_ACCURACY = 10_000
 
-MESSAGE = Table(
-    "message",
+
+def sql_ms(later: str, earlier: str) -> str:
+    """Milliseconds between two timestamps, in PostgreSQL: the whole microseconds between
+    them over 1000, as Spark computes them (``_ms`` in reports.spark_aggregates). In float8
+    throughout (EXTRACT's numeric costs PostgreSQL more than the scan); the rounding takes
+    off the float error of seconds times a million, leaving the exact microseconds."""
+    return f"(round(date_part('epoch', {later} - {earlier}) * 1000000) / 1000)"
+
+
+# The hour of a timestamp as a number (hours since the epoch, UTC): grouped on, then named.
+SQL_HOUR = "floor(date_part('epoch', receive_timestamp) / 3600)::int"
+
+
+# The message table is read three ways, each with only what its aggregates take: its counts
+# grouped in PostgreSQL (MESSAGE_GROUPS below), the latency of every finished message, and
+# the rows of funnels and of conversations (a window function and distinct counts need rows).
+MESSAGE = Table("message", (), key="msg_id", window="receive_timestamp")
+_FINAL_SQL = ", ".join(f"'{s.value}'" for s in FINAL)
+_FINISHED = f"state IN ({_FINAL_SQL}) AND last_process_timestamp IS NOT NULL"
+_LATENCY = sql_ms("last_process_timestamp", "receive_timestamp")
+FINISHED = Table(
+    "finished",
+    ("service_name", "operation_name", f"{_LATENCY} AS ms"),
+    key="msg_id",
+    window="receive_timestamp",
+    source="message",
+    where=_FINISHED,
+)
+FUNNEL = Table(
+    "funnel",
     (
-        "msg_id",
-        "receive_timestamp",
-        "last_process_timestamp",
-        "service_name",
-        "operation_name",
-        "state::text AS state",
-        "failed_count",
-        "failed_error_code",
-        "source_system",
         "funnel_value",
         "guaranteed_order",
-        "node_id",
-        "process_id",
+        "state::text AS state",
+        "failed_error_code",
+        f"CASE WHEN {_FINISHED} THEN {_LATENCY} END AS ms",
     ),
     key="msg_id",
     window="receive_timestamp",
+    source="message",
+    where="funnel_value IS NOT NULL",
+)
+CONVERSATION = Table(
+    "conversation",
+    (
+        "process_id",
+        "msg_id",
+        "receive_timestamp",
+        "last_process_timestamp",
+        "operation_name",
+        "state::text AS state",
+        "failed_count",
+    ),
+    key="msg_id",
+    window="receive_timestamp",
+    source="message",
+    where="service_name = 'conversation'",
 )
 NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
 ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
@@ -58,11 +96,6 @@ QUEUE_LOG = Table("queue_message", (), key="id", window="start_time")
 REQUEST = Table("request", (), key="req_id", window="req_timestamp")
 
 
-def sql_ms(later: str, earlier: str) -> str:
-    """Milliseconds between two timestamps, in PostgreSQL."""
-    return f"(EXTRACT(EPOCH FROM ({later} - {earlier})) * 1000)::float8"
-
-
 # Responses of the requests in the window, however late they came (as the SQL twin joins),
 # with their time since the request.
 RESPONSE = Table(
@@ -75,6 +108,9 @@ RESPONSE = Table(
 
 TABLES = (
     MESSAGE,
+    FINISHED,
+    FUNNEL,
+    CONVERSATION,
     EXTERNAL_CALL,
     NODE,
     ROOM,
@@ -100,6 +136,16 @@ class Grouped:
     group_by: str
 
 
+# The message counts by every key a count aggregate groups by (about a tenth of the rows at
+# scale); Spark adds them up by grouping sets (reports.spark_aggregates).
+MESSAGE_GROUPS = Grouped(
+    "message_groups",
+    MESSAGE,
+    f"{SQL_HOUR} AS h, service_name, operation_name,"
+    " state::text AS state, failed_error_code, source_system, failed_count, node_id,"
+    " count(*) AS n",
+    "1, 2, 3, 4, 5, 6, 7, 8",
+)
 CALL_GROUPS = Grouped(
     "external_call_groups",
     EXTERNAL_CALL,
@@ -130,6 +176,7 @@ QUEUE_GROUPS = Grouped(
 )
 REQUEST_COUNT = Grouped("request_count", REQUEST, "count(*) AS n", "()")  # a row a range
 GROUPED = (
+    MESSAGE_GROUPS,
     CALL_GROUPS,
     DELIVERY_GROUPS,
     PUBLISHED_GROUPS,
@@ -137,13 +184,26 @@ GROUPED = (
     REQUEST_COUNT,
 )
 # What a report reads: the tables whose rows Spark needs (percentiles, a window function, the
-# names joined in), each cached as several aggregates take it, and the partial aggregates.
-READS: tuple[Table | Grouped, ...] = (MESSAGE, NODE, ROOM, SUBSCRIPTION, RESPONSE, *GROUPED)
+# names joined in) and the partial aggregates.
+READS: tuple[Table | Grouped, ...] = (
+    FINISHED,
+    FUNNEL,
+    CONVERSATION,
+    NODE,
+    ROOM,
+    SUBSCRIPTION,
+    RESPONSE,
+    *GROUPED,
+)
+# Reads one aggregate takes in one pass: read by that aggregate's own job (beside the others),
+# not held in memory. The rest are read together first and cached, as several passes take them.
+SINGLE_USE: tuple[Table | Grouped, ...] = (FINISHED, RESPONSE, MESSAGE_GROUPS)
+CACHED = tuple(r for r in READS if r not in SINGLE_USE)
 
 
 class Frames:
-    """The reads of one report (``READS``), each read once and kept in memory while the
-    report runs.
+    """The reads of one report (``READS``): those taken more than once are read once and
+    kept in memory while the report runs (``CACHED``); a single-use one is read where used.
 
     Safe to share between the threads that submit jobs: a read is loaded once.
     """
@@ -151,11 +211,13 @@ class Frames:
     def __init__(self, load: Callable[[Table | Grouped], DataFrame]) -> None:
         self._load = load
         self._frames: dict[str, DataFrame] = {}
-        self._locks = {r.name: threading.Lock() for r in READS}
+        self._locks = {r.name: threading.Lock() for r in CACHED}
         self._derived: dict[str, DataFrame] = {}
         self._derived_lock = threading.Lock()
 
     def __getitem__(self, read: Table | Grouped) -> DataFrame:
+        if read in SINGLE_USE:
+            return self._load(read)
         # One lock per read: reads load side by side, each only once.
         with self._locks[read.name]:
             if read.name not in self._frames:
@@ -171,15 +233,20 @@ class Frames:
             return self._derived[name]
 
     def materialize(self) -> dict[str, int]:
-        """Read everything into memory in one Spark job (its reads run as parallel tasks);
-        the rows read per read (a grouped one's: its partial rows)."""
+        """Read the cached reads into memory in one Spark job (its reads run as parallel
+        tasks); the rows read per read (a grouped one's: its partial rows)."""
+        from concurrent.futures import ThreadPoolExecutor
         from functools import reduce
 
         from pyspark.sql import functions as F
 
+        # Each JDBC read's schema is looked up by the driver, a statement per range: side by
+        # side, those round trips overlap.
+        with ThreadPoolExecutor(max_workers=len(CACHED)) as pool:
+            list(pool.map(self.__getitem__, CACHED))
         counts = [
             self[t].agg(F.count(F.lit(1)).alias("n")).select(F.lit(t.name).alias("t"), "n")
-            for t in READS
+            for t in CACHED
         ]
         union = reduce(lambda a, b: a.unionByName(b), counts)
         return {str(r["t"]): int(r["n"]) for r in guarded(union.collect)}

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from orderly.reports.aggregates import AGGREGATES, MESSAGE, PCT_SQL, Aggregate
+from orderly.reports.aggregates import AGGREGATES, PCT_SQL, Aggregate
 from orderly.reports.data import AggregateRows, ReportData
 from orderly.reports.job import (
     ReportOptions,
+    ReportResult,
     compute,
     move_watermark,
     options_from,
@@ -29,7 +30,7 @@ from orderly.reports.job import (
     write_to_postgres,
 )
 from orderly.reports.source import Jdbc, ReportError, read, spark_session
-from orderly.reports.tables import PCT_ACCURACY, PCTS
+from orderly.reports.tables import CONVERSATION, PCT_ACCURACY, PCTS
 from orderly.worker.db import schema
 from orderly.worker.settings import Settings
 from tests.conftest import PG_ADMIN_URL, _unavailable
@@ -196,21 +197,23 @@ def test_a_read_is_partitioned_and_filtered_in_postgres(
 ) -> None:
     jdbc = Jdbc.from_settings(settings_for(store[0]))
     since, until = (w.isoformat() for w in WINDOW)
-    frame = read(spark, jdbc, MESSAGE, since, until)
+    frame = read(spark, jdbc, CONVERSATION, since, until)
     assert frame.rdd.getNumPartitions() == 3
-    assert frame.columns == [c.split(" AS ")[-1] for c in MESSAGE.columns]
+    assert frame.columns == [c.split(" AS ")[-1] for c in CONVERSATION.columns]
     with store[1].connect() as conn:
         expected = conn.execute(
             text(
-                "SELECT count(*) FROM message"
-                " WHERE receive_timestamp >= :s AND receive_timestamp < :u"
+                "SELECT count(*) FROM message WHERE service_name = 'conversation'"
+                " AND receive_timestamp >= :s AND receive_timestamp < :u"
             ),
             {"s": WINDOW[0], "u": WINDOW[1]},
         ).scalar()
-    assert frame.count() == expected
-    # The window is in the statement PostgreSQL runs, not a filter applied after reading.
+    assert 0 < frame.count() == expected
+    # The window and the filter are in the statement PostgreSQL runs, not applied after
+    # reading; so is each range of the key.
     plan = frame._jdf.queryExecution().executedPlan().toString()
-    assert "receive_timestamp >=" in plan
+    assert "receive_timestamp >=" in plan and "service_name = 'conversation'" in plan
+    assert "msg_id >=" in plan
 
 
 def test_an_empty_store_gives_an_empty_but_valid_report(
@@ -235,6 +238,11 @@ def test_an_empty_store_gives_an_empty_but_valid_report(
         assert_same_rows(result.data.get(twin.name), empty_store[1], twin, (None, None))
 
 
+def counted(result: ReportResult) -> int:
+    """The messages a report counted (each once, by failed_count)."""
+    return sum(int(r["messages"]) for r in result.data.get("failed_counts").rows)
+
+
 @pytest.fixture
 def fresh_store() -> Iterator[tuple[str, Engine]]:
     yield from _database()
@@ -253,11 +261,11 @@ def test_incremental_runs_read_only_new_rows_and_write_back(
         replace(options, lag=timedelta(hours=2)), settings, engine=engine, spark=spark
     )
     assert first.data.since is None and first.data.until is not None
-    assert first.data.rows_read["message"] == first_batch.rows["message"]
+    assert counted(first) == first_batch.rows["message"]
     second_batch = generate(engine, 120, seed=4, start=first.data.until, days=1 / 24)
     second = run_report(options, settings, engine=engine, spark=spark)
     assert second.data.since == first.data.until
-    assert second.data.rows_read["message"] == second_batch.rows["message"]
+    assert counted(second) == second_batch.rows["message"]
     with engine.connect() as conn:
         mark = conn.execute(text("SELECT read_until, run_id FROM report_watermark")).one()
         assert (mark.read_until, mark.run_id) == (second.data.until, second.data.run_id)
@@ -366,7 +374,7 @@ def test_an_unreachable_server_is_named(spark: Any, store: tuple[str, Engine]) -
     url = f"jdbc:postgresql://127.0.0.1:{free_port()}/orderly"
     jdbc = Jdbc.from_settings(settings_for(store[0], report_jdbc_url=url))
     with pytest.raises(ReportError) as caught:
-        read(spark, jdbc, MESSAGE, None, None)
+        read(spark, jdbc, CONVERSATION, None, None)
     message = str(caught.value)
     assert message.startswith("PostgreSQL cannot be reached"), message
     assert "\n" not in message and "at org." not in message
@@ -402,7 +410,7 @@ def test_a_wrong_password_is_named(
         settings_for(store[0], report_jdbc_url=url, report_jdbc_password="wrong")
     )
     with pytest.raises(ReportError) as caught:
-        read(spark, wrong, MESSAGE, None, None)
+        read(spark, wrong, CONVERSATION, None, None)
     message = str(caught.value)
     assert message.startswith("PostgreSQL refused the password"), message
     assert "ORDERLY_REPORT_JDBC_PASSWORD" in message and "at org." not in message
