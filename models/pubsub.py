@@ -289,6 +289,13 @@ class Delivery(Base):
     claim_pid: Mapped[int | None] = mapped_column(Integer)
     # claims that died with their worker (DEAD with E_WORKER_LOST at the limit)
     lost_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the claim that holds (or last held) it took it alone: only then does its worker's death
+    # count in lost_count; a worker that dies holding a batch of several cannot say which one
+    # it was sending (deliveries_release_stuck)
+    lone_claim: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    # its worker died holding it in a batch of several: claimed alone from then on
+    # (deliveries_claim), where a death counts
+    isolate: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
 

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, text
 from orderly.models import DeliveryState
 from orderly.worker import pubsub, tokens
 from orderly.worker.core.errors import InvalidMessage, NotFound, Unauthorized
+from orderly.worker.db.queries import sql
 from orderly.worker.pubsub import Attempt, Claimed
 from tests.helpers import ManualClock, wait_until
 
@@ -363,14 +364,19 @@ def _lost(engine: Engine, delivery_id: int) -> tuple[str, int, int, str | None]:
     return str(row.state), int(row.attempt), int(row.lost_count), row.last_error
 
 
-def test_a_delivery_whose_worker_died_is_released_at_once_and_quarantined_at_the_limit(
-    room: Engine,
-) -> None:
+def _unreachable_push(room: Engine) -> None:
+    """A push subscription of room r allowing 9 attempts, to an address nothing serves."""
     pubsub.create_subscription(
         room,
         "r",
         {"name": "p", "kind": "PUSH", "push_url": "http://127.0.0.1:9/in", "delivery_attempts": 9},
     )
+
+
+def test_a_delivery_whose_worker_died_is_released_at_once_and_quarantined_at_the_limit(
+    room: Engine,
+) -> None:
+    _unreachable_push(room)
     (delivery_id,) = publish(room, {})
 
     def released() -> bool:
@@ -388,6 +394,66 @@ def test_a_delivery_whose_worker_died_is_released_at_once_and_quarantined_at_the
     state_, attempt, lost, error = _lost(room, delivery_id)
     assert (state_, attempt, lost) == ("DEAD", LOST_LIMIT, LOST_LIMIT)
     assert error is not None and error.startswith("E_WORKER_LOST: quarantined")
+
+
+def _claim_batch(conn: Connection, delivery_ids: list[int]) -> list[int]:
+    """Claim deliveries for one batch as a worker does (deliveries_claim, in the caller's
+    transaction); the ids claimed."""
+    rows = conn.execute(sql("deliveries_claim"), {"ids": delivery_ids, "claim": "batch"})
+    return sorted(int(r.delivery_id) for r in rows)
+
+
+def _died_in_batch(engine: Engine, delivery_ids: list[int]) -> list[int]:
+    """A worker claims a batch and dies holding it; what its batch had claimed."""
+    conn = engine.connect()
+    claimed = _claim_batch(conn, delivery_ids)
+    conn.commit()
+    conn.execute(
+        text("UPDATE delivery SET claimed_at = now() - interval '2 s' WHERE claim = 'batch'")
+    )
+    conn.commit()
+    conn.invalidate()  # the socket closes, as when the process is killed
+    conn.close()
+    return claimed
+
+
+def test_a_death_in_a_batch_of_several_counts_against_none_and_isolates_them(
+    room: Engine,
+) -> None:
+    _unreachable_push(room)
+    ids = [publish(room, {"n": n})[0] for n in range(3)]
+
+    def released(delivery_ids: list[int]) -> bool:
+        pubsub.upkeep(room, LOST_LIMIT)
+        return all(_lost(room, d)[0] != "IN_PROCESS" for d in delivery_ids)
+
+    # Deaths in batches of several, more than the limit: none of them is quarantined.
+    for death in range(1, LOST_LIMIT + 2):
+        if death > 1:  # isolated since the first death: back into one batch for the test
+            with room.begin() as conn:
+                conn.execute(text("UPDATE delivery SET isolate = false"))
+        assert _died_in_batch(room, ids) == ids
+        wait_until(lambda: released(ids), timeout=10, what="the dead batch released")
+        for delivery_id in ids:
+            got = _lost(room, delivery_id)
+            assert got[:3] == ("PENDING", death, 0), got
+            assert got[3] is not None and "batch of several" in got[3]
+    # Each is claimed alone from then on: a batch takes the first, the rest stay due at once.
+    with room.connect() as conn:
+        assert _claim_batch(conn, ids) == ids[:1]
+        left = conn.execute(
+            text(
+                "SELECT count(*) FROM delivery WHERE delivery_id = ANY(:ids)"
+                " AND state = 'PENDING' AND isolate AND scheduled_at <= now()"
+            ),
+            {"ids": ids[1:]},
+        ).scalar_one()
+        assert left == 2
+        conn.rollback()  # nothing claimed after all
+    # Alone, a death counts.
+    assert _died_in_batch(room, ids) == ids[:1]
+    wait_until(lambda: released(ids[:1]), timeout=10, what="the lone claim released")
+    assert _lost(room, ids[0])[:3] == ("PENDING", LOST_LIMIT + 2, 1)
 
 
 def test_a_live_workers_claim_stays_and_a_stale_one_goes(room: Engine) -> None:

@@ -211,10 +211,11 @@ class ServiceSettings(Section):
         ge=1,
         le=100,
         validation_alias="ORDERLY_WORKER_LOST_LIMIT",
-        description="Deaths of its worker (SIGKILL, OOM, a crash) a message may cause before it "
-        "is quarantined: FAILED with E_WORKER_LOST instead of claimed again. A death counts "
-        "when the message's claim held it alone; one in a claim of several counts against none "
-        "and isolates them (each is claimed alone from then on, where its deaths count).",
+        description="Deaths of its worker (SIGKILL, OOM, a crash) a message or a pub/sub delivery "
+        "may cause before it is quarantined: FAILED (a delivery: DEAD) with E_WORKER_LOST "
+        "instead of claimed again. A death counts when the claim (a delivery's: its batch) "
+        "held it alone; one in a claim of several counts against none and isolates them (each "
+        "is claimed alone from then on, where its deaths count).",
     )
 
     handler_time_limit_ms: int = Field(

@@ -259,9 +259,12 @@ UPDATE delivery SET scheduled_at = now()
 -- A claim whose worker died (the connection it holds is gone, for :grace_s; or, whatever its
 -- worker, a claim older than its subscription's timeout per delivery of a batch plus
 -- :stale_s): back to PENDING, due at once (delivered at least once). The lost try counts as
--- an attempt, and its death in lost_count: a delivery that keeps killing its worker ends DEAD
--- with E_WORKER_LOST at :limit deaths or when its attempts are spent. A claim older than the
--- server's start lost its connection to a PostgreSQL restart, not to its worker: not counted.
+-- an attempt, and its death in lost_count when its batch took it alone (lone_claim): a
+-- delivery that keeps killing its worker ends DEAD with E_WORKER_LOST at :limit deaths or
+-- when its attempts are spent. The deliveries of a batch of several are not counted (which
+-- one its worker was sending is not known): they are isolated instead, claimed alone from
+-- then on, where a death counts. A claim older than the server's start lost its connection
+-- to a PostgreSQL restart, not to its worker: not counted.
 -- The lost attempt is logged FAILED (or DEAD) with a WorkerLost exception.
 WITH back AS (
     UPDATE delivery d
@@ -269,13 +272,19 @@ WITH back AS (
                         THEN 'DEAD' ELSE 'PENDING' END,
            attempt = d.attempt + 1, lost_count = d.lost_count + x.died,
            scheduled_at = now(), next_attempt_at = now(),
-           claimed_at = NULL, claim = NULL, claim_pid = NULL,
+           claimed_at = NULL, claim = NULL, claim_pid = NULL, isolate = d.isolate OR x.batched,
            last_error = CASE WHEN d.lost_count + x.died >= :limit
                              THEN format('E_WORKER_LOST: quarantined: its worker died %s times '
                                          'while delivering it', d.lost_count + x.died)
+                             WHEN x.batched
+                             THEN 'E_WORKER_LOST: the worker holding this delivery in a batch '
+                                  'of several died (not counted; it is sent alone from now on)'
                              ELSE 'E_WORKER_LOST: the worker holding this delivery died' END
       FROM (SELECT o.delivery_id, COALESCE(s.delivery_attempts, r.delivery_attempts) AS attempts,
-                   CASE WHEN o.claimed_at < pg_postmaster_start_time() THEN 0 ELSE 1 END AS died,
+                   CASE WHEN o.claimed_at < pg_postmaster_start_time() THEN 0
+                        WHEN NOT o.lone_claim THEN 0
+                        ELSE 1 END AS died,
+                   o.claimed_at >= pg_postmaster_start_time() AND NOT o.lone_claim AS batched,
                    o.claimed_at AS started
               FROM delivery o
               JOIN subscription s ON s.subscription_id = o.subscription_id
@@ -420,11 +429,15 @@ SELECT s.subscription_id
 -- a disabled endpoint's for a day, or until it is enabled (endpoint_enable). A claimed one
 -- refused a rate token is given back in the same transaction (deliveries_hold_back). The
 -- claim records the backend pid of the connection the worker holds until the batch is
--- settled (its liveness), and each claimed delivery's In process row in the queue log. It commits without waiting for the disk: a crash can only make a delivery come again.
+-- settled (its liveness), whether it took the delivery alone (lone_claim: only then does its
+-- worker's death count against it), and each claimed delivery's In process row in the queue
+-- log. A delivery whose worker died in a batch of several (isolate) is claimed alone: the
+-- first one of them is, and the rest of the batch stays due at once for other batches. It
+-- commits without waiting for the disk: a crash can only make a delivery come again.
 SET LOCAL synchronous_commit TO OFF;
 WITH cand AS (
     SELECT d.delivery_id, d.subscription_id, s.max_in_flight, s.probe_at, s.timeout_ms,
-           s.failures,
+           s.failures, d.isolate,
            row_number() OVER (PARTITION BY d.subscription_id ORDER BY d.delivery_id) AS rn,
            CASE WHEN s.max_in_flight IS NOT NULL OR s.failures > 0 OR s.probe_at IS NOT NULL
                 THEN (SELECT count(*) FROM delivery o
@@ -438,14 +451,24 @@ WITH cand AS (
              SELECT 1 FROM delivery o
               WHERE o.subscription_id = d.subscription_id AND o.order_value = d.order_value
                 AND o.event_id < d.event_id AND o.state IN ('PENDING', 'IN_PROCESS')))),
-chosen AS (
-    SELECT c.delivery_id, c.subscription_id, c.probe_at IS NOT NULL AS probe
+ready AS (
+    SELECT c.delivery_id, c.subscription_id, c.probe_at IS NOT NULL AS probe, c.isolate
       FROM cand c
      WHERE CASE WHEN c.probe_at IS NOT NULL
                 THEN c.probe_at <= now() AND c.rn = 1 AND c.in_flight = 0
                 WHEN c.failures > 0 THEN c.rn = 1 AND c.in_flight = 0
                 ELSE TRUE END
        AND (c.max_in_flight IS NULL OR c.rn <= c.max_in_flight - c.in_flight)),
+chosen AS (
+    SELECT r.delivery_id, r.subscription_id, r.probe
+      FROM ready r
+     WHERE NOT EXISTS (SELECT 1 FROM ready i WHERE i.isolate)
+        OR r.delivery_id = (SELECT min(i.delivery_id) FROM ready i WHERE i.isolate)),
+deferred AS (
+    UPDATE delivery d SET scheduled_at = now()
+      FROM ready r
+     WHERE d.delivery_id = r.delivery_id AND d.state = 'PENDING'
+       AND r.delivery_id NOT IN (SELECT delivery_id FROM chosen)),
 probing AS (
     UPDATE subscription s
        SET probe_at = now() + make_interval(secs => 2 * s.timeout_ms / 1000.0 + 60)
@@ -459,7 +482,7 @@ waiting AS (
                                ELSE now() + make_interval(secs => c.timeout_ms / 1000.0) END
       FROM cand c
      WHERE d.delivery_id = c.delivery_id AND d.state = 'PENDING'
-       AND c.delivery_id NOT IN (SELECT delivery_id FROM chosen)),
+       AND c.delivery_id NOT IN (SELECT delivery_id FROM ready)),
 disabled AS (
     UPDATE delivery d SET scheduled_at = now() + interval '1 day'
       FROM subscription s
@@ -467,7 +490,8 @@ disabled AS (
        AND s.subscription_id = d.subscription_id AND s.disabled_at IS NOT NULL),
 claimed AS (
     UPDATE delivery d SET state = 'IN_PROCESS', claimed_at = now(), claim = :claim,
-                          claim_pid = pg_backend_pid()
+                          claim_pid = pg_backend_pid(),
+                          lone_claim = (SELECT count(*) FROM chosen) = 1
       FROM event e, subscription s, room r
      WHERE d.delivery_id IN (SELECT delivery_id FROM chosen)
        AND d.state = 'PENDING' AND NOT d.pull
