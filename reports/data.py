@@ -36,10 +36,11 @@ class ReportData:
     since: datetime | None  # the window [since, until) on each table's time column
     until: datetime | None
     aggregates: list[AggregateRows]
-    # read (a table, or PostgreSQL's partial aggregates of one) -> rows that came over JDBC
+    # a read held in memory (reports.tables.CACHED: a table, or PostgreSQL's partial aggregates
+    # of one) -> rows that came over JDBC; single-use reads are read by their aggregate's job
     rows_read: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the Spark part
-    read_s: float = 0.0  # of which reading everything into memory
+    read_s: float = 0.0  # of which reading those into memory
     master: str = "local[*]"
 
     def get(self, name: str) -> AggregateRows:

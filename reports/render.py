@@ -451,7 +451,7 @@ def render_html(report: ReportData, charts: Mapping[str, str] | None = None) -> 
             f"<title>{title}</title><style>{CSS}</style></head><body><main>",
             f'<header><h1>{title}</h1><ul class="meta">',
             "".join(f"<li>{escape(k)} <b>{escape(v)}</b></li>" for k, v in meta.items()),
-            f'</ul><div class="chips">rows read: {read or "none"}</div></header>',
+            f'</ul><div class="chips">rows held in memory: {read or "none"}</div></header>',
             _cards(headline(report)),
             f"<nav>{nav}</nav>",
             *(_section(a, drawn.get(a.name)) for a in report.aggregates),

@@ -219,7 +219,10 @@ def _report(since: datetime, console: Console) -> bool:
         table.add_row(aggregate.title, str(len(aggregate.rows)))
     console.print(table)
     read = ", ".join(f"{t} {n:,}" for t, n in result.data.rows_read.items() if n)
-    console.print(f"rows read over JDBC: {read}; {result.total_s:.1f}s with Spark's start")
+    console.print(
+        f"rows read into memory (reads taken more than once): {read}; "
+        f"{result.total_s:.1f}s with Spark's start"
+    )
     console.print(f"Parquet and CSV: {result.folder}")
     console.print(f"[bold]HTML report: {result.html.resolve()}[/]")
     return True
