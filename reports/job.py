@@ -93,10 +93,11 @@ def compute(
 ) -> tuple[list[AggregateRows], Reads]:
     """Every aggregate's rows (sorted), and what was read.
 
-    The jobs: one for the key spans of every partitioned read, one that reads everything
-    into memory (the tables Spark needs rows of, and the partial aggregates PostgreSQL
-    computes, range by range as parallel tasks), then the aggregates over the cached reads,
-    ``PARALLEL_JOBS`` at a time (a small job is mostly scheduling latency, which overlaps).
+    The jobs: one for the key spans of every partitioned read, one that reads into memory
+    what several passes take (reports.tables.CACHED: rows Spark needs, partial aggregates
+    PostgreSQL computes, range by range as parallel tasks), then the aggregates,
+    ``PARALLEL_JOBS`` at a time (a small job is mostly scheduling latency, which overlaps),
+    each reading its single-use reads itself.
     With ``parquet``, each aggregate is written there from its computed (cached) frame; each
     aggregate's rows go to ``done`` as soon as they are there (the charts start early).
     """

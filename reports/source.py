@@ -262,7 +262,7 @@ def _ranged(
     task, in parallel): the range is inside the statement, so a grouped one groups by range
     and a read need not select its key."""
     window = _conditions(table.window, since, until) if table.window else "true"
-    conds = [c for c in (window, table.where) if c and c != "true"]
+    conds = [c for c in (window, f"({table.where})" if table.where else "") if c and c != "true"]
     lo, hi = span or (None, None)
     edges: list[int] = []
     if table.partitioned and lo is not None and hi is not None:

@@ -1,6 +1,6 @@
 """What a report reads: each table's columns, key, time window and filter, the partial
-aggregates PostgreSQL computes for it, and the frames of one report (each read once, cached
-while the report runs)."""
+aggregates PostgreSQL computes for it, and the frames of one report (those taken more than
+once read once and cached while the report runs; single-use ones read where used)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def sql_ms(later: str, earlier: str) -> str:
 
 
 # The hour of a timestamp as a number (hours since the epoch, UTC): grouped on, then named.
-SQL_HOUR = "floor(date_part('epoch', receive_timestamp) / 3600)::int"
+SQL_HOUR = "floor(date_part('epoch', receive_timestamp) / 3600)::bigint"
 
 
 # The message table is read three ways, each with only what its aggregates take: its counts
@@ -226,10 +226,13 @@ class Frames:
 
     def derived(self, name: str, build: Callable[[Frames], DataFrame]) -> DataFrame:
         """A frame several aggregates take their rows from (one pass computing them all),
-        built once and kept with the tables."""
+        built and cached by the first to ask (a job of its own) while the others wait: jobs
+        side by side would each compute it from its reads."""
         with self._derived_lock:
             if name not in self._derived:
-                self._derived[name] = build(self).cache()
+                frame = build(self).cache()
+                guarded(frame.count)
+                self._derived[name] = frame
             return self._derived[name]
 
     def materialize(self) -> dict[str, int]:

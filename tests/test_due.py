@@ -108,6 +108,16 @@ def test_a_delivery_whose_worker_died_is_handed_off_alone(db: Engine) -> None:
     handed: list[list[int]] = []
     assert drain(pubsub.due_deliveries(db, handed.append), 10) == 3
     assert handed == [[ids[0], ids[2]], [ids[1]]]
+    # Isolated by a death in a batch of several (nothing counted): alone too, each in a task.
+    with db.begin() as conn:
+        conn.execute(text("UPDATE delivery SET scheduled_at = now() - interval '1 second'"))
+        conn.execute(
+            text("UPDATE delivery SET isolate = true WHERE delivery_id = ANY(:d)"),
+            {"d": ids[:2]},
+        )
+    handed.clear()
+    assert drain(pubsub.due_deliveries(db, handed.append), 10) == 3
+    assert handed == [[ids[2]], [ids[0]], [ids[1]]]
 
 
 def test_the_ticker_runs_every_source_and_each_job_at_its_period() -> None:

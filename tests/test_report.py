@@ -192,6 +192,54 @@ def test_the_dataset_exercises_every_aggregate(
     assert computed["window"]["throughput_hourly"].rows != computed["all"]["throughput_hourly"].rows
 
 
+# (later, earlier): sub-millisecond, zero, negative and over a day, before 1970, after 2038,
+# and a gap of over a century.
+_INSTANTS = (
+    ("2026-11-23T10:00:00.000001", "2026-11-23T09:59:59.999999"),
+    ("2026-11-23T10:00:00", "2026-11-23T10:00:00"),
+    ("2026-11-23T10:00:00", "2026-11-24T11:00:00.123457"),
+    ("1969-12-31T23:59:59.999999", "1969-12-31T22:00:00.000003"),
+    ("2041-06-30T23:59:59.999999", "2041-06-30T23:00:00.000001"),
+    ("2126-01-01T00:00:00.000001", "1970-01-01T00:00:00"),
+)
+
+
+def test_milliseconds_and_hours_are_the_same_in_postgresql_and_spark(
+    spark: Any, store: tuple[str, Engine]
+) -> None:
+    from pyspark.sql import functions as F
+
+    from orderly.reports.spark_aggregates import _ms
+    from orderly.reports.tables import SQL_HOUR, sql_ms
+
+    values = ", ".join(
+        f"(TIMESTAMPTZ '{a}Z', TIMESTAMPTZ '{b}Z', {n})" for n, (a, b) in enumerate(_INSTANTS)
+    )
+    rows = f"(VALUES {values}) v(receive_timestamp, earlier, n)"
+    twin_hour = f"to_char(to_timestamp({SQL_HOUR} * 3600) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00')"
+    with store[1].connect() as conn:
+        sql = conn.execute(
+            text(
+                f"SELECT {sql_ms('receive_timestamp', 'earlier')} AS ms, {twin_hour} AS twin,"
+                " to_char(receive_timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:00') AS hour"
+                f" FROM {rows} ORDER BY n"
+            )
+        ).all()
+    # Spark's side as a report reads it: the hour as PostgreSQL numbers it, over JDBC.
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    query = f"(SELECT n, receive_timestamp, earlier, {SQL_HOUR} AS h FROM {rows}) t"
+    frame = spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load()
+    hour = F.date_format(F.timestamp_seconds(F.col("h") * 3600), "yyyy-MM-dd HH:00")
+    got = frame.orderBy("n").select(
+        _ms("receive_timestamp", "earlier").alias("ms"), hour.alias("hour")
+    )
+    # The same float, not merely close: percentiles and maxima are compared as equal.
+    assert [(float(r.ms), r.hour, r.hour) for r in sql] == [
+        (g["ms"], g["hour"], r.twin) for g, r in zip(got.collect(), sql, strict=True)
+    ]
+    assert [r.ms for r in sql][:3] == [0.002, 0.0, -90_000_123.457]
+
+
 def test_a_read_is_partitioned_and_filtered_in_postgres(
     spark: Any, store: tuple[str, Engine]
 ) -> None:

@@ -18,15 +18,16 @@ from orderly.worker.pubsub.publish import BATCH
 def due_deliveries(engine: Engine, hand_off: Callable[[list[int]], None]) -> PgDueIndex:
     """Due push deliveries (delays, retry waits, lost hand-offs) as due work: batches of
     ``BATCH`` go to ``hand_off`` (one task each). A delivery whose worker died while holding
-    it goes alone: if it is the one that kills its worker, the deliveries that shared its
-    batch are not lost with it again (and counted towards their own quarantine)."""
+    it goes alone, in a task of its own: if it is the one that kills its worker, the
+    deliveries that shared its batch are not lost with it again, and its deaths count towards
+    its own quarantine (a claim takes an isolated delivery alone in any case)."""
 
-    def split(items: list[tuple[int, int]]) -> None:
-        together = [delivery_id for delivery_id, lost in items if not lost]
+    def split(items: list[tuple[int, bool]]) -> None:
+        together = [delivery_id for delivery_id, alone in items if not alone]
         if together:
             hand_off(together)
-        for delivery_id, lost in items:
-            if lost:
+        for delivery_id, alone in items:
+            if alone:
                 hand_off([delivery_id])
 
     return PgDueIndex(

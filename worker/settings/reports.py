@@ -71,7 +71,8 @@ class ReportSettings(Section):
         True,
         validation_alias="ORDERLY_REPORT_QUICK_JIT",
         description="Spark's JVMs compile with C1 only: faster up to a few million rows; "
-        "false for long reports (tens of millions of rows).",
+        "false for long reports (tens of millions of rows). A cluster's driver, which runs no "
+        "tasks, compiles with C1 only either way.",
     )
     report_output_dir: str = Field(
         "reports-out",

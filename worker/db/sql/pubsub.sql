@@ -234,8 +234,9 @@ SELECT delivery_id, event_id, subscription_id FROM made;
 
 -- name: deliveries_take_due
 -- Due push deliveries (a $delay, a retry wait, or a lease that ran out), leased for :lease_s
--- (worker.core.due): a task lost with its worker brings them back after it. With each, the
--- claims of it that died with their worker (such a delivery goes in a batch of its own).
+-- (worker.core.due): a task lost with its worker brings them back after it. With each, whether
+-- it goes in a batch of its own: a worker died holding it (alone, counted in lost_count; or in
+-- a batch of several, which isolated it).
 UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
  WHERE d.delivery_id IN (
        SELECT delivery_id FROM delivery
@@ -243,7 +244,7 @@ UPDATE delivery d SET scheduled_at = now() + make_interval(secs => :lease_s)
         ORDER BY scheduled_at, delivery_id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-RETURNING d.delivery_id, d.lost_count;
+RETURNING d.delivery_id, d.lost_count > 0 OR d.isolate AS alone;
 
 -- name: deliveries_next_due
 -- Milliseconds until the earliest push delivery is due (deliveries_take_due's rows; NULL when
@@ -276,7 +277,7 @@ WITH back AS (
            last_error = CASE WHEN d.lost_count + x.died >= :limit
                              THEN format('E_WORKER_LOST: quarantined: its worker died %s times '
                                          'while delivering it', d.lost_count + x.died)
-                             WHEN x.batched
+                             WHEN x.batched AND d.attempt + 1 < x.attempts
                              THEN 'E_WORKER_LOST: the worker holding this delivery in a batch '
                                   'of several died (not counted; it is sent alone from now on)'
                              ELSE 'E_WORKER_LOST: the worker holding this delivery died' END
