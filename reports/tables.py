@@ -226,13 +226,12 @@ class Frames:
 
     def derived(self, name: str, build: Callable[[Frames], DataFrame]) -> DataFrame:
         """A frame several aggregates take their rows from (one pass computing them all),
-        built and cached by the first to ask (a job of its own) while the others wait: jobs
-        side by side would each compute it from its reads."""
+        built once and kept with the tables. Jobs that ask for it side by side share the
+        stage that computes it (one shuffle of its reads, as the event log shows), so none
+        waits for a job of its own first."""
         with self._derived_lock:
             if name not in self._derived:
-                frame = build(self).cache()
-                guarded(frame.count)
-                self._derived[name] = frame
+                self._derived[name] = build(self).cache()
             return self._derived[name]
 
     def materialize(self) -> dict[str, int]:
