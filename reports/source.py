@@ -116,9 +116,9 @@ def spark_session(
     is one small job: re-planning it stage by stage costs more than it finds), the JDBC jar
     handed to the executors (``spark.jars``: on a cluster they fetch it from the driver).
     With ``quick_jit`` the JVMs compile with the client compiler only (C1): a report of a
-    few million rows ends before the optimising compiler's work would pay off; a cluster's
-    driver always does. ``conf``
-    adds or overrides settings (e.g. executor memory and cores on a cluster, an event log).
+    few million rows ends before the optimising compiler's work would pay off. A cluster's
+    driver, which runs no tasks, compiles with C1 only either way. ``conf`` adds or
+    overrides settings (e.g. executor memory and cores on a cluster, an event log).
     """
     jdbc.check()
     from pyspark.sql import SparkSession
