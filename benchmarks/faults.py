@@ -26,7 +26,11 @@ they wait briefly (``Retry-After`` when given, at most 1 s) and send the same re
 what the API answered 2xx is *accepted*. When 40% of the round's items are accepted, one
 fault is injected (none in the control round, ``none``): ``worker_kill`` (SIGKILL to a whole
 worker, which a supervisor starts again at once), ``child_kill`` (SIGKILL to a worker's pool
-child), ``flushall`` (``FLUSHALL`` on Redis), ``redis_restart`` (Redis killed and started
+child), ``flushall`` (``FLUSHALL`` on Redis), ``evict`` (Redis given a small ``maxmemory``
+under ``volatile-lru``, as managed services default to, and filled with volatile keys until
+some of orderly's are evicted; then the pressure lifted and the filler deleted: the epoch
+marker may survive, so only the sweep that reconciles Redis with PostgreSQL notices what is
+gone), ``redis_restart`` (Redis killed and started
 empty on the same port), ``pg_restart`` (PostgreSQL stopped in ``immediate`` mode, a crash,
 and started again) or ``poison`` (a message whose handler kills its worker process; orderly
 quarantines it after ``ORDERLY_WORKER_LOST_LIMIT`` deaths in claims of its own as FAILED with
@@ -111,7 +115,41 @@ if TYPE_CHECKING:
     from tooling.servers import PostgresServer, RedisServer
     from tooling.sink import Sink
 
-FAULTS = ("none", "worker_kill", "child_kill", "flushall", "redis_restart", "pg_restart", "poison")
+
+def _evict_some(client: Any) -> int:
+    """Fill Redis with volatile keys under a small ``maxmemory`` and ``volatile-lru`` until
+    some of the keys it held (orderly's: those with a TTL are the candidates) are evicted;
+    then lift the pressure (no limit, ``noeviction``) and delete the filler. How many of the
+    keys it held are gone."""
+    held = [k for k in client.scan_iter(count=1000) if client.pttl(k) > 0]
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used + 256 * 1024))
+    client.config_set("maxmemory-policy", "volatile-lru")
+    blob, n = "x" * 1024, 0
+    try:
+        while n < 20_000:
+            client.set(f"fault:filler:{n}", blob, ex=600)
+            n += 1
+            if n % 100 == 0 and held and client.exists(*held) < len(held):
+                break
+    finally:
+        client.config_set("maxmemory", "0")
+        client.config_set("maxmemory-policy", "noeviction")
+        for start in range(0, n, 1000):
+            client.delete(*[f"fault:filler:{i}" for i in range(start, min(n, start + 1000))])
+    return len(held) - (int(client.exists(*held)) if held else 0)
+
+
+FAULTS = (
+    "none",
+    "worker_kill",
+    "child_kill",
+    "flushall",
+    "evict",
+    "redis_restart",
+    "pg_restart",
+    "poison",
+)
 ROOM = "faults"
 ORIGIN = "chat"
 SOURCE = "faults"
@@ -610,6 +648,15 @@ class System:
             client.flushall()
             client.close()
             return "FLUSHALL"
+        if fault == "evict":
+            client = redis.Redis.from_url(self.redis.url)
+            try:
+                evicted = _evict_some(client)
+            finally:
+                client.close()
+            return (
+                f"{evicted} of orderly's keys evicted under volatile-lru, then the pressure lifted"
+            )
         if fault == "redis_restart":
             self.redis.restart(kill=True)
             return "redis-server killed and started empty"
