@@ -5,6 +5,8 @@ a rotation signs with both secrets until the previous one's time is up."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
@@ -91,6 +93,21 @@ def test_a_destination_gets_one_secret_on_first_use_and_keeps_it(db: Engine) -> 
         secrets.get("channel", "")
     with pytest.raises(InvalidMessage, match="keep_previous_s"):
         secrets.rotate("channel", "chat", keep_previous_s=-1)
+
+
+def test_senders_racing_for_a_destinations_first_secret_all_get_it(db: Engine) -> None:
+    # Two pool children send the first deliveries of a new subscription at once: the one
+    # whose insert lost waited for the winner's commit, which its statement did not see.
+    for n in range(100):
+        start = threading.Barrier(8)
+
+        def first_use(name: str = f"race-{n}", start: threading.Barrier = start) -> str:
+            start.wait(10)
+            return SigningSecrets(db).get("channel", name).secret
+
+        with ThreadPoolExecutor(8) as pool:
+            secrets = set(pool.map(lambda _: first_use(), range(8)))
+        assert len(secrets) == 1
 
 
 def test_conversation_sends_pushes_and_posts_are_signed_for_their_destination(

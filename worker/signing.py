@@ -100,11 +100,24 @@ class SigningSecrets:
     def get(self, kind: str, name: str) -> Secrets:
         """A destination's secrets, made now if it has none (read from the table)."""
         _checked(kind, name)
-        with self._engine.begin() as conn:
-            row = conn.execute(
-                sql("signing_secret_get"), {"kind": kind, "name": name, "secret": new_secret()}
-            ).one()
+        values = {"kind": kind, "name": name, "secret": new_secret()}
+        row = self._made_or_read("signing_secret_get", values)
+        if row is None:  # the row exists once the insert it lost to has committed
+            raise RuntimeError(f"no signing secret for {kind} {name} after two reads")
         return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
+
+    def _made_or_read(self, statement: str, values: dict[str, Any]) -> Any:
+        """The row of a statement that makes a destination's first secret or reads it; run
+        twice at most: a first use racing another is answered by the one it lost to, which
+        its statement's snapshot may not have seen yet (its insert waited for that one to
+        commit, then did nothing), and a statement of its own sees it."""
+        row = None
+        for _ in range(2):
+            with self._engine.begin() as conn:
+                row = conn.execute(sql(statement), values).first()
+            if row is not None:
+                break
+        return row
 
     def for_send(self, kind: str, name: str) -> list[str]:
         """The secrets a request to the destination is signed with now (cached)."""
@@ -122,13 +135,7 @@ class SigningSecrets:
         holds (None: any); another's, or none, is not found."""
         _checked(kind, name)
         values = {"kind": kind, "name": name, "secret": new_secret(), **_owned(owns)}
-        # twice at most: a first use racing another is answered by the one it lost to, which
-        # its statement's snapshot may not have seen yet
-        for _ in range(2):
-            with self._engine.begin() as conn:
-                row = conn.execute(sql("signing_secret_get_owned"), values).first()
-            if row is not None:
-                break
+        row = self._made_or_read("signing_secret_get_owned", values)
         if row is None:
             raise NotFound(f"{kind} destination", name)
         return Secrets(kind, name, row.secret, row.previous, row.previous_until, row.rotated_at)
