@@ -42,15 +42,19 @@ MESSAGE = Table("message", (), key="msg_id", window="receive_timestamp")
 _FINAL_SQL = ", ".join(f"'{s.value}'" for s in FINAL)
 _FINISHED = f"state IN ({_FINAL_SQL}) AND last_process_timestamp IS NOT NULL"
 _LATENCY = sql_ms("last_process_timestamp", "receive_timestamp")
-FINISHED = Table(
-    "finished",
-    ("service_name", "operation_name", f"{_LATENCY} AS ms"),
-    key="msg_id",
-    window="receive_timestamp",
-    source="message",
-    where=_FINISHED,
+
+
+def _of_message(name: str, columns: tuple[str, ...], where: str) -> Table:
+    """A read of the message rows in the window that ``where`` picks (MESSAGE's key span)."""
+    return Table(
+        name, columns, key="msg_id", window="receive_timestamp", source="message", where=where
+    )
+
+
+FINISHED = _of_message(
+    "finished", ("service_name", "operation_name", f"{_LATENCY} AS ms"), _FINISHED
 )
-FUNNEL = Table(
+FUNNEL = _of_message(
     "funnel",
     (
         "funnel_value",
@@ -59,12 +63,9 @@ FUNNEL = Table(
         "failed_error_code",
         f"CASE WHEN {_FINISHED} THEN {_LATENCY} END AS ms",
     ),
-    key="msg_id",
-    window="receive_timestamp",
-    source="message",
-    where="funnel_value IS NOT NULL",
+    "funnel_value IS NOT NULL",
 )
-CONVERSATION = Table(
+CONVERSATION = _of_message(
     "conversation",
     (
         "process_id",
@@ -75,10 +76,7 @@ CONVERSATION = Table(
         "state::text AS state",
         "failed_count",
     ),
-    key="msg_id",
-    window="receive_timestamp",
-    source="message",
-    where="service_name = 'conversation'",
+    "service_name = 'conversation'",
 )
 NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
 ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
@@ -237,15 +235,10 @@ class Frames:
     def materialize(self) -> dict[str, int]:
         """Read the cached reads into memory in one Spark job (its reads run as parallel
         tasks); the rows read per read (a grouped one's: its partial rows)."""
-        from concurrent.futures import ThreadPoolExecutor
         from functools import reduce
 
         from pyspark.sql import functions as F
 
-        # Each JDBC read's schema is looked up by the driver, a statement per range: side by
-        # side, those round trips overlap.
-        with ThreadPoolExecutor(max_workers=len(CACHED)) as pool:
-            list(pool.map(self.__getitem__, CACHED))
         counts = [
             self[t].agg(F.count(F.lit(1)).alias("n")).select(F.lit(t.name).alias("t"), "n")
             for t in CACHED
