@@ -251,9 +251,23 @@ def test_vanished_first_response_is_removed_and_checked_again(h: Harness) -> Non
     h.request("c1", "r1")
     h.response("c1", "r1", "s1")
     h.response("c1", "r1", "s2")
+    h.clock.advance_ms(60_000)  # AWAITED_MESSAGE_TTL
     h.redis.delete(h.k.response("c1", "s1"))  # case 3: its hash expired
     assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
     assert len(h.redis.zrange(h.k.response_list("c1"), 0, -1)) == 1
+
+
+def test_a_first_response_evicted_is_rebuilt_not_skipped(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    h.redis.delete(h.k.response("c1", "s1"))  # its life not over: evicted, or deleted
+    gate = h.conv.can_send("c1", "s2")
+    assert (gate.status, gate.first_response_id) == ("WAIT_RESPONSE", "s1")
+    assert h.redis.hget(h.k.response("c1", "s1"), "status") == b"PENDING"
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
 
 
 def test_vanished_head_request_is_removed_and_checked_again(h: Harness) -> None:
@@ -262,9 +276,24 @@ def test_vanished_head_request_is_removed_and_checked_again(h: Harness) -> None:
     h.response("c1", "r2", "s2")
     assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
     assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
+    h.clock.advance_ms(10_000)
     h.redis.delete(h.k.request("c1", "r1"))  # MESSAGE_TTL ran out
     assert h.conv.can_send("c1", "s2").status == "CAN_SEND"
     assert h.k.request("c1", "r1").encode() not in h.redis.lrange(h.k.request_list("c1"), 0, -1)
+
+
+def test_a_head_request_evicted_is_rebuilt_and_still_holds_its_successors(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.redis.delete(h.k.request("c1", "r1"))  # its life not over: evicted, or deleted
+    rec = Recorder()
+    assert h.run(rec) == ["WAIT_REQUEST"]  # not sent: r1 still waits for its answer
+    assert rec.sent == []
+    assert h.redis.hget(h.k.request("c1", "r1"), "status") == b"WAITING"
+    h.response("c1", "r1", "s1", last=True)
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
 
 
 # --- order and completion -----------------------------------------------------------------

@@ -260,6 +260,16 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
             == 201
         )
         assert 0 < redis_client.pttl(BridgeKeys().request("c1", "r1")) <= ttl_ms
+        # Its life over on both sides: received as long ago as its timestamp says (PostgreSQL,
+        # which the intake asks when a request's key is gone), its key expired (Redis).
+        with db.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE message SET receive_timestamp = receive_timestamp - :ago"
+                    " WHERE correlation_id = 'r1'"
+                ),
+                {"ago": timedelta(milliseconds=ttl_ms + 5000)},
+            )
         redis_client.delete(BridgeKeys().request("c1", "r1"))
         assert (
             http.post(

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from orderly.worker import purge as mechanism
+from orderly.worker.conversations import rebuild as conversations_rebuild
 from orderly.worker.core.errors import InvalidMessage
 from orderly.worker.db.queries import sql
 from orderly.worker.purge import Archive, purge, read_archive
@@ -334,13 +335,11 @@ def _conversation(db: Engine, node: int, cid: str, request_state: str, *response
 
 def _rebuild_rows(db: Engine) -> list[dict[str, Any]]:
     """What a rebuild of Redis would read (worker/conversations/rebuild.py), but the ages."""
-    with db.connect() as conn:
-        rows = (
-            conn.execute(sql("rebuild_conversation_rows"), {"after": "", "conversations": None})
-            .mappings()
-            .all()
-        )
-    return [{k: v for k, v in row.items() if not k.endswith(("age_ms", "idle_ms"))} for row in rows]
+    rows = [row._asdict() for row in conversations_rebuild.rows(db)]
+    return [
+        {k: v for k, v in row.items() if not k.endswith(("age_ms", "idle_ms", "now_ms"))}
+        for row in rows
+    ]
 
 
 def test_a_live_conversation_keeps_its_order(db: Engine, node: int) -> None:

@@ -5,6 +5,7 @@ PostgreSQL (a Redis of the test's own for eviction)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +97,100 @@ def test_rows_that_changed_between_sweeps_are_looked_at_again(h: Harness) -> Non
     report = sweep(h)
     assert report.repaired == [] and report.suspect == ["c1"]
     assert sweep(h).repaired == ["c1"]
+
+
+# --- noticed in-band: a script that finds a key gone asks PostgreSQL before it goes on ------
+
+
+def test_a_response_whose_open_request_was_evicted_keeps_its_place(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.redis.delete(h.k.request("c1", "r1"))  # evicted: r1's life is not over
+    h.response("c1", "r1", "s1", last=True)  # not a late callback taking a turn after r2
+    assert h.redis.hget(h.k.response("c1", "s1"), "lateMs") == b""
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
+
+
+def test_a_response_after_its_request_expired_is_still_late(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.clock.advance_ms(11_000)  # past r1's MESSAGE_TTL (10 s): PostgreSQL agrees it is over
+    h.redis.delete(h.k.request("c1", "r1"))
+    h.response("c1", "r1", "s1", last=True)
+    assert h.redis.hget(h.k.response("c1", "s1"), "lateMs") not in (None, b"")
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s2", "s1"]  # its turn again, after the conversation's later ones
+
+
+@pytest.mark.parametrize(
+    "lost", [("seq",), ("seq", "req", "res")], ids=["counter", "counter-list-and-order"]
+)
+def test_a_request_after_its_conversations_counter_was_evicted_goes_last(
+    h: Harness, lost: tuple[str, ...]
+) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    keys = {"seq": h.k.request_seq("c1"), "req": h.k.request_list("c1")}
+    keys["res"] = h.k.response_list("c1")
+    h.redis.delete(*[keys[name] for name in lost])
+    h.request("c1", "r3")  # numbered after r1 and r2, not from 1 again
+    h.response("c1", "r3", "s3", last=True)
+    h.response("c1", "r1", "s1", last=True)
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1", "s2", "s3"]
+
+
+def test_grouped_intake_after_an_eviction_keeps_the_order(db: Engine, redis_client: Any) -> None:
+    h = make(db, redis_client, intake_group_max=64)
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.redis.delete(h.k.request_seq("c1"), h.k.request("c1", "r1"))
+
+    async def arrive() -> None:
+        await h.conv.register_request_together("c1", {"request_id": "r3", "origin": "chat"})
+        body = {"request_id": "r3", "response_id": "s3", "payload": {}, "last": True}
+        await h.conv.add_response_together("c1", body, h.enqueue)
+        body = {"request_id": "r1", "response_id": "s1", "payload": {}, "last": True}
+        await h.conv.add_response_together("c1", body, h.enqueue)
+
+    asyncio.run(arrive())
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1", "s2", "s3"]
+
+
+def test_the_awaited_agent_rebuilds_an_evicted_response_rather_than_fail_it(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    h.started.clear()  # no drain ran (its lease ran out): s1 waits in pendingMessages
+    h.redis.delete(h.k.drain_lease("c1"))
+    h.redis.delete(h.k.response("c1", "s1"))  # evicted: its life is not over
+    h.clock.advance_ms(h.conv.blocked_ms + 1)  # its entry is due for the agent
+    report = h.conv.awaited_turn(h.enqueue)
+    assert report.vanished == 0
+    assert h.state("s1") == "IN_QUEUE"
+    assert h.redis.hget(h.k.response("c1", "s1"), "status") == b"PENDING"
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1"]
+
+
+def test_the_awaited_agent_fails_a_response_whose_life_ran_out(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    h.started.clear()
+    h.clock.advance_ms(60_000)  # AWAITED_MESSAGE_TTL: PostgreSQL agrees its life is over
+    h.redis.delete(h.k.response("c1", "s1"))  # its key expired
+    assert h.conv.awaited_turn(h.enqueue).vanished == 1
+    assert h.state("s1") == "FAILED"
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ from orderly.models.keys import SHARD_TAG
 from orderly.worker import lua
 from orderly.worker.conversations import Conversations
 from orderly.worker.conversations import rebuild as conversations_rebuild
-from orderly.worker.conversations.agent import wake
+from orderly.worker.conversations.drains import wake
 from orderly.worker.core.clients import run_ids
 from orderly.worker.core.lease import new_token
 from orderly.worker.core.scripts import as_text
@@ -210,11 +210,7 @@ def _rebuild(
     pipe.execute()
     report.other_layout_keys_removed = remove_other_layouts(conversations)
     # 1. Conversations first: a response accepted meanwhile joins the order rebuilt.
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sql("rebuild_conversation_rows"), {"after": "", "conversations": None}
-        ).all()
-    rebuilt = conversations_rebuild.rebuild(ctx, rows)
+    rebuilt = conversations_rebuild.rebuild(ctx, conversations_rebuild.rows(engine))
     report.conversations = rebuilt.conversations
     report.keys_created = rebuilt.keys_created
     # 2. The store's queued messages: a worker's claims take them in line.

@@ -16,32 +16,19 @@ from typing import Any
 
 from orderly.models.keys import ShardKeys
 from orderly.worker import lua
-from orderly.worker.conversations import removal
+from orderly.worker.conversations import reconcile, removal
 from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.drains import wake
 from orderly.worker.conversations.model import ERROR_EXPIRED, AgentReport, Enqueue
 from orderly.worker.core.clients import any_exist
 from orderly.worker.core.due import RedisDueSet, ShardedDueSets
 from orderly.worker.core.errors import NotFound
-from orderly.worker.core.lease import ORPHAN_GRACE_S, RedisLease, new_token
+from orderly.worker.core.lease import ORPHAN_GRACE_S
 from orderly.worker.core.owners import Owns
 from orderly.worker.core.scripts import as_text
 from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
-
-
-def wake(ctx: Context, conversation_id: str, enqueue: Enqueue) -> bool:
-    """Start a drain unless one holds the conversation (it will see what is due)."""
-    lease = RedisLease(ctx.scripts, ctx.keys.drain_lease(conversation_id))
-    token = new_token()
-    if not lease.take(token, ctx.lease_ms):
-        return False
-    try:
-        enqueue(conversation_id, token)
-    except BaseException:
-        lease.give_up(token)  # nobody will drain under it: let the next wake take it
-        raise
-    return True
 
 
 def wakes(ctx: Context, enqueue: Enqueue) -> ShardedDueSets:
@@ -206,6 +193,21 @@ def awaited_turn(ctx: Context, enqueue: Enqueue) -> AgentReport:
     return report
 
 
+def _ran_out(
+    ctx: Context, shard: ShardKeys, vanished: list[tuple[str, str]], enqueue: Enqueue
+) -> list[str]:
+    """Of the responses whose hash was gone, those whose life ran out: PostgreSQL is asked
+    (reconcile.repair); an evicted one has its conversation rebuilt and woken instead."""
+    by_conversation: dict[str, list[str]] = {}
+    for rid, cid in vanished:
+        by_conversation.setdefault(cid, []).append(shard.response(rid))
+    out = []
+    for cid, keys in by_conversation.items():
+        live = reconcile.repair(ctx, cid, keys, enqueue=enqueue)
+        out += [key[len(shard.response_prefix) :] for key in keys if key not in live]
+    return out
+
+
 def _awaited_shard(
     ctx: Context, shard: ShardKeys, budget: int, enqueue: Enqueue, report: AgentReport
 ) -> None:
@@ -220,7 +222,7 @@ def _awaited_shard(
         awaited_step_ms=ctx.awaited_step_ms,
     )
     report.taken += taken.taken
-    vanished = taken.vanished
+    vanished = _ran_out(ctx, shard, taken.vanished, enqueue)
     expired = taken.expired
     if vanished:
         with ctx.pg() as conn:

@@ -16,6 +16,7 @@ from typing import Any
 from orderly.models.keys import ShardKeys
 from orderly.worker import lua
 from orderly.worker.channels import ACK_TOKEN_FORM, ACK_TOKEN_HEADER, Channel, ack_token_matches
+from orderly.worker.conversations import reconcile
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
@@ -52,6 +53,7 @@ def _advance(
     outcome: tuple[str, str, str],
     check_response: str = "",
     holder_pid: int | None = None,
+    gone: tuple[str, ...] = (),
 ) -> lua.Advanced:
     k = ctx.keys
     shard = k.shard(conversation_id)
@@ -83,13 +85,27 @@ def _advance(
         awaited_step_ms=ctx.awaited_step_ms,
         conversation_id=conversation_id,
         holder_pid=holder_pid,
+        gone=gone,
     )
+
+
+def _looked_up(ctx: Context, conversation_id: str, step: lua.Advanced) -> tuple[str, ...]:
+    """A head's key found MISSING: PostgreSQL decides whether it was evicted (the conversation
+    rebuilt, the key back) or its life ran out (reconcile.repair); the next step takes it as
+    run out if it is still missing."""
+    missing = step.missing or ""
+    reconcile.repair(ctx, conversation_id, [missing])
+    return (missing,)
 
 
 def can_send(ctx: Context, conversation_id: str, response_id: str) -> Gate:
     """canSendConversationMessage: may this response go out now, by the order alone?"""
-    result = _advance(ctx, "check", conversation_id, "", ("", "", ""), response_id)
-    return Gate(result.code, result.first)
+    gone: tuple[str, ...] = ()
+    while True:
+        result = _advance(ctx, "check", conversation_id, "", ("", "", ""), response_id, None, gone)
+        if result.code is not lua.AdvanceCode.MISSING:
+            return Gate(result.code, result.first)
+        gone = _looked_up(ctx, conversation_id, result)
 
 
 def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> DrainReport:
@@ -104,9 +120,12 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
         outcome: tuple[str, str, str] = ("", "", "")
         after: Callable[[], None] | None = None
         sends = 0
+        gone: tuple[str, ...] = ()
         while True:
             mode = "yield" if sends >= ctx.settings.drain_batch else "claim"
-            step = _advance(ctx, mode, conversation_id, token, outcome, "", conn.backend_pid)
+            pid = conn.backend_pid
+            step = _advance(ctx, mode, conversation_id, token, outcome, "", pid, gone)
+            gone = ()
             if after is not None:
                 after()
                 after = None
@@ -116,6 +135,10 @@ def drain(ctx: Context, conversation_id: str, token: str, send: Sender) -> Drain
                     step.ack_clash,
                 )
             _settled_by_timeout(conn, step, report)
+            if step.code is lua.AdvanceCode.MISSING:
+                # the previous outcome is settled; the lease is still held
+                outcome, gone = ("", "", ""), _looked_up(ctx, conversation_id, step)
+                continue
             if step.code is not lua.AdvanceCode.SEND:
                 report.end = step.code
                 return report

@@ -11,9 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orderly.models import MessageState
-from orderly.models.keys import min_message_info
 from orderly.worker import lua, nodes
-from orderly.worker.conversations import rows
+from orderly.worker.conversations import joins, rows
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.model import (
     ERROR_CANCELLED,
@@ -121,7 +120,7 @@ def store_request(ctx: Context, new: NewRequest, owns: Owns | None = None) -> Re
             if state == MessageState.WAITING_FOR_RES and age_ms < ctx.settings.message_ttl:
                 # A repeat after a failure between the row and Redis: register it there
                 # now (the script does nothing if it is registered already).
-                _register_in_redis(
+                joins.register(
                     ctx,
                     conversation_id,
                     origin,
@@ -131,49 +130,17 @@ def store_request(ctx: Context, new: NewRequest, owns: Owns | None = None) -> Re
                     req.corr,
                 )
             return Registered(int(msg_id), MessageState(state), created=False)
-    _register_in_redis(
-        ctx, conversation_id, req.origin, req.request_id, timestamp_ms, row.msg_id, req.corr
+    joins.register(
+        ctx,
+        conversation_id,
+        req.origin,
+        req.request_id,
+        timestamp_ms,
+        row.msg_id,
+        req.corr,
+        row.others_open,
     )
     return Registered(row.msg_id, MessageState.WAITING_FOR_RES, created=True)
-
-
-def _register_in_redis(
-    ctx: Context,
-    conversation_id: str,
-    origin: str,
-    request_id: str,
-    timestamp_ms: int,
-    msg_id: int,
-    corr: str | None,
-) -> None:
-    call = _request_call(ctx, conversation_id, origin, request_id, timestamp_ms, msg_id, corr)
-    lua.register_request(ctx.scripts, call)
-
-
-def _request_call(
-    ctx: Context,
-    conversation_id: str,
-    origin: str,
-    request_id: str,
-    timestamp_ms: int,
-    msg_id: int,
-    corr: str | None,
-) -> Call:
-    k = ctx.keys
-    return lua.register_request_call(
-        request=k.request(conversation_id, request_id),
-        request_list=k.request_list(conversation_id),
-        request_seq=k.request_seq(conversation_id),
-        conversation_id=conversation_id,
-        origin=origin,
-        request_id=request_id,
-        request_timestamp_ms=timestamp_ms,
-        msg_id=msg_id,
-        now_ms=ctx.now_ms(),
-        message_ttl_ms=ctx.settings.message_ttl,
-        awaited_message_ttl_ms=ctx.settings.awaited_message_ttl,
-        corr=corr,
-    )
 
 
 def parse_response(ctx: Context, conversation_id: str, data: Any) -> NewResponse:
@@ -241,47 +208,8 @@ def _queue_response(
     if state == MessageState.CANCEL:
         return Registered(int(msg_id), MessageState.CANCEL, created=True)
     token = new_token()
-    added = lua.add_response(ctx.scripts, _response_call(ctx, new, inserted, msg_id, token))
+    added = joins.add(ctx, new, inserted, msg_id, token, enqueue)
     return _response_queued(ctx, new, inserted, msg_id, token, added, enqueue, created)
-
-
-def _response_call(
-    ctx: Context, new: NewResponse, inserted: rows.ResponseInserted, msg_id: int, token: str
-) -> Call:
-    """add_response.lua's call for the stored response; ``token``: the conversation's lease
-    token should it take the lease."""
-    res, conversation_id = new.response, new.conversation_id
-    k = ctx.keys
-    shard = k.shard(conversation_id)
-    return lua.add_response_call(
-        request=shard.request(res.request_id),
-        response=shard.response(res.response_id),
-        response_order=k.response_list(conversation_id),
-        pending_messages=shard.pending_messages,
-        request_list=k.request_list(conversation_id),
-        request_seq=k.request_seq(conversation_id),
-        drain_lease=k.drain_lease(conversation_id),
-        conversation_id=conversation_id,
-        origin=inserted.origin,
-        request_id=res.request_id,
-        response_id=res.response_id,
-        member=min_message_info(res.request_id, res.response_id, conversation_id),
-        response_timestamp_ms=new.timestamp_ms,
-        task_item=new.payload,
-        msg_id=msg_id,
-        request_msg_id=inserted.request_msg_id,
-        last=bool(res.last),
-        now_ms=new.now_ms,
-        message_ttl_ms=ctx.settings.message_ttl,
-        awaited_message_ttl_ms=ctx.settings.awaited_message_ttl,
-        blocked_limit_ms=ctx.blocked_ms,
-        request_timestamp_ms=int(inserted.request_ts.timestamp() * 1000),
-        lease_token=token,
-        lease_ms=ctx.lease_ms,
-        request_completed=bool(inserted.request_done),
-        corr=res.corr,
-        trace_parent=new.traced,
-    )
 
 
 def _response_queued(
@@ -365,30 +293,38 @@ def store_requests(ctx: Context, items: Sequence[tuple[NewRequest, Owns | None]]
         return out
     # A row is the item's of its request id and conversation (another with that id, in
     # another conversation, may have been refused by the statement: it is not this one).
-    inserted = {(row.request_id, row.conversation_id): row.msg_id for row in found}
+    inserted = {(row.request_id, row.conversation_id): row for row in found}
     stored: list[tuple[int, int, Call]] = []
     for i in grouped:
         new = items[i][0]
-        msg_id = inserted.pop((new.request.request_id, new.conversation_id), None)
-        if msg_id is None:
+        row = inserted.pop((new.request.request_id, new.conversation_id), None)
+        if row is None:
             continue  # a repeat (or the second of a group), another's conversation: alone
-        req = new.request
-        call = _request_call(
-            ctx, new.conversation_id, req.origin, req.request_id, new.timestamp_ms, msg_id,
-            req.corr,
-        )  # fmt: skip
-        stored.append((i, msg_id, call))
+        stored.append(
+            (i, row.msg_id, joins.new_request_call(ctx, new, row.msg_id, row.others_open))
+        )
     # In Redis in one round trip (a server's); one that fails is stored: a repeat registers it
-    replies: list[bool | Exception]
+    replies: list[lua.Registration | Exception]
     try:
         replies = lua.register_request_each(ctx.scripts, [call for _, _, call in stored])
     except Exception as exc:  # the round trip itself: those stored answer it, no others
         replies = [exc] * len(stored)
+    again: dict[str, dict[int, tuple[int, Call]]] = {}
     for (i, msg_id, _), reply in zip(stored, replies, strict=True):
         if isinstance(reply, Exception):
             out[i] = reply
-        else:
-            out[i] = Registered(msg_id, MessageState.WAITING_FOR_RES, created=True)
+            continue
+        out[i] = Registered(msg_id, MessageState.WAITING_FOR_RES, created=True)
+        if reply is lua.Registration.MISSING:
+            new = items[i][0]
+            unchecked = joins.new_request_call(ctx, new, msg_id, False, check=False)
+            again.setdefault(new.conversation_id, {})[i] = (msg_id, unchecked)
+    for conversation_id, calls in again.items():
+        try:
+            joins.registered_again(ctx, conversation_id, list(calls.values()))
+        except Exception as exc:
+            for i in calls:
+                out[i] = exc
     return out
 
 
@@ -415,20 +351,30 @@ def store_responses(
             out[i] = Registered(row.msg_id, MessageState.CANCEL, created=True)
             continue
         token = new_token()
-        queued.append(
-            (i, inserted, row.msg_id, token, _response_call(ctx, new, inserted, row.msg_id, token))
+        call = joins.response_call(
+            ctx, new, inserted, row.msg_id, token, True, joins.is_open(inserted)
         )
+        queued.append((i, inserted, row.msg_id, token, call))
     # In Redis in one round trip (a server's); one that fails is stored: a repeat queues it
     replies: list[lua.ResponseAdded | Exception]
     try:
         replies = lua.add_response_each(ctx.scripts, [call for *_, call in queued])
     except Exception as exc:  # the round trip itself: those stored answer it, no others
         replies = [exc] * len(queued)
+    # A response whose check answered MISSING is added again after PostgreSQL decided, those
+    # of its conversation that did too left out of the rebuild (each is added by its own call).
+    missing: dict[str, set[int]] = {}
+    for (i, _, msg_id, _, _), added in zip(queued, replies, strict=True):
+        if isinstance(added, lua.ResponseAdded) and added.code is lua.AddCode.MISSING:
+            missing.setdefault(items[i][0].conversation_id, set()).add(msg_id)
     for (i, inserted, msg_id, token, _), added in zip(queued, replies, strict=True):
         new, _, enqueue = items[i]
         try:
             if isinstance(added, Exception):
                 raise added
+            if added.code is lua.AddCode.MISSING:
+                without = frozenset(missing[new.conversation_id])
+                added = joins.add(ctx, new, inserted, msg_id, token, enqueue, added, without)
             out[i] = _response_queued(ctx, new, inserted, msg_id, token, added, enqueue, True)
         except Exception as exc:
             out[i] = exc
@@ -451,6 +397,7 @@ def _insert_requests(
         ctx.node_id,
         [n.request.model_dump_json(exclude_unset=True) for n in news],
         [_origins_json(owns) for _, owns in items],
+        ctx.settings.awaited_message_ttl,
         before=("conv_lock_all", [sorted({n.conversation_id for n in news})]),
     )
 

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictInt, StringConstraints, field_validator
 
 from orderly.worker import lua
-from orderly.worker.conversations.agent import wake
 from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.drains import wake
 from orderly.worker.conversations.gate import find_ack
 from orderly.worker.conversations.model import (
     ID_PATTERN,

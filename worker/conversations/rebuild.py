@@ -13,20 +13,24 @@ the waits. The rows give them back:
   callback) at its first open response; responses by msg_id within their request.
 
 Times in Redis are the injected clock's: each is rebuilt as ``now - age``, the age measured
-by PostgreSQL.
+by PostgreSQL. Whether a key should still be there (``groups``' ``offset``) may be judged by
+the injected clock instead: the rows carry PostgreSQL's clock too.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy import Engine
 
 from orderly.models import MessageState
 from orderly.models.keys import min_message_info
 from orderly.worker import lua
 from orderly.worker.conversations.context import Context
+from orderly.worker.db.queries import sql
 
 _RETRY = re.compile(r"^retry=(\d+);at=(\d+);round=(\d+)$")
 # An AWAITED date an operator set (worker.conversations.operations), for its round.
@@ -53,9 +57,32 @@ def _int(value: Any) -> int:
     return int(float(value)) if value is not None else 0
 
 
-def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
+def rows(
+    engine: Engine,
+    *,
+    after: str = "",
+    page: int | None = None,
+    only: str | None = None,
+    without: Collection[int] = (),
+) -> list[Any]:
+    """The rows a rebuild reads (``rebuild_conversation_rows``), ordered by conversation,
+    then msg_id: every conversation's, a ``page`` of those after ``after``, or ``only`` one's;
+    the rows of ``without`` left out (as if not there yet: not counted in their request's
+    responses nor its latest one's age)."""
+    params = {"after": after, "conversations": page, "only": only, "without": list(without)}
+    with engine.connect() as conn:
+        return list(conn.execute(sql("rebuild_conversation_rows"), params).all())
+
+
+def offset_ms(ctx: Context, rows: Sequence[Any]) -> int:
+    """How far the injected clock is ahead of PostgreSQL's, which measured the rows' ages
+    (a few ms in production; what a test moved its clock by)."""
+    return ctx.now_ms() - _int(rows[0].now_ms) if rows else 0
+
+
+def _response(ctx: Context, row: Any, now: int, offset: int = 0) -> dict[str, Any] | None:
     s = ctx.settings
-    age, idle = _int(row.age_ms), _int(row.idle_ms)
+    age, idle = _int(row.age_ms) + offset, _int(row.idle_ms)
     ttl = s.awaited_message_ttl - age
     if ttl <= 0:
         return None  # its life in Redis was over: the awaited agent's sweep ends the row
@@ -124,9 +151,10 @@ def _response(ctx: Context, row: Any, now: int) -> dict[str, Any] | None:
     return out
 
 
-def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
+def groups(ctx: Context, rows: Sequence[Any], now: int, offset: int = 0) -> list[_Group]:
     """A conversation's rows as the groups a rebuild makes (``request`` None: the request's
-    life in Redis is over), in conversation order."""
+    life in Redis is over), in conversation order. ``offset``: added to every age (ms), to
+    judge the lives by another clock than PostgreSQL's (:func:`offset_ms`)."""
     s = ctx.settings
     by_request: dict[str, _Group] = {}
     for row in rows:
@@ -136,7 +164,9 @@ def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
             )
             group.order = row.msg_id
             latest = row.latest_response_age_ms
-            age = min(_int(row.age_ms), _int(latest) if latest is not None else _int(row.age_ms))
+            age = offset + min(
+                _int(row.age_ms), _int(latest) if latest is not None else _int(row.age_ms)
+            )
             ttl = s.message_ttl - age
             if ttl > 0:
                 group.ttl = ttl
@@ -154,7 +184,7 @@ def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
                     **({"corr": row.corr} if row.corr is not None else {}),
                 }
             continue
-        response = _response(ctx, row, now)
+        response = _response(ctx, row, now, offset)
         if response is None:
             continue
         group = by_request.setdefault(row.request_id, _Group(row.request_id, row.msg_id))
@@ -162,7 +192,7 @@ def groups(ctx: Context, rows: Sequence[Any], now: int) -> list[_Group]:
         if row.request_state != MessageState.WAITING_FOR_RES and group.request is None:
             # A callback: the request had completed; it took its turn again at the end.
             group.order = min(group.order, row.msg_id)
-            age = _int(row.age_ms)
+            age = _int(row.age_ms) + offset
             group.ttl = max(1, s.message_ttl - age)
             group.request = {
                 "conversationId": row.process_id,

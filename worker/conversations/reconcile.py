@@ -8,29 +8,33 @@ hand. Such a conversation stalls: nothing wakes it, nothing delivers its respons
 The sweep walks the conversations with open rows a page at a time (the rows the rebuild
 reads) and asks Redis whether what those rows stand for is there: each request hash whose
 MESSAGE_TTL has not run out, each response hash and its entry in its shard's pendingMessages
-(what wakes it), the conversation's request list and response order. A conversation missing
+(what wakes it), the conversation's request list, response order and counter. A conversation missing
 any is suspect; found so again at the next sweep with the same rows (a key that is only
 between its row and its script, or a response delivered whose row is being written, is not:
 the next sweep finds it whole, or its row closed), it is rebuilt from its rows exactly as
 after a FLUSHALL (rebuild_conversation.lua creates what is missing, keeps what exists) and a
 drain is started for it. A sweep costs one query a page and one pipelined round trip; with
 no open conversation, one query and nothing in Redis.
+
+A key gone is ambiguous where it is met, too: its life ran out, or it was evicted. A script
+that would act on it (the gate skipping a head, intake taking a response for a callback or
+numbering a request anew, the awaited agent failing a response) answers MISSING instead, and
+:func:`repair` lets the conversation's rows decide before the script runs again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
 
 from orderly.worker.conversations import rebuild
-from orderly.worker.conversations.agent import wake
 from orderly.worker.conversations.context import Context
+from orderly.worker.conversations.drains import wake
 from orderly.worker.conversations.model import Enqueue
-from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +61,19 @@ def _fingerprint(rows: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
     return tuple((r.msg_id, r.state, r.failed_count, r.custom_data) for r in rows)
 
 
-def _expected(ctx: Context, cid: str, rows: Sequence[Any], now: int) -> list[Look]:
+def _expected(ctx: Context, cid: str, rows: Sequence[Any], now: int, offset: int = 0) -> list[Look]:
     """What a conversation's open rows stand for in Redis (as a rebuild would make them):
-    keys that exist, and responses in their shard's pendingMessages (what wakes them)."""
+    keys that exist, and responses in their shard's pendingMessages (what wakes them).
+    ``offset``: as :func:`rebuild.groups`'."""
     k = ctx.keys
     shard = k.shard(cid)
     found: list[Look] = []
-    groups = rebuild.groups(ctx, rows, now)
+    groups = rebuild.groups(ctx, rows, now, offset)
     requests = [g for g in groups if g.request is not None and g.ttl > MARGIN_MS]
     responses = [r for g in groups for r in g.responses if r["ttl"] > MARGIN_MS]
+    if requests or responses:
+        # the request counter outlives everything it numbered (register_request.lua)
+        found.append(("exists", k.request_seq(cid), ""))
     if requests:
         found.append(("exists", k.request_list(cid), ""))
     if responses:
@@ -146,14 +154,46 @@ class Sweeper:
             report.drains_started += 1
 
 
+def repair(
+    ctx: Context,
+    cid: str,
+    missing: Collection[str],
+    without: Collection[int] = (),
+    enqueue: Enqueue | None = None,
+) -> set[str]:
+    """A script of intake or of the gate found keys of conversation ``cid`` missing that it
+    may not take as run out (its answer MISSING, nothing written): evicted, deleted by hand,
+    or their lives over after all. PostgreSQL decides: if its rows say any of ``missing``
+    should be in Redis now (by the injected clock, with MARGIN_MS to spare), the conversation
+    is rebuilt from them (rebuild_conversation.lua: what is missing is created, what exists is
+    kept). The caller's script then runs again, told to take what is still missing as run
+    out. ``without``: rows whose own script runs again after (a request or response being
+    taken in), left out of the rebuild; ``enqueue``: a drain is started for what the rebuild
+    made deliverable (None: the caller's drain holds the conversation). Returns those of
+    ``missing`` PostgreSQL says should be there (rebuilt; none: the rest ran out)."""
+    found = rebuild.rows(ctx.engine, only=cid, without=without)
+    now = ctx.now_ms()
+    expected = _expected(ctx, cid, found, now, rebuild.offset_ms(ctx, found))
+    live = {key for how, key, _ in expected if how == "exists"} & set(missing)
+    if not live:
+        return live
+    rebuilt = rebuild.rebuild(ctx, found)
+    log.warning(
+        "conversation %s: %s gone from Redis while PostgreSQL has it open (evicted, or "
+        "deleted): %d keys rebuilt from PostgreSQL",
+        cid,
+        ", ".join(sorted(missing)),
+        rebuilt.keys_created,
+    )
+    if enqueue is not None and rebuilt.to_deliver:
+        wake(ctx, cid, enqueue)
+    return live
+
+
 def page_reader(engine: Engine) -> Callable[[str, int], Sequence[Any]]:
     """``read`` for :meth:`Sweeper.sweep`: a page of the rebuild's rows from ``engine``."""
 
     def read(after: str, page: int) -> Sequence[Any]:
-        with engine.connect() as conn:
-            found = conn.execute(
-                sql("rebuild_conversation_rows"), {"after": after, "conversations": page}
-            )
-            return list(found.all())
+        return rebuild.rows(engine, after=after, page=page)
 
     return read

@@ -9,11 +9,13 @@ from datetime import datetime
 
 @dataclass(frozen=True)
 class RequestInserted:
-    """``conv_insert_requests``: a request inserted."""
+    """``conv_insert_requests``: a request inserted; ``others_open``: its conversation had
+    open rows before it."""
 
     msg_id: int
     request_id: str
     conversation_id: str
+    others_open: bool
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,16 @@
 -- ARGV[18] 1 when PostgreSQL has the request completed (its final response settled)
 -- ARGV[19] corr: the response's correlator ('' when none was given)
 -- ARGV[20] tp: the traceparent its send continues ('' when none)
+-- ARGV[21] 1: check that a missing request key is not taken for a request whose life is over
+-- ARGV[22] 1: PostgreSQL has the request open (waiting for responses)
 -- Both hashes' lastAccess becomes now.
--- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE' or 'CANCELLED' (the request's
--- group was cancelled); leaseTaken 1 when the caller must start a drain with ARGV[16];
+-- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE', 'CANCELLED' (the request's
+-- group was cancelled) or, when checked, 'MISSING' (nothing written): the request's key is
+-- gone while PostgreSQL has the request open, or the counter is gone while the
+-- conversation's list or order is there (the counter outlives both): evicted or deleted, the
+-- request would take a new turn, or a number before those given. The caller has the
+-- conversation rebuilt from PostgreSQL, or finds its rows over, and calls again (the
+-- missing key in lateMs's place); leaseTaken 1 when the caller must start a drain with ARGV[16];
 -- lateMs '' or, for a late response, how long after requestTimestamp + MESSAGE_TTL it came.
 -- Late: the request had expired (MESSAGE_TTL) before this response, which therefore takes
 -- the request's turn again at the end of the conversation; decided here, with that order.
@@ -24,6 +31,12 @@ local msg_ttl = tonumber(ARGV[12])
 local awaited_ttl = tonumber(ARGV[13])
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'CANCEL' then return {'CANCELLED', 0, ''} end
+if not status and ARGV[21] == '1' then
+  if ARGV[22] == '1' then return {'MISSING', 0, KEYS[1]} end
+  if redis.call('EXISTS', KEYS[6]) == 0 and redis.call('EXISTS', KEYS[5], KEYS[3]) > 0 then
+    return {'MISSING', 0, KEYS[6]}
+  end
+end
 if not status then
   -- An asynchronous callback for a request that completed or expired: the request takes
   -- its turn again, at the end of the conversation. One that expired is late, and so are

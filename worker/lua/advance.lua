@@ -16,6 +16,8 @@
 -- ARGV[14] MESSAGE_TTL (ms)  ARGV[15] AWAITED_TIME_WHEN_RETRIES_END (ms)
 -- ARGV[16] MAX_PENDING_TTL * AWAITED_RETRIES_FACTOR (ms)  ARGV[17] conversationId
 -- ARGV[18] the backend pid of the PostgreSQL connection the drain holds ('' in check mode)
+-- ARGV[19] JSON array of keys to take as run out when missing ('' none): those a MISSING
+--   answer named and PostgreSQL then found over (worker/conversations/reconcile.py: repair)
 -- The responses it settles an outcome of, claims or validates get lastAccess = now.
 -- Returns a JSON object: code, head (the response's fields when code is SEND; its lateMs is
 -- '' or the lateness add_response.lua decided; its lost counts the claims of it that died
@@ -25,13 +27,20 @@
 -- Codes: SEND, CAN_SEND, EMPTY, WAIT_REQUEST, WAIT_RESPONSE, WAIT_ACK, WAIT_RETRY,
 -- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD,
 -- REBUILDING (Redis is being rebuilt from PostgreSQL: the rebuild wakes the conversation
--- once it is whole; a response sent now could overtake older ones not rebuilt yet).
+-- once it is whole; a response sent now could overtake older ones not rebuilt yet),
+-- MISSING (missing: the head request's or first response's key, gone but not in ARGV[19]:
+-- its life ran out, or Redis evicted it; PostgreSQL tells which before the conversation goes
+-- on, so an evicted head is never skipped. The lease stays held.)
 local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local lease_ms, inflight_ms, sent_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local req_prefix, res_prefix, async_prefix = ARGV[7], ARGV[8], ARGV[9]
 local list_key, zset_key, pending_key = KEYS[1], KEYS[2], KEYS[3]
 local lease_key, sched_key, seq_key, drains_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local result = {settled = {}}
+local gone = {}
+if ARGV[19] and ARGV[19] ~= '' then
+  for _, key in ipairs(cjson.decode(ARGV[19])) do gone[key] = true end
+end
 
 if mode ~= 'check' then
   local holder = redis.call('GET', lease_key)
@@ -139,6 +148,11 @@ while true do
   local head_req = redis.call('LINDEX', list_key, 0)
   if head_req and redis.call('EXISTS', head_req) == 0 then
     -- The head request vanished (its MESSAGE_TTL ran out): remove it and check again.
+    if not gone[head_req] then
+      result.code = 'MISSING'
+      result.missing = head_req
+      return cjson.encode(result)
+    end
     redis.call('LPOP', list_key)
   else
     local first = redis.call('ZRANGE', zset_key, 0, 0)[1]
@@ -157,6 +171,11 @@ while true do
     result.first = info['rsId']
     if redis.call('EXISTS', res_key) == 0 then
       -- Case 3: the first response no longer exists: remove it and check again.
+      if not gone[res_key] then
+        result.code = 'MISSING'
+        result.missing = res_key
+        return cjson.encode(result)
+      end
       redis.call('ZREM', zset_key, first)
       redis.call('ZREM', pending_key, first)
     else

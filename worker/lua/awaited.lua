@@ -6,7 +6,8 @@
 -- A member still PENDING becomes AWAITED with awaitedRetries + 1; each taken member's next
 -- look is at now + awaitedRetries * MAX_PENDING_TTL * factor (never past its expiry).
 -- Returns a JSON object: wake (conversation ids to re-queue), expired ([member, cnId,
--- status] whose AWAITED_MESSAGE_TTL ran out), vanished (response ids whose hash is gone),
+-- status] whose AWAITED_MESSAGE_TTL ran out), vanished ([response id, cnId] whose hash is
+-- gone: its life over, or evicted; the caller asks PostgreSQL which),
 -- taken (how many members this turn claimed).
 local now, pending_key, res_prefix = tonumber(ARGV[1]), KEYS[1], ARGV[3]
 local step = tonumber(ARGV[4])
@@ -19,7 +20,7 @@ for _, m in ipairs(due) do
   local f = redis.call('HMGET', key, 'status', 'expiresAt', 'awaitedRetries', 'expiresAtTS')
   if not f[1] then
     redis.call('ZREM', pending_key, m)
-    out.vanished[#out.vanished + 1] = info['rsId']
+    out.vanished[#out.vanished + 1] = {info['rsId'], info['cnId']}
   else
     local expires = num(f[2], num(f[4], now))
     out.taken = out.taken + 1

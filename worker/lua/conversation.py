@@ -44,17 +44,26 @@ class Settled:
 # --- intake -----------------------------------------------------------------------------------
 
 
-def register_request(scripts: Scripts, call: Call) -> bool:
-    """Whether the request was registered (:func:`register_request_call`; False: it was
-    already)."""
-    return bool(scripts.run(call))
+class Registration(enum.IntEnum):
+    """register_request.lua's answer."""
+
+    REGISTERED = 1
+    ALREADY = 0  # registered before: nothing changed
+    MISSING = -1  # its conversation's counter is gone: nothing written (joins.py)
 
 
-def register_request_each(scripts: Scripts, calls: Sequence[Call]) -> list[bool | Exception]:
+def register_request(scripts: Scripts, call: Call) -> Registration:
+    """The request registered (:func:`register_request_call`), or why not."""
+    return Registration(int(scripts.run(call)))
+
+
+def register_request_each(
+    scripts: Scripts, calls: Sequence[Call]
+) -> list[Registration | Exception]:
     """Requests registered (:func:`register_request_call`), in one round trip per server; one
     that failed answers its exception."""
     return [
-        reply if isinstance(reply, Exception) else bool(reply)
+        reply if isinstance(reply, Exception) else Registration(int(reply))
         for reply in scripts.run_each(calls, each_error=True)
     ]
 
@@ -64,6 +73,7 @@ def register_request_call(
     request: str,
     request_list: str,
     request_seq: str,
+    response_order: str,
     conversation_id: str,
     origin: str,
     request_id: str,
@@ -73,11 +83,15 @@ def register_request_call(
     message_ttl_ms: int,
     awaited_message_ttl_ms: int,
     corr: str | None,
+    check: bool = True,
+    others_open: bool = False,
 ) -> Call:
-    """register_request.lua's call; its reply: 1 registered, 0 registered already."""
+    """register_request.lua's call (:class:`Registration`). ``check``: answer MISSING rather
+    than number the request anew when the conversation's counter is gone while its list or
+    order is there, or ``others_open`` (PostgreSQL has other open rows in the conversation)."""
     return Call(
         "register_request",
-        keys=(request, request_list, request_seq),
+        keys=(request, request_list, request_seq, response_order),
         args=(
             conversation_id,
             origin,
@@ -88,6 +102,8 @@ def register_request_call(
             message_ttl_ms,
             awaited_message_ttl_ms,
             corr or "",
+            1 if check else 0,
+            1 if others_open else 0,
         ),
     )
 
@@ -96,6 +112,7 @@ class AddCode(enum.StrEnum):
     ADDED = "ADDED"
     DUPLICATE = "DUPLICATE"
     CANCELLED = "CANCELLED"  # the request's group was cancelled
+    MISSING = "MISSING"  # its request's key or the counter is gone: nothing written (joins.py)
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,7 @@ class ResponseAdded:
     code: AddCode
     lease_taken: bool  # the caller must start a drain with its lease token
     late_ms: int | None  # a late response: how long after its request's MESSAGE_TTL it came
+    missing: str | None = None  # MISSING: the key found gone
 
 
 def add_response(scripts: Scripts, call: Call) -> ResponseAdded:
@@ -121,8 +139,10 @@ def add_response_each(scripts: Scripts, calls: Sequence[Call]) -> list[ResponseA
 
 def _added(reply: Sequence[Any]) -> ResponseAdded:
     code, taken, late_ms = reply
-    late = as_text(late_ms)
-    return ResponseAdded(AddCode(as_text(code)), bool(int(taken)), int(late) if late else None)
+    added, late = AddCode(as_text(code)), as_text(late_ms)
+    if added is AddCode.MISSING:
+        return ResponseAdded(added, False, None, missing=late)
+    return ResponseAdded(added, bool(int(taken)), int(late) if late else None)
 
 
 def add_response_call(
@@ -154,7 +174,13 @@ def add_response_call(
     request_completed: bool,
     corr: str | None,
     trace_parent: str | None = None,
+    check: bool = True,
+    request_open: bool = False,
 ) -> Call:
+    """add_response.lua's call (:class:`ResponseAdded`). ``check``: answer MISSING rather
+    than take the request as a callback when its key is gone and ``request_open`` (PostgreSQL
+    has it waiting for responses), or when the conversation's counter is gone while its list
+    or order is there."""
     return Call(
         "add_response",
         keys=(
@@ -187,6 +213,8 @@ def add_response_call(
             1 if request_completed else 0,
             corr or "",
             trace_parent or "",
+            1 if check else 0,
+            1 if request_open else 0,
         ),
     )
 
@@ -207,6 +235,7 @@ class AdvanceCode(enum.StrEnum):
     LOST = "LOST"  # the lease is another's
     YIELD = "YIELD"
     REBUILDING = "REBUILDING"  # Redis is being rebuilt from PostgreSQL: nothing is claimed
+    MISSING = "MISSING"  # a head's key is gone: PostgreSQL decides (reconcile.repair)
 
 
 @dataclass(frozen=True)
@@ -217,6 +246,7 @@ class Advanced:
     due: int | None  # a wait's end (ms)
     settled: list[Settled]  # responses delivered by their ACK wait's end
     ack_clash: str | None  # a 'sent' outcome's ACK id another response waits under
+    missing: str | None = None  # MISSING: the key found gone
 
 
 def advance(
@@ -248,10 +278,12 @@ def advance(
     awaited_step_ms: float,
     conversation_id: str,
     holder_pid: int | None,
+    gone: Sequence[str] = (),
 ) -> Advanced:
     """One gate step. ``mode``: 'claim', 'yield' or 'check'; ``outcome``: the previous send's
     ('' | 'delivered' | 'sent' | 'retry' | 'awaited' | 'cancel'), ``outcome_detail`` its async
-    response id ('sent') or delay in ms ('retry')."""
+    response id ('sent') or delay in ms ('retry'); ``gone``: keys to take as run out when
+    missing (a MISSING answer's, after PostgreSQL was asked)."""
     call = Call(
         "advance",
         keys=(
@@ -283,6 +315,7 @@ def advance(
             awaited_step_ms,
             conversation_id,
             "" if holder_pid is None else holder_pid,
+            json.dumps(list(gone)) if gone else "",
         ),
     )
     found: dict[str, Any] = json.loads(scripts.run(call))
@@ -293,6 +326,7 @@ def advance(
         due=found.get("due"),
         settled=[Settled.from_reply(pair) for pair in _list(found.get("settled"))],
         ack_clash=found.get("ack_clash"),
+        missing=found.get("missing"),
     )
 
 
@@ -379,7 +413,7 @@ def ack_inflight_each(scripts: Scripts, calls: Sequence[Call]) -> list[AckInFlig
 class AwaitedTurn:
     wake: list[str]  # conversation ids to wake
     expired: list[tuple[str, str, str]]  # (member, conversationId, status) past their TTL
-    vanished: list[str]  # response ids whose hash is gone
+    vanished: list[tuple[str, str]]  # (response id, conversationId) whose hash is gone
     taken: int  # members this turn claimed
 
 
@@ -401,7 +435,7 @@ def awaited(
     return AwaitedTurn(
         wake=_list(found.get("wake")),
         expired=[(m, cid, status) for m, cid, status in _list(found.get("expired"))],
-        vanished=_list(found.get("vanished")),
+        vanished=[(rid, cid) for rid, cid in _list(found.get("vanished"))],
         taken=int(found.get("taken", 0)),
     )
 

@@ -61,7 +61,9 @@ for _, group in ipairs(data.groups) do
     end
   end
 end
--- The conversation's own list and order lost while its hashes were kept count as missing too.
+-- The conversation's own list and order lost while its hashes were kept count as missing too,
+-- and so does its counter (it outlives everything it numbered).
+if #data.groups > 0 and redis.call('EXISTS', seq_key) == 0 then created = created + 1 end
 for _, group in ipairs(data.groups) do
   if (group.request and redis.call('EXISTS', list_key) == 0)
       or (#group.responses > 0 and redis.call('EXISTS', zset_key) == 0) then

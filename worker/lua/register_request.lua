@@ -5,9 +5,20 @@
 -- ARGV[1] conversationId  ARGV[2] origin  ARGV[3] requestId  ARGV[4] requestTimestamp (ms)
 -- ARGV[5] msgId (PostgreSQL)  ARGV[6] now (ms)  ARGV[7] MESSAGE_TTL (ms)
 -- ARGV[8] AWAITED_MESSAGE_TTL (ms): the counter lives as long as anything it ordered
+-- KEYS[4] response order        <prefix>:{bq:<count>:<shard>}:<conversationId>:res
 -- ARGV[9] corr: the request's correlator ('' when none was given)
--- Returns 1 when registered, 0 when the request was already registered (nothing changed).
+-- ARGV[10] 1: check that the counter is not numbering anew a conversation it numbered before
+-- ARGV[11] 1: PostgreSQL has other open rows in the conversation
+-- Returns 1 when registered, 0 when the request was already registered (nothing changed), -1
+-- (nothing written) when checked and the counter is gone while the conversation's list or
+-- order is there (the counter outlives both) or PostgreSQL has other open rows: evicted or
+-- deleted, it would number this request before those it numbered. The caller has the
+-- conversation rebuilt from PostgreSQL, or finds its rows over, and calls again unchecked.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if ARGV[10] == '1' and redis.call('EXISTS', KEYS[3]) == 0
+    and (ARGV[11] == '1' or redis.call('EXISTS', KEYS[2], KEYS[4]) > 0) then
+  return -1
+end
 local ttl = tonumber(ARGV[7])
 local seq = redis.call('INCR', KEYS[3])
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[8]))

@@ -17,9 +17,14 @@ SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 -- scheduled is the latest REMOVE_AT entry of its audit.
 -- :after, :conversations: a page of the conversations with such rows, those after :after in
 -- id order ('' and NULL: every one; the reconciliation sweep walks them a page at a time).
+-- :only: one conversation's (NULL: no such limit). :without: msg_ids left out, as if they
+-- were not there yet (a request or response whose own script runs after the rebuild).
+-- now_ms: PostgreSQL's clock, which measured the ages (a caller on an injected clock
+-- compares).
 WITH page AS (
     SELECT DISTINCT process_id FROM message
      WHERE service_name = 'conversation' AND process_id > :after
+       AND (CAST(:only AS text) IS NULL OR process_id = :only)
        AND ((operation_name = 'request' AND state = 'WAITING_FOR_RES')
             OR (operation_name = 'response'
                 AND state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')))
@@ -35,11 +40,17 @@ SELECT m.msg_id, m.operation_name, m.process_id, m.correlation_id, m.entity_type
        extract(epoch FROM now() - m.last_process_timestamp) * 1000 AS idle_ms,
        p.msg_id AS request_msg_id, p.correlation_id AS request_id, p.state AS request_state,
        extract(epoch FROM p.msg_timestamp) * 1000 AS request_timestamp_ms,
-       (SELECT count(*) FROM message c WHERE c.parent_msg_id = m.msg_id) AS responses,
+       (SELECT count(*) FROM message c
+         WHERE c.parent_msg_id = m.msg_id AND c.msg_id <> ALL(CAST(:without AS bigint[])))
+         AS responses,
        (SELECT extract(epoch FROM now() - max(c.receive_timestamp)) * 1000
-          FROM message c WHERE c.parent_msg_id = m.msg_id) AS latest_response_age_ms
+          FROM message c
+         WHERE c.parent_msg_id = m.msg_id AND c.msg_id <> ALL(CAST(:without AS bigint[])))
+         AS latest_response_age_ms,
+       extract(epoch FROM now()) * 1000 AS now_ms
   FROM message m LEFT JOIN message p ON p.msg_id = m.parent_msg_id
  WHERE m.service_name = 'conversation' AND m.process_id IN (SELECT process_id FROM page)
+   AND m.msg_id <> ALL(CAST(:without AS bigint[]))
    AND ((m.operation_name = 'request' AND m.state = 'WAITING_FOR_RES')
         OR (m.operation_name = 'response'
             AND m.state IN ('IN_QUEUE', 'PARTLY_FAILED', 'WAITING_FOR_RES')))
