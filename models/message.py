@@ -107,6 +107,17 @@ class Message(Base):
             "msg_id",
             postgresql_where=text("service_name = 'conversation'"),
         ),
+        # A conversation's open rows (a request waiting, a response not yet delivered): what a
+        # request's insert asks for and the rebuild and the reconciliation sweep read.
+        Index(
+            "ix_message_conversation_open",
+            "process_id",
+            "receive_timestamp",
+            postgresql_where=text(
+                "service_name = 'conversation'"
+                " AND state IN ('WAITING_FOR_RES', 'IN_QUEUE', 'PARTLY_FAILED')"
+            ),
+        ),
         # The other messages of a process (a listing's process_id filter, which asks both).
         Index(
             "ix_message_process",

@@ -335,7 +335,7 @@ def _conversation(db: Engine, node: int, cid: str, request_state: str, *response
 
 def _rebuild_rows(db: Engine) -> list[dict[str, Any]]:
     """What a rebuild of Redis would read (worker/conversations/rebuild.py), but the ages."""
-    rows = [row._asdict() for row in conversations_rebuild.rows(db)]
+    rows = [row._asdict() for row in conversations_rebuild.read_rows(db)]
     return [
         {k: v for k, v in row.items() if not k.endswith(("age_ms", "idle_ms", "now_ms"))}
         for row in rows

@@ -6,12 +6,13 @@ PostgreSQL (a Redis of the test's own for eviction)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from orderly.worker import readiness
 from orderly.worker.conversations import reconcile
@@ -145,6 +146,93 @@ def test_a_request_after_its_conversations_counter_was_evicted_goes_last(
     rec = Recorder()
     h.run(rec)
     assert rec.sent == ["s1", "s2", "s3"]
+
+
+def test_a_request_after_its_conversations_list_was_evicted_waits_behind_the_open_ones(
+    h: Harness,
+) -> None:
+    h.request("c1", "r1")  # waits for its first response
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.redis.delete(h.k.request_list("c1"))
+    h.request("c1", "r3")  # not a list of r3 alone: r1 and r2 before it
+    listed = [as_text(x) for x in h.redis.lrange(h.k.request_list("c1"), 0, -1)]
+    assert listed == [h.k.request("c1", r) for r in ("r1", "r2", "r3")]
+    rec = Recorder()
+    assert h.run(rec) == ["WAIT_REQUEST"] and rec.sent == []
+    h.response("c1", "r1", "s1", last=True)
+    h.run(rec)
+    assert rec.sent == ["s1", "s2"]
+
+
+def test_the_gate_does_not_send_past_an_evicted_request_list(h: Harness) -> None:
+    h.request("c1", "r1")  # waits for its first response
+    h.request("c1", "r2")
+    h.response("c1", "r2", "s2", last=True)
+    h.redis.delete(h.k.request_list("c1"))  # r1 no longer holds s2 back, unless asked
+    assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
+    rec = Recorder()
+    assert h.run(rec) == ["WAIT_REQUEST"] and rec.sent == []
+
+
+def test_a_response_after_its_conversations_order_was_evicted_goes_after_its_elders(
+    h: Harness,
+) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1")
+    h.response("c1", "r1", "s2")
+    h.started.clear()  # not sent yet
+    h.redis.delete(h.k.drain_lease("c1"), h.k.response_list("c1"))
+    h.response("c1", "r1", "s3", last=True)  # not an order of s3 alone
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1", "s2", "s3"]
+
+
+def test_the_sweep_puts_back_a_request_or_response_missing_from_its_list_or_order(
+    h: Harness,
+) -> None:
+    conversation(h, "c1", 4)
+    h.redis.lrem(h.k.request_list("c1"), 0, h.k.request("c1", "c1-r1"))
+    member = as_text(h.redis.zrange(h.k.response_list("c1"), 1, 1)[0])
+    h.redis.zrem(h.k.response_list("c1"), member)
+    assert sweep(h).suspect == ["c1"]
+    assert sweep(h).repaired == ["c1"]
+    assert sweep(h).suspect == []
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["c1-s0", "c1-s2", "c1-s1", "c1-s3"]
+
+
+def test_a_repair_waits_for_a_response_settled_in_redis_to_be_recorded(h: Harness) -> None:
+    """An ACK, a deletion, a scheduled removal settle a response in Redis before PostgreSQL
+    records it, under the conversation's lock (Context.locked): a repair between the two would
+    read the row still open and bring the response back, to be sent again."""
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r1", "s1")
+    key = h.k.response("c1", "s1")
+    ctx = h.conv.ctx
+    with ctx.locked("c1") as conn:
+        h.redis.delete(key)  # settled in Redis (as conv_delete.lua would)
+        repaired: list[set[str]] = []
+        worker = threading.Thread(
+            target=lambda: repaired.append(reconcile.repair(ctx, "c1", [key]))
+        )
+        worker.start()
+        wait_until(lambda: _waiting_for_a_lock(h.engine), timeout=30, what="the repair waiting")
+        conn.execute("UPDATE message SET state = 'CANCEL' WHERE correlation_id = 's1'")
+    worker.join(timeout=30)
+    assert repaired == [set()]  # its row read after the record: not brought back
+    assert not h.redis.exists(key)
+
+
+def _waiting_for_a_lock(db: Engine) -> bool:
+    with db.connect() as conn:
+        found = conn.execute(
+            text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        )
+        return bool(found.scalar_one())
 
 
 def test_grouped_intake_after_an_eviction_keeps_the_order(db: Engine, redis_client: Any) -> None:

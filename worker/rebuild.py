@@ -210,7 +210,7 @@ def _rebuild(
     pipe.execute()
     report.other_layout_keys_removed = remove_other_layouts(conversations)
     # 1. Conversations first: a response accepted meanwhile joins the order rebuilt.
-    rebuilt = conversations_rebuild.rebuild(ctx, conversations_rebuild.rows(engine))
+    rebuilt = conversations_rebuild.rebuild(ctx, conversations_rebuild.read_rows(engine))
     report.conversations = rebuilt.conversations
     report.keys_created = rebuilt.keys_created
     # 2. The store's queued messages: a worker's claims take them in line.

@@ -41,6 +41,17 @@ class Context:
         with prepared_connection(self.engine) as conn:
             yield conn
 
+    @contextlib.contextmanager
+    def locked(self, conversation_id: str) -> Iterator[PreparedConnection]:
+        """A transaction holding the conversation's lock (``conv_lock_all``, as a request's
+        insert takes it). A Redis step that settles a response before PostgreSQL records it
+        (an ACK, a deletion, a scheduled removal) runs inside, with that record: a repair
+        (reconcile.repair), which takes the lock to read the rows, never reads them between
+        the two and brings the response back."""
+        with self.pg() as conn, conn.transaction():
+            conn.run("conv_lock_all", [conversation_id])
+            yield conn
+
     def now_ms(self) -> int:
         return now_ms(self.clock)
 

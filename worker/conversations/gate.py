@@ -342,23 +342,23 @@ def ack(ctx: Context, async_response_id: str, enqueue: Enqueue, token: str | Non
     token = new_token()
     # The member read above names the conversation, so its shard; the script checks again,
     # atomically in that shard's slot, that the ACK key still holds it.
-    acked = lua.ack(
-        ctx.scripts,
-        async_request=shard.async_request(async_response_id),
-        response=shard.response(info["rsId"]),
-        response_order=k.response_list(cid),
-        pending_messages=shard.pending_messages,
-        request_list=k.request_list(cid),
-        request_seq=k.request_seq(cid),
-        drain_lease=k.drain_lease(cid),
-        member=member,
-        request_prefix=shard.request_prefix,
-        async_prefix=shard.async_prefix,
-        lease_token=token,
-        lease_ms=ctx.lease_ms,
-        async_response_id=async_response_id,
-    )
-    with ctx.pg() as conn:
+    with ctx.locked(cid) as conn:
+        acked = lua.ack(
+            ctx.scripts,
+            async_request=shard.async_request(async_response_id),
+            response=shard.response(info["rsId"]),
+            response_order=k.response_list(cid),
+            pending_messages=shard.pending_messages,
+            request_list=k.request_list(cid),
+            request_seq=k.request_seq(cid),
+            drain_lease=k.drain_lease(cid),
+            member=member,
+            request_prefix=shard.request_prefix,
+            async_prefix=shard.async_prefix,
+            lease_token=token,
+            lease_ms=ctx.lease_ms,
+            async_response_id=async_response_id,
+        )
         conn.run("conv_ok", acked.msg_ids, f"ACK {async_response_id}")
     if acked.lease_taken:
         enqueue(cid, token)

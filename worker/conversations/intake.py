@@ -351,9 +351,7 @@ def store_responses(
             out[i] = Registered(row.msg_id, MessageState.CANCEL, created=True)
             continue
         token = new_token()
-        call = joins.response_call(
-            ctx, new, inserted, row.msg_id, token, True, joins.is_open(inserted)
-        )
+        call = joins.response_call(ctx, new, inserted, row.msg_id, token, True, True)
         queued.append((i, inserted, row.msg_id, token, call))
     # In Redis in one round trip (a server's); one that fails is stored: a repeat queues it
     replies: list[lua.ResponseAdded | Exception]
@@ -373,8 +371,12 @@ def store_responses(
             if isinstance(added, Exception):
                 raise added
             if added.code is lua.AddCode.MISSING:
-                without = frozenset(missing[new.conversation_id])
-                added = joins.add(ctx, new, inserted, msg_id, token, enqueue, added, without)
+                # checked again (a repair for an earlier one may have brought its key back),
+                # the conversation's others not yet added left out of a repair
+                waiting = missing[new.conversation_id]
+                waiting.discard(msg_id)
+                without = frozenset(waiting)
+                added = joins.add(ctx, new, inserted, msg_id, token, enqueue, None, without)
             out[i] = _response_queued(ctx, new, inserted, msg_id, token, added, enqueue, True)
         except Exception as exc:
             out[i] = exc
@@ -420,6 +422,7 @@ def _insert_responses(
         [n.response.model_dump_json(exclude_unset=True) for n in news],
         [_origins_json(owns) for _, owns in items],
         [n.traced for n in news],
+        ctx.settings.awaited_message_ttl,
     )
 
 

@@ -50,10 +50,11 @@ def register(
 
 def registered_again(ctx: Context, conversation_id: str, again: Sequence[tuple[int, Call]]) -> None:
     """Requests (msg_id, unchecked call) whose check answered MISSING: their conversation's
-    counter gone while it numbered open rows. The conversation is rebuilt without them if its
+    counter or list gone while it has open rows. The conversation is rebuilt without them if its
     rows say so (reconcile.repair), then each is registered, in order."""
-    counter = ctx.keys.request_seq(conversation_id)
-    reconcile.repair(ctx, conversation_id, [counter], {msg_id for msg_id, _ in again})
+    k = ctx.keys
+    gone = [k.request_seq(conversation_id), k.request_list(conversation_id)]
+    reconcile.repair(ctx, conversation_id, gone, {msg_id for msg_id, _ in again})
     for _, call in again:
         lua.register_request(ctx.scripts, call)
 
@@ -89,8 +90,8 @@ def request_call(
     )
 
 
-# add_response.lua's checks, in turn while it answers MISSING: (check, the request open as
-# PostgreSQL has it): the request's key, then the conversation's counter, then none.
+# add_response.lua's checks, in turn while it answers MISSING: (check, with PostgreSQL's word):
+# the request's key and the conversation's order, then the counter, then none.
 _ROUNDS = ((True, True), (True, False), (False, False))
 
 
@@ -110,9 +111,7 @@ def add(
     ``without``) before the next round."""
     for check, open_ in _ROUNDS:
         if added is None:
-            call = response_call(
-                ctx, new, inserted, msg_id, token, check, open_ and is_open(inserted)
-            )
+            call = response_call(ctx, new, inserted, msg_id, token, check, open_)
             added = lua.add_response(ctx.scripts, call)
         if added.code is not lua.AddCode.MISSING:
             return added
@@ -122,11 +121,6 @@ def add(
     raise AssertionError("add_response.lua answered MISSING unchecked")
 
 
-def is_open(inserted: rows.ResponseInserted) -> bool:
-    """PostgreSQL has the response's request waiting for responses."""
-    return inserted.request_state == MessageState.WAITING_FOR_RES
-
-
 def response_call(
     ctx: Context,
     new: NewResponse,
@@ -134,10 +128,11 @@ def response_call(
     msg_id: int,
     token: str,
     check: bool = True,
-    request_open: bool = False,
+    asks: bool = False,
 ) -> Call:
     """add_response.lua's call for the stored response; ``token``: the conversation's lease
-    token should it take the lease."""
+    token should it take the lease; ``asks``: its checks include PostgreSQL's word (the
+    request open, other responses open) as the insert found it."""
     res, conversation_id = new.response, new.conversation_id
     k = ctx.keys
     shard = k.shard(conversation_id)
@@ -170,7 +165,8 @@ def response_call(
         corr=res.corr,
         trace_parent=new.traced,
         check=check,
-        request_open=request_open,
+        request_open=asks and inserted.request_state == MessageState.WAITING_FOR_RES,
+        others_open=asks and inserted.others_open,
     )
 
 

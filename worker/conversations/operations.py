@@ -244,34 +244,35 @@ def delete(
     request_msg_id, origin = request.msg_id, request.origin
     k = ctx.keys
     shard = k.shard(conversation_id)
-    result = lua.conv_delete(
-        ctx.scripts,
-        request=shard.request(request_id),
-        response_order=k.response_list(conversation_id),
-        pending_messages=shard.pending_messages,
-        request_list=k.request_list(conversation_id),
-        request_seq=k.request_seq(conversation_id),
-        request_id=request_id,
-        status=command.status,
-        all_origin_except=command.all_origin_except,
-        origin=origin,
-        response_prefix=shard.response_prefix,
-        async_prefix=shard.async_prefix,
-        message_ttl_ms=ctx.settings.message_ttl,
-        now_ms=ctx.now_ms(),
-    )
-    done = Deleted(conversation_id, request_id, result.excepted, result.request)
-    if done.excepted:
-        return done
-    pairs = result.deleted
-    done.deleted = [str(rid) for _, rid in pairs]
-    ids = [int(i) for i, _ in pairs if i]
     note = command.note or (
         f"deleted by an operator (status {command.status})"
         if command.status
         else "its request's messages deleted by an operator"
     )
-    with ctx.pg() as conn:
+    # The Redis step and its record in one locked transaction (Context.locked).
+    with ctx.locked(conversation_id) as conn:
+        result = lua.conv_delete(
+            ctx.scripts,
+            request=shard.request(request_id),
+            response_order=k.response_list(conversation_id),
+            pending_messages=shard.pending_messages,
+            request_list=k.request_list(conversation_id),
+            request_seq=k.request_seq(conversation_id),
+            request_id=request_id,
+            status=command.status,
+            all_origin_except=command.all_origin_except,
+            origin=origin,
+            response_prefix=shard.response_prefix,
+            async_prefix=shard.async_prefix,
+            message_ttl_ms=ctx.settings.message_ttl,
+            now_ms=ctx.now_ms(),
+        )
+        done = Deleted(conversation_id, request_id, result.excepted, result.request)
+        if done.excepted:
+            return done
+        pairs = result.deleted
+        done.deleted = [str(rid) for _, rid in pairs]
+        ids = [int(i) for i, _ in pairs if i]
         cancelled = conn.all(
             MsgId,
             "conv_op_cancel",

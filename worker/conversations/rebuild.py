@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from orderly.models import MessageState
 from orderly.models.keys import min_message_info
@@ -57,8 +57,8 @@ def _int(value: Any) -> int:
     return int(float(value)) if value is not None else 0
 
 
-def rows(
-    engine: Engine,
+def read_rows(
+    source: Engine | Connection,
     *,
     after: str = "",
     page: int | None = None,
@@ -68,10 +68,13 @@ def rows(
     """The rows a rebuild reads (``rebuild_conversation_rows``), ordered by conversation,
     then msg_id: every conversation's, a ``page`` of those after ``after``, or ``only`` one's;
     the rows of ``without`` left out (as if not there yet: not counted in their request's
-    responses nor its latest one's age)."""
+    responses nor its latest one's age). ``source``: a connection whose transaction it reads
+    in, or an engine."""
     params = {"after": after, "conversations": page, "only": only, "without": list(without)}
-    with engine.connect() as conn:
-        return list(conn.execute(sql("rebuild_conversation_rows"), params).all())
+    if isinstance(source, Connection):
+        return list(source.execute(sql("rebuild_conversation_rows"), params).all())
+    with source.connect() as conn:
+        return read_rows(conn, after=after, page=page, only=only, without=without)
 
 
 def offset_ms(ctx: Context, rows: Sequence[Any]) -> int:
@@ -216,8 +219,9 @@ class ConversationsRebuilt:
     to_deliver: list[str] = field(default_factory=list)
 
 
-def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
-    """Rebuild every conversation the rows name (rows ordered by conversation, then msg_id)."""
+def rebuild(ctx: Context, rows: Sequence[Any], offset: int = 0) -> ConversationsRebuilt:
+    """Rebuild every conversation the rows name (rows ordered by conversation, then msg_id;
+    ``offset``: as :func:`groups`')."""
     report = ConversationsRebuilt()
     by_conversation: dict[str, list[Any]] = {}
     for row in rows:
@@ -225,7 +229,7 @@ def rebuild(ctx: Context, rows: Sequence[Any]) -> ConversationsRebuilt:
     k = ctx.keys
     keep_ms = max(ctx.settings.message_ttl, ctx.settings.awaited_message_ttl)
     for cid, own in by_conversation.items():
-        found = groups(ctx, own, ctx.now_ms())
+        found = groups(ctx, own, ctx.now_ms(), offset)
         if not found:
             continue
         data = {

@@ -8,7 +8,8 @@ hand. Such a conversation stalls: nothing wakes it, nothing delivers its respons
 The sweep walks the conversations with open rows a page at a time (the rows the rebuild
 reads) and asks Redis whether what those rows stand for is there: each request hash whose
 MESSAGE_TTL has not run out, each response hash and its entry in its shard's pendingMessages
-(what wakes it), the conversation's request list, response order and counter. A conversation missing
+(what wakes it) and in the conversation's order, each live request in the conversation's
+request list, its counter. A conversation missing
 any is suspect; found so again at the next sweep with the same rows (a key that is only
 between its row and its script, or a response delivered whose row is being written, is not:
 the next sweep finds it whole, or its row closed), it is rebuilt from its rows exactly as
@@ -35,6 +36,7 @@ from orderly.worker.conversations import rebuild
 from orderly.worker.conversations.context import Context
 from orderly.worker.conversations.drains import wake
 from orderly.worker.conversations.model import Enqueue
+from orderly.worker.db.queries import sql
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 PAGE = 500
 # A key this close to the end of its life in Redis may be gone by its TTL: not looked for.
 MARGIN_MS = 5_000
+# A repair takes a key this close to its end as run out (the process's and PostgreSQL's
+# clocks may differ by this much).
+REPAIR_MARGIN_MS = 1_000
 
 # What is looked for in Redis: a key that exists, or a member of a sorted set.
 Look = tuple[str, str, str]
@@ -61,27 +66,38 @@ def _fingerprint(rows: Sequence[Any]) -> tuple[tuple[Any, ...], ...]:
     return tuple((r.msg_id, r.state, r.failed_count, r.custom_data) for r in rows)
 
 
-def _expected(ctx: Context, cid: str, rows: Sequence[Any], now: int, offset: int = 0) -> list[Look]:
-    """What a conversation's open rows stand for in Redis (as a rebuild would make them):
-    keys that exist, and responses in their shard's pendingMessages (what wakes them).
-    ``offset``: as :func:`rebuild.groups`'."""
+def _expected(
+    ctx: Context,
+    cid: str,
+    rows: Sequence[Any],
+    now: int,
+    offset: int = 0,
+    margin: int = MARGIN_MS,
+) -> list[Look]:
+    """What a conversation's open rows stand for in Redis (as a rebuild would make them), of
+    more than ``margin`` ms of life: keys that exist, a live request in the conversation's
+    request list, a response in its order and in its shard's pendingMessages (what wakes
+    it). ``offset``: as :func:`rebuild.groups`'."""
     k = ctx.keys
     shard = k.shard(cid)
     found: list[Look] = []
     groups = rebuild.groups(ctx, rows, now, offset)
-    requests = [g for g in groups if g.request is not None and g.ttl > MARGIN_MS]
-    responses = [r for g in groups for r in g.responses if r["ttl"] > MARGIN_MS]
+    requests = [g for g in groups if g.request is not None and g.ttl > margin]
+    responses = [r for g in groups for r in g.responses if r["ttl"] > margin]
     if requests or responses:
         # the request counter outlives everything it numbered (register_request.lua)
         found.append(("exists", k.request_seq(cid), ""))
     if requests:
         found.append(("exists", k.request_list(cid), ""))
+    for g in requests:
+        key = shard.request_prefix + g.request_id
+        found += [("exists", key, ""), ("lpos", k.request_list(cid), key)]
     if responses:
         found.append(("exists", k.response_list(cid), ""))
-    found += [("exists", shard.request_prefix + g.request_id, "") for g in requests]
     for r in responses:
         found.append(("exists", shard.response_prefix + r["responseId"], ""))
         found.append(("zscore", shard.pending_messages, r["member"]))
+        found.append(("zscore", k.response_list(cid), r["member"]))
     return found
 
 
@@ -129,6 +145,8 @@ class Sweeper:
             for how, key, member in looks:
                 if how == "exists":
                     pipe.exists(key)
+                elif how == "lpos":
+                    pipe.lpos(key, member)
                 else:
                     pipe.zscore(key, member)
         found = iter(pipe.execute())
@@ -136,7 +154,12 @@ class Sweeper:
         for cid, looks in expected.items():
             # every answer taken (the iterator goes on to the next conversation's)
             answers = [next(found) for _ in looks]
-            if not all(a is not None and a != 0 for a in answers):
+            # EXISTS answers a count; LPOS and ZSCORE None when absent (LPOS 0: the head)
+            there = (
+                a != 0 if how == "exists" else a is not None
+                for (how, _, _), a in zip(looks, answers, strict=True)
+            )
+            if not all(there):
                 missing.append(cid)
         return missing
 
@@ -163,21 +186,26 @@ def repair(
 ) -> set[str]:
     """A script of intake or of the gate found keys of conversation ``cid`` missing that it
     may not take as run out (its answer MISSING, nothing written): evicted, deleted by hand,
-    or their lives over after all. PostgreSQL decides: if its rows say any of ``missing``
-    should be in Redis now (by the injected clock, with MARGIN_MS to spare), the conversation
-    is rebuilt from them (rebuild_conversation.lua: what is missing is created, what exists is
-    kept). The caller's script then runs again, told to take what is still missing as run
-    out. ``without``: rows whose own script runs again after (a request or response being
-    taken in), left out of the rebuild; ``enqueue``: a drain is started for what the rebuild
-    made deliverable (None: the caller's drain holds the conversation). Returns those of
+    or their lives over after all. PostgreSQL decides, under the conversation's lock: if its
+    rows say any of ``missing`` should be in Redis now (by the injected clock, more than
+    REPAIR_MARGIN_MS before its end), the conversation is rebuilt from them
+    (rebuild_conversation.lua: what is missing is created, what exists is kept). The
+    caller's script then runs again, told to take what is still missing as run out.
+    ``without``: rows whose own script runs again after (a request or response being taken
+    in), left out of the rebuild; ``enqueue``: a drain is started for what the rebuild made
+    deliverable (None: the caller's drain holds the conversation). Returns those of
     ``missing`` PostgreSQL says should be there (rebuilt; none: the rest ran out)."""
-    found = rebuild.rows(ctx.engine, only=cid, without=without)
-    now = ctx.now_ms()
-    expected = _expected(ctx, cid, found, now, rebuild.offset_ms(ctx, found))
-    live = {key for how, key, _ in expected if how == "exists"} & set(missing)
-    if not live:
-        return live
-    rebuilt = rebuild.rebuild(ctx, found)
+    with ctx.engine.begin() as conn:
+        # Under the conversation's lock: a Redis step that settles a response before its
+        # record (Context.locked) is not between the two while the rows are read.
+        conn.execute(sql("rebuild_conversation_lock"), {"conversation": cid})
+        found = rebuild.read_rows(conn, only=cid, without=without)
+        offset = rebuild.offset_ms(ctx, found)
+        expected = _expected(ctx, cid, found, ctx.now_ms(), offset, REPAIR_MARGIN_MS)
+        live = {key for how, key, _ in expected if how == "exists"} & set(missing)
+        if not live:
+            return live
+        rebuilt = rebuild.rebuild(ctx, found, offset)
     log.warning(
         "conversation %s: %s gone from Redis while PostgreSQL has it open (evicted, or "
         "deleted): %d keys rebuilt from PostgreSQL",
@@ -194,6 +222,6 @@ def page_reader(engine: Engine) -> Callable[[str, int], Sequence[Any]]:
     """``read`` for :meth:`Sweeper.sweep`: a page of the rebuild's rows from ``engine``."""
 
     def read(after: str, page: int) -> Sequence[Any]:
-        return rebuild.rows(engine, after=after, page=page)
+        return rebuild.read_rows(engine, after=after, page=page)
 
     return read

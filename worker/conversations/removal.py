@@ -40,22 +40,23 @@ def remove_due(ctx: Context, member: str) -> bool:
     cid, rid = info["cnId"], info["rsId"]
     k = ctx.keys
     shard = k.shard(cid)
-    done = lua.conv_remove_due(
-        ctx.scripts,
-        response=shard.response(rid),
-        response_order=k.response_list(cid),
-        pending_messages=shard.pending_messages,
-        request_list=k.request_list(cid),
-        request_seq=k.request_seq(cid),
-        member=member,
-        request_prefix=shard.request_prefix,
-        async_prefix=shard.async_prefix,
-        now_ms=ctx.now_ms(),
-    )
-    if done is None:
-        return False
-    msg_id, completed, status = done.msg_id, done.completed_request_msg_id, done.status
-    with ctx.pg() as conn:
+    # The Redis step and its record in one locked transaction (Context.locked).
+    with ctx.locked(cid) as conn:
+        done = lua.conv_remove_due(
+            ctx.scripts,
+            response=shard.response(rid),
+            response_order=k.response_list(cid),
+            pending_messages=shard.pending_messages,
+            request_list=k.request_list(cid),
+            request_seq=k.request_seq(cid),
+            member=member,
+            request_prefix=shard.request_prefix,
+            async_prefix=shard.async_prefix,
+            now_ms=ctx.now_ms(),
+        )
+        if done is None:
+            return False
+        msg_id, completed, status = done.msg_id, done.completed_request_msg_id, done.status
         if status == "SENT":
             # The client took it (202); its ACK is no longer waited for.
             conn.run("conv_ok", done.msg_ids, f"delivered: {REMOVED_NOTE}")

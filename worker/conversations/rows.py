@@ -42,6 +42,7 @@ class ResponseInserted:
     origin: str
     request_ts: datetime
     request_done: bool
+    others_open: bool = False  # the conversation had other responses open before it
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class GroupedResponse:
     origin: str | None
     request_ts: datetime | None
     request_done: bool | None
+    others_open: bool | None
 
     def found(self) -> ResponseInserted | None:
         """The response (msg_id None: not inserted) and its request; None: the request is
@@ -69,7 +71,7 @@ class GroupedResponse:
             return None
         return ResponseInserted(
             self.msg_id, self.state, self.request_msg_id, self.request_state, self.origin,
-            self.request_ts, bool(self.request_done),
+            self.request_ts, bool(self.request_done), bool(self.others_open),
         )  # fmt: skip
 
 

@@ -122,6 +122,18 @@ class PreparedConnection:
         """Plain SQL on the same connection (BEGIN / COMMIT / ROLLBACK around statements)."""
         self._cursor.execute(sql, params)
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[PreparedConnection]:
+        """The statements run inside as one transaction: committed when the block ends,
+        rolled back when it raises."""
+        self._cursor.execute("BEGIN")
+        try:
+            yield self
+        except BaseException:
+            self._cursor.execute("ROLLBACK")
+            raise
+        self._cursor.execute("COMMIT")
+
     @property
     def backend_pid(self) -> int:
         """The PostgreSQL backend pid of this connection (no round trip)."""

@@ -14,14 +14,16 @@
 -- ARGV[20] tp: the traceparent its send continues ('' when none)
 -- ARGV[21] 1: check that a missing request key is not taken for a request whose life is over
 -- ARGV[22] 1: PostgreSQL has the request open (waiting for responses)
+-- ARGV[23] 1: PostgreSQL has other responses of the conversation open (so its order exists)
 -- Both hashes' lastAccess becomes now.
 -- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE', 'CANCELLED' (the request's
--- group was cancelled) or, when checked, 'MISSING' (nothing written): the request's key is
--- gone while PostgreSQL has the request open, or the counter is gone while the
--- conversation's list or order is there (the counter outlives both): evicted or deleted, the
--- request would take a new turn, or a number before those given. The caller has the
--- conversation rebuilt from PostgreSQL, or finds its rows over, and calls again (the
--- missing key in lateMs's place); leaseTaken 1 when the caller must start a drain with ARGV[16];
+-- group was cancelled) or, when checked, 'MISSING' (nothing written; the missing key in
+-- lateMs's place): the request's key is gone while PostgreSQL has the request open, a
+-- callback finds the conversation's counter gone, or the conversation's order is gone while
+-- PostgreSQL has other responses open. Evicted or deleted, the request would take a new
+-- turn, or a number before those given, or the response go before those it follows; the
+-- caller has PostgreSQL decide (the conversation rebuilt from its rows, or found over) and
+-- calls again. leaseTaken 1 when the caller must start a drain with ARGV[16];
 -- lateMs '' or, for a late response, how long after requestTimestamp + MESSAGE_TTL it came.
 -- Late: the request had expired (MESSAGE_TTL) before this response, which therefore takes
 -- the request's turn again at the end of the conversation; decided here, with that order.
@@ -31,10 +33,11 @@ local msg_ttl = tonumber(ARGV[12])
 local awaited_ttl = tonumber(ARGV[13])
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'CANCEL' then return {'CANCELLED', 0, ''} end
-if not status and ARGV[21] == '1' then
-  if ARGV[22] == '1' then return {'MISSING', 0, KEYS[1]} end
-  if redis.call('EXISTS', KEYS[6]) == 0 and redis.call('EXISTS', KEYS[5], KEYS[3]) > 0 then
-    return {'MISSING', 0, KEYS[6]}
+if ARGV[21] == '1' then
+  if not status and ARGV[22] == '1' then return {'MISSING', 0, KEYS[1]} end
+  if not status and redis.call('EXISTS', KEYS[6]) == 0 then return {'MISSING', 0, KEYS[6]} end
+  if ARGV[23] == '1' and redis.call('EXISTS', KEYS[3]) == 0 then
+    return {'MISSING', 0, KEYS[3]}
   end
 end
 if not status then

@@ -28,7 +28,8 @@
 -- WAIT_AWAITED, UNKNOWN (check: no such response), LOST (the lease is another's), YIELD,
 -- REBUILDING (Redis is being rebuilt from PostgreSQL: the rebuild wakes the conversation
 -- once it is whole; a response sent now could overtake older ones not rebuilt yet),
--- MISSING (missing: the head request's or first response's key, gone but not in ARGV[19]:
+-- MISSING (missing: the head request's or first response's key, or the request list while a
+-- response would go, gone but not in ARGV[19]:
 -- its life ran out, or Redis evicted it; PostgreSQL tells which before the conversation goes
 -- on, so an evicted head is never skipped. The lease stays held.)
 local mode, token, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -140,6 +141,13 @@ local function finish(code, due)
   return cjson.encode(result)
 end
 
+-- A key met gone that PostgreSQL must judge first (MISSING: the lease stays held).
+local function missing(key)
+  result.code = 'MISSING'
+  result.missing = key
+  return cjson.encode(result)
+end
+
 if mode == 'claim' and redis.call('HGET', KEYS[8], 'state') == 'rebuilding' then
   return finish('REBUILDING')
 end
@@ -147,12 +155,9 @@ end
 while true do
   local head_req = redis.call('LINDEX', list_key, 0)
   if head_req and redis.call('EXISTS', head_req) == 0 then
-    -- The head request vanished (its MESSAGE_TTL ran out): remove it and check again.
-    if not gone[head_req] then
-      result.code = 'MISSING'
-      result.missing = head_req
-      return cjson.encode(result)
-    end
+    -- The head request vanished: once PostgreSQL says its MESSAGE_TTL ran out (ARGV[19]),
+    -- remove it and check again.
+    if not gone[head_req] then return missing(head_req) end
     redis.call('LPOP', list_key)
   else
     local first = redis.call('ZRANGE', zset_key, 0, 0)[1]
@@ -171,11 +176,7 @@ while true do
     result.first = info['rsId']
     if redis.call('EXISTS', res_key) == 0 then
       -- Case 3: the first response no longer exists: remove it and check again.
-      if not gone[res_key] then
-        result.code = 'MISSING'
-        result.missing = res_key
-        return cjson.encode(result)
-      end
+      if not gone[res_key] then return missing(res_key) end
       redis.call('ZREM', zset_key, first)
       redis.call('ZREM', pending_key, first)
     else
@@ -187,8 +188,13 @@ while true do
         local ttl = redis.call('PTTL', head_req)
         return finish('WAIT_REQUEST', ttl > 0 and now + ttl or nil)
       end
+      -- No request list while a response waits: every request done or run out, or the
+      -- list evicted (an earlier request still waiting for its first response would hold
+      -- this one): PostgreSQL is asked before anything goes.
+      local unlisted = not head_req and not gone[list_key]
       if mode == 'check' then
         -- Cases 1 and 2: the validated response is first, or another one is.
+        if info['rsId'] == ARGV[10] and unlisted then return missing(list_key) end
         if info['rsId'] == ARGV[10] then return finish('CAN_SEND') end
         -- (a cancelled response's hash has no member: unknown, as one that is gone)
         if not redis.call('HGET', res_prefix .. ARGV[10], 'member') then
@@ -210,6 +216,7 @@ while true do
           if status == 'AWAITED' then return finish('WAIT_AWAITED', not_before) end
           return finish('WAIT_RETRY', not_before)
         end
+        if unlisted then return missing(list_key) end
         -- Claimed: in flight until the outcome; the awaited agent looks again if the
         -- sender dies (MAX_PENDING_TTL + margin), and beat as soon as the drain's connection
         -- is gone (drain_release.lua). A claim still there when the head is claimed again

@@ -44,9 +44,7 @@ class Settled:
 # --- intake -----------------------------------------------------------------------------------
 
 
-class Registration(enum.IntEnum):
-    """register_request.lua's answer."""
-
+class Registration(enum.IntEnum):  # register_request.lua's answer
     REGISTERED = 1
     ALREADY = 0  # registered before: nothing changed
     MISSING = -1  # its conversation's counter is gone: nothing written (joins.py)
@@ -87,8 +85,8 @@ def register_request_call(
     others_open: bool = False,
 ) -> Call:
     """register_request.lua's call (:class:`Registration`). ``check``: answer MISSING rather
-    than number the request anew when the conversation's counter is gone while its list or
-    order is there, or ``others_open`` (PostgreSQL has other open rows in the conversation)."""
+    than go on when the conversation's counter is gone while its list or order is there, or
+    its counter or list is gone and ``others_open`` (PostgreSQL has other open rows in it)."""
     return Call(
         "register_request",
         keys=(request, request_list, request_seq, response_order),
@@ -176,11 +174,12 @@ def add_response_call(
     trace_parent: str | None = None,
     check: bool = True,
     request_open: bool = False,
+    others_open: bool = False,
 ) -> Call:
     """add_response.lua's call (:class:`ResponseAdded`). ``check``: answer MISSING rather
-    than take the request as a callback when its key is gone and ``request_open`` (PostgreSQL
-    has it waiting for responses), or when the conversation's counter is gone while its list
-    or order is there."""
+    than go on when the request's key is gone and ``request_open`` (PostgreSQL has it waiting
+    for responses), a callback finds the counter gone, or the conversation's order is gone
+    and ``others_open`` (PostgreSQL has other responses of it open)."""
     return Call(
         "add_response",
         keys=(
@@ -215,6 +214,7 @@ def add_response_call(
             trace_parent or "",
             1 if check else 0,
             1 if request_open else 0,
+            1 if others_open else 0,
         ),
     )
 

@@ -61,14 +61,16 @@ for _, group in ipairs(data.groups) do
     end
   end
 end
--- The conversation's own list and order lost while its hashes were kept count as missing too,
--- and so does its counter (it outlives everything it numbered).
+-- A request not in the conversation's list or a response not in its order (the list or
+-- order lost, or lost and made anew by a newcomer, while their hashes were kept) count as
+-- missing too, and so does the counter (it outlives everything it numbered).
 if #data.groups > 0 and redis.call('EXISTS', seq_key) == 0 then created = created + 1 end
 for _, group in ipairs(data.groups) do
-  if (group.request and redis.call('EXISTS', list_key) == 0)
-      or (#group.responses > 0 and redis.call('EXISTS', zset_key) == 0) then
+  if group.request and not redis.call('LPOS', list_key, req_prefix .. group.requestId) then
     created = created + 1
-    break
+  end
+  for _, r in ipairs(group.responses) do
+    if not redis.call('ZSCORE', zset_key, r.member) then created = created + 1 end
   end
 end
 if created == 0 then return {0, redis.call('ZCARD', zset_key)} end

@@ -5,19 +5,24 @@
 -- ARGV[1] conversationId  ARGV[2] origin  ARGV[3] requestId  ARGV[4] requestTimestamp (ms)
 -- ARGV[5] msgId (PostgreSQL)  ARGV[6] now (ms)  ARGV[7] MESSAGE_TTL (ms)
 -- ARGV[8] AWAITED_MESSAGE_TTL (ms): the counter lives as long as anything it ordered
--- KEYS[4] response order        <prefix>:{bq:<count>:<shard>}:<conversationId>:res
+-- KEYS[4] response order        <prefix>:{bq:<count>:<shard>}:<conversationId>
 -- ARGV[9] corr: the request's correlator ('' when none was given)
 -- ARGV[10] 1: check that the counter is not numbering anew a conversation it numbered before
 -- ARGV[11] 1: PostgreSQL has other open rows in the conversation
 -- Returns 1 when registered, 0 when the request was already registered (nothing changed), -1
 -- (nothing written) when checked and the counter is gone while the conversation's list or
--- order is there (the counter outlives both) or PostgreSQL has other open rows: evicted or
--- deleted, it would number this request before those it numbered. The caller has the
--- conversation rebuilt from PostgreSQL, or finds its rows over, and calls again unchecked.
+-- order is there (the counter outlives both), or the counter or the list is gone while
+-- PostgreSQL has other open rows: evicted or deleted, the request would be numbered before
+-- those it follows, or head a list without the requests still waiting before it. The caller
+-- has PostgreSQL decide (the conversation rebuilt from its rows, or found over) and calls
+-- again unchecked.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[10] == '1' and redis.call('EXISTS', KEYS[3]) == 0
-    and (ARGV[11] == '1' or redis.call('EXISTS', KEYS[2], KEYS[4]) > 0) then
-  return -1
+if ARGV[10] == '1' then
+  local counted = redis.call('EXISTS', KEYS[3]) == 1
+  if (not counted and redis.call('EXISTS', KEYS[2], KEYS[4]) > 0)
+      or (ARGV[11] == '1' and (not counted or redis.call('EXISTS', KEYS[2]) == 0)) then
+    return -1
+  end
 end
 local ttl = tonumber(ARGV[7])
 local seq = redis.call('INCR', KEYS[3])

@@ -71,8 +71,10 @@ SELECT msg_id, state, process_id AS conversation_id, entity_type AS origin, msg_
 -- response id both name the inserted row: the first is it. request_done: the request was
 -- completed (its final response settled, delivered or not), as opposed to open or closed
 -- without a final response; a response whose request is gone from Redis is late unless the
--- request completed (add_response.lua).
--- prepare: text[], text[], text[], timestamptz[], text[], bigint, boolean[], text[], text[], text[]
+-- request completed (add_response.lua). others_open: the conversation had open responses
+-- received within the last $11 ms (AWAITED_MESSAGE_TTL) before this statement (so its order
+-- must be in Redis).
+-- prepare: text[], text[], text[], timestamptz[], text[], bigint, boolean[], text[], text[], text[], bigint
 -- $8: each one's envelope, the response as received (its corr under "corr"); $9: each one's
 -- caller's origins as a JSON array (NULL: every one); $10: each one's traceparent.
 WITH i AS (
@@ -107,7 +109,13 @@ ins AS (
 SELECT ins.msg_id, ins.state, r.msg_id AS request_msg_id, r.state AS request_state,
        r.entity_type AS origin, r.msg_timestamp AS request_ts,
        r.state IN ('OK', 'FAILED')
-         AND r.custom_data IS DISTINCT FROM 'closed without a final response' AS request_done
+         AND r.custom_data IS DISTINCT FROM 'closed without a final response' AS request_done,
+       EXISTS (SELECT 1 FROM message o
+                WHERE o.service_name = 'conversation' AND o.process_id = i.conversation_id
+                  AND o.state IN ('WAITING_FOR_RES', 'IN_QUEUE', 'PARTLY_FAILED')
+                  AND o.operation_name = 'response'
+                  AND o.receive_timestamp > now() - $11 * interval '1 millisecond')
+         AS others_open
   FROM i LEFT JOIN r USING (n) LEFT JOIN ins ON ins.correlation_id = i.response_id
  ORDER BY i.n;
 

@@ -7,6 +7,11 @@ SELECT pg_try_advisory_lock(hashtext('orderly.rebuild'));
 -- name: rebuild_unlock
 SELECT pg_advisory_unlock(hashtext('orderly.rebuild'));
 
+-- name: rebuild_conversation_lock
+-- One conversation's lock for the rest of the transaction: conv_lock_all's, for a repair that
+-- reads the conversation's rows (worker/conversations/context.py: Context.locked).
+SELECT pg_advisory_xact_lock(hashtextextended('conversation:' || :conversation, 0));
+
 -- name: rebuild_conversation_rows
 -- What Redis's conversation structures stood for: requests still waiting for responses and
 -- responses not yet delivered (queued, AWAITED, or sent and waiting for their ACK), with
