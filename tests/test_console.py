@@ -24,7 +24,15 @@ from sqlalchemy import Engine, text
 
 from orderly.models.keys import BridgeKeys
 from tests.browser import chromium
-from tests.helpers import api_key, bridge_ready, message, row, set_config, wait_until
+from tests.helpers import (
+    api_key,
+    bridge_ready,
+    message,
+    received_earlier,
+    row,
+    set_config,
+    wait_until,
+)
 from tests.push_recorder import Recorder
 from tests.stack import Stack
 from tests.test_contract import ARTIFACTS
@@ -390,7 +398,8 @@ def test_conversations_open_blocked_late_and_in_order(
     ttl_ms = int(TIMINGS["AURA_QUEUE_MANAGER_MESSAGE_TTL"])
     old = datetime.now(UTC) - timedelta(milliseconds=ttl_ms + 5000)
     request("c-late", "late-r1", timestamp=old.isoformat())
-    redis_client.delete(BridgeKeys().request("c-late", "late-r1"))  # its life in Redis ends now
+    received_earlier(db, "late-r1", ttl_ms + 5000)  # its life ends now, in both stores
+    redis_client.delete(BridgeKeys().request("c-late", "late-r1"))
     request("c-late", "late-r2")
     respond("c-late", "late-r2", "late-s2")
     respond("c-late", "late-r1", "late-s1")

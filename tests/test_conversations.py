@@ -813,6 +813,7 @@ def test_cancel_leaves_a_tombstone_even_for_an_expired_request(
     # The request hash expires (MESSAGE_TTL after its latest response), its responses do not.
     assert 0 < h.redis.pttl(h.k.request("c1", "r1")) <= 10_000
     assert h.redis.pttl(h.k.response("c1", "s2")) > 10_000
+    h.clock.advance_ms(10_000)
     h.redis.delete(h.k.request("c1", "r1"))
     h.run(Recorder(answers={"s1": [SendResult(Delivery.FATAL, 400, reason="HTTP 400")]}))
     # A response of the group being accepted right now finds the tombstone, not a callback.

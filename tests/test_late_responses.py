@@ -24,7 +24,7 @@ from orderly.worker.channels import Channel
 from orderly.worker.conversations import Delivery, Head, SendResult
 from orderly.worker.delivery import HttpSender
 from orderly.worker.observe import store_figures
-from tests.helpers import OrderlyCli, bridge_ready, local_http, wait_until
+from tests.helpers import OrderlyCli, bridge_ready, local_http, received_earlier, wait_until
 from tests.stack import Stack
 from tests.test_conversation_e2e import CHANNEL, TIMINGS
 from tests.test_conversations import Harness, make
@@ -262,14 +262,7 @@ def test_late_response_end_to_end_header_row_metrics_and_status(
         assert 0 < redis_client.pttl(BridgeKeys().request("c1", "r1")) <= ttl_ms
         # Its life over on both sides: received as long ago as its timestamp says (PostgreSQL,
         # which the intake asks when a request's key is gone), its key expired (Redis).
-        with db.begin() as conn:
-            conn.execute(
-                text(
-                    "UPDATE message SET receive_timestamp = receive_timestamp - :ago"
-                    " WHERE correlation_id = 'r1'"
-                ),
-                {"ago": timedelta(milliseconds=ttl_ms + 5000)},
-            )
+        received_earlier(db, "r1", ttl_ms + 5000)
         redis_client.delete(BridgeKeys().request("c1", "r1"))
         assert (
             http.post(

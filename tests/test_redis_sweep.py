@@ -15,7 +15,9 @@ import redis
 from sqlalchemy import Engine, text
 
 from orderly.worker import readiness
+from orderly.worker.conversations import rebuild as conversations_rebuild
 from orderly.worker.conversations import reconcile
+from orderly.worker.conversations.model import Delivery, SendResult
 from orderly.worker.conversations.reconcile import SweepReport
 from orderly.worker.core.scripts import as_text
 from orderly.worker.runtime import Runtime
@@ -171,6 +173,7 @@ def test_the_gate_does_not_send_past_an_evicted_request_list(h: Harness) -> None
     h.response("c1", "r2", "s2", last=True)
     h.redis.delete(h.k.request_list("c1"))  # r1 no longer holds s2 back, unless asked
     assert h.conv.can_send("c1", "s2").status == "WAIT_REQUEST"
+    h.redis.delete(h.k.request_list("c1"))  # and once more, for the drain's own look
     rec = Recorder()
     assert h.run(rec) == ["WAIT_REQUEST"] and rec.sent == []
 
@@ -221,18 +224,75 @@ def test_a_repair_waits_for_a_response_settled_in_redis_to_be_recorded(h: Harnes
         )
         worker.start()
         wait_until(lambda: _waiting_for_a_lock(h.engine), timeout=30, what="the repair waiting")
+        assert worker.is_alive() and repaired == []
         conn.execute("UPDATE message SET state = 'CANCEL' WHERE correlation_id = 's1'")
     worker.join(timeout=30)
     assert repaired == [set()]  # its row read after the record: not brought back
     assert not h.redis.exists(key)
 
 
+def test_an_ack_settles_redis_and_records_postgresql_under_the_conversations_lock(
+    h: Harness,
+) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    h.run(Recorder(answers={"s1": [SendResult(Delivery.ASYNC, 202, "ack-1")]}))
+    with h.conv.ctx.locked("c1"):  # a repair reading c1's rows
+        acking = threading.Thread(target=lambda: h.conv.ack("ack-1", h.enqueue))
+        acking.start()
+        wait_until(lambda: _waiting_for_a_lock(h.engine), timeout=30, what="the ACK waiting")
+        assert acking.is_alive()
+        assert h.redis.hget(h.k.response("c1", "s1"), "status") == b"SENT"  # not yet settled
+    acking.join(timeout=30)
+    assert h.state("s1") == "OK" and not h.redis.exists(h.k.response("c1", "s1"))
+
+
 def _waiting_for_a_lock(db: Engine) -> bool:
+    """Some session of this test's database waits for an advisory lock."""
     with db.connect() as conn:
         found = conn.execute(
-            text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                " WHERE l.locktype = 'advisory' AND NOT l.granted"
+                " AND d.datname = current_database()"
+            )
         )
         return bool(found.scalar_one())
+
+
+def test_a_response_added_while_a_repair_read_joins_its_rebuilt_request(h: Harness) -> None:
+    h.request("c1", "r1")
+    h.request("c1", "r2")
+    h.response("c1", "r1", "s1a")
+    h.response("c1", "r2", "s2", last=True)
+    rows = conversations_rebuild.read_rows(h.engine, only="c1")  # a repair's read
+    h.response("c1", "r1", "s1b", last=True)  # taken in meanwhile (no lock for a response)
+    h.redis.delete(h.k.request_seq("c1"))  # what the repair came for
+    assert conversations_rebuild.rebuild(h.conv.ctx, rows).keys_created > 0
+    rec = Recorder()
+    h.run(rec)
+    assert rec.sent == ["s1a", "s1b", "s2"]  # in r1's turn, not behind r2's
+
+
+def test_a_drain_whose_lease_was_evicted_leaves_a_head_another_drain_is_sending(
+    h: Harness,
+) -> None:
+    h.request("c1", "r1")
+    h.response("c1", "r1", "s1", last=True)
+    cid, token = h.started.pop(0)
+    sent: list[str] = []
+    second: list[str] = []
+
+    def send(channel: Any, head: Any) -> SendResult:
+        sent.append(head.response_id)
+        if not second:
+            h.redis.delete(h.k.drain_lease("c1"))  # evicted while s1 is being sent
+            second.append(h.conv.drain("c1", "another-drain", send).end)
+        return SendResult(Delivery.DELIVERED, 200)
+
+    h.conv.drain(cid, token, send)
+    assert second == ["LOST"] and sent == ["s1"]  # not sent twice
+    assert h.redis.hget(h.k.response("c1", "s1"), "lost") is None
 
 
 def test_grouped_intake_after_an_eviction_keeps_the_order(db: Engine, redis_client: Any) -> None:

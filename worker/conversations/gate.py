@@ -238,9 +238,12 @@ def _record(
     rid = head.response_id
     # A late response's mark goes in the same transaction as its delivery's record.
     late = None if head.late_ms is None else ("conv_mark_late", (head.msg_id, head.late_ms))
+    # A final outcome is recorded under the conversation's lock (Context.locked), settled in
+    # Redis after: a repair reads the row before both, or after the record.
+    lock = ("conv_lock_all", ([head.conversation_id],))
     if result.kind is Delivery.DELIVERED:
         ids = [head.msg_id, head.request_msg_id] if head.last else [head.msg_id]
-        conn.run("conv_ok", ids, None, before=late)
+        conn.run("conv_ok", ids, None, before=[lock, late] if late else lock)
         report.delivered += 1
         report.late += head.late_ms is not None
         return ("delivered", rid, ""), None
@@ -282,7 +285,7 @@ def _record(
     code = result.error_code or ERROR_CANCELLED
 
     def cancel_group() -> None:
-        conn.run("conv_group_cancel", head.request_msg_id, code, why)
+        conn.run("conv_group_cancel", head.request_msg_id, code, why, before=lock)
 
     cancel_group()
     report.cancelled += 1

@@ -351,7 +351,7 @@ def store_responses(
             out[i] = Registered(row.msg_id, MessageState.CANCEL, created=True)
             continue
         token = new_token()
-        call = joins.response_call(ctx, new, inserted, row.msg_id, token, True, True)
+        call = joins.response_call(ctx, new, inserted, row.msg_id, token)
         queued.append((i, inserted, row.msg_id, token, call))
     # In Redis in one round trip (a server's); one that fails is stored: a repeat queues it
     replies: list[lua.ResponseAdded | Exception]
@@ -400,6 +400,7 @@ def _insert_requests(
         [n.request.model_dump_json(exclude_unset=True) for n in news],
         [_origins_json(owns) for _, owns in items],
         ctx.settings.awaited_message_ttl,
+        ctx.settings.message_ttl,
         before=("conv_lock_all", [sorted({n.conversation_id for n in news})]),
     )
 

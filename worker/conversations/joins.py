@@ -90,9 +90,9 @@ def request_call(
     )
 
 
-# add_response.lua's checks, in turn while it answers MISSING: (check, with PostgreSQL's word):
-# the request's key and the conversation's order, then the counter, then none.
-_ROUNDS = ((True, True), (True, False), (False, False))
+# A check of add_response.lua MISSING answered whose key PostgreSQL then found run out is left
+# out of the next call: each key is checked once that way, at most.
+_CHECKS = 3
 
 
 def add(
@@ -106,19 +106,36 @@ def add(
     without: frozenset[int] = frozenset(),
 ) -> lua.ResponseAdded:
     """The stored response in its conversation's order (add_response.lua; ``added``: its
-    first, checked, answer if it was had already). A key it found missing is looked up in
-    PostgreSQL (reconcile.repair, rebuilding without this response and the rows of
-    ``without``) before the next round."""
-    for check, open_ in _ROUNDS:
+    first answer if it was had already). A key it found missing is looked up in PostgreSQL
+    (reconcile.repair, rebuilding without this response and the rows of ``without``): back,
+    the call runs again as it was; run out, without that check."""
+    cid = new.conversation_id
+    checked = _checks(ctx, new, inserted)
+    for _ in range(2 * _CHECKS + 1):
         if added is None:
-            call = response_call(ctx, new, inserted, msg_id, token, check, open_)
+            call = response_call(ctx, new, inserted, msg_id, token, checked)
             added = lua.add_response(ctx.scripts, call)
         if added.code is not lua.AddCode.MISSING:
             return added
-        missing = [added.missing or ""]
-        reconcile.repair(ctx, new.conversation_id, missing, {msg_id, *without}, enqueue)
+        key = added.missing or ""
+        if not reconcile.repair(ctx, cid, [key], {msg_id, *without}, enqueue):
+            checked[key] = False
         added = None
-    raise AssertionError("add_response.lua answered MISSING unchecked")
+    checked = dict.fromkeys(checked, False)
+    return lua.add_response(ctx.scripts, response_call(ctx, new, inserted, msg_id, token, checked))
+
+
+def _checks(ctx: Context, new: NewResponse, inserted: rows.ResponseInserted) -> dict[str, bool]:
+    """add_response.lua's checks as the insert found the rows: the request's key (PostgreSQL
+    has the request open), the counter (a callback's), the order (other responses open)."""
+    k, cid = ctx.keys, new.conversation_id
+    return {
+        k.shard(cid).request(new.response.request_id): (
+            inserted.request_state == MessageState.WAITING_FOR_RES
+        ),
+        k.request_seq(cid): True,
+        k.response_list(cid): inserted.others_open,
+    }
 
 
 def response_call(
@@ -127,14 +144,16 @@ def response_call(
     inserted: rows.ResponseInserted,
     msg_id: int,
     token: str,
-    check: bool = True,
-    asks: bool = False,
+    checked: dict[str, bool] | None = None,
 ) -> Call:
     """add_response.lua's call for the stored response; ``token``: the conversation's lease
-    token should it take the lease; ``asks``: its checks include PostgreSQL's word (the
-    request open, other responses open) as the insert found it."""
+    token should it take the lease; ``checked``: whether each of its keys (the request's, the
+    counter, the order) is checked for, by default as the insert found the rows."""
     res, conversation_id = new.response, new.conversation_id
     k = ctx.keys
+    request_key = k.shard(conversation_id).request(res.request_id)
+    if checked is None:
+        checked = _checks(ctx, new, inserted)
     shard = k.shard(conversation_id)
     return lua.add_response_call(
         request=shard.request(res.request_id),
@@ -164,9 +183,9 @@ def response_call(
         request_completed=bool(inserted.request_done),
         corr=res.corr,
         trace_parent=new.traced,
-        check=check,
-        request_open=asks and inserted.request_state == MessageState.WAITING_FOR_RES,
-        others_open=asks and inserted.others_open,
+        check=checked[k.request_seq(conversation_id)],
+        request_open=checked[request_key],
+        others_open=checked[k.response_list(conversation_id)],
     )
 
 

@@ -164,7 +164,14 @@ class Sweeper:
         return missing
 
     def _repair(self, cid: str, rows: Sequence[Any], enqueue: Enqueue, report: SweepReport) -> None:
-        rebuilt = rebuild.rebuild(self._ctx, rows)
+        # Read again under the conversation's lock, rebuilt in its transaction: rows an ACK, a
+        # deletion or a delivery closed since the page was read are not brought back.
+        with self._ctx.engine.begin() as conn:
+            conn.execute(sql("rebuild_conversation_lock"), {"conversation": cid})
+            rows = rebuild.read_rows(conn, only=cid)
+            if _fingerprint(rows) != self._suspects.get(cid):
+                return  # changed: looked at again by the next sweep
+            rebuilt = rebuild.rebuild(self._ctx, rows)
         report.repaired.append(cid)
         report.keys_created += rebuilt.keys_created
         log.warning(

@@ -21,6 +21,8 @@ from orderly.worker.db.queries import Query, query
 
 # A typed row: a dataclass whose fields are a statement's column names.
 R = TypeVar("R")
+# A prepared statement and its arguments, sent before another in the same query.
+Before = tuple[str, Sequence[Any]]
 
 
 class PreparedConnection:
@@ -39,12 +41,13 @@ class PreparedConnection:
         return stmt
 
     def run(
-        self, name: str, *args: Any, before: tuple[str, Sequence[Any]] | None = None
+        self, name: str, *args: Any, before: Before | list[Before] | None = None
     ) -> tuple[Any, ...] | None:
         """Execute a prepared statement; the first row it returns, if any.
 
         The statement's own prefix may use the leading arguments (``%s``, in order); ``before``
-        is another prepared statement and its arguments, sent first in the same query.
+        is another prepared statement and its arguments (or several), sent first in the same
+        query.
         Statements sent in one query run in one transaction (unless one is already open), each
         with its own snapshot: a lock taken by the first is held when the second reads.
         """
@@ -55,14 +58,15 @@ class PreparedConnection:
         return None if row is None else tuple(row)
 
     def _send_after(
-        self, name: str, args: Sequence[Any], before: tuple[str, Sequence[Any]] | None
+        self, name: str, args: Sequence[Any], before: Before | list[Before] | None
     ) -> None:
         first = ""
-        first_args: Sequence[Any] = ()
-        if before is not None:
-            self._statement(before[0])
-            first_args = before[1]
-            first = f"EXECUTE {before[0]}({', '.join(['%s'] * len(first_args))}); "
+        first_args: list[Any] = []
+        befores = before if isinstance(before, list) else [] if before is None else [before]
+        for stmt_name, stmt_args in befores:
+            self._statement(stmt_name)
+            first_args += stmt_args
+            first += f"EXECUTE {stmt_name}({', '.join(['%s'] * len(stmt_args))}); "
         self._send(name, args, first, first_args)
 
     def _send(
@@ -85,7 +89,7 @@ class PreparedConnection:
         row_type: type[R],
         name: str,
         *args: Any,
-        before: tuple[str, Sequence[Any]] | None = None,
+        before: Before | list[Before] | None = None,
     ) -> R | None:
         """Execute a prepared statement (after ``before``, as :meth:`run`); its first row as
         ``row_type`` (a dataclass whose fields are the statement's column names), or None."""
@@ -98,7 +102,7 @@ class PreparedConnection:
         row_type: type[R],
         name: str,
         *args: Any,
-        before: tuple[str, Sequence[Any]] | None = None,
+        before: Before | list[Before] | None = None,
     ) -> list[R]:
         """Execute a prepared statement (after ``before``, as :meth:`run`); every row as
         ``row_type`` (built by column name)."""

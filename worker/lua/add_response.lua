@@ -12,9 +12,9 @@
 -- ARGV[18] 1 when PostgreSQL has the request completed (its final response settled)
 -- ARGV[19] corr: the response's correlator ('' when none was given)
 -- ARGV[20] tp: the traceparent its send continues ('' when none)
--- ARGV[21] 1: check that a missing request key is not taken for a request whose life is over
--- ARGV[22] 1: PostgreSQL has the request open (waiting for responses)
--- ARGV[23] 1: PostgreSQL has other responses of the conversation open (so its order exists)
+-- ARGV[21] 1: a callback checks that the conversation's counter is there
+-- ARGV[22] 1: PostgreSQL has the request open (waiting for responses): its key must be there
+-- ARGV[23] 1: PostgreSQL has other responses of the conversation open: its order must be there
 -- Both hashes' lastAccess becomes now.
 -- Returns {code, leaseTaken, lateMs}: code 'ADDED', 'DUPLICATE', 'CANCELLED' (the request's
 -- group was cancelled) or, when checked, 'MISSING' (nothing written; the missing key in
@@ -33,13 +33,11 @@ local msg_ttl = tonumber(ARGV[12])
 local awaited_ttl = tonumber(ARGV[13])
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'CANCEL' then return {'CANCELLED', 0, ''} end
-if ARGV[21] == '1' then
-  if not status and ARGV[22] == '1' then return {'MISSING', 0, KEYS[1]} end
-  if not status and redis.call('EXISTS', KEYS[6]) == 0 then return {'MISSING', 0, KEYS[6]} end
-  if ARGV[23] == '1' and redis.call('EXISTS', KEYS[3]) == 0 then
-    return {'MISSING', 0, KEYS[3]}
-  end
+if not status and ARGV[22] == '1' then return {'MISSING', 0, KEYS[1]} end
+if not status and ARGV[21] == '1' and redis.call('EXISTS', KEYS[6]) == 0 then
+  return {'MISSING', 0, KEYS[6]}
 end
+if ARGV[23] == '1' and redis.call('EXISTS', KEYS[3]) == 0 then return {'MISSING', 0, KEYS[3]} end
 if not status then
   -- An asynchronous callback for a request that completed or expired: the request takes
   -- its turn again, at the end of the conversation. One that expired is late, and so are

@@ -188,10 +188,11 @@ while true do
         local ttl = redis.call('PTTL', head_req)
         return finish('WAIT_REQUEST', ttl > 0 and now + ttl or nil)
       end
-      -- No request list while a response waits: every request done or run out, or the
-      -- list evicted (an earlier request still waiting for its first response would hold
-      -- this one): PostgreSQL is asked before anything goes.
+      -- No request list while the response's request is there (a live request is listed):
+      -- the list was evicted, and an earlier request still waiting for its first response
+      -- would hold this one. PostgreSQL is asked before anything goes.
       local unlisted = not head_req and not gone[list_key]
+        and redis.call('EXISTS', req_prefix .. info['rqId']) == 1
       if mode == 'check' then
         -- Cases 1 and 2: the validated response is first, or another one is.
         if info['rsId'] == ARGV[10] and unlisted then return missing(list_key) end
@@ -223,6 +224,15 @@ while true do
         -- died with its worker: counted.
         local lost = 0
         if redis.call('HEXISTS', res_key, 'claimedAt') == 1 then
+          -- Another drain claimed it and is alive (its running-drains entry is fresh): this
+          -- one took a lease evicted from under it. The lease goes back; nothing is sent.
+          local other = redis.call('HGET', drains_key, ARGV[17])
+          local _, _, other_token, since = string.find(other or '', '^[^|]*|([^|]*)|(%d+)$')
+          if other_token and other_token ~= token and now - tonumber(since) < lease_ms then
+            redis.call('SET', lease_key, other_token, 'PX', lease_ms)
+            result.code = 'LOST'
+            return cjson.encode(result)
+          end
           lost = redis.call('HINCRBY', res_key, 'lost', 1)
         else
           lost = num(redis.call('HGET', res_key, 'lost'), 0)

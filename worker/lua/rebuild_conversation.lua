@@ -75,7 +75,8 @@ for _, group in ipairs(data.groups) do
 end
 if created == 0 then return {0, redis.call('ZCARD', zset_key)} end
 
--- Renumber: groups 1..G are the rebuilt ones; what was added since the loss moves behind.
+-- Renumber: groups 1..G are the rebuilt ones; what was added since the loss moves behind
+-- (a response of a rebuilt request into its group).
 local shift = #data.groups
 local max_seq = shift
 local was_listed, tail_list = {}, {}
@@ -91,15 +92,30 @@ for _, key in ipairs(redis.call('LRANGE', list_key, 0, -1)) do
     tail_list[#tail_list + 1] = key
   end
 end
+-- A response added since whose request is a rebuilt group's joins that group, after its
+-- rebuilt responses, in the order it had (a response takes its request's turn).
+local group_of, joined = {}, {}
+for g, group in ipairs(data.groups) do
+  group_of[group.requestId] = g
+  joined[g] = #group.responses
+end
 local tail_members = {}
 local existing = redis.call('ZRANGE', zset_key, 0, -1, 'WITHSCORES')
 for i = 1, #existing, 2 do
   local m = existing[i]
   if not rebuilt_res[m] then
-    local key = res_prefix .. cjson.decode(m)['rsId']
-    local s = redis.call('HGET', key, 'reqSeq')
-    if s then redis.call('HSET', key, 'reqSeq', tonumber(s) + shift) end
-    tail_members[#tail_members + 1] = {tonumber(existing[i + 1]) + shift * STEP, m}
+    local info = cjson.decode(m)
+    local key = res_prefix .. info['rsId']
+    local g = group_of[info['rqId']]
+    if g then
+      joined[g] = joined[g] + 1
+      redis.call('HSET', key, 'reqSeq', g)
+      tail_members[#tail_members + 1] = {g * STEP + joined[g], m}
+    else
+      local s = redis.call('HGET', key, 'reqSeq')
+      if s then redis.call('HSET', key, 'reqSeq', tonumber(s) + shift) end
+      tail_members[#tail_members + 1] = {tonumber(existing[i + 1]) + shift * STEP, m}
+    end
   end
 end
 redis.call('DEL', list_key, zset_key)
@@ -108,9 +124,7 @@ for g, group in ipairs(data.groups) do
   if redis.call('EXISTS', req_key) == 1 then
     redis.call('HSET', req_key, 'seq', g)
     local counter = tonumber(redis.call('HGET', req_key, 'responseIdCounter')) or 0
-    if counter < #group.responses then
-      redis.call('HSET', req_key, 'responseIdCounter', #group.responses)
-    end
+    if counter < joined[g] then redis.call('HSET', req_key, 'responseIdCounter', joined[g]) end
     if group.inList or was_listed[req_key] then redis.call('RPUSH', list_key, req_key) end
   end
   for n, r in ipairs(group.responses) do

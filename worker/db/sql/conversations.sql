@@ -27,10 +27,11 @@ SELECT pg_advisory_xact_lock(k)
 -- one's caller's origins as a JSON array (NULL: every one): such a caller joins no
 -- conversation that holds a request of another origin. Two requests of one new conversation
 -- with different callers' origins are never in one statement (it sees the conversation as it
--- was before it). others_open: the conversation had open rows received within the last $9 ms
--- (AWAITED_MESSAGE_TTL) before this statement (register_request.lua: a counter gone while
--- they are open was evicted).
--- prepare: text[], text[], text[], timestamptz[], text[], bigint, text[], text[], bigint
+-- was before it). others_open: the conversation had open rows before this statement that
+-- may still be in Redis: responses received within the last $9 ms (AWAITED_MESSAGE_TTL),
+-- requests within the last $10 ms (MESSAGE_TTL) (register_request.lua: its counter or list
+-- gone while they are open was evicted).
+-- prepare: text[], text[], text[], timestamptz[], text[], bigint, text[], text[], bigint, bigint
 INSERT INTO message (msg_timestamp, receive_timestamp, last_process_timestamp,
                      service_name, operation_name, object_id, entity_type,
                      correlation_id, process_id, payload, source_system, state, node_id,
@@ -52,7 +53,8 @@ RETURNING msg_id, correlation_id AS request_id, process_id AS conversation_id,
           EXISTS (SELECT 1 FROM message o
                    WHERE o.service_name = 'conversation' AND o.process_id = message.process_id
                      AND o.state IN ('WAITING_FOR_RES', 'IN_QUEUE', 'PARTLY_FAILED')
-                     AND o.receive_timestamp > now() - $9 * interval '1 millisecond')
+                     AND o.receive_timestamp > now() - CASE o.operation_name
+                           WHEN 'request' THEN $10 ELSE $9 END * interval '1 millisecond')
             AS others_open;
 
 -- name: conv_find
