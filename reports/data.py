@@ -37,7 +37,7 @@ class ReportData:
     until: datetime | None
     aggregates: list[AggregateRows]
     # a read held in memory (reports.tables.CACHED: a table, or PostgreSQL's partial aggregates
-    # of one) -> rows that came over JDBC; single-use reads are read by their aggregate's job
+    # of one) -> rows that came over JDBC; a single-use read is read by its aggregates' job
     rows_read: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the Spark part
     read_s: float = 0.0  # of which reading those into memory

@@ -97,7 +97,7 @@ def compute(
     what several passes take (reports.tables.CACHED: rows Spark needs, partial aggregates
     PostgreSQL computes, range by range as parallel tasks), then the aggregates,
     ``PARALLEL_JOBS`` at a time (a small job is mostly scheduling latency, which overlaps),
-    each reading its single-use reads itself.
+    each reading its single-use reads itself (reports.tables.SINGLE_USE).
     With ``parquet``, each aggregate is written there from its computed (cached) frame; each
     aggregate's rows go to ``done`` as soon as they are there (the charts start early).
     """

@@ -200,6 +200,11 @@ class Table:
     # another, or the same table read another way)
     source: str = ""
     where: str = ""  # which rows of the window, when not all
+    # The columns a range of ``key`` bounds, when not ``key`` alone (e.g. both sides of a join)
+    range_columns: tuple[str, ...] = ()
+    # The table the key's span is looked up in, when not the whole source (e.g. a join's side
+    # that holds the key and the window)
+    spans_from: str = ""
 
     @property
     def from_(self) -> str:
@@ -208,7 +213,7 @@ class Table:
     @property
     def relation(self) -> tuple[str, str, str | None]:
         """What its key span depends on: reads of one relation share it, filtered or not."""
-        return (self.from_, self.key, self.window)
+        return (self.spans_from or self.from_, self.key, self.window)
 
 
 Span = tuple[int | None, int | None]
@@ -226,7 +231,8 @@ def read(
     reads in ranges of ``key`` between ``span`` (its smallest and largest value in the window;
     looked up when not given), one statement and one Spark task per range."""
     if span is None and table.partitioned and jdbc.partitions > 1:
-        span = bounds(spark, jdbc, table.from_, table.key, _window(table.window, since, until))
+        from_, key, window = table.relation
+        span = bounds(spark, jdbc, from_, key, _window(window, since, until))
     return _ranged(spark, jdbc, table, ", ".join(table.columns), "", since, until, span)
 
 
@@ -268,7 +274,10 @@ def _ranged(
     if table.partitioned and lo is not None and hi is not None:
         n = max(1, min(jdbc.partitions, hi - lo + 1))
         edges = [lo + (hi + 1 - lo) * i // n for i in range(n + 1)]
-    ranges = [f"{table.key} >= {a} AND {table.key} < {b}" for a, b in pairwise(edges)] or [""]
+    columns = table.range_columns or (table.key,)
+    ranges = [
+        " AND ".join(f"{c} >= {a} AND {c} < {b}" for c in columns) for a, b in pairwise(edges)
+    ] or [""]
     frames = [
         guarded(
             spark.read.format("jdbc")

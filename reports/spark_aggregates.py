@@ -3,6 +3,7 @@ reports/aggregates.py, which holds both together (conventions there)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orderly.reports.tables import (
@@ -10,8 +11,8 @@ from orderly.reports.tables import (
     CONVERSATION,
     DELIVERY_GROUPS,
     FINAL,
-    FINISHED,
     FUNNEL,
+    LATENCY_SUMMARY,
     MESSAGE_GROUPS,
     NODE,
     PCT_ACCURACY,
@@ -19,9 +20,10 @@ from orderly.reports.tables import (
     PUBLISHED_GROUPS,
     QUEUE_GROUPS,
     REQUEST_COUNT,
-    RESPONSE,
+    RESPONSE_SUMMARY,
     ROOM,
     SUBSCRIPTION,
+    SUMMARY_RANKS,
     Frames,
 )
 
@@ -47,6 +49,44 @@ def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:
     for i, name in enumerate(names):
         frame = frame.withColumn(name, F.col("_pcts")[i])
     return frame.drop("_pcts")
+
+
+def _merged(
+    summaries: DataFrame,
+    keys: tuple[str, ...],
+    totals: Callable[[Column], list[Column]],
+    names: tuple[str, ...],
+) -> DataFrame:
+    """Per group of ``keys``, the percentiles PCTS (as ``names``) merged from the rank
+    summaries of its ranges (reports.tables.SUMMARY_RANKS: a row a range, its ``n`` values
+    summarised in ``pts``), beside ``totals(first)``: aggregates of the ranges' own columns,
+    each taken once a range where ``first`` holds.
+
+    The summary's k-th value (from 0) has rank ceil((k + 1) n / R) in its range and stands
+    for the ranks after ceil(k n / R): its weight. Over every range's values in order, a
+    percentile p is the first whose weights add up to p times the group's count; its rank is
+    within the group's n / R of the exact one's, and exact where each range has at most R.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    k, n = F.col("k"), F.col("n")
+
+    def rank(i: Column) -> Column:  # exact: i * n is an integer, R a power of two
+        return F.ceil(i * n / F.lit(SUMMARY_RANKS))
+
+    carried = [c for c in summaries.columns if c != "pts"]
+    points = summaries.select(*carried, F.posexplode("pts").alias("k", "v"))
+    points = points.withColumn("w", rank(k + 1) - rank(k)).where(F.col("w") > 0)
+    upto = Window.partitionBy(*keys).orderBy("v").rowsBetween(Window.unboundedPreceding, 0)
+    points = points.withColumn("upto", F.sum("w").over(upto)).withColumn(
+        "all", F.sum("w").over(Window.partitionBy(*keys))
+    )
+    pcts = [
+        F.min(F.when(F.col("upto") >= F.col("all") * F.lit(p), F.col("v"))).alias(name)
+        for p, name in zip(PCTS, names, strict=True)
+    ]
+    return points.groupBy(*keys).agg(*totals(k == 0), *pcts)
 
 
 def _ratio(total: str, count: str) -> Column:
@@ -103,17 +143,16 @@ def throughput(f: Frames) -> DataFrame:
 def latency(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    out = (
-        f[FINISHED]
-        .groupBy("service_name", "operation_name")
-        .agg(
-            F.count("*").alias("messages"),
-            F.avg("ms").alias("mean_ms"),
-            *_pcts("ms"),
-            F.max("ms").alias("max_ms"),
-        )
-    )
-    return _split_pcts(out, ("p50_ms", "p95_ms", "p99_ms"))
+    def totals(first: Column) -> list[Column]:
+        messages = F.sum(F.when(first, F.col("n")))
+        return [
+            messages.alias("messages"),
+            (F.sum(F.when(first, F.col("ms_sum"))) / messages).alias("mean_ms"),
+            F.max("ms_max").alias("max_ms"),
+        ]
+
+    keys = ("service_name", "operation_name")
+    return _merged(f[LATENCY_SUMMARY], keys, totals, ("p50_ms", "p95_ms", "p99_ms"))
 
 
 def failures(f: Frames) -> DataFrame:
@@ -241,15 +280,17 @@ def consumer_log(f: Frames) -> DataFrame:
 def exchanges(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    # Each response read is one of a request in the window, its ms since the request (joined
-    # in PostgreSQL); the requests are counted there.
-    out = f[RESPONSE].agg(
-        F.count("*").alias("responses"),
-        F.count(F.when(F.col("failed"), 1)).alias("failed"),
-        *_pcts("ms"),
-    )
+    # The responses of the requests in the window, summarised with their ms since the request
+    # (joined in PostgreSQL); the requests are counted there.
+    def totals(first: Column) -> list[Column]:
+        return [
+            F.coalesce(F.sum(F.when(first, F.col(c))), F.lit(0)).alias(a)
+            for c, a in (("n", "responses"), ("failed", "failed"))
+        ]
+
+    out = _merged(f[RESPONSE_SUMMARY], (), totals, ("p50_ms", "p95_ms", "p99_ms"))
     requests = f[REQUEST_COUNT].agg(F.coalesce(F.sum("n"), F.lit(0)).alias("requests"))
-    return _split_pcts(requests.crossJoin(out), ("p50_ms", "p95_ms", "p99_ms"))
+    return requests.crossJoin(out)
 
 
 CONVERSATION_COUNTS = (

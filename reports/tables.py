@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from orderly.models.enums import FINAL_STATES
@@ -17,10 +17,25 @@ if TYPE_CHECKING:
 
 FINAL = tuple(sorted(FINAL_STATES))
 PCTS = (0.5, 0.95, 0.99)
-# Spark's percentiles are percentile_approx at this accuracy: the value returned has a rank
-# within n / PCT_ACCURACY of the exact one's (0.01 % of the rows) among the n values of a
-# group; exact where the group is small enough for the sketch to keep every value.
+# Spark's percentiles are within this accuracy: the value returned has a rank within
+# n / PCT_ACCURACY of the exact one's (0.01 % of the rows) among the n values of a group.
+# Over rows Spark reads they are percentile_approx at this accuracy; over the largest reads
+# they are merged from rank summaries PostgreSQL makes of each range (SUMMARY_RANKS, finer).
 PCT_ACCURACY = 10_000
+# A rank summary: a range's values of a group at ranks ceil(k * n / SUMMARY_RANKS), k = 1 ..
+# SUMMARY_RANKS (``percentile_disc`` at those fractions); each stands for the ranks down to the
+# one before it, so merged summaries place a value within n / SUMMARY_RANKS ranks of the exact
+# one (and exactly where a range has at most SUMMARY_RANKS values). A power of two: k /
+# SUMMARY_RANKS is exact in float8, and so are the ranks PostgreSQL and Spark compute from it.
+SUMMARY_RANKS = 1 << 14
+_FRACTIONS = (
+    f"(SELECT array_agg(k::float8 / {SUMMARY_RANKS}) FROM generate_series(1, {SUMMARY_RANKS}) k)"
+)
+
+
+def sql_summary(value: str) -> str:
+    """The rank summary of ``value`` in PostgreSQL (an array of SUMMARY_RANKS values)."""
+    return f"percentile_disc({_FRACTIONS}) WITHIN GROUP (ORDER BY {value})"
 
 
 def sql_ms(later: str, earlier: str) -> str:
@@ -78,6 +93,20 @@ CONVERSATION = _of_message(
     ),
     "service_name = 'conversation'",
 )
+
+
+def _together(name: str, *parts: Table) -> Table:
+    """One read of the rows of several filtered reads of one relation: their columns, and
+    ``in_<part>`` telling which part a row is of. PostgreSQL passes over the relation once."""
+    columns = dict.fromkeys(c for t in parts for c in t.columns)
+    flags = tuple(f"({t.where}) AS in_{t.name}" for t in parts)
+    where = " OR ".join(f"({t.where})" for t in parts)
+    return replace(parts[0], name=name, columns=(*columns, *flags), where=where)
+
+
+# The funnel and conversation rows come from one read (FUNNEL and CONVERSATION are its parts).
+MESSAGE_ROWS = _together("message_rows", FUNNEL, CONVERSATION)
+PART_OF = {FUNNEL.name: MESSAGE_ROWS, CONVERSATION.name: MESSAGE_ROWS}
 NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
 ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
 SUBSCRIPTION = Table(
@@ -94,21 +123,26 @@ QUEUE_LOG = Table("queue_message", (), key="id", window="start_time")
 REQUEST = Table("request", (), key="req_id", window="req_timestamp")
 
 
-# Responses of the requests in the window, however late they came (as the SQL twin joins),
-# with their time since the request.
+# Responses of the requests in the window, however late they came (as the SQL twin joins).
+# Split on the request's key, which bounds both sides of the join: each range joins only its
+# own requests and responses (by their indexes), not every response with every range.
 RESPONSE = Table(
     "response",
-    ("res_id", "failed", f"{sql_ms('res_timestamp', 'req_timestamp')} AS ms"),
-    key="res_id",
+    (),
+    key="req_id",
     window="req_timestamp",
     source="response JOIN request USING (req_id)",
+    range_columns=("request.req_id", "response.req_id"),
+    spans_from="request",
 )
+_RESPONSE_MS = sql_ms("res_timestamp", "req_timestamp")
 
 TABLES = (
     MESSAGE,
     FINISHED,
     FUNNEL,
     CONVERSATION,
+    MESSAGE_ROWS,
     EXTERNAL_CALL,
     NODE,
     ROOM,
@@ -173,6 +207,23 @@ QUEUE_GROUPS = Grouped(
     "1, 2",
 )
 REQUEST_COUNT = Grouped("request_count", REQUEST, "count(*) AS n", "()")  # a row a range
+# The percentiles of the two largest reads (every finished message's latency, every response's
+# time) come from rank summaries of each range, with the counts, sums and maxima beside them:
+# PostgreSQL sorts each range's values as its twin sorts them all, and no row of them is
+# carried to Spark. ``n`` is the count the ranks are of; ``pts`` the summary (NULL if none).
+LATENCY_SUMMARY = Grouped(
+    "latency_summary",
+    FINISHED,
+    f"service_name, operation_name, count(*) AS n, sum({_LATENCY}) AS ms_sum,"
+    f" max({_LATENCY}) AS ms_max, {sql_summary(_LATENCY)} AS pts",
+    "1, 2",
+)
+RESPONSE_SUMMARY = Grouped(
+    "response_summary",
+    RESPONSE,
+    f"count(*) AS n, count(*) FILTER (WHERE failed) AS failed, {sql_summary(_RESPONSE_MS)} AS pts",
+    "()",
+)
 GROUPED = (
     MESSAGE_GROUPS,
     CALL_GROUPS,
@@ -180,22 +231,22 @@ GROUPED = (
     PUBLISHED_GROUPS,
     QUEUE_GROUPS,
     REQUEST_COUNT,
+    LATENCY_SUMMARY,
+    RESPONSE_SUMMARY,
 )
 # What a report reads: the tables whose rows Spark needs (percentiles, a window function, the
 # names joined in) and the partial aggregates.
 READS: tuple[Table | Grouped, ...] = (
-    FINISHED,
-    FUNNEL,
-    CONVERSATION,
+    MESSAGE_ROWS,
     NODE,
     ROOM,
     SUBSCRIPTION,
-    RESPONSE,
     *GROUPED,
 )
 # Reads one aggregate takes in one pass: read by that aggregate's own job (beside the others),
-# not held in memory. The rest are read together first and cached, as several passes take them.
-SINGLE_USE: tuple[Table | Grouped, ...] = (FINISHED, RESPONSE, MESSAGE_GROUPS)
+# not held in memory. The rest are read together first and cached, as several passes take them
+# (a summary is few rows, and merged in two passes).
+SINGLE_USE: tuple[Table | Grouped, ...] = (MESSAGE_GROUPS,)
 CACHED = tuple(r for r in READS if r not in SINGLE_USE)
 
 
@@ -216,6 +267,12 @@ class Frames:
     def __getitem__(self, read: Table | Grouped) -> DataFrame:
         if read in SINGLE_USE:
             return self._load(read)
+        if isinstance(read, Table) and read.name in PART_OF:  # its rows of a cached read
+            from pyspark.sql import functions as F
+
+            whole = self[PART_OF[read.name]]
+            columns = [c.split(" AS ")[-1] for c in read.columns]
+            return whole.where(F.col(f"in_{read.name}")).select(*columns)
         # One lock per read: reads load side by side, each only once.
         with self._locks[read.name]:
             if read.name not in self._frames:
@@ -234,14 +291,18 @@ class Frames:
 
     def materialize(self) -> dict[str, int]:
         """Read the cached reads into memory in one Spark job (its reads run as parallel
-        tasks); the rows read per read (a grouped one's: its partial rows)."""
+        tasks); the rows read per read (a grouped one's: its partial rows). The frames are
+        made side by side: each range's statement is a round trip to PostgreSQL (its schema)."""
+        from concurrent.futures import ThreadPoolExecutor
         from functools import reduce
 
         from pyspark.sql import functions as F
 
+        with ThreadPoolExecutor(max_workers=len(CACHED)) as pool:
+            frames = list(pool.map(self.__getitem__, CACHED))
         counts = [
-            self[t].agg(F.count(F.lit(1)).alias("n")).select(F.lit(t.name).alias("t"), "n")
-            for t in CACHED
+            frame.agg(F.count(F.lit(1)).alias("n")).select(F.lit(t.name).alias("t"), "n")
+            for t, frame in zip(CACHED, frames, strict=True)
         ]
         union = reduce(lambda a, b: a.unionByName(b), counts)
         return {str(r["t"]): int(r["n"]) for r in guarded(union.collect)}

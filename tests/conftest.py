@@ -16,6 +16,7 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterator
+from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -130,6 +131,7 @@ TABLES = (
     "signing_secret",
     "metric_total",
 )
+EMPTYING: dict[str, str] = {}  # the test database's name -> emptying(it)
 
 
 def _unavailable(what: str, exc: Exception) -> NoReturn:
@@ -149,6 +151,7 @@ def pg_engine() -> Iterator[Engine]:
         _unavailable("PostgreSQL", exc)
     schema.upgrade(TEST_DB_URL)
     engine = create_engine(TEST_DB_URL)
+    EMPTYING[engine.url.database or ""] = emptying(engine)
     yield engine
     TALLY.detach()
     engine.dispose()
@@ -156,6 +159,32 @@ def pg_engine() -> Iterator[Engine]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{TEST_DB}" WITH (FORCE)'))
     admin.dispose()
+
+
+def emptying(engine: Engine) -> str:
+    """SQL that empties TABLES as ``TRUNCATE ... RESTART IDENTITY`` would, in a few ms: a
+    DELETE per table, referencing tables before the tables they reference, then each owned
+    sequence back to its start. (A TRUNCATE makes new files for every table and index and
+    syncs them at commit: a tenth of a second to half a second per test on this machine.)"""
+    with engine.connect() as conn:
+        edges = conn.execute(
+            text(
+                "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint"
+                " WHERE contype = 'f' AND conrelid <> confrelid"
+            )
+        ).all()
+    graph: dict[str, set[str]] = {t: set() for t in TABLES}
+    for child, parent in edges:
+        if child not in graph or parent not in graph:
+            raise RuntimeError(f"{child} -> {parent}: a table the tests do not empty")
+        graph[parent].add(child)  # a parent is emptied after its children
+    order = list(TopologicalSorter(graph).static_order())
+    restart = (
+        "SELECT setval(q.seqrelid::regclass, q.seqstart, false) FROM pg_sequence q"
+        " JOIN pg_depend d ON d.objid = q.seqrelid AND d.deptype IN ('a', 'i')"
+        f" WHERE d.refobjid::regclass::text IN ({', '.join(repr(t) for t in TABLES)})"
+    )
+    return "; ".join([*(f"DELETE FROM {t}" for t in order), restart])
 
 
 @pytest.fixture
@@ -166,7 +195,7 @@ def db(pg_engine: Engine) -> Engine:
     """
     TALLY.detach()
     with pg_engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        conn.execute(text(EMPTYING[pg_engine.url.database or ""]))
     configuration.ensure_defaults(pg_engine)
     get_runtime.cache_clear()
     get_settings.cache_clear()

@@ -30,7 +30,7 @@ from orderly.reports.job import (
     write_to_postgres,
 )
 from orderly.reports.source import Jdbc, ReportError, read, spark_session
-from orderly.reports.tables import CONVERSATION, PCT_ACCURACY, PCTS
+from orderly.reports.tables import CONVERSATION, FUNNEL, PCT_ACCURACY, PCTS, Frames
 from orderly.worker.db import schema
 from orderly.worker.settings import Settings
 from tests.conftest import PG_ADMIN_URL, _unavailable
@@ -240,6 +240,53 @@ def test_milliseconds_and_hours_are_the_same_in_postgresql_and_spark(
     assert [r.ms for r in sql][:3] == [0.002, 0.0, -90_000_123.457]
 
 
+# Three ranges of very different sizes and spreads (two above SUMMARY_RANKS values, one of
+# five), with ties: each value's weight in the merge is what its range's summary says.
+_RANGES = """
+    SELECT 0 AS r, (hashint4(g) % 1000 + 1000) / 4.0::float8 AS v
+      FROM generate_series(1, 90000) g
+    UNION ALL SELECT 1, (hashint4(g) % 100000) / 7.0::float8 FROM generate_series(1, 30000) g
+    UNION ALL SELECT 2, g * 1000.0::float8 FROM generate_series(1, 5) g"""
+
+
+def test_percentiles_merged_from_range_summaries_are_within_the_stated_rank_error(
+    spark: Any, store: tuple[str, Engine]
+) -> None:
+    from pyspark.sql import functions as F
+
+    from orderly.reports.spark_aggregates import _merged
+    from orderly.reports.tables import SUMMARY_RANKS, sql_summary
+
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    query = f"(SELECT r, count(*) AS n, {sql_summary('v')} AS pts FROM ({_RANGES}) x GROUP BY r) t"
+    summaries = spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load()
+    names = tuple(f"p{i}" for i in range(len(PCTS)))
+
+    def totals(first: Any) -> list[Any]:
+        return [F.sum(F.when(first, F.col("n"))).alias("n")]
+
+    got = _merged(summaries, (), totals, names).first()
+    assert got is not None and got["n"] == 120_005
+    n = 120_005
+    band = n // SUMMARY_RANKS  # the merge's rank error: under n / SUMMARY_RANKS
+    with store[1].connect() as conn:
+        for p, name in zip(PCTS, names, strict=True):
+            # The values at the ranks ceil(p n) and ceil(p n) + band, as percentile_disc ranks.
+            lo, hi = (
+                conn.execute(
+                    text(
+                        "SELECT percentile_disc(CAST(:f AS float8)) WITHIN GROUP (ORDER BY v)"
+                        f" FROM ({_RANGES}) x"
+                    ),
+                    {"f": (math.ceil(p * n) + extra) / n},
+                ).scalar_one()
+                for extra in (0, band)
+            )
+            assert lo <= got[name] <= hi, f"{name}: {got[name]} outside [{lo}, {hi}]"
+            # Narrow beside the values' spread (-14,285 to 14,285): a wrong weight lands outside.
+            assert hi - lo < 10, f"{name}: the band [{lo}, {hi}] tells nothing"
+
+
 def test_a_read_is_partitioned_and_filtered_in_postgres(
     spark: Any, store: tuple[str, Engine]
 ) -> None:
@@ -262,6 +309,18 @@ def test_a_read_is_partitioned_and_filtered_in_postgres(
     plan = frame._jdf.queryExecution().executedPlan().toString()
     assert "receive_timestamp >=" in plan and "service_name = 'conversation'" in plan
     assert "msg_id >=" in plan
+    # The report reads the funnel and the conversation rows in one pass, each row flagged
+    # with the part it is of: the parts are what a read of each alone gives.
+    frames = Frames(lambda t: read(spark, jdbc, t, since, until))  # type: ignore[arg-type]
+    try:
+        for part in (CONVERSATION, FUNNEL):
+            alone = read(spark, jdbc, part, since, until)
+            got = frames[part]
+            assert got.columns == alone.columns
+            assert 0 < got.count() == alone.count()
+            assert got.exceptAll(alone).count() == 0 == alone.exceptAll(got).count()
+    finally:
+        frames.release()
 
 
 def test_an_empty_store_gives_an_empty_but_valid_report(
