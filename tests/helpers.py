@@ -66,7 +66,8 @@ def row(engine: Engine, msg_id: int) -> Message:
 
 def states(engine: Engine) -> dict[int, str]:
     with engine.connect() as conn:
-        return {r.msg_id: r.state for r in conn.execute(text("SELECT msg_id, state FROM message"))}
+        rows = conn.execute(text("SELECT msg_id, state FROM message ORDER BY msg_id"))
+        return {r.msg_id: r.state for r in rows}
 
 
 def processor(engine: Engine, reg: HandlerRegistry | None = None) -> Processor:
