@@ -10,12 +10,10 @@ Conventions, the same on both sides:
   interpolation between the two nearest ranks, position ``(n - 1) * p``). Spark's are one
   of the group's values, whose rank is within ``n / PCT_ACCURACY`` (10,000; reports/tables.py)
   of ``p * n`` (a relative rank error of 0.01 %), so it lies between the exact values at
-  ranks ``p -/+ 0.0001``: ``percentile_approx`` at that accuracy over rows Spark reads (the
-  funnels, the conversations' release), and for the latency and the exchanges a merge of
-  rank summaries PostgreSQL makes of each range (``SUMMARY_RANKS`` ranks a range, a finer
-  rank error); a sort of every value per group is what either saves. Counts, sums, minima
-  and maxima are exact on both sides. Means are arithmetic means; shares are fractions of
-  the total in the window.
+  ranks ``p -/+ 0.0001``: a merge of the rank summaries PostgreSQL makes of each range
+  (``SUMMARY_RANKS`` ranks a range, a finer rank error), so that no value crosses JDBC.
+  Counts, sums, minima and maxima are exact on both sides. Means are arithmetic means;
+  shares are fractions of the total in the window.
 - Final states are OK, FAILED and CANCEL; latency is receive → last_process_timestamp of a
   message in a final state.
 - Conversation release latency: for the OK responses of a conversation in delivery order

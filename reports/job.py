@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orderly.reports.aggregates import AGGREGATES, TABLES, Aggregate, Frames
 from orderly.reports.data import AggregateRows, Reads, ReportData
 from orderly.reports.source import (
+    NO_SPAN,
     Jdbc,
     ReportError,
     Table,
@@ -102,15 +103,16 @@ def compute(
     aggregate's rows go to ``done`` as soon as they are there (the charts start early).
     """
     lo, hi = _iso(since), _iso(until)
-    spans_of = spans(spark, jdbc, [t for t in TABLES if t.partitioned], lo, hi)
+    spans_of = spans(spark, jdbc, list(TABLES), lo, hi)
 
     def load(source: Table | Grouped) -> Any:
         if isinstance(source, Grouped):
-            span = spans_of.get(source.table.name, (None, None))
+            t = source.table
+            span = spans_of.get(t.name, NO_SPAN)
             return read_grouped(
-                spark, jdbc, source.table, source.select, source.group_by, lo, hi, span
+                spark, jdbc, t, source.select, source.group_by, lo, hi, span, source.rows
             )
-        return read(spark, jdbc, source, lo, hi, spans_of.get(source.name, (None, None)))
+        return read(spark, jdbc, source, lo, hi, spans_of.get(source.name, NO_SPAN))
 
     frames = Frames(load)
     try:

@@ -32,6 +32,9 @@ MAX_TABLE_ROWS = 200  # a big report stays light; the full rows are in the repor
 TOP = 15  # categories drawn per chart, the busiest first; the table has them all
 TOP_SERIES = 6  # series beyond this are summed as "other", so a legend stays readable
 WIDTH, HEIGHT, DPI = 9.0, 3.5, 100
+# Above this many columns a stacked series is drawn as one filled outline (touching columns),
+# not a bar each: the bars would be a few pixels wide, and thousands of them cost seconds.
+DENSE = 96
 PCTS = ("p50_ms", "p95_ms", "p99_ms")
 SINGLE_ROW = frozenset({"exchanges", "conversations"})  # shown as cards, not as a table
 
@@ -137,7 +140,11 @@ def _bars(
         at = [p + ((n - (len(series) - 1) / 2) * width if grouped else 0) for p in positions]
         colour = COLOURS.get(name.upper().replace(" ", "_"), PALETTE[n % len(PALETTE)])
         label = name.removesuffix("_ms")
-        if flat:
+        if flat and not grouped and len(labels) > DENSE:
+            top = [b + v for b, v in zip(base, values, strict=True)]
+            edges = [p - 0.5 for p in positions] + [len(positions) - 0.5]
+            ax.stairs(top, edges, baseline=base, fill=True, color=colour, label=label)
+        elif flat:
             ax.bar(at, values, width=width, bottom=base, color=colour, label=label)
         else:
             ax.barh(at, values, height=width, left=base, color=colour, label=label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
 from itertools import pairwise
@@ -205,18 +206,34 @@ class Table:
     # The table the key's span is looked up in, when not the whole source (e.g. a join's side
     # that holds the key and the window)
     spans_from: str = ""
+    # A text key (e.g. a conversation's id, whose rows a read must hold together): its ranges
+    # are cut at the key's quantiles among the read's rows, not evenly between its smallest
+    # and largest value
+    text_key: bool = False
 
     @property
     def from_(self) -> str:
         return self.source or self.name
 
     @property
-    def relation(self) -> tuple[str, str, str | None]:
-        """What its key span depends on: reads of one relation share it, filtered or not."""
-        return (self.spans_from or self.from_, self.key, self.window)
+    def relation(self) -> tuple[str, str, str | None, str | None]:
+        """What its key span depends on: reads of one relation share it, filtered or not (a
+        text key's cuts are of the filtered rows: its filter, or "true")."""
+        cut_among = (self.where or "true") if self.text_key else None
+        return (self.spans_from or self.from_, self.key, self.window, cut_among)
 
 
-Span = tuple[int | None, int | None]
+@dataclass(frozen=True)
+class Span:
+    """Where a read's ranges lie: an integer key's smallest and largest value in the window
+    (cut evenly between them), or a text key's cuts (its quantiles among the read's rows)."""
+
+    lo: int | None = None
+    hi: int | None = None
+    cuts: tuple[str, ...] = ()
+
+
+NO_SPAN = Span()
 
 
 def read(
@@ -228,11 +245,10 @@ def read(
     span: Span | None = None,
 ) -> DataFrame:
     """Read ``table`` with its columns, window and filter pushed down to PostgreSQL; large
-    reads in ranges of ``key`` between ``span`` (its smallest and largest value in the window;
-    looked up when not given), one statement and one Spark task per range."""
-    if span is None and table.partitioned and jdbc.partitions > 1:
-        from_, key, window = table.relation
-        span = bounds(spark, jdbc, from_, key, _window(window, since, until))
+    reads in ranges of ``key`` within ``span`` (looked up when not given), one statement and
+    one Spark task per range."""
+    if span is None:
+        span = spans(spark, jdbc, [table], since, until).get(table.name, NO_SPAN)
     return _ranged(spark, jdbc, table, ", ".join(table.columns), "", since, until, span)
 
 
@@ -245,12 +261,14 @@ def read_grouped(
     since: str | None,
     until: str | None,
     span: Span,
+    rows: str = "",
 ) -> DataFrame:
     """Aggregate ``table`` in PostgreSQL (``SELECT {select} ... GROUP BY {group_by}``) range by
-    range of its key within ``span``: the rows are partial aggregates (counts, sums, maxima)
-    of each range, which the caller adds up. What leaves the database is a few rows a range,
-    not every row of the window."""
-    return _ranged(spark, jdbc, table, select, f" GROUP BY {group_by}", since, until, span)
+    range of its key within ``span``: the rows are partial aggregates (counts, sums, maxima,
+    rank summaries) of each range, which the caller adds up. What leaves the database is a few
+    rows a range, not every row of the window. With ``rows``, ``select`` aggregates those
+    values of the range's rows (e.g. a window function over them) instead of the table's."""
+    return _ranged(spark, jdbc, table, select, f" GROUP BY {group_by}", since, until, span, rows)
 
 
 def _ranged(
@@ -261,79 +279,130 @@ def _ranged(
     tail: str,
     since: str | None,
     until: str | None,
-    span: Span | None,
+    span: Span,
+    rows: str = "",
 ) -> DataFrame:
     """``SELECT {select} FROM`` the table's rows in the window (and its filter) ``{tail}``, as
     the union of one statement per range of its key within ``span`` (each read by a Spark
     task, in parallel): the range is inside the statement, so a grouped one groups by range
-    and a read need not select its key."""
+    and a read need not select its key. With ``rows``, the select is over those values of the
+    rows (``SELECT {select} FROM (SELECT {rows} FROM ... WHERE ...) AS r {tail}``)."""
     window = _conditions(table.window, since, until) if table.window else "true"
     conds = [c for c in (window, f"({table.where})" if table.where else "") if c and c != "true"]
-    lo, hi = span or (None, None)
-    edges: list[int] = []
-    if table.partitioned and lo is not None and hi is not None:
-        n = max(1, min(jdbc.partitions, hi - lo + 1))
-        edges = [lo + (hi + 1 - lo) * i // n for i in range(n + 1)]
-    columns = table.range_columns or (table.key,)
-    ranges = [
-        " AND ".join(f"{c} >= {a} AND {c} < {b}" for c in columns) for a, b in pairwise(edges)
-    ] or [""]
-    frames = [
-        guarded(
+    ranges = _ranges(table, span, jdbc.partitions) if table.partitioned else [""]
+
+    def load(r: str) -> DataFrame:
+        where = " AND ".join([*conds, r] if r else conds) or "true"
+        statement = f"SELECT {rows or select} FROM {table.from_} WHERE {where}"
+        if rows:
+            statement = f"SELECT {select} FROM ({statement}) AS r"
+        frame: DataFrame = guarded(
             spark.read.format("jdbc")
             .options(**jdbc.options())
-            .option(
-                "dbtable",
-                f"(SELECT {select} FROM {table.from_}"
-                f" WHERE {' AND '.join([*conds, r] if r else conds) or 'true'}{tail}) AS t",
-            )
+            .option("dbtable", f"({statement}{tail}) AS t")
             .load
         )
-        for r in ranges
-    ]
+        return frame
+
+    # Side by side: each load is a round trip to PostgreSQL for the statement's columns.
+    with ThreadPoolExecutor(max_workers=len(ranges)) as pool:
+        frames = list(pool.map(load, ranges))
     union: DataFrame = reduce(lambda a, b: a.unionByName(b), frames)
     return union
 
 
-def bounds(
-    spark: SparkSession, jdbc: Jdbc, name: str, key: str, where: str
-) -> tuple[int | None, int | None]:
-    """The smallest and largest ``key`` among the rows the read will take."""
-    query = f"(SELECT min({key}) AS lo, max({key}) AS hi FROM {name}{where}) AS b"
-    frame = guarded(
-        spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load
-    )
-    row = guarded(frame.first)
-    return (row["lo"], row["hi"]) if row is not None else (None, None)
+def _ranges(table: Table, span: Span, partitions: int) -> list[str]:
+    """Each range's condition on the key (on each of ``range_columns``); [""] for one range.
+    An integer key's span is cut evenly; a text key at its cuts, the first range taking the
+    rows without a key too."""
+    columns = table.range_columns or (table.key,)
+    if table.text_key:
+        cuts = [_literal(c) for c in sorted(set(span.cuts))]
+        if not cuts:
+            return [""]
+        first = [f"({c} < {cuts[0]} OR {c} IS NULL)" for c in columns]
+        middle = [[f"{c} >= {a} AND {c} < {b}" for c in columns] for a, b in pairwise(cuts)]
+        last = [f"{c} >= {cuts[-1]}" for c in columns]
+        return [" AND ".join(r) for r in (first, *middle, last)]
+    if span.lo is None or span.hi is None:
+        return [""]
+    lo, hi = span.lo, span.hi
+    n = max(1, min(partitions, hi - lo + 1))
+    edges = [lo + (hi + 1 - lo) * i // n for i in range(n + 1)]
+    return [" AND ".join(f"{c} >= {a} AND {c} < {b}" for c in columns) for a, b in pairwise(edges)]
+
+
+def _literal(value: str) -> str:
+    """A text value as a SQL literal (standard-conforming strings: only quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def spans(
-    spark: SparkSession, jdbc: Jdbc, tables: list[Table], since: str | None, until: str | None
+    spark: SparkSession,
+    jdbc: Jdbc,
+    tables: list[Table],
+    since: str | None,
+    until: str | None,
 ) -> dict[str, Span]:
-    """The key spans of several tables' reads in one statement (one Spark job, not one each);
-    reads of one relation share one span (a filtered read's rows lie within it)."""
+    """The key spans of several tables' reads in one statement, run by the driver (no Spark
+    job: the executors may still be starting); reads of one relation share one span (a
+    filtered read's rows lie within it). A text key's
+    cuts are its quantiles among the read's rows, ``jdbc.partitions`` ranges of about as many
+    rows. Tables read whole (not partitioned, or in one range) have none."""
+    if jdbc.partitions <= 1:
+        return {}
+    tables = [t for t in tables if t.partitioned]
     relations = list(dict.fromkeys(t.relation for t in tables))
     if not relations:
         return {}
+    fractions = ", ".join(f"{i / jdbc.partitions!r}" for i in range(1, jdbc.partitions))
     parts = []
-    for n, (from_, key, window) in enumerate(relations):
-        where = _window(window, since, until)
-        parts.append(f"(SELECT min({key}) AS lo{n}, max({key}) AS hi{n} FROM {from_}{where}) s{n}")
-    query = f"(SELECT * FROM {' CROSS JOIN '.join(parts)}) AS b"
-    frame = guarded(
-        spark.read.format("jdbc").options(**jdbc.options()).option("dbtable", query).load
-    )
-    row = guarded(frame.first)
+    for n, (from_, key, window, cut_among) in enumerate(relations):
+        in_window = _conditions(window, since, until) if window else "true"
+        conds = [c for c in (in_window, cut_among) if c and c != "true"]
+        rows = f"{from_}{' WHERE ' + ' AND '.join(f'({c})' for c in conds) if conds else ''}"
+        if cut_among is not None:
+            parts.append(
+                f"(SELECT percentile_disc(ARRAY[{fractions}]) WITHIN GROUP (ORDER BY {key})"
+                f" AS cuts{n} FROM {rows}) s{n}"
+            )
+        else:
+            parts.append(f"(SELECT min({key}) AS lo{n}, max({key}) AS hi{n} FROM {rows}) s{n}")
+    row = guarded(_driver_row, spark, jdbc, f"SELECT * FROM {' CROSS JOIN '.join(parts)}")
+
+    def span(n: int) -> Span:
+        if f"cuts{n}" in row:
+            return Span(cuts=tuple(c for c in row[f"cuts{n}"] or () if c is not None))
+        return Span(row[f"lo{n}"], row[f"hi{n}"])
+
     n_of = {r: n for n, r in enumerate(relations)}
-    return {t.name: (row[f"lo{n_of[t.relation]}"], row[f"hi{n_of[t.relation]}"]) for t in tables}
+    return {t.name: span(n_of[t.relation]) for t in tables}
+
+
+def _driver_row(spark: SparkSession, jdbc: Jdbc, statement: str) -> dict[str, Any]:
+    """The one row of a small statement, read by the driver's JVM over JDBC (the report's
+    URL, user and password); text arrays as tuples."""
+    jvm: Any = spark.sparkContext._jvm
+    properties = jvm.java.util.Properties()
+    properties.setProperty("user", jdbc.user)
+    properties.setProperty("password", jdbc.password)
+    connection = jvm.org.postgresql.Driver().connect(jdbc.url, properties)
+    try:
+        result = connection.createStatement().executeQuery(statement)
+        meta = result.getMetaData()
+        result.next()
+        row = {}
+        for i in range(1, meta.getColumnCount() + 1):
+            value = result.getObject(i)
+            if meta.getColumnType(i) == jvm.java.sql.Types.ARRAY and value is not None:
+                value = tuple(value.getArray())
+            row[meta.getColumnLabel(i)] = value
+        return row
+    finally:
+        connection.close()
 
 
 _TS = re.compile(r"\A\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?([+-]\d{2}:?\d{2}|Z)?\Z")
-
-
-def _window(column: str | None, since: str | None, until: str | None) -> str:
-    cond = _conditions(column, since, until)
-    return f" WHERE {cond}" if column is not None and cond != "true" else ""
 
 
 def _conditions(column: str | None, since: str | None, until: str | None) -> str:

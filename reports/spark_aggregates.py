@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING
 
 from orderly.reports.tables import (
     CALL_GROUPS,
-    CONVERSATION,
+    CONVERSATION_SUMMARY,
     DELIVERY_GROUPS,
     FINAL,
-    FUNNEL,
+    FUNNEL_SUMMARY,
     LATENCY_SUMMARY,
     MESSAGE_GROUPS,
     NODE,
-    PCT_ACCURACY,
     PCTS,
     PUBLISHED_GROUPS,
     QUEUE_GROUPS,
@@ -37,20 +36,6 @@ def _ms(later: str, earlier: str) -> Column:
     return (F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))) / F.lit(1000.0)
 
 
-def _pcts(column: str) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    return [F.percentile_approx(column, list(PCTS), PCT_ACCURACY).alias("_pcts")]
-
-
-def _split_pcts(frame: DataFrame, names: tuple[str, ...]) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    for i, name in enumerate(names):
-        frame = frame.withColumn(name, F.col("_pcts")[i])
-    return frame.drop("_pcts")
-
-
 def _merged(
     summaries: DataFrame,
     keys: tuple[str, ...],
@@ -66,6 +51,8 @@ def _merged(
     for the ranks after ceil(k n / R): its weight. Over every range's values in order, a
     percentile p is the first whose weights add up to p times the group's count; its rank is
     within the group's n / R of the exact one's, and exact where each range has at most R.
+    A range with no values (``pts`` NULL) still counts in the totals; a group with none has
+    NULL percentiles.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -76,8 +63,9 @@ def _merged(
         return F.ceil(i * n / F.lit(SUMMARY_RANKS))
 
     carried = [c for c in summaries.columns if c != "pts"]
-    points = summaries.select(*carried, F.posexplode("pts").alias("k", "v"))
-    points = points.withColumn("w", rank(k + 1) - rank(k)).where(F.col("w") > 0)
+    points = summaries.select(*carried, F.posexplode_outer("pts").alias("k", "v"))
+    w = rank(k + 1) - rank(k)
+    points = points.withColumn("w", w).where((F.col("w") > 0) | k.isNull())
     upto = Window.partitionBy(*keys).orderBy("v").rowsBetween(Window.unboundedPreceding, 0)
     points = points.withColumn("upto", F.sum("w").over(upto)).withColumn(
         "all", F.sum("w").over(Window.partitionBy(*keys))
@@ -86,7 +74,7 @@ def _merged(
         F.min(F.when(F.col("upto") >= F.col("all") * F.lit(p), F.col("v"))).alias(name)
         for p, name in zip(PCTS, names, strict=True)
     ]
-    return points.groupBy(*keys).agg(*totals(k == 0), *pcts)
+    return points.groupBy(*keys).agg(*totals(F.coalesce(k, F.lit(0)) == 0), *pcts)
 
 
 def _ratio(total: str, count: str) -> Column:
@@ -174,20 +162,12 @@ def failed_counts(f: Frames) -> DataFrame:
 def funnels(f: Frames) -> DataFrame:
     from pyspark.sql import functions as F
 
-    kind = F.when(F.col("guaranteed_order"), "guaranteed order").otherwise("funnel")
-    m = f[FUNNEL].withColumn("kind", kind)  # ms: NULL until the message is finished
-    # The distinct count apart: beside it, Spark's rewrite of a distinct aggregate would keep
-    # a percentile sketch per (kind, funnel) and merge them all.
-    distinct = m.groupBy("kind").agg(F.countDistinct("funnel_value").alias("funnels"))
-    out = m.groupBy("kind").agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("state") == "POSTPONED", 1).otherwise(0)).alias("postponed_now"),
-        F.sum(F.when(F.col("failed_error_code") == "E_POSTPONED_TOO_LONG", 1).otherwise(0)).alias(
-            "failed_postponed_too_long"
-        ),
-        *_pcts("ms"),
-    )
-    return _split_pcts(out.join(distinct, "kind"), ("p50_ms", "p95_ms", "p99_ms"))
+    def totals(first: Column) -> list[Column]:
+        counts = ("funnels", "messages", "postponed_now", "failed_postponed_too_long")
+        return [F.sum(F.when(first, F.col(c))).alias(c) for c in counts]
+
+    # The funnels are read at once: one summary per kind, no range's.
+    return _merged(f[FUNNEL_SUMMARY], ("kind",), totals, ("p50_ms", "p95_ms", "p99_ms"))
 
 
 def external_calls(f: Frames) -> DataFrame:
@@ -305,38 +285,14 @@ RELEASE_PCTS = ("release_p50_ms", "release_p95_ms", "release_p99_ms")
 
 
 def conversations(f: Frames) -> DataFrame:
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    m = f[CONVERSATION]
-    delivered = m.where(
-        (F.col("operation_name") == "response")
-        & (F.col("state") == "OK")
-        & F.col("last_process_timestamp").isNotNull()
-    )
-    order = Window.partitionBy("process_id").orderBy("last_process_timestamp", "msg_id")
-    prev = F.lag("last_process_timestamp").over(order)
-    released = delivered.withColumn("prev", prev).where(F.col("prev").isNotNull())
-    released = released.withColumn(
-        "ready", F.greatest(F.col("prev"), F.col("receive_timestamp"))
-    ).withColumn("ms", _ms("last_process_timestamp", "ready"))
-    request, response = (F.col("operation_name") == n for n in ("request", "response"))
+    # Counted and summarised range by range in PostgreSQL (reports.tables.CONVERSATION_SUMMARY:
+    # each range holds whole conversations); one row, of zeros where there is nothing.
+    def totals(first: Column) -> list[Column]:
+        return [
+            F.coalesce(F.sum(F.when(first, F.col(c))), F.lit(0)).cast("long").alias(c)
+            for c in CONVERSATION_COUNTS
+        ]
 
-    def count(cond: Column) -> Column:
-        return F.sum(F.when(cond, 1).otherwise(0))
-
-    # Every count in one pass over the conversation messages; the release latency in another.
-    counts = m.agg(
-        F.countDistinct("process_id").alias("conversations"),
-        count(request).alias("requests"),
-        count(response).alias("responses"),
-        count(response & (F.col("state") == "OK")).alias("delivered"),
-        count(request & (F.col("state") == "CANCEL")).alias("cancelled_groups"),
-        count(response & (F.col("failed_count") > 0)).alias("awaited"),
-    )
-    release = _split_pcts(released.agg(*_pcts("ms")), RELEASE_PCTS)
-    out = counts.crossJoin(release)
-    return out.select(
-        *(F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in CONVERSATION_COUNTS),
-        *RELEASE_PCTS,
-    )
+    return _merged(f[CONVERSATION_SUMMARY], (), totals, RELEASE_PCTS)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from orderly.models.enums import FINAL_STATES
 from orderly.reports.source import Table, guarded
@@ -17,10 +17,9 @@ if TYPE_CHECKING:
 
 FINAL = tuple(sorted(FINAL_STATES))
 PCTS = (0.5, 0.95, 0.99)
-# Spark's percentiles are within this accuracy: the value returned has a rank within
+# The report's percentiles are within this accuracy: the value returned has a rank within
 # n / PCT_ACCURACY of the exact one's (0.01 % of the rows) among the n values of a group.
-# Over rows Spark reads they are percentile_approx at this accuracy; over the largest reads
-# they are merged from rank summaries PostgreSQL makes of each range (SUMMARY_RANKS, finer).
+# Each is merged from the rank summaries PostgreSQL makes of each range (SUMMARY_RANKS: finer).
 PCT_ACCURACY = 10_000
 # A rank summary: a range's values of a group at ranks ceil(k * n / SUMMARY_RANKS), k = 1 ..
 # SUMMARY_RANKS (``percentile_disc`` at those fractions); each stands for the ranks down to the
@@ -50,63 +49,37 @@ def sql_ms(later: str, earlier: str) -> str:
 SQL_HOUR = "floor(date_part('epoch', receive_timestamp) / 3600)::bigint"
 
 
-# The message table is read three ways, each with only what its aggregates take: its counts
-# grouped in PostgreSQL (MESSAGE_GROUPS below), the latency of every finished message, and
-# the rows of funnels and of conversations (a window function and distinct counts need rows).
+# The message table is read four ways, each with only what its aggregates take: its counts
+# grouped in PostgreSQL (MESSAGE_GROUPS below), the latency of every finished message, the
+# funnels' messages and the conversations' (each summarised in PostgreSQL below).
 MESSAGE = Table("message", (), key="msg_id", window="receive_timestamp")
 _FINAL_SQL = ", ".join(f"'{s.value}'" for s in FINAL)
 _FINISHED = f"state IN ({_FINAL_SQL}) AND last_process_timestamp IS NOT NULL"
 _LATENCY = sql_ms("last_process_timestamp", "receive_timestamp")
 
 
-def _of_message(name: str, columns: tuple[str, ...], where: str) -> Table:
-    """A read of the message rows in the window that ``where`` picks (MESSAGE's key span)."""
+def _of_message(
+    name: str, columns: tuple[str, ...], where: str, key: str = "msg_id", **more: Any
+) -> Table:
+    """A read of the message rows in the window that ``where`` picks (by default in MESSAGE's
+    key span)."""
     return Table(
-        name, columns, key="msg_id", window="receive_timestamp", source="message", where=where
+        name, columns, key=key, window="receive_timestamp", source="message", where=where, **more
     )
 
 
 FINISHED = _of_message(
     "finished", ("service_name", "operation_name", f"{_LATENCY} AS ms"), _FINISHED
 )
-FUNNEL = _of_message(
-    "funnel",
-    (
-        "funnel_value",
-        "guaranteed_order",
-        "state::text AS state",
-        "failed_error_code",
-        f"CASE WHEN {_FINISHED} THEN {_LATENCY} END AS ms",
-    ),
-    "funnel_value IS NOT NULL",
-)
+# Read at once, not in ranges: a funnel's messages lie in any range of msg_id, and distinct
+# funnels are counted over all of them (as the twin does; a statement beside the ranges of
+# the other reads).
+FUNNEL = _of_message("funnel", (), "funnel_value IS NOT NULL", partitioned=False)
+# A conversation's messages, in ranges of its id: each range holds whole conversations (by
+# their partial index), so each can order its conversations' deliveries itself.
 CONVERSATION = _of_message(
-    "conversation",
-    (
-        "process_id",
-        "msg_id",
-        "receive_timestamp",
-        "last_process_timestamp",
-        "operation_name",
-        "state::text AS state",
-        "failed_count",
-    ),
-    "service_name = 'conversation'",
+    "conversation", (), "service_name = 'conversation'", key="process_id", text_key=True
 )
-
-
-def _together(name: str, *parts: Table) -> Table:
-    """One read of the rows of several filtered reads of one relation: their columns, and
-    ``in_<part>`` telling which part a row is of. PostgreSQL passes over the relation once."""
-    columns = dict.fromkeys(c for t in parts for c in t.columns)
-    flags = tuple(f"({t.where}) AS in_{t.name}" for t in parts)
-    where = " OR ".join(f"({t.where})" for t in parts)
-    return replace(parts[0], name=name, columns=(*columns, *flags), where=where)
-
-
-# The funnel and conversation rows come from one read (FUNNEL and CONVERSATION are its parts).
-MESSAGE_ROWS = _together("message_rows", FUNNEL, CONVERSATION)
-PART_OF = {FUNNEL.name: MESSAGE_ROWS, CONVERSATION.name: MESSAGE_ROWS}
 NODE = Table("node", ("node_id", "code"), key="node_id", partitioned=False)
 ROOM = Table("room", ("room_id", "name AS room"), key="room_id", partitioned=False)
 SUBSCRIPTION = Table(
@@ -142,7 +115,6 @@ TABLES = (
     FINISHED,
     FUNNEL,
     CONVERSATION,
-    MESSAGE_ROWS,
     EXTERNAL_CALL,
     NODE,
     ROOM,
@@ -166,6 +138,9 @@ class Grouped:
     table: Table
     select: str
     group_by: str
+    # Values of each row that ``select`` aggregates, when not the table's own columns (e.g. a
+    # window function over the range's rows)
+    rows: str = ""
 
 
 # The message counts by every key a count aggregate groups by (about a tenth of the rows at
@@ -224,6 +199,40 @@ RESPONSE_SUMMARY = Grouped(
     f"count(*) AS n, count(*) FILTER (WHERE failed) AS failed, {sql_summary(_RESPONSE_MS)} AS pts",
     "()",
 )
+_FUNNEL_KIND = "CASE WHEN guaranteed_order THEN 'guaranteed order' ELSE 'funnel' END"
+_FUNNEL_MS = f"CASE WHEN {_FINISHED} THEN {_LATENCY} END"  # NULL until it is finished
+FUNNEL_SUMMARY = Grouped(
+    "funnel_summary",
+    FUNNEL,
+    f"{_FUNNEL_KIND} AS kind, count(DISTINCT funnel_value) AS funnels, count(*) AS messages,"
+    " count(*) FILTER (WHERE state = 'POSTPONED') AS postponed_now,"
+    " count(*) FILTER (WHERE failed_error_code = 'E_POSTPONED_TOO_LONG')"
+    " AS failed_postponed_too_long,"
+    f" count({_FUNNEL_MS}) AS n, {sql_summary(_FUNNEL_MS)} AS pts",
+    "1",
+)
+# Each range holds whole conversations, so its delivered responses are ordered there (the
+# one before each: ``prev``) and counted exactly: distinct conversations add up over ranges.
+_DELIVERED = "operation_name = 'response' AND state = 'OK' AND last_process_timestamp IS NOT NULL"
+_RELEASE_MS = sql_ms("last_process_timestamp", "greatest(prev, receive_timestamp)")
+_RELEASED = f"CASE WHEN prev IS NOT NULL THEN {_RELEASE_MS} END"
+CONVERSATION_SUMMARY = Grouped(
+    "conversation_summary",
+    CONVERSATION,
+    "count(DISTINCT process_id) AS conversations,"
+    " count(*) FILTER (WHERE operation_name = 'request') AS requests,"
+    " count(*) FILTER (WHERE operation_name = 'response') AS responses,"
+    " count(*) FILTER (WHERE operation_name = 'response' AND state = 'OK') AS delivered,"
+    " count(*) FILTER (WHERE operation_name = 'request' AND state = 'CANCEL')"
+    " AS cancelled_groups,"
+    " count(*) FILTER (WHERE operation_name = 'response' AND failed_count > 0) AS awaited,"
+    f" count({_RELEASED}) AS n, {sql_summary(_RELEASED)} AS pts",
+    "()",
+    rows="process_id, operation_name, state, failed_count, receive_timestamp,"
+    f" last_process_timestamp, CASE WHEN {_DELIVERED} THEN lag(last_process_timestamp) OVER"
+    f" (PARTITION BY process_id, ({_DELIVERED}) ORDER BY last_process_timestamp, msg_id) END"
+    " AS prev",
+)
 GROUPED = (
     MESSAGE_GROUPS,
     CALL_GROUPS,
@@ -233,11 +242,12 @@ GROUPED = (
     REQUEST_COUNT,
     LATENCY_SUMMARY,
     RESPONSE_SUMMARY,
+    FUNNEL_SUMMARY,
+    CONVERSATION_SUMMARY,
 )
 # What a report reads: the tables whose rows Spark needs (percentiles, a window function, the
 # names joined in) and the partial aggregates.
 READS: tuple[Table | Grouped, ...] = (
-    MESSAGE_ROWS,
     NODE,
     ROOM,
     SUBSCRIPTION,
@@ -267,12 +277,6 @@ class Frames:
     def __getitem__(self, read: Table | Grouped) -> DataFrame:
         if read in SINGLE_USE:
             return self._load(read)
-        if isinstance(read, Table) and read.name in PART_OF:  # its rows of a cached read
-            from pyspark.sql import functions as F
-
-            whole = self[PART_OF[read.name]]
-            columns = [c.split(" AS ")[-1] for c in read.columns]
-            return whole.where(F.col(f"in_{read.name}")).select(*columns)
         # One lock per read: reads load side by side, each only once.
         with self._locks[read.name]:
             if read.name not in self._frames:

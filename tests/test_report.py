@@ -30,7 +30,7 @@ from orderly.reports.job import (
     write_to_postgres,
 )
 from orderly.reports.source import Jdbc, ReportError, read, spark_session
-from orderly.reports.tables import CONVERSATION, FUNNEL, PCT_ACCURACY, PCTS, Frames
+from orderly.reports.tables import CONVERSATION, FINISHED, PCT_ACCURACY, PCTS
 from orderly.worker.db import schema
 from orderly.worker.settings import Settings
 from tests.conftest import PG_ADMIN_URL, _unavailable
@@ -287,40 +287,79 @@ def test_percentiles_merged_from_range_summaries_are_within_the_stated_rank_erro
             assert hi - lo < 10, f"{name}: the band [{lo}, {hi}] tells nothing"
 
 
+def _in_window(engine: Engine, select: str, where: str) -> tuple[Any, ...]:
+    """``select`` over the messages in WINDOW that ``where`` picks, in PostgreSQL."""
+    with engine.connect() as conn:
+        return tuple(
+            conn.execute(
+                text(
+                    f"SELECT {select} FROM message WHERE {where}"
+                    " AND receive_timestamp >= :s AND receive_timestamp < :u"
+                ),
+                {"s": WINDOW[0], "u": WINDOW[1]},
+            ).one()
+        )
+
+
 def test_a_read_is_partitioned_and_filtered_in_postgres(
     spark: Any, store: tuple[str, Engine]
 ) -> None:
     jdbc = Jdbc.from_settings(settings_for(store[0]))
     since, until = (w.isoformat() for w in WINDOW)
-    frame = read(spark, jdbc, CONVERSATION, since, until)
+    frame = read(spark, jdbc, FINISHED, since, until)
     assert frame.rdd.getNumPartitions() == 3
-    assert frame.columns == [c.split(" AS ")[-1] for c in CONVERSATION.columns]
-    with store[1].connect() as conn:
-        expected = conn.execute(
-            text(
-                "SELECT count(*) FROM message WHERE service_name = 'conversation'"
-                " AND receive_timestamp >= :s AND receive_timestamp < :u"
-            ),
-            {"s": WINDOW[0], "u": WINDOW[1]},
-        ).scalar()
+    assert frame.columns == [c.split(" AS ")[-1] for c in FINISHED.columns]
+    finished = "state IN ('OK', 'FAILED', 'CANCEL') AND last_process_timestamp IS NOT NULL"
+    expected = _in_window(store[1], "count(*)", finished)[0]
     assert 0 < frame.count() == expected
     # The window and the filter are in the statement PostgreSQL runs, not applied after
     # reading; so is each range of the key.
     plan = frame._jdf.queryExecution().executedPlan().toString()
-    assert "receive_timestamp >=" in plan and "service_name = 'conversation'" in plan
+    assert "receive_timestamp >=" in plan and "last_process_timestamp IS NOT NULL" in plan
     assert "msg_id >=" in plan
-    # The report reads the funnel and the conversation rows in one pass, each row flagged
-    # with the part it is of: the parts are what a read of each alone gives.
-    frames = Frames(lambda t: read(spark, jdbc, t, since, until))  # type: ignore[arg-type]
-    try:
-        for part in (CONVERSATION, FUNNEL):
-            alone = read(spark, jdbc, part, since, until)
-            got = frames[part]
-            assert got.columns == alone.columns
-            assert 0 < got.count() == alone.count()
-            assert got.exceptAll(alone).count() == 0 == alone.exceptAll(got).count()
-    finally:
-        frames.release()
+
+
+def test_a_text_key_is_cut_at_its_quantiles_and_each_range_holds_its_keys_whole(
+    spark: Any, store: tuple[str, Engine]
+) -> None:
+    from pyspark.sql import functions as F
+
+    jdbc = Jdbc.from_settings(settings_for(store[0]))
+    since, until = (w.isoformat() for w in WINDOW)
+    conversation = replace(CONVERSATION, columns=("process_id", "msg_id"))
+    frame = read(spark, jdbc, conversation, since, until)
+    assert frame.rdd.getNumPartitions() == 3
+    expected = _in_window(
+        store[1], "count(*), count(DISTINCT process_id)", "service_name = 'conversation'"
+    )
+    tagged = frame.withColumn("part", F.spark_partition_id())
+    assert (
+        tagged.count() == expected[0] and tagged.select("msg_id").distinct().count() == expected[0]
+    )
+    # A conversation's messages are in one range only, and each range has some.
+    per_key = tagged.groupBy("process_id").agg(F.countDistinct("part").alias("parts"))
+    assert per_key.count() == expected[1] > 3
+    assert per_key.agg(F.max("parts").alias("most")).collect()[0]["most"] == 1
+    assert tagged.select("part").distinct().count() == 3
+    # Keys that need quoting, and rows without a key, are read once each.
+    values = ["a", "b'c", "it''s", "m\\", None, "z", "z", "\u00e9t\u00e9", "q"]
+    rows = ", ".join("(NULL)" if v is None else "('" + v.replace("'", "''") + "')" for v in values)
+    odd = replace(
+        conversation,
+        name="odd",
+        columns=("k",),
+        key="k",
+        window=None,
+        source=f"(VALUES {rows}) AS v(k)",
+        where="",
+    )
+    got = read(spark, jdbc, odd, None, None)
+    assert got.rdd.getNumPartitions() == 3
+
+    def ordered(keys: list[Any]) -> list[Any]:
+        return sorted(keys, key=lambda k: (k is not None, k))
+
+    assert ordered([r.k for r in got.collect()]) == ordered(values)
 
 
 def test_an_empty_store_gives_an_empty_but_valid_report(

@@ -330,6 +330,31 @@ def test_a_big_table_is_capped() -> None:
     assert "321 more rows not shown" in page.text["failed_counts"]
 
 
+def test_a_month_of_hours_is_drawn_as_filled_stacks_of_the_same_sums() -> None:
+    import numpy as np
+    from matplotlib.patches import StepPatch
+
+    from orderly.reports.render import DENSE, _throughput
+
+    hours = [f"2026-11-{1 + h // 24:02d} {h % 24:02d}:00" for h in range(24 * 30)]
+    rows = [
+        {"hour": hour, "service_name": s, "operation_name": "op", "state": state, "messages": n}
+        for i, hour in enumerate(hours)
+        for s, state, n in (("a", "OK", 100 + i % 24), ("b", "OK", 7), ("a", "FAILED", i % 5))
+    ]
+    fig = _throughput(rows)
+    assert fig is not None and len(hours) > DENSE
+    # One filled outline per state (not a bar per hour and state), each on the one below.
+    steps = [p for p in fig.axes[0].patches if isinstance(p, StepPatch)]
+    assert len(steps) == len(fig.axes[0].patches) == 2
+    tops = {str(p.get_label()): p.get_data() for p in steps}  # (values, edges, baseline)
+    (ok, ok_edges, _), (failed, _, failed_base) = tops["OK"], tops["FAILED"]
+    assert list(ok) == [107 + i % 24 for i in range(len(hours))]
+    assert list(np.asarray(failed_base)) == list(ok)  # stacked on the one below
+    assert list(failed) == [107 + i % 24 + i % 5 for i in range(len(hours))]
+    assert list(ok_edges) == [i - 0.5 for i in range(len(hours) + 1)]
+
+
 def test_an_empty_report_is_valid_html_with_no_data_in_each_section() -> None:
     report = full_report()
     empty = replace(
