@@ -32,8 +32,8 @@ MAX_TABLE_ROWS = 200  # a big report stays light; the full rows are in the repor
 TOP = 15  # categories drawn per chart, the busiest first; the table has them all
 TOP_SERIES = 6  # series beyond this are summed as "other", so a legend stays readable
 WIDTH, HEIGHT, DPI = 9.0, 3.5, 100
-# Above this many columns a stacked series is drawn as one filled outline (touching columns),
-# not a bar each: the bars would be a few pixels wide, and thousands of them cost seconds.
+# Above this many hours a stacked hourly series is drawn as one filled outline (touching
+# columns), not a bar each: the bars would be a few pixels wide, and thousands cost seconds.
 DENSE = 96
 PCTS = ("p50_ms", "p95_ms", "p99_ms")
 SINGLE_ROW = frozenset({"exchanges", "conversations"})  # shown as cards, not as a table
@@ -130,9 +130,11 @@ def _bars(
     flat: bool,
     grouped: bool,
     log: float,
+    dense: bool = False,
 ) -> None:
     """Stacked or grouped bars (horizontal unless ``flat``), one colour per series; a log
-    scale when the largest value is ``log`` times the smallest positive one."""
+    scale when the largest value is ``log`` times the smallest positive one. ``dense``
+    (flat, stacked, linear): past DENSE columns each series is one filled outline."""
     positions = list(range(len(labels)))
     width = 0.8 / len(series) if grouped else 0.8
     base = [0.0] * len(labels)
@@ -140,7 +142,7 @@ def _bars(
         at = [p + ((n - (len(series) - 1) / 2) * width if grouped else 0) for p in positions]
         colour = COLOURS.get(name.upper().replace(" ", "_"), PALETTE[n % len(PALETTE)])
         label = name.removesuffix("_ms")
-        if flat and not grouped and len(labels) > DENSE:
+        if dense and flat and not grouped and len(labels) > DENSE:
             top = [b + v for b, v in zip(base, values, strict=True)]
             edges = [p - 0.5 for p in positions] + [len(positions) - 0.5]
             ax.stairs(top, edges, baseline=base, fill=True, color=colour, label=label)
@@ -180,13 +182,14 @@ def _chart(
     flat: bool = False,
     grouped: bool = False,
     log: float = math.inf,
+    dense: bool = False,
 ) -> Figure | None:
     """One bar chart, or None when there is nothing to draw; horizontal ones grow with bars."""
     if not labels or not any(v for values in series.values() for v in values):
         return None
     slots = len(labels) * (1 + (len(series) - 1) / 2 if grouped else 1)
     fig, (ax,) = _figure(HEIGHT if flat else max(2.2, 0.32 * slots + 1.2))
-    _bars(ax, labels, series, flat, grouped, log)
+    _bars(ax, labels, series, flat, grouped, log, dense)
     ax.set(title=title, xlabel=x, ylabel=y)
     return fig
 
@@ -229,7 +232,7 @@ def _throughput(rows: list[Row]) -> Figure | None:
     hours, series = _pivot(rows, lambda r: str(r["hour"]), _state, "messages", _hours(rows))
     short = [h[5:] if len(h) == 16 else h for h in hours]  # the year is in the header
     title = "Messages per hour by state (all services)"
-    return _chart(short, series, title, "hour (UTC)", "messages", flat=True)
+    return _chart(short, series, title, "hour (UTC)", "messages", flat=True, dense=True)
 
 
 def _latency(rows: list[Row]) -> Figure | None:

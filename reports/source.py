@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
 from itertools import pairwise
@@ -304,9 +303,9 @@ def _ranged(
         )
         return frame
 
-    # Side by side: each load is a round trip to PostgreSQL for the statement's columns.
-    with ThreadPoolExecutor(max_workers=len(ranges)) as pool:
-        frames = list(pool.map(load, ranges))
+    # One after another: each load is a connection of the driver's for the statement's
+    # columns, and the cached reads are loaded side by side already (Frames.materialize).
+    frames = [load(r) for r in ranges]
     union: DataFrame = reduce(lambda a, b: a.unionByName(b), frames)
     return union
 
@@ -317,7 +316,9 @@ def _ranges(table: Table, span: Span, partitions: int) -> list[str]:
     rows without a key too."""
     columns = table.range_columns or (table.key,)
     if table.text_key:
-        cuts = [_literal(c) for c in sorted(set(span.cuts))]
+        # In PostgreSQL's order (the column's collation), as percentile_disc gave them: a
+        # sort here could disagree with the comparisons below and read some keys twice.
+        cuts = [_literal(c) for c in dict.fromkeys(span.cuts)]
         if not cuts:
             return [""]
         first = [f"({c} < {cuts[0]} OR {c} IS NULL)" for c in columns]
@@ -333,8 +334,9 @@ def _ranges(table: Table, span: Span, partitions: int) -> list[str]:
 
 
 def _literal(value: str) -> str:
-    """A text value as a SQL literal (standard-conforming strings: only quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
+    """A text value as an escape-string literal: the same value whatever the server's
+    ``standard_conforming_strings`` (a key is client-supplied text)."""
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def spans(
@@ -382,13 +384,22 @@ def spans(
 def _driver_row(spark: SparkSession, jdbc: Jdbc, statement: str) -> dict[str, Any]:
     """The one row of a small statement, read by the driver's JVM over JDBC (the report's
     URL, user and password); text arrays as tuples."""
+    from py4j.java_gateway import JavaClass
+
     jvm: Any = spark.sparkContext._jvm
+    driver = jvm.org.postgresql.Driver
+    if not isinstance(driver, JavaClass):  # a package: the class is not on the driver's path
+        raise ReportError(
+            "Spark's driver has no PostgreSQL JDBC driver: check ORDERLY_REPORT_JDBC_JAR "
+            "(libpostgresql-jdbc-java; under spark-submit, --driver-class-path)"
+        )
     properties = jvm.java.util.Properties()
     properties.setProperty("user", jdbc.user)
     properties.setProperty("password", jdbc.password)
-    connection = jvm.org.postgresql.Driver().connect(jdbc.url, properties)
+    connection = driver().connect(jdbc.url, properties)
     try:
-        result = connection.createStatement().executeQuery(statement)
+        query = connection.createStatement()
+        result = query.executeQuery(statement)
         meta = result.getMetaData()
         result.next()
         row = {}
@@ -397,6 +408,7 @@ def _driver_row(spark: SparkSession, jdbc: Jdbc, statement: str) -> dict[str, An
             if meta.getColumnType(i) == jvm.java.sql.Types.ARRAY and value is not None:
                 value = tuple(value.getArray())
             row[meta.getColumnLabel(i)] = value
+        query.close()  # and its result
         return row
     finally:
         connection.close()
@@ -437,6 +449,8 @@ _SQLSTATE = {
     "08004": "PostgreSQL refused the connection",
     "42P01": "a table the report reads does not exist (run `orderly migrate`)",
     "42703": "a column the report reads does not exist (run `orderly migrate`)",
+    "53300": "PostgreSQL has no connection left for the report (max_connections): lower "
+    "ORDERLY_REPORT_PARTITIONS or raise max_connections",
 }
 
 

@@ -360,6 +360,18 @@ def test_a_text_key_is_cut_at_its_quantiles_and_each_range_holds_its_keys_whole(
         return sorted(keys, key=lambda k: (k is not None, k))
 
     assert ordered([r.k for r in got.collect()]) == ordered(values)
+    # Cut where PostgreSQL orders the keys (here an ICU collation: "D" after "b", unlike in
+    # code-point order), and keys of backslashes and quotes as cuts.
+    for column, keys in (
+        ('k COLLATE "en-US-x-icu"', ["a", "b", "c", "D", "e", "f"]),  # cuts "b" and "D"
+        ("k", ["a\\'", "b\\\\", "c''\\", "d\\n", "e'\\'", "f\\"]),
+    ):
+        literals = ", ".join(
+            "(E'" + k.replace("\\", "\\\\").replace("'", "''") + "')" for k in keys
+        )
+        source = f"(SELECT {column} AS k FROM (VALUES {literals}) AS v(k)) AS c"
+        read_keys = read(spark, jdbc, replace(odd, source=source), None, None).collect()
+        assert ordered([r.k for r in read_keys]) == ordered(keys), column
 
 
 def test_an_empty_store_gives_an_empty_but_valid_report(

@@ -334,7 +334,7 @@ def test_a_month_of_hours_is_drawn_as_filled_stacks_of_the_same_sums() -> None:
     import numpy as np
     from matplotlib.patches import StepPatch
 
-    from orderly.reports.render import DENSE, _throughput
+    from orderly.reports.render import DENSE, _failed_counts, _throughput
 
     hours = [f"2026-11-{1 + h // 24:02d} {h % 24:02d}:00" for h in range(24 * 30)]
     rows = [
@@ -353,6 +353,11 @@ def test_a_month_of_hours_is_drawn_as_filled_stacks_of_the_same_sums() -> None:
     assert list(np.asarray(failed_base)) == list(ok)  # stacked on the one below
     assert list(failed) == [107 + i % 24 + i % 5 for i in range(len(hours))]
     assert list(ok_edges) == [i - 0.5 for i in range(len(hours) + 1)]
+    # Only the hours: another flat chart of as many columns keeps a bar each (coloured one
+    # by one, on a log scale).
+    counts = [{"failed_count": n, "messages": 1000 - n} for n in range(DENSE + 5)]
+    bars = _failed_counts(counts)
+    assert bars is not None and len(bars.axes[0].patches) == DENSE + 5
 
 
 def test_an_empty_report_is_valid_html_with_no_data_in_each_section() -> None:

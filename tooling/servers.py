@@ -69,13 +69,16 @@ def _stop(proc: subprocess.Popen[bytes] | None, *, kill: bool) -> None:
 class RedisServer:
     """A ``redis-server`` of one's own: ``with RedisServer() as r: r.url``."""
 
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self, *, appendonly: bool = False, port: int | None = None, replica_of: int | None = None
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise ServerUnavailable("redis-server is not installed")
         self._binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.replica_of = replica_of  # the port of the primary this one replicates
         self.dir = Path(tempfile.mkdtemp(prefix="orderly-redis-"))
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -97,6 +100,8 @@ class RedisServer:
             "--appendfsync", "always",
             "--daemonize", "no",
         ]  # fmt: skip
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         log = (self.dir / "redis.log").open("ab")
         self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -126,6 +131,67 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class RedisSentinel:
+    """A Sentinel of one's own (``redis-server --sentinel``) watching the primary on
+    ``primary_port`` as ``service``, quick to act: down after 1 s, a quorum of one."""
+
+    def __init__(self, primary_port: int, service: str = "orderly") -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ServerUnavailable("redis-server is not installed")
+        self._binary = binary
+        self.port = free_port()
+        self.service = service
+        self.dir = Path(tempfile.mkdtemp(prefix="orderly-sentinel-"))
+        # Sentinel rewrites its configuration file as it learns: one of its own, writable.
+        (self.dir / "sentinel.conf").write_text(
+            f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {service} 1000\n"
+            f"sentinel failover-timeout {service} 10000\n"
+            f"sentinel parallel-syncs {service} 1\n"
+        )
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}/{db}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def primary_port(self) -> int:
+        with self.client() as c:
+            return int(c.sentinel_get_master_addr_by_name(self.service)[1])
+
+    def start(self) -> RedisSentinel:
+        argv = [self._binary, str(self.dir / "sentinel.conf"), "--sentinel"]
+        log = (self.dir / "sentinel.log").open("ab")
+        self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def up() -> bool:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the Sentinel exited; see {self.dir / 'sentinel.log'}")
+            return self.primary_port() > 0
+
+        _wait(up, f"the Sentinel did not answer on port {self.port}", 30)
+        return self
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        _stop(proc, kill=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisSentinel:
         return self.start()
 
     def __exit__(

@@ -23,7 +23,7 @@ from orderly.worker.broker import Broker
 from orderly.worker.channels import ChannelDirectory
 from orderly.worker.configuration import ConfigReader
 from orderly.worker.conversations import Conversations
-from orderly.worker.core.clients import OrderingRedis, ordering_client
+from orderly.worker.core.clients import OrderingRedis, ordering_client, redis_client
 from orderly.worker.core.clock import SYSTEM, Clock
 from orderly.worker.core.http import HttpOptions, OutboundHttp
 from orderly.worker.core.lease import Leadership
@@ -167,7 +167,7 @@ class Runtime:
         )
         # its own client: a slow Redis costs a send at most REDIS_TIMEOUT_S (then fail open),
         # never holds the endpoints' row locks the claim takes before it
-        client = redis.Redis.from_url(
+        client = redis_client(
             s.redis_url,
             socket_connect_timeout=REDIS_TIMEOUT_S,
             socket_timeout=REDIS_TIMEOUT_S,
@@ -215,7 +215,7 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(
+        return redis_client(
             self.settings.redis_url, socket_connect_timeout=self.settings.connect_timeout_s
         )
 
@@ -234,7 +234,7 @@ class Runtime:
         """serviceRedis: the tracking keys' Redis (the same client when it is not separate)."""
         if self.settings.track_redis_url is None:
             return self.redis
-        return redis.Redis.from_url(
+        return redis_client(
             self.settings.track_redis_url, socket_connect_timeout=self.settings.connect_timeout_s
         )
 

@@ -43,6 +43,7 @@ from sqlalchemy import Engine
 
 from orderly.models import MessageState
 from orderly.models.keys import PROCESS_ABORTS_KEY
+from orderly.worker.core.clients import redis_client
 from orderly.worker.core.clock import SYSTEM, Clock, now_ms
 from orderly.worker.core.limits import Abort
 from orderly.worker.core.retry import MAX_ATTEMPTS, RetryPolicy
@@ -100,7 +101,7 @@ def claim_gone(engine: Engine, msg_id: int) -> bool:
 def listening_client(url: str, connect_timeout_s: float) -> redis.Redis:
     """A client of its own for the listener: its reads block, and a dead connection must
     show up as a timeout a little after a read's block ends."""
-    return redis.Redis.from_url(
+    return redis_client(
         url, socket_connect_timeout=connect_timeout_s, socket_timeout=BLOCK_MS / 1000 + 5
     )
 

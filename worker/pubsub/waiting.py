@@ -20,6 +20,7 @@ import redis
 import redis.asyncio
 
 from orderly.models.keys import PullKeys
+from orderly.worker.core.clients import async_redis_client
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class PullWaiters:
 
     async def _listen(self) -> None:
         while True:
-            client = redis.asyncio.Redis.from_url(self._url)
+            client = async_redis_client(self._url)
             try:
                 async with client.pubsub() as channels:
                     await channels.psubscribe(self._keys.pattern)

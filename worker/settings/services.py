@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orderly.worker.core.clients import SENTINEL_SCHEME, SentinelUrl
 from orderly.worker.settings._base import Section
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -15,9 +16,12 @@ AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 
 
 def redis_url_only(value: str | None) -> str | None:
-    """A Redis URL setting's check: redis://, rediss:// or unix://."""
-    if value is not None and not value.startswith(REDIS_SCHEMES):
-        raise ValueError("must be a redis:// URL")
+    """A plain Redis URL setting's check: redis://, rediss:// or unix://, or its Sentinels'
+    redis+sentinel:// URL (parsed here: a malformed one is named at start-up)."""
+    if value is not None and value.startswith(SENTINEL_SCHEME):
+        SentinelUrl.parse(value)
+    elif value is not None and not value.startswith(REDIS_SCHEMES):
+        raise ValueError("must be a redis:// URL, or redis+sentinel:// naming its Sentinels")
     return value
 
 
@@ -48,7 +52,12 @@ class ServiceSettings(Section):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias="ORDERLY_REDIS_URL",
-        description="Redis for ordering structures; also the broker unless ORDERLY_BROKER_URL.",
+        description="The plain Redis: the ordering structures (unless ORDERLY_REDIS_CLUSTER), "
+        "the wake key, leases, rate limits and tracking (unless ORDERLY_TRACK_REDIS_URL); also "
+        "the broker unless ORDERLY_BROKER_URL. redis://, rediss://, unix://, or "
+        "redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db] for a "
+        "Sentinel-managed primary (followed across failovers; then ORDERLY_BROKER_URL is "
+        "needed).",
     )
     broker_url: str | None = Field(
         None,
@@ -282,6 +291,11 @@ class ServiceSettings(Section):
     @field_validator("broker_url")
     @classmethod
     def _broker_scheme(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(SENTINEL_SCHEME):
+            raise ValueError(
+                "a Sentinel-managed Redis cannot carry the Celery broker here: use RabbitMQ's "
+                "amqp:// URL (the highly available broker) or a redis:// URL"
+            )
         if value is not None and not value.startswith(REDIS_SCHEMES + AMQP_SCHEMES):
             raise ValueError("must be a redis:// URL or RabbitMQ's amqp:// URL")
         return value
@@ -294,6 +308,16 @@ class ServiceSettings(Section):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{node!r} is not host:port (a port 1..65535)")
         return value
+
+    @model_validator(mode="after")
+    def _broker_not_on_sentinel(self) -> ServiceSettings:
+        if self.broker_url is None and self.redis_url.startswith(SENTINEL_SCHEME):
+            raise ValueError(
+                "ORDERLY_REDIS_URL names a Sentinel-managed Redis, which cannot carry the "
+                "Celery broker here: set ORDERLY_BROKER_URL to RabbitMQ's amqp:// URL (the "
+                "highly available broker) or to a redis:// URL"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cluster_has_nodes(self) -> ServiceSettings:

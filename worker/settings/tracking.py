@@ -18,7 +18,8 @@ class TrackingSettings(Section):
     track_redis_url: str | None = Field(
         None,
         validation_alias="ORDERLY_TRACK_REDIS_URL",
-        description="serviceRedis: Redis of the tracking keys (default: ORDERLY_REDIS_URL).",
+        description="serviceRedis: Redis of the tracking keys (default: ORDERLY_REDIS_URL); "
+        "a redis+sentinel:// URL as ORDERLY_REDIS_URL's for a Sentinel-managed one.",
     )
     track_message_timeout_ms: int = Field(
         10_000,
@@ -81,5 +82,5 @@ class TrackingSettings(Section):
 
     @field_validator("track_redis_url")
     @classmethod
-    def _redis_scheme(cls, value: str | None) -> str | None:
+    def _track_redis_scheme(cls, value: str | None) -> str | None:  # a name of its own
         return redis_url_only(value)
