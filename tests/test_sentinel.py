@@ -43,6 +43,8 @@ class Managed:
                 try:
                     return bool(c.execute_command("SENTINEL", "FAILOVER", self.sentinel.service))
                 except redis.ResponseError as exc:
+                    if "INPROG" in str(exc):  # one of its own started: that one
+                        return True
                     if "NOGOODSLAVE" not in str(exc):
                         raise
                     return False
@@ -100,12 +102,20 @@ def test_a_sentinel_url_is_parsed_and_a_bad_one_is_named() -> None:
         (("10.0.0.1", 26379), ("::1", 26380)), "main", 3, username=None, password="s@cret"
     )
     assert SentinelUrl.parse("redis+sentinel://h:1/m").db == 0
+    # A login split by hand: a raw / or @ in a password stays in it; a user alone is a user.
+    assert SentinelUrl.parse("redis+sentinel://u:p/w@d@h:1/m").password == "p/w@d"
+    assert SentinelUrl.parse("redis+sentinel://u@h:1/m").username == "u"
     amqp = "amqp://guest@127.0.0.1//"
     for url, says in (
         ("redis+sentinel://h/m", "is not host:port"),
         ("redis+sentinel://h:0/m", "is not host:port"),
         ("redis+sentinel://h:26379", "names the primary's service"),
         ("redis+sentinel://h:26379/m/x", "names the primary's service"),
+        ("redis+sentinel://h:26379/m/\u0663", "names the primary's service"),
+        ("redis+sentinel://::1:26379/m", "is not host:port"),
+        ("redis+sentinel://h:\u00b2/m", "is not host:port"),
+        ("redis+sentinel://h:26379/m?db=3", "no spaces, query or fragment"),
+        ("redis+sentinel://h:26379/m\n", "no spaces, query or fragment"),
     ):
         with pytest.raises(ValueError, match=says):
             Settings(redis_url=url, broker_url=amqp)
@@ -144,6 +154,7 @@ def test_tracking_and_the_wake_key_follow_the_primary_across_a_failover(
     sent: list[int] = []
     first = tracker.register({"meta": {"id": "x-1"}})
     assert first > 0 and wake.wake(lambda: sent.append(1))
+    assert client.wait(1, 10_000) == 1  # on the replica before it is promoted
     # On the primary the Sentinel names, not merely somewhere.
     with managed.primary.client() as direct:
         assert direct.exists(f"sentinel:track:message:{first}") == 1
@@ -170,13 +181,25 @@ def test_tracking_and_the_wake_key_follow_the_primary_across_a_failover(
 def test_the_runtime_and_an_asyncio_client_reach_the_primary_through_the_sentinel(
     managed: Managed,
 ) -> None:
+    from orderly.worker.core.clock import SYSTEM
+    from orderly.worker.core.ratelimit import REDIS_CONNECTIONS, Limit, Limiter
+    from orderly.worker.readiness import evicting
     from orderly.worker.runtime import Runtime
 
-    url = managed.sentinel.url(db=2)
-    settings = Settings(redis_url=url, broker_url="amqp://guest@127.0.0.1//")
+    url, tracking = managed.sentinel.url(db=2), managed.sentinel.url(db=3)
+    amqp = "amqp://guest@127.0.0.1//"
+    settings = Settings(redis_url=url, track_redis_url=tracking, broker_url=amqp)
     runtime: Any = Runtime(settings)
     runtime.redis.set("sentinel:runtime", "r")
     runtime.tracking_redis.set("sentinel:tracking", "t")
+    # The eviction check names the primary the Sentinel names.
+    with managed.primary.client() as direct:
+        direct.config_set("maxmemory", "1gb")
+        direct.config_set("maxmemory-policy", "allkeys-lru")
+    assert evicting(runtime.redis) == [
+        f"127.0.0.1:{managed.primary.port}: maxmemory-policy allkeys-lru with maxmemory "
+        f"{1 << 30} bytes"
+    ]
 
     async def through_asyncio() -> Any:
         client = async_redis_client(url)
@@ -188,8 +211,25 @@ def test_the_runtime_and_an_asyncio_client_reach_the_primary_through_the_sentine
 
     assert asyncio.run(through_asyncio()) == b"r"
     with redis.Redis(port=managed.primary.port, db=2) as direct:
-        assert direct.mget("sentinel:runtime", "sentinel:tracking", "sentinel:async") == [
-            b"r",
-            b"t",
-            b"a",
-        ]
+        assert direct.mget("sentinel:runtime", "sentinel:async") == [b"r", b"a"]
+    with redis.Redis(port=managed.primary.port, db=3) as direct:
+        assert direct.get("sentinel:tracking") == b"t"
+
+    # The API's limiter: its buckets on the primary (a refusal: it did not fail open), its
+    # connections capped as on a plain Redis while many requests take at once.
+    limiter = Limiter(url, SYSTEM)
+    slow = Limit(per_s=0.001, burst=2)
+
+    async def takes() -> tuple[list[bool], list[bool], int]:
+        first = [(await limiter.take("sentinel:one", slow)).allowed for _ in range(3)]
+        many = await asyncio.gather(
+            *(limiter.take(f"sentinel:b{i}", slow) for i in range(3 * REDIS_CONNECTIONS))
+        )
+        with managed.primary.client() as direct:  # while the loop's connections are open
+            opened = sum(int(c.get("db", 0)) == 2 for c in direct.client_list())
+        return first, [v.allowed for v in many], opened
+
+    first, many, opened = asyncio.run(takes())
+    assert first == [True, True, False] and all(many)
+    # The limiter's pool and the runtime's one connection on db 2, no more.
+    assert 1 < opened <= REDIS_CONNECTIONS + 1

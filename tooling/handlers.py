@@ -118,11 +118,10 @@ def poison_consumer(event: Claimed) -> None:
 @consumers.register("test.record")
 def record(event: Claimed) -> None:
     """Records what it processed in Redis (``orderly:test:processed``), so tests can tell."""
-    import redis
-
+    from orderly.worker.core.clients import redis_client
     from orderly.worker.settings import get_settings
 
-    client = redis.Redis.from_url(get_settings().redis_url)
+    client = redis_client(get_settings().redis_url)
     client.rpush("orderly:test:processed", event.correlation_id)
     client.close()
 
@@ -160,11 +159,10 @@ def latency(ctx: MessageContext) -> None:
 
 
 def _redis_list(key: str, value: str) -> None:
-    import redis
-
+    from orderly.worker.core.clients import redis_client
     from orderly.worker.settings import get_settings
 
-    client = redis.Redis.from_url(get_settings().redis_url)
+    client = redis_client(get_settings().redis_url)
     client.rpush(key, value)
     client.close()
 

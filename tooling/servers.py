@@ -141,7 +141,8 @@ class RedisServer:
 
 class RedisSentinel:
     """A Sentinel of one's own (``redis-server --sentinel``) watching the primary on
-    ``primary_port`` as ``service``, quick to act: down after 1 s, a quorum of one."""
+    ``primary_port`` as ``service``, with a quorum of one: down after 5 s (not sooner, so a
+    busy machine's slow answers start no failover of their own)."""
 
     def __init__(self, primary_port: int, service: str = "orderly") -> None:
         binary = shutil.which("redis-server")
@@ -155,7 +156,7 @@ class RedisSentinel:
         (self.dir / "sentinel.conf").write_text(
             f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
             f"sentinel monitor {service} 127.0.0.1 {primary_port} 1\n"
-            f"sentinel down-after-milliseconds {service} 1000\n"
+            f"sentinel down-after-milliseconds {service} 5000\n"
             f"sentinel failover-timeout {service} 10000\n"
             f"sentinel parallel-syncs {service} 1\n"
         )

@@ -14,6 +14,7 @@ from typing import Any
 import redis.exceptions
 from redis import Redis
 from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
 from sqlalchemy import Engine
 
 from orderly.worker.core.clients import OrderingRedis
@@ -52,8 +53,15 @@ def evicting(client: OrderingRedis) -> list[str]:
         found = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
         servers = found if _per_node(found) else {"cluster": found}
     else:
-        kwargs = client.connection_pool.connection_kwargs
-        servers = {f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}": client.info("memory")}
+        pool = client.connection_pool
+        if isinstance(pool, SentinelConnectionPool):  # the primary its Sentinels name now
+            host, port = pool.get_master_address()  # type: ignore[no-untyped-call]
+        else:
+            host, port = (
+                pool.connection_kwargs.get("host", "?"),
+                pool.connection_kwargs.get("port", "?"),
+            )
+        servers = {f"{host}:{port}": client.info("memory")}
     return [
         f"{name}: maxmemory-policy {info.get('maxmemory_policy')} with maxmemory "
         f"{info.get('maxmemory')} bytes"

@@ -19,7 +19,7 @@ import redis.asyncio
 from redis.commands.core import AsyncScript
 
 from orderly.worker import lua
-from orderly.worker.core.clients import SENTINEL_SCHEME, async_redis_client
+from orderly.worker.core.clients import async_redis_client
 from orderly.worker.core.clock import Clock, now_ms
 from orderly.worker.core.scripts import Call, source
 
@@ -183,20 +183,13 @@ class Limiter:
     def _script_on_this_loop(self) -> AsyncScript:
         loop = asyncio.get_running_loop()
         if self._bound is None or self._bound[0] is not loop:
-            timeouts = {
-                "socket_connect_timeout": self._timeout_s,
-                "socket_timeout": self._timeout_s,
-            }
-            if self._url.startswith(SENTINEL_SCHEME):  # its pool follows the primary
-                client = async_redis_client(self._url, **timeouts)
-            else:
-                pool = redis.asyncio.BlockingConnectionPool.from_url(
-                    self._url,
-                    max_connections=REDIS_CONNECTIONS,
-                    timeout=self._timeout_s,
-                    **timeouts,
-                )
-                client = redis.asyncio.Redis(connection_pool=pool)
+            client = async_redis_client(
+                self._url,
+                max_connections=REDIS_CONNECTIONS,
+                wait_s=self._timeout_s,
+                socket_connect_timeout=self._timeout_s,
+                socket_timeout=self._timeout_s,
+            )
             self._bound = (loop, client.register_script(source(lua.RATE_TAKE)))
         return self._bound[1]
 
