@@ -102,8 +102,8 @@ def test_a_sentinel_url_is_parsed_and_a_bad_one_is_named() -> None:
         (("10.0.0.1", 26379), ("::1", 26380)), "main", 3, username=None, password="s@cret"
     )
     assert SentinelUrl.parse("redis+sentinel://h:1/m").db == 0
-    # A login split by hand: a raw / or @ in a password stays in it; a user alone is a user.
-    assert SentinelUrl.parse("redis+sentinel://u:p/w@d@h:1/m").password == "p/w@d"
+    # A login split by hand: an @ in a password stays in it; a user alone is a user.
+    assert SentinelUrl.parse("redis+sentinel://u:p%2Fw@d@h:1/m").password == "p/w@d"
     assert SentinelUrl.parse("redis+sentinel://u@h:1/m").username == "u"
     amqp = "amqp://guest@127.0.0.1//"
     for url, says in (
@@ -116,6 +116,7 @@ def test_a_sentinel_url_is_parsed_and_a_bad_one_is_named() -> None:
         ("redis+sentinel://h:\u00b2/m", "is not host:port"),
         ("redis+sentinel://h:26379/m?db=3", "no spaces, query or fragment"),
         ("redis+sentinel://h:26379/m\n", "no spaces, query or fragment"),
+        ("redis+sentinel://u:p/w@h:26379/m", "percent-encode a /"),
     ):
         with pytest.raises(ValueError, match=says):
             Settings(redis_url=url, broker_url=amqp)

@@ -56,6 +56,8 @@ class SentinelUrl:
                 "characters of a password: %3F for ?, %23 for #, %2F for /)"
             )
         userinfo, _, hosts_path = rest.rpartition("@")
+        if "/" in userinfo:  # else the URL's path would start inside the password
+            raise ValueError("percent-encode a / of a Sentinel URL's password as %2F")
         hosts, _, path = hosts_path.partition("/")
         sentinels = [_host_port(node) for node in hosts.split(",")]
         parts = path.split("/") if path else []
