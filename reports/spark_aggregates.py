@@ -30,12 +30,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 
-def _ms(later: str, earlier: str) -> Column:
-    from pyspark.sql import functions as F
-
-    return (F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))) / F.lit(1000.0)
-
-
 def _merged(
     summaries: DataFrame,
     keys: tuple[str, ...],

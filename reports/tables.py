@@ -39,7 +39,7 @@ def sql_summary(value: str) -> str:
 
 def sql_ms(later: str, earlier: str) -> str:
     """Milliseconds between two timestamps, in PostgreSQL: the whole microseconds between
-    them over 1000, as Spark computes them (``_ms`` in reports.spark_aggregates). In float8
+    them over 1000 (every millisecond of the report and of its twins is this one). In float8
     throughout (EXTRACT's numeric costs PostgreSQL more than the scan); the rounding takes
     off the float error of seconds times a million, leaving the exact microseconds."""
     return f"(round(date_part('epoch', {later} - {earlier}) * 1000000) / 1000)"
