@@ -75,6 +75,11 @@ class SentinelUrl:
         db = int(parts[1]) if len(parts) == 2 else 0
         return cls(tuple(sentinels), unquote(parts[0]), db, username, password)
 
+    @property
+    def primary(self) -> dict[str, Any]:
+        """The primary's database and login, as ``master_for`` takes them."""
+        return {"db": self.db, "username": self.username, "password": self.password}
+
 
 def _host_port(node: str) -> tuple[str, int]:
     """``host:port`` or ``[ipv6]:port``."""
@@ -137,12 +142,7 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     found = SentinelUrl.parse(url)
     sentinel = redis.sentinel.Sentinel(list(found.sentinels), sentinel_kwargs=_asking(options))
     client: _SentinelRedis = sentinel.master_for(
-        found.service,
-        redis_class=_SentinelRedis,
-        db=found.db,
-        username=found.username,
-        password=found.password,
-        **options,
+        found.service, redis_class=_SentinelRedis, **found.primary, **options
     )
     client.asked_through = sentinel
     return client
@@ -170,9 +170,7 @@ def async_redis_client(
         found.service,
         redis_class=_AsyncSentinelRedis,
         connection_pool_class=pool_class,
-        db=found.db,
-        username=found.username,
-        password=found.password,
+        **found.primary,
         **blocking,
         **options,
     )
